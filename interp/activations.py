@@ -1,0 +1,196 @@
+"""`Activations`: captured tensors plus the metadata needed to trust and reuse them."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from jaxtyping import Float
+
+from interp.io import load_bundle, save_bundle
+from interp.sites import parse_site
+
+
+@dataclass
+class Activations:
+    """Activations of ``n_prompts`` prompts at ``sites``.
+
+    ``tensor`` is ``[n_prompts, n_sites, d_model]`` for reduced position rules (last token, a mean)
+    or ``[n_prompts, n_sites, n_positions, d_model]`` when several positions are kept; then ``mask``
+    ``[n_prompts, n_positions]`` marks the real (non-padding) positions. Padding is on the left, so
+    position ``-1`` is always the last real token.
+    """
+
+    tensor: torch.Tensor
+    sites: list[str]
+    positions: str = "last"
+    model_id: str = ""
+    prompt_ids: list[str] | None = None
+    labels: list[Any] | None = None
+    mask: torch.Tensor | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.tensor.dim() not in (3, 4):
+            raise ValueError(f"Activations tensor must be 3-D or 4-D, got shape {tuple(self.tensor.shape)}")
+        if self.tensor.shape[1] != len(self.sites):
+            raise ValueError(f"tensor has {self.tensor.shape[1]} sites but {len(self.sites)} site names were given")
+        n = self.tensor.shape[0]
+        if self.prompt_ids is None:
+            self.prompt_ids = [str(i) for i in range(n)]
+        for name, seq in (("prompt_ids", self.prompt_ids), ("labels", self.labels)):
+            if seq is not None and len(seq) != n:
+                raise ValueError(f"{name} has {len(seq)} entries for {n} prompts")
+
+    # --- shape -------------------------------------------------------------------------------
+    @property
+    def n_prompts(self) -> int:
+        return self.tensor.shape[0]
+
+    @property
+    def d_model(self) -> int:
+        return self.tensor.shape[-1]
+
+    @property
+    def has_positions(self) -> bool:
+        return self.tensor.dim() == 4
+
+    @property
+    def layers(self) -> list[int | None]:
+        """Layer index of each site (``None`` for sites outside the blocks, e.g. ``ln_final``)."""
+        return [parse_site(s).layer for s in self.sites]
+
+    # --- access ------------------------------------------------------------------------------
+    def site(self, name: str) -> Float[torch.Tensor, "n ... d"]:
+        """The activations at one site: ``[n_prompts, (n_positions,) d_model]``."""
+        canon = parse_site(name).name
+        if canon not in self.sites:
+            raise KeyError(f"site {name!r} was not captured; captured sites: {self.sites}")
+        return self.tensor[:, self.sites.index(canon)]
+
+    def __getitem__(self, idx: Any) -> Activations:
+        """Subset of prompts (int, slice, list of ints, or bool mask)."""
+        if isinstance(idx, int):
+            idx = [idx]
+        if isinstance(idx, torch.Tensor) and idx.dtype == torch.bool:
+            idx = idx.nonzero().flatten().tolist()
+        if isinstance(idx, slice):
+            idx = list(range(self.n_prompts))[idx]
+        idx = list(idx)
+        return Activations(
+            tensor=self.tensor[idx],
+            sites=list(self.sites),
+            positions=self.positions,
+            model_id=self.model_id,
+            prompt_ids=[self.prompt_ids[i] for i in idx],
+            labels=None if self.labels is None else [self.labels[i] for i in idx],
+            mask=None if self.mask is None else self.mask[idx],
+            meta=dict(self.meta),
+        )
+
+    def __len__(self) -> int:
+        return self.n_prompts
+
+    def with_labels(self, labels: list[Any]) -> Activations:
+        if len(labels) != self.n_prompts:
+            raise ValueError(f"{len(labels)} labels for {self.n_prompts} prompts")
+        out = self[slice(None)]
+        out.labels = list(labels)
+        return out
+
+    def flat_tokens(self, site: str | None = None) -> torch.Tensor:
+        """Real tokens only, padding dropped: ``[n_tokens, n_sites, d]`` (or ``[n_tokens, d]`` for one site)."""
+        if not self.has_positions:
+            t = self.tensor
+        else:
+            m = self.mask if self.mask is not None else torch.ones(self.tensor.shape[:1] + self.tensor.shape[2:3], dtype=torch.bool)
+            t = self.tensor.permute(0, 2, 1, 3)[m]
+        if site is not None:
+            return t[:, self.sites.index(parse_site(site).name)]
+        return t
+
+    @staticmethod
+    def concat(parts: list[Activations]) -> Activations:
+        """Stack prompt sets captured with the same sites and position rule."""
+        if not parts:
+            raise ValueError("concat needs at least one Activations")
+        first = parts[0]
+        for p in parts[1:]:
+            if p.sites != first.sites or p.positions != first.positions or p.d_model != first.d_model:
+                raise ValueError("cannot concat Activations with different sites, position rules or widths")
+        tensors = [p.tensor for p in parts]
+        masks = [p.mask for p in parts]
+        if first.has_positions:
+            width = max(t.shape[2] for t in tensors)
+            tensors = [_left_pad(t, width, dim=2) for t in tensors]
+            masks = [_left_pad(m if m is not None else torch.ones(t.shape[0], t.shape[2], dtype=torch.bool), width, dim=1)
+                     for m, t in zip(masks, [p.tensor for p in parts], strict=False)]
+        labels = None
+        if all(p.labels is not None for p in parts):
+            labels = [lab for p in parts for lab in p.labels]
+        return Activations(
+            tensor=torch.cat(tensors),
+            sites=list(first.sites),
+            positions=first.positions,
+            model_id=first.model_id,
+            prompt_ids=[i for p in parts for i in p.prompt_ids],
+            labels=labels,
+            mask=torch.cat(masks) if first.has_positions else None,
+            meta=dict(first.meta),
+        )
+
+    def data_hash(self) -> str:
+        """Short content hash (prompt ids + labels + sites), recorded in the provenance of fitted objects."""
+        h = hashlib.sha256()
+        h.update(repr((self.model_id, self.sites, self.positions, self.prompt_ids, self.labels)).encode())
+        return h.hexdigest()[:16]
+
+    # --- persistence -------------------------------------------------------------------------
+    def save(self, path: str | os.PathLike, overwrite: bool = False) -> None:
+        """Save as ``PATH/tensors.safetensors`` + ``PATH/meta.json`` (atomic; refuses to overwrite by default)."""
+        tensors = {"activations": self.tensor}
+        if self.mask is not None:
+            tensors["mask"] = self.mask
+        meta = {
+            "kind": "interp.Activations",
+            "sites": self.sites,
+            "positions": self.positions,
+            "model_id": self.model_id,
+            "prompt_ids": self.prompt_ids,
+            "labels": self.labels,
+            "dtype": str(self.tensor.dtype),
+            "meta": self.meta,
+        }
+        save_bundle(path, tensors, meta, overwrite=overwrite)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> Activations:
+        tensors, meta = load_bundle(path)
+        if meta.get("kind") != "interp.Activations":
+            raise ValueError(f"{path} does not hold saved Activations (kind={meta.get('kind')!r})")
+        return cls(
+            tensor=tensors["activations"],
+            sites=meta["sites"],
+            positions=meta["positions"],
+            model_id=meta["model_id"],
+            prompt_ids=meta["prompt_ids"],
+            labels=meta["labels"],
+            mask=tensors.get("mask"),
+            meta=meta.get("meta", {}),
+        )
+
+    def __repr__(self) -> str:
+        return (f"Activations(n_prompts={self.n_prompts}, sites={len(self.sites)}, positions={self.positions!r}, "
+                f"shape={tuple(self.tensor.shape)}, dtype={self.tensor.dtype}, model={self.model_id!r})")
+
+
+def _left_pad(t: torch.Tensor, width: int, dim: int) -> torch.Tensor:
+    pad = width - t.shape[dim]
+    if pad == 0:
+        return t
+    shape = list(t.shape)
+    shape[dim] = pad
+    return torch.cat([torch.zeros(shape, dtype=t.dtype), t], dim=dim)

@@ -1,0 +1,178 @@
+"""`capture`: run prompts through the model and keep the requested sites at the requested positions.
+
+Positions are selected inside the hook and moved off the device as the run goes, the forward pass stops
+as soon as every requested site has been seen, and with ``out=PATH`` each batch is streamed to an
+:class:`~interp.store.ActivationStore` so memory stays bounded by one batch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from interp.activations import Activations
+from interp.chat import Batch, collate, encode, format_prompts
+from interp.hooks import HookContext, StopForward, hooks
+from interp.models import Model
+from interp.positions import describe, plan
+from interp.sites import Site, expand_sites
+from interp.store import ActivationStore
+
+
+def prepare(model: Model, prompts: Sequence[str], chat: bool = True, responses: Sequence[str] | None = None,
+            system: str | None = None) -> tuple[list[str], list]:
+    """Format and tokenise prompts once; returns the formatted texts and their encodings."""
+    if isinstance(prompts, str):
+        raise TypeError("prompts must be a list of strings, not a single string; wrap it in a list")
+    prompts = list(prompts)
+    texts = format_prompts(model, prompts, system=system, chat=chat)
+    if responses is not None and len(responses) != len(prompts):
+        raise ValueError(f"{len(responses)} responses for {len(prompts)} prompts")
+    encs = encode(model, texts, instructions=prompts, responses=list(responses) if responses is not None else None,
+                  add_special_tokens=not chat)
+    max_len = model.max_length
+    for i, e in enumerate(encs):
+        if max_len is not None and len(e.ids) > max_len:
+            raise ValueError(f"prompt {i} has {len(e.ids)} tokens but the model's context is {max_len} tokens; "
+                             f"shorten it or drop it")
+    return texts, encs
+
+
+def batches(model: Model, encs: list, batch_size: int) -> list[Batch]:
+    pad = model.tokenizer.pad_token_id if model.tokenizer is not None and model.tokenizer.pad_token_id is not None else 0
+    return [collate(encs[i:i + batch_size], pad) for i in range(0, len(encs), batch_size)]
+
+
+def run_batch(model: Model, batch: Batch, sites: list[Site], rule: Any, out_dtype: torch.dtype,
+              need_logits: bool = False) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """One forward pass keeping ``sites`` at ``rule``; returns ``([b, S, (P,) d], mask, logits)`` on the CPU."""
+    p = plan(rule, batch)
+    got: dict[int, torch.Tensor] = {}
+    n = len(sites)
+
+    def make(i: int):
+        def fn(x: torch.Tensor, ctx: HookContext) -> None:
+            got[i] = p.apply(x).to("cpu", out_dtype, non_blocking=True)
+            if len(got) == n and not need_logits:
+                raise StopForward
+        return fn
+
+    logits = None
+    dev = model.device
+    inputs = {k: v.to(dev) for k, v in batch.model_inputs.items()}
+    with torch.inference_mode(), hooks(model, [(s, make(i)) for i, s in enumerate(sites)]):
+        try:
+            out = model.hf(**inputs, use_cache=False)
+            logits = out.logits.to("cpu")
+        except StopForward:
+            pass
+    missing = [sites[i].name for i in range(n) if i not in got]
+    if missing:
+        raise RuntimeError(f"sites {missing} never fired during the forward pass; is the ArchSpec right for this model?")
+    acts = torch.stack([got[i] for i in range(n)], 1)
+    mask = p.mask if p.n_positions is not None else None
+    if mask is not None:
+        acts = acts * mask[:, None, :, None].to(acts.dtype)  # padding positions hold zeros, not garbage
+    return acts, mask, logits
+
+
+def _fingerprint(model: Model, texts: list[str], sites: list[Site], rule: Any, batch_size: int, dtype: torch.dtype) -> str:
+    h = hashlib.sha256()
+    h.update(json.dumps([model.name, [s.name for s in sites], describe(rule), batch_size, str(dtype)]).encode())
+    for t in texts:
+        h.update(t.encode())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def capture(model: Model, prompts: Sequence[str], sites: Any = "resid_post", positions: Any = "last",
+            batch_size: int = 16, chat: bool = True, responses: Sequence[str] | None = None,
+            labels: Sequence[Any] | None = None, prompt_ids: Sequence[str] | None = None,
+            dtype: torch.dtype = torch.float32, layers: Sequence[int] | None = None, system: str | None = None,
+            out: str | os.PathLike | None = None, overwrite: bool = False, progress: bool = True,
+            _stop_after: int | None = None) -> Activations | ActivationStore:
+    """Capture activations of ``prompts`` at ``sites`` and ``positions``.
+
+    ``sites``: names like ``"blocks.3.hook_resid_post"`` / ``"resid_post.3"``, or a kind (``"resid_post"``)
+    meaning every layer (or ``layers``). ``positions``: ``last``, ``post_instruction``, ``all``,
+    ``prompt_mean``, ``response_mean`` (needs ``responses``) or explicit ints. ``chat``: wrap prompts in the
+    chat template. Returns :class:`Activations` ``[n_prompts, n_sites, (n_positions,) d_model]``, or with
+    ``out=PATH`` an :class:`ActivationStore` written batch by batch (resumable; refuses to overwrite).
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    texts, encs = prepare(model, prompts, chat=chat, responses=responses, system=system)
+    site_list = expand_sites(sites, model.n_layers, layers)
+    n = len(texts)
+    if labels is not None and len(labels) != n:
+        raise ValueError(f"{len(labels)} labels for {n} prompts")
+    ids = [str(i) for i in (prompt_ids if prompt_ids is not None else range(n))]
+    if len(ids) != n:
+        raise ValueError(f"{len(ids)} prompt ids for {n} prompts")
+    meta = {"chat": chat, "batch_size": batch_size, "model_dtype": str(model.dtype), "family": model.spec.family}
+    all_batches = batches(model, encs, batch_size)
+    store = None
+    if out is not None:
+        manifest = {"kind": "interp.ActivationStore", "version": 1, "sites": [s.name for s in site_list],
+                    "positions": describe(positions), "model_id": model.name, "d_model": model.d_model,
+                    "prompt_ids": ids, "labels": list(labels) if labels is not None else None,
+                    "batch_size": batch_size, "n_shards": len(all_batches), "dtype": str(dtype), "meta": meta,
+                    "fingerprint": _fingerprint(model, texts, site_list, positions, batch_size, dtype)}
+        store = ActivationStore.open_for_writing(out, manifest, overwrite=overwrite)
+
+    results: list[torch.Tensor] = []
+    masks: list[torch.Tensor | None] = []
+    bar = tqdm(total=n, desc=f"capture {model.name}", unit="prompt", disable=not progress, leave=False)
+    try:
+        for k, batch in enumerate(all_batches):
+            if _stop_after is not None and k >= _stop_after:
+                raise KeyboardInterrupt(f"stopped after {k} batches (test hook)")
+            if store is not None and store.has_shard(k):
+                bar.update(batch.input_ids.shape[0])
+                continue
+            acts, mask, _ = run_batch(model, batch, site_list, positions, dtype)
+            _check_finite(acts, k)
+            if store is not None:
+                store.write_shard(k, acts, mask)
+            else:
+                results.append(acts)
+                masks.append(mask)
+            bar.update(acts.shape[0])
+    finally:
+        bar.close()
+    if store is not None:
+        store.finish()
+        return store
+    tensor, mask = _join(results, masks)
+    return Activations(tensor=tensor, sites=[s.name for s in site_list], positions=describe(positions),
+                       model_id=model.name, prompt_ids=ids, labels=list(labels) if labels is not None else None,
+                       mask=mask, meta=meta)
+
+
+def _check_finite(acts: torch.Tensor, k: int) -> None:
+    if not torch.isfinite(acts).all():
+        raise FloatingPointError(f"non-finite activations in batch {k}: the model produced NaN/Inf (try float32 "
+                                 f"or check the weights)")
+
+
+def _join(results: list[torch.Tensor], masks: list[torch.Tensor | None]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    if results[0].dim() == 3:
+        return torch.cat(results), None
+    width = max(r.shape[2] for r in results)
+    n, S, d = sum(r.shape[0] for r in results), results[0].shape[1], results[0].shape[-1]
+    tensor = torch.zeros(n, S, width, d, dtype=results[0].dtype)
+    mask = torch.zeros(n, width, dtype=torch.bool)
+    i = 0
+    for r, m in zip(results, masks, strict=False):
+        b, P = r.shape[0], r.shape[2]
+        tensor[i:i + b, :, width - P:] = r
+        mask[i:i + b, width - P:] = m
+        i += b
+    return tensor, mask
+

@@ -1,0 +1,163 @@
+"""Hooks on named sites, attached only inside a context manager and always removed on exit.
+
+A hook function is ``fn(x, ctx)``: ``x`` is the site's tensor (``[batch, seq, d_model]``; ``[batch, seq,
+n_heads, d_head]`` for ``attn_z``; ``[batch, seq, d_mlp]`` for ``mlp_post``) and ``ctx`` a
+:class:`HookContext`. Returning a tensor replaces the activation; returning ``None`` leaves it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn as nn
+from torch.utils.hooks import RemovableHandle
+
+from interp.models import Model
+from interp.sites import Site, parse_site
+
+HookFn = Callable[[torch.Tensor, "HookContext"], "torch.Tensor | None"]
+
+
+class StopForward(Exception):
+    """Raised by a hook to end the forward pass early (every requested site already seen)."""
+
+
+@dataclass
+class HookContext:
+    """What a hook knows: its site, the model, and ``data``, a dict shared by all hooks of one run."""
+
+    site: Site
+    model: Model
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+def _first(out: Any) -> torch.Tensor:
+    return out[0] if isinstance(out, tuple) else out
+
+
+def _replace_first(out: Any, new: torch.Tensor) -> Any:
+    return (new, *out[1:]) if isinstance(out, tuple) else new
+
+
+def _input_of(args: tuple, kwargs: dict) -> torch.Tensor:
+    return args[0] if args else kwargs["hidden_states"]
+
+
+def _with_input(args: tuple, kwargs: dict, new: torch.Tensor) -> tuple[tuple, dict]:
+    if args:
+        return (new, *args[1:]), kwargs
+    return args, {**kwargs, "hidden_states": new}
+
+
+def _check(new: Any, old: torch.Tensor, site: Site) -> torch.Tensor:
+    if not isinstance(new, torch.Tensor):
+        raise TypeError(f"hook at {site.name} returned {type(new).__name__}; return a tensor or None")
+    if new.shape != old.shape:
+        raise ValueError(f"hook at {site.name} returned shape {tuple(new.shape)}, expected {tuple(old.shape)}")
+    return new.to(old.dtype)
+
+
+def _register(model: Model, site: Site, fn: HookFn, ctx: HookContext) -> list[RemovableHandle]:
+    spec = model.spec
+    block: nn.Module | None = model.block(site.layer) if site.layer is not None else None
+
+    def post_hook(mod: nn.Module, args: tuple, out: Any) -> Any:
+        x = _first(out)
+        new = fn(x, ctx)
+        return None if new is None else _replace_first(out, _check(new, x, site))
+
+    def pre_hook(mod: nn.Module, args: tuple, kwargs: dict) -> Any:
+        x = _input_of(args, kwargs)
+        new = fn(x, ctx)
+        return None if new is None else _with_input(args, kwargs, _check(new, x, site))
+
+    kind = site.kind
+    if kind == "ln_final":
+        return [model.module(spec.final_norm).register_forward_hook(post_hook)]
+    assert block is not None
+    if kind == "resid_pre":
+        return [block.register_forward_pre_hook(pre_hook, with_kwargs=True)]
+    if kind == "resid_post":
+        return [block.register_forward_hook(post_hook)]
+    if kind == "attn_out":
+        return [model.module(spec.attn_out, site.layer).register_forward_hook(post_hook)]
+    if kind == "mlp_out":
+        return [model.module(spec.mlp_out, site.layer).register_forward_hook(post_hook)]
+    if kind == "resid_mid":
+        return _register_resid_mid(model, site, fn, ctx)
+    if kind == "attn_z":
+        n_heads = model.n_heads
+
+        def z_hook(mod: nn.Module, args: tuple, kwargs: dict) -> Any:
+            x = _input_of(args, kwargs)
+            z = x.unflatten(-1, (n_heads, x.shape[-1] // n_heads))
+            new = fn(z, ctx)
+            return None if new is None else _with_input(args, kwargs, _check(new, z, site).flatten(-2))
+
+        return [model.module(spec.attn_proj, site.layer).register_forward_pre_hook(z_hook, with_kwargs=True)]
+    if kind == "mlp_post":
+        if spec.mlp_proj is None:
+            raise ValueError(f"{site.name}: this is a mixture-of-experts layer; neurons live inside each expert. "
+                             f"Hook the experts' modules directly or use mlp_out")
+        return [model.module(spec.mlp_proj, site.layer).register_forward_pre_hook(pre_hook, with_kwargs=True)]
+    raise ValueError(f"site kind {kind!r} cannot be hooked")
+
+
+def _register_resid_mid(model: Model, site: Site, fn: HookFn, ctx: HookContext) -> list[RemovableHandle]:
+    """resid_mid = resid_pre + attn_out. We stash resid_pre where the block reads it and apply ``fn`` to the
+    sum inside the attention-write hook, writing back ``fn(pre + out) - pre`` so the stream changes exactly."""
+    spec = model.spec
+    if spec.resid_mid_in is None:
+        raise ValueError(f"{site.name}: {spec.family} uses a parallel residual (attention and MLP read the same "
+                         f"input), so there is no resid_mid; use resid_pre / resid_post")
+    stash: dict[str, torch.Tensor] = {}
+
+    def grab(mod: nn.Module, args: tuple, kwargs: dict) -> None:
+        stash["pre"] = _input_of(args, kwargs)
+
+    def write(mod: nn.Module, args: tuple, out: Any) -> Any:
+        pre = stash.pop("pre")
+        attn = _first(out)
+        mid = pre + attn
+        new = fn(mid, ctx)
+        return None if new is None else _replace_first(out, _check(new, mid, site) - pre)
+
+    return [
+        model.module(spec.resid_pre_in, site.layer).register_forward_pre_hook(grab, with_kwargs=True),
+        model.module(spec.attn_out, site.layer).register_forward_hook(write),
+    ]
+
+
+HookSpec = Mapping[Any, "HookFn | Sequence[HookFn]"] | Sequence[tuple[Any, HookFn]]
+
+
+@contextmanager
+def hooks(model: Model, fns: HookSpec, data: dict[str, Any] | None = None) -> Iterator[dict[str, Any]]:
+    """Attach ``{site: fn}`` (or ``[(site, fn), ...]``) for the duration of the block.
+
+    Contexts nest and compose (hooks on one site run in the order they were attached). Every hook is
+    removed on exit, also when the body raises. Yields the shared ``data`` dict given to every hook.
+    """
+    items = list(fns.items()) if isinstance(fns, Mapping) else list(fns)
+    shared = {} if data is None else data
+    handles: list[RemovableHandle] = []
+    try:
+        for site_name, fn_or_list in items:
+            site = parse_site(site_name, model.n_layers)
+            for fn in (fn_or_list if isinstance(fn_or_list, (list, tuple)) else [fn_or_list]):
+                if not callable(fn):
+                    raise TypeError(f"hook for {site.name} is {type(fn).__name__}, not callable")
+                handles += _register(model, site, fn, HookContext(site, model, shared))
+        yield shared
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def count_hooks(module: nn.Module) -> int:
+    """Number of forward (pre-)hooks attached anywhere below ``module`` (0 when nothing leaked)."""
+    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in module.modules())

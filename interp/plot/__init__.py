@@ -1,0 +1,1 @@
+"""Plotly figures for every stage; each topic lives in its own module (imported lazily by callers)."""

@@ -1,0 +1,118 @@
+"""Site names: TransformerLens hook names are canonical, short aliases are accepted.
+
+``blocks.3.hook_resid_post`` == ``resid_post.3``. A kind without a layer (``"resid_post"``)
+expands to every layer in :func:`expand_sites`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+# kind -> canonical TransformerLens suffix inside ``blocks.{i}.``
+BLOCK_KINDS: dict[str, str] = {
+    "resid_pre": "hook_resid_pre",
+    "resid_mid": "hook_resid_mid",
+    "resid_post": "hook_resid_post",
+    "attn_out": "hook_attn_out",
+    "mlp_out": "hook_mlp_out",
+    "attn_z": "attn.hook_z",
+    "mlp_post": "mlp.hook_post",
+}
+GLOBAL_KINDS: dict[str, str] = {"ln_final": "ln_final.hook_normalized"}
+
+ALIASES: dict[str, str] = {
+    "resid": "resid_post",
+    "residual": "resid_post",
+    "attn": "attn_out",
+    "mlp": "mlp_out",
+    "z": "attn_z",
+    "heads": "attn_z",
+    "neurons": "mlp_post",
+    "final": "ln_final",
+    "ln_final": "ln_final",
+}
+
+_CANON_BLOCK = re.compile(r"^blocks\.(\d+)\.(hook_resid_pre|hook_resid_mid|hook_resid_post|hook_attn_out|hook_mlp_out|attn\.hook_z|mlp\.hook_post)$")
+_SHORT = re.compile(r"^([a-z_]+)[.:]?(-?\d+)?$")
+_SUFFIX_TO_KIND = {v: k for k, v in BLOCK_KINDS.items()}
+
+
+@dataclass(frozen=True)
+class Site:
+    """One hook point: ``kind`` (e.g. ``resid_post``) at ``layer`` (``None`` for global sites)."""
+
+    kind: str
+    layer: int | None
+
+    @property
+    def name(self) -> str:
+        if self.layer is None:
+            return GLOBAL_KINDS[self.kind]
+        return f"blocks.{self.layer}.{BLOCK_KINDS[self.kind]}"
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def known_site_forms() -> str:
+    kinds = ", ".join(list(BLOCK_KINDS) + list(GLOBAL_KINDS))
+    return (f"use a TransformerLens name like 'blocks.3.hook_resid_post' or 'ln_final.hook_normalized', "
+            f"or a short form 'KIND.LAYER' with KIND in: {kinds}")
+
+
+def parse_site(name: str | Site, n_layers: int | None = None) -> Site:
+    """Parse a canonical or short site name; negative layers count from the end when ``n_layers`` is known."""
+    if isinstance(name, Site):
+        site = name
+    else:
+        s = name.strip()
+        m = _CANON_BLOCK.match(s)
+        if m:
+            site = Site(_SUFFIX_TO_KIND[m.group(2)], int(m.group(1)))
+        elif s in GLOBAL_KINDS.values():
+            site = Site(next(k for k, v in GLOBAL_KINDS.items() if v == s), None)
+        else:
+            m = _SHORT.match(s)
+            if not m:
+                raise ValueError(f"unknown site {name!r}: {known_site_forms()}")
+            kind = ALIASES.get(m.group(1), m.group(1))
+            layer = None if m.group(2) is None else int(m.group(2))
+            if kind in GLOBAL_KINDS:
+                if layer is not None:
+                    raise ValueError(f"site {name!r}: {kind} has no layer")
+                site = Site(kind, None)
+            elif kind in BLOCK_KINDS:
+                if layer is None:
+                    raise ValueError(f"site {name!r} needs a layer ('{kind}.3'); use expand_sites to take every layer")
+                site = Site(kind, layer)
+            else:
+                raise ValueError(f"unknown site {name!r}: {known_site_forms()}")
+    if site.layer is not None and n_layers is not None:
+        layer = site.layer + n_layers if site.layer < 0 else site.layer
+        if not 0 <= layer < n_layers:
+            raise ValueError(f"site {name!r}: layer {site.layer} is out of range; this model has layers 0..{n_layers - 1}")
+        site = Site(site.kind, layer)
+    return site
+
+
+def expand_sites(spec: str | Site | list[str | Site] | tuple, n_layers: int, layers: list[int] | range | None = None) -> list[Site]:
+    """Turn user input into a list of :class:`Site`.
+
+    ``"resid_post"`` (a kind with no layer) means that kind at every layer (or at ``layers``).
+    """
+    items = [spec] if isinstance(spec, (str, Site)) else list(spec)
+    if not items:
+        raise ValueError("no sites given: " + known_site_forms())
+    out: list[Site] = []
+    for item in items:
+        if isinstance(item, str):
+            kind = ALIASES.get(item.strip(), item.strip())
+            if kind in BLOCK_KINDS:
+                for layer in (range(n_layers) if layers is None else layers):
+                    out.append(parse_site(Site(kind, layer), n_layers))
+                continue
+        out.append(parse_site(item, n_layers))
+    seen: set[Site] = set()
+    uniq = [s for s in out if not (s in seen or seen.add(s))]
+    return uniq

@@ -1,0 +1,176 @@
+"""`ActivationStore`: activations sharded on disk, written atomically, memory-mapped for reading, resumable.
+
+Layout of a store folder::
+
+    store.json               manifest (sites, positions, model, prompt ids, labels, fingerprint, complete)
+    shard_00000.safetensors  one batch: "activations" [b, n_sites, (P,) d] (+ "mask" [b, P])
+
+A shard file exists only once fully written (write to a temp file, then rename), so an interrupted run
+resumes by skipping the shards present. Deterministic contents make a resumed store byte-identical to an
+uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from interp.activations import Activations
+from interp.io import read_json, write_json, write_safetensors
+
+MANIFEST = "store.json"
+_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64,
+           "BOOL": torch.bool, "I64": torch.int64, "I32": torch.int32, "U8": torch.uint8}
+
+
+def shard_name(k: int) -> str:
+    return f"shard_{k:05d}.safetensors"
+
+
+class ActivationStore:
+    """Read access to a store folder (and the writer API used by :func:`interp.capture`)."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        if not (self.path / MANIFEST).exists():
+            raise FileNotFoundError(f"{self.path} is not an activation store (no {MANIFEST})")
+        self.manifest: dict[str, Any] = read_json(self.path / MANIFEST)
+
+    # --- creation / resumption ---------------------------------------------------------------
+    @classmethod
+    def open_for_writing(cls, path: str | os.PathLike, manifest: dict[str, Any], overwrite: bool = False) -> ActivationStore:
+        """Create a store, or resume an unfinished one with the same fingerprint.
+
+        An existing finished store, a store of another run, or a folder holding other files is refused
+        unless ``overwrite=True``; even then only the store's own files are removed, never other files.
+        """
+        p = Path(path)
+        if p.exists() and not p.is_dir():
+            raise FileExistsError(f"{p} exists and is a file; choose another output path")
+        if p.exists() and any(p.iterdir()):
+            theirs = [f.name for f in p.iterdir() if not _is_store_file(f.name)]
+            if theirs:
+                raise FileExistsError(f"{p} holds files that are not part of an activation store ({theirs[:3]}); "
+                                      f"choose an empty or new output folder")
+            old = read_json(p / MANIFEST) if (p / MANIFEST).exists() else None
+            resumable = old is not None and old.get("fingerprint") == manifest["fingerprint"] and not old.get("complete")
+            if not resumable and not overwrite:
+                why = "a finished store" if old and old.get("complete") else "a store of a different run"
+                raise FileExistsError(f"{p} already holds {why}; pass overwrite=True to replace it, or choose another path")
+            if not resumable:
+                for f in p.iterdir():
+                    f.unlink()
+        p.mkdir(parents=True, exist_ok=True)
+        if not (p / MANIFEST).exists():
+            write_json(p / MANIFEST, {**manifest, "complete": False})
+        return cls(p)
+
+    def has_shard(self, k: int) -> bool:
+        return (self.path / shard_name(k)).exists()
+
+    def write_shard(self, k: int, acts: torch.Tensor, mask: torch.Tensor | None = None) -> None:
+        tensors = {"activations": acts}
+        if mask is not None:
+            tensors["mask"] = mask
+        write_safetensors(self.path / shard_name(k), tensors)
+
+    def finish(self) -> None:
+        self.manifest["complete"] = True
+        write_json(self.path / MANIFEST, self.manifest)
+
+    # --- reading -----------------------------------------------------------------------------
+    @property
+    def sites(self) -> list[str]:
+        return list(self.manifest["sites"])
+
+    @property
+    def d_model(self) -> int:
+        return int(self.manifest["d_model"])
+
+    @property
+    def n_prompts(self) -> int:
+        return len(self.manifest["prompt_ids"])
+
+    @property
+    def n_shards(self) -> int:
+        return int(self.manifest["n_shards"])
+
+    @property
+    def complete(self) -> bool:
+        return bool(self.manifest.get("complete"))
+
+    @property
+    def positions(self) -> str:
+        return str(self.manifest["positions"])
+
+    def __len__(self) -> int:
+        return self.n_prompts
+
+    def shard_bounds(self, k: int) -> tuple[int, int]:
+        bs = int(self.manifest["batch_size"])
+        return k * bs, min((k + 1) * bs, self.n_prompts)
+
+    def shard(self, k: int) -> Activations:
+        """Shard ``k`` as :class:`Activations` whose tensors are memory-mapped (no copy into RAM)."""
+        if not 0 <= k < self.n_shards:
+            raise IndexError(f"shard {k} out of range 0..{self.n_shards - 1}")
+        f = self.path / shard_name(k)
+        if not f.exists():
+            raise FileNotFoundError(f"{f} is missing: the store is unfinished; rerun the capture with the same "
+                                    f"arguments to resume it")
+        t = mmap_safetensors(f)
+        lo, hi = self.shard_bounds(k)
+        labels = self.manifest.get("labels")
+        return Activations(tensor=t["activations"], sites=self.sites, positions=self.positions,
+                           model_id=self.manifest.get("model_id", ""), prompt_ids=self.manifest["prompt_ids"][lo:hi],
+                           labels=None if labels is None else labels[lo:hi], mask=t.get("mask"),
+                           meta=dict(self.manifest.get("meta", {})))
+
+    def iter_shards(self) -> Iterator[Activations]:
+        for k in range(self.n_shards):
+            yield self.shard(k)
+
+    def load(self) -> Activations:
+        """Everything in memory as one :class:`Activations`."""
+        return Activations.concat([a[slice(None)] for a in self.iter_shards()])
+
+    def __repr__(self) -> str:
+        return (f"ActivationStore({str(self.path)!r}, prompts={self.n_prompts}, sites={len(self.sites)}, "
+                f"shards={self.n_shards}, complete={self.complete})")
+
+
+def _is_store_file(name: str) -> bool:
+    return name == MANIFEST or (name.startswith("shard_") and name.endswith(".safetensors")) or \
+        (name.startswith(".") and name.endswith(".tmp"))
+
+
+def mmap_safetensors(path: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """Tensors of a safetensors file as read-only views of a memory map of the file."""
+    with open(path, "rb") as fh:
+        n = struct.unpack("<Q", fh.read(8))[0]
+        header = json.loads(fh.read(n))
+        mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+    base = 8 + n
+    out: dict[str, torch.Tensor] = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        dtype = _DTYPES[info["dtype"]]
+        start, end = info["data_offsets"]
+        count = (end - start) // torch.empty((), dtype=dtype).element_size()
+        if count == 0:
+            out[name] = torch.empty(info["shape"], dtype=dtype)
+            continue
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # read-only buffer: we never write through it
+            out[name] = torch.frombuffer(mm, dtype=dtype, count=count, offset=base + start).view(info["shape"])
+    return out
