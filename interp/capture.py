@@ -53,13 +53,19 @@ def run_batch(model: Model, batch: Batch, sites: list[Site], rule: Any, out_dtyp
               need_logits: bool = False) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """One forward pass keeping ``sites`` at ``rule``; returns ``([b, S, (P,) d], mask, logits)`` on the CPU."""
     p = plan(rule, batch)
-    got: dict[int, torch.Tensor] = {}
     n = len(sites)
+    buf: list[torch.Tensor] = []  # [b, S, (P,) d] on the CPU, allocated at the first hook
+    seen: set[int] = set()
 
     def make(i: int):
         def fn(x: torch.Tensor, ctx: HookContext) -> None:
-            got[i] = p.apply(x).to("cpu", out_dtype, non_blocking=True)
-            if len(got) == n and not need_logits:
+            y = p.apply(x)
+            if not buf:
+                with torch.inference_mode(False):  # a normal tensor, so users can edit it in place later
+                    buf.append(torch.empty((y.shape[0], n, *y.shape[1:]), dtype=out_dtype))
+            buf[0][:, i].copy_(y, non_blocking=True)
+            seen.add(i)
+            if len(seen) == n and not need_logits:
                 raise StopForward
         return fn
 
@@ -72,13 +78,13 @@ def run_batch(model: Model, batch: Batch, sites: list[Site], rule: Any, out_dtyp
             logits = out.logits.to("cpu")
         except StopForward:
             pass
-    missing = [sites[i].name for i in range(n) if i not in got]
+    missing = [sites[i].name for i in range(n) if i not in seen]
     if missing:
         raise RuntimeError(f"sites {missing} never fired during the forward pass; is the ArchSpec right for this model?")
-    acts = torch.stack([got[i] for i in range(n)], 1)
+    acts = buf[0]
     mask = p.mask if p.n_positions is not None else None
-    if mask is not None:
-        acts = acts * mask[:, None, :, None].to(acts.dtype)  # padding positions hold zeros, not garbage
+    if mask is not None and not mask.all():
+        acts.mul_(mask[:, None, :, None].to(acts.dtype))  # padding positions hold zeros, not garbage
     return acts, mask, logits
 
 
@@ -126,9 +132,24 @@ def capture(model: Model, prompts: Sequence[str], sites: Any = "resid_post", pos
                     "fingerprint": _fingerprint(model, texts, site_list, positions, batch_size, dtype)}
         store = ActivationStore.open_for_writing(out, manifest, overwrite=overwrite)
 
+    acts_or_store = capture_batches(model, all_batches, site_list, positions, dtype=dtype, store=store,
+                                    progress=progress, desc=f"capture {model.name}", _stop_after=_stop_after)
+    if store is not None:
+        return store
+    tensor, mask = acts_or_store
+    return Activations(tensor=tensor, sites=[s.name for s in site_list], positions=describe(positions),
+                       model_id=model.name, prompt_ids=ids, labels=list(labels) if labels is not None else None,
+                       mask=mask, meta=meta)
+
+
+def capture_batches(model: Model, all_batches: list[Batch], sites: list[Site], positions: Any,
+                    dtype: torch.dtype = torch.float32, store: ActivationStore | None = None, progress: bool = False,
+                    desc: str = "capture", _stop_after: int | None = None) -> Any:
+    """The capture loop over prepared batches: ``(tensor, mask)`` in memory, or shards written to ``store``."""
     results: list[torch.Tensor] = []
     masks: list[torch.Tensor | None] = []
-    bar = tqdm(total=n, desc=f"capture {model.name}", unit="prompt", disable=not progress, leave=False)
+    bar = tqdm(total=sum(b.input_ids.shape[0] for b in all_batches), desc=desc, unit="prompt",
+               disable=not progress, leave=False)
     try:
         for k, batch in enumerate(all_batches):
             if _stop_after is not None and k >= _stop_after:
@@ -136,7 +157,7 @@ def capture(model: Model, prompts: Sequence[str], sites: Any = "resid_post", pos
             if store is not None and store.has_shard(k):
                 bar.update(batch.input_ids.shape[0])
                 continue
-            acts, mask, _ = run_batch(model, batch, site_list, positions, dtype)
+            acts, mask, _ = run_batch(model, batch, sites, positions, dtype)
             _check_finite(acts, k)
             if store is not None:
                 store.write_shard(k, acts, mask)
@@ -149,10 +170,7 @@ def capture(model: Model, prompts: Sequence[str], sites: Any = "resid_post", pos
     if store is not None:
         store.finish()
         return store
-    tensor, mask = _join(results, masks)
-    return Activations(tensor=tensor, sites=[s.name for s in site_list], positions=describe(positions),
-                       model_id=model.name, prompt_ids=ids, labels=list(labels) if labels is not None else None,
-                       mask=mask, meta=meta)
+    return _join(results, masks)
 
 
 def _check_finite(acts: torch.Tensor, k: int) -> None:

@@ -17,7 +17,7 @@ RULES = ("last", "post_instruction", "all", "prompt_mean", "response_mean")
 
 @dataclass
 class Plan:
-    index: torch.Tensor | None = None    # [B, P] positions to gather
+    index: torch.Tensor | None = None    # [B, P] positions to gather (None with a mask: every position)
     mask: torch.Tensor | None = None     # [B, P] real positions
     weights: torch.Tensor | None = None  # [B, T] averaging weights (rows sum to 1)
     squeeze: bool = False
@@ -27,13 +27,17 @@ class Plan:
         if self.weights is not None:
             w = self.weights.to(x.device, torch.float32)
             return torch.einsum("bt...,bt->b...", x.float(), w)
+        if self.index is None:  # every position
+            return x
         idx = self.index.to(x.device)
         gathered = x[torch.arange(x.shape[0], device=x.device)[:, None], idx]
         return gathered[:, 0] if self.squeeze else gathered
 
     @property
     def n_positions(self) -> int | None:
-        return None if (self.squeeze or self.index is None) else self.index.shape[1]
+        if self.squeeze or self.weights is not None:
+            return None
+        return self.mask.shape[1]
 
 
 def describe(rule: str | int | list[int]) -> str:
@@ -79,7 +83,7 @@ def plan(rule: str | int | list[int], batch: Batch) -> Plan:
         valid = idx >= (end - n)[:, None]
         return Plan(index=idx.clamp(min=0), mask=valid)
     if rule == "all":
-        return Plan(index=torch.arange(T).expand(B, T), mask=mask)
+        return Plan(index=None, mask=mask)
     if rule in ("prompt_mean", "response_mean"):
         sel = prompt if rule == "prompt_mean" else (batch.response_mask & mask)
         counts = sel.sum(1, keepdim=True)

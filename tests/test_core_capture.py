@@ -162,6 +162,7 @@ def test_dtype_control_and_labels(tiny_models):
     assert acts.tensor.dtype == torch.bfloat16 and acts.labels == [1, 0, 1, 0]
     assert acts.sites == ["blocks.0.hook_resid_post", "blocks.1.hook_resid_post"]
     assert acts[[0, 2]].labels == [1, 1]
+    acts.tensor -= 1  # a normal tensor (not an inference-mode one): editable in place
 
 
 def test_early_stop_matches_full_forward(tiny_models):

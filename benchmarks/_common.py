@@ -1,0 +1,82 @@
+"""Shared benchmark helpers: timing medians, a peak-RSS sampler, machine description, table output."""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import psutil
+import torch
+
+
+class PeakRSS:
+    """Samples this process's resident memory every millisecond; ``peak - start`` is the growth of a call."""
+
+    def __init__(self) -> None:
+        self.proc = psutil.Process()
+        self.peak = 0
+        self._stop = threading.Event()
+
+    def __enter__(self) -> PeakRSS:
+        self.start = self.proc.memory_info().rss
+        self.peak = self.start
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self._t.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self.proc.memory_info().rss)
+            time.sleep(0.001)
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._t.join()
+        self.peak = max(self.peak, self.proc.memory_info().rss)
+
+    @property
+    def growth_mb(self) -> float:
+        return (self.peak - self.start) / 2**20
+
+
+def interleaved(fns: dict[str, Callable[[], Any]], rounds: int, warmup: int = 1) -> dict[str, dict[str, float]]:
+    """Run every function once per round, in rotating order; report the median seconds and peak RSS growth."""
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    mem: dict[str, list[float]] = {k: [] for k in fns}
+    names = list(fns)
+    for r in range(rounds):
+        order = names[r % len(names):] + names[:r % len(names)]
+        for k in order:
+            with PeakRSS() as p:
+                t0 = time.perf_counter()
+                fns[k]()
+                times[k].append(time.perf_counter() - t0)
+            mem[k].append(p.growth_mb)
+    return {k: {"median_s": statistics.median(times[k]), "peak_mb": max(mem[k])} for k in fns}
+
+
+def machine() -> str:
+    dev = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    return (f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__} "
+            f"({torch.get_num_threads()} threads), device {dev}")
+
+
+def table(title: str, rows: list[dict[str, Any]], cols: list[str]) -> str:
+    out = [f"### {title}", "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        out.append("| " + " | ".join(_fmt(r.get(c, "")) for c in cols) + " |")
+    return "\n".join(out) + "\n"
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.3f}" if abs(v) < 100 else f"{v:.0f}"
+    return str(v)
