@@ -1,0 +1,201 @@
+"""The main job: refusal-direction analysis on the embedded organism, its CLI, its report and bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from interp.pipelines import refusal_scoring as S
+from interp.pipelines.refusal import RefusalConfig, run_refusal
+from interp.tiny import tiny_model
+
+from .conftest import REPO, shared_path
+
+
+def _organism_present() -> None:
+    if not (REPO / "interp" / "embedded" / "organism" / "config.json").exists():
+        pytest.fail("the embedded organism is missing; regenerate it with python -m interp.organism.train")
+
+
+@pytest.fixture(scope="module")
+def aligned_run(tmp_path_factory):
+    _organism_present()
+    out = tmp_path_factory.mktemp("runs") / "aligned"
+    t0 = time.perf_counter()
+    res = run_refusal(RefusalConfig(model="organism", save_model=True), out)
+    res.seconds = time.perf_counter() - t0
+    return res
+
+
+def test_aligned_organism_direction_is_causal_both_ways(aligned_run):
+    m = aligned_run.metrics
+    assert m["found_direction"], m["notes"]
+    rates = m["evaluation"]["refusal_rate"]
+    assert rates["harmful/baseline"] >= 0.95
+    assert rates["harmful/ablation"] <= 0.10
+    assert rates["harmless/baseline"] <= 0.05
+    assert rates["harmless/addition"] >= 0.80
+    for control in ("harmful/random ablation", "harmful/orthogonal ablation"):
+        assert abs(rates[control] - rates["harmful/baseline"]) <= 0.10, control
+    assert rates["harmful/baked weights"] == pytest.approx(rates["harmful/ablation"], abs=0.02)
+    eq = m["evaluation"]["hook_vs_baked"]
+    assert eq["exact_architecture"] and eq["rel_logit_diff"] <= 1e-4
+    sel = m["selection"]
+    assert sel["kl"] < sel["filters"]["kl_threshold"]
+    assert sel["layer"] < int(m["n_layers"] * (1 - sel["filters"]["prune_layer_fraction"])) + 1
+    kc = m["evaluation"]["harmless_kl_ce"]
+    assert kc["kl_first_response_token"] >= 0 and kc["ce_edited"] > 0
+
+
+def test_outputs_written_and_resumable(aligned_run):
+    out = aligned_run.out
+    for name in ("metrics.json", "generations.jsonl", "report.html", "direction/meta.json", "model/config.json"):
+        assert (out / name).exists(), name
+    from probes.objects import Direction
+
+    d = Direction.load(out / "direction")
+    assert d.meta["pipeline"] == "refusal" and d.fitted_on
+    lines = [json.loads(x) for x in (out / "generations.jsonl").read_text().splitlines()]
+    assert {x["condition"] for x in lines} >= {"harmful/baseline", "harmful/ablation", "harmless/addition"}
+    html = (out / "report.html").read_text()
+    assert html.count("plotly-graph-div") >= 5 and "Candidate scores" in html
+    # the baked model folder loads in plain transformers and does not refuse
+    from transformers import AutoModelForCausalLM
+
+    AutoModelForCausalLM.from_pretrained(out / "model")
+    # a second run over the same folder recomputes nothing
+    t0 = time.perf_counter()
+    again = run_refusal(RefusalConfig(model="organism", save_model=True), out)
+    assert again.metrics["selection"] == aligned_run.metrics["selection"]
+    assert time.perf_counter() - t0 < aligned_run.seconds
+
+
+def test_main_job_fits_the_time_budget(aligned_run):
+    assert aligned_run.seconds < 180, f"main job took {aligned_run.seconds:.0f} s"
+
+
+def test_base_organism_has_no_direction(tmp_path):
+    _organism_present()
+    res = run_refusal(RefusalConfig(model="organism-base", n_test=16), tmp_path / "base")
+    assert not res.found and res.notes
+    assert (tmp_path / "base" / "report.html").exists()
+    assert json.loads((tmp_path / "base" / "metrics.json").read_text())["found_direction"] is False
+
+
+def test_batched_scoring_equals_one_candidate_at_a_time():
+    m = tiny_model("qwen2")
+    encs = S.encode_prompts(m, ["the man said", "what is the good word", "help me now"])
+    torch.manual_seed(0)
+    dirs = torch.nn.functional.normalize(torch.randn(5, m.d_model), dim=-1)
+    layers = torch.tensor([0, 1, 0, 1, 1])
+    for mode in ("ablate", "add"):
+        batched = S.score_rows(m, encs, dirs * (3 if mode == "add" else 1), mode, layers, max_rows=7)
+        for c in range(5):
+            one = S.score_rows(m, encs, dirs[c:c + 1] * (3 if mode == "add" else 1), mode, layers[c:c + 1])
+            torch.testing.assert_close(batched[c], one[0], atol=1e-5, rtol=0)
+    # and the ablation really is an ablation: steering's DirectionalAblation gives the same logits
+    import steering
+
+    with steering.apply(m, steering.DirectionalAblation(dirs[2])):
+        ref = S.baseline_logits(m, encs)
+    torch.testing.assert_close(S.score_rows(m, encs, dirs[2:3], "ablate")[0], ref, atol=1e-5, rtol=0)
+
+
+def test_refusal_score_and_tokens():
+    logits = torch.log(torch.tensor([[0.5, 0.25, 0.25]]))
+    torch.testing.assert_close(S.refusal_score(logits, [0]), torch.tensor([0.0]), atol=1e-6, rtol=0)
+    toks = S.refusal_tokens([5, 5, 5, 7, 9], [9, 9, 1])
+    assert toks[0] == 5 and 9 not in toks
+
+
+def _files(tmp_path, n_harm=12, n_safe=12):
+    h = tmp_path / "harm.csv"
+    h.write_text("goal,category\n" + "\n".join(f"do bad thing {i},c{i % 2}" for i in range(n_harm)))
+    s = tmp_path / "safe.json"
+    s.write_text(json.dumps([{"prompt": f"say hello {i}"} for i in range(n_safe)]))
+    return h, s
+
+
+def test_bad_input(tmp_path):
+    m = tiny_model("llama")
+    h, s = _files(tmp_path)
+    empty = tmp_path / "empty.csv"
+    empty.write_text("goal,category\n")
+    with pytest.raises(ValueError, match="no prompts"):
+        run_refusal(RefusalConfig(harmful=str(empty), harmless=str(s)), tmp_path / "r1", model=m)
+    with pytest.raises(ValueError, match="column 'nope' does not exist"):
+        run_refusal(RefusalConfig(harmful=str(h), harmless=str(s), column="nope"), tmp_path / "r2", model=m)
+    (tmp_path / "f").mkdir()
+    few, _ = _files(tmp_path / "f", n_harm=3)
+    with pytest.raises(ValueError, match="at least 6"):
+        run_refusal(RefusalConfig(harmful=str(few), harmless=str(s)), tmp_path / "r3", model=m)
+    # an output folder holding the user's own files is refused and left untouched
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "thesis.tex").write_text("precious")
+    with pytest.raises(FileExistsError, match="not from a refusal run"):
+        run_refusal(RefusalConfig(harmful=str(h), harmless=str(s)), mine, model=m, overwrite=True)
+    assert (mine / "thesis.tex").read_text() == "precious"
+    # another run's folder needs overwrite
+    run_refusal(RefusalConfig(harmful=str(h), harmless=str(s), max_new_tokens=2), tmp_path / "r4", model=m)
+    with pytest.raises(FileExistsError, match="--overwrite"):
+        run_refusal(RefusalConfig(harmful=str(h), harmless=str(s), max_new_tokens=3), tmp_path / "r4", model=m)
+    res = run_refusal(RefusalConfig(harmful=str(h), harmless=str(s), max_new_tokens=3), tmp_path / "r4", model=m,
+                      overwrite=True)
+    assert res.metrics["found_direction"] is False  # a random model never refuses: said, not faked
+
+
+def test_no_chat_template_fallback_is_stated(tmp_path):
+    m = tiny_model("llama")
+    m.tokenizer.chat_template = None
+    h, s = _files(tmp_path)
+    with pytest.warns(UserWarning, match="no chat template"):
+        res = run_refusal(RefusalConfig(harmful=str(h), harmless=str(s), max_new_tokens=2), tmp_path / "r", model=m)
+    assert any("no chat template" in n for n in res.notes)
+
+
+def test_cli_refusal_bad_input_and_help(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "interp.cli", "refusal", "--help"], capture_output=True, text=True)
+    assert r.returncode == 0 and "--harmful" in r.stdout
+    empty = tmp_path / "e.jsonl"
+    empty.write_text("")
+    r = subprocess.run([sys.executable, "-m", "interp.cli", "refusal", "--harmful", str(empty), "--out",
+                        str(tmp_path / "o")], capture_output=True, text=True)
+    assert r.returncode == 2 and "no prompts" in r.stderr
+
+
+@pytest.mark.slow
+def test_smollm2_harmfulness_direction_separates_held_out(tmp_path):
+    """SmolLM2 does not refuse, but the difference-of-means direction separates harmful from harmless."""
+    import interp
+    from probes.directions import diff_of_means
+    from probes.metrics import auroc
+
+    harmful_file = shared_path("data", "refusal", "harmful_train.json")
+    rows = json.loads(harmful_file.read_text())
+    harm = [r["instruction"] for r in rows][:160]
+    from interp.data import load_prompts
+
+    safe = [r["instruction"] for r in load_prompts("harmless_general")][:160]
+    n = min(len(harm), len(safe))
+    harm, safe = harm[:n], safe[:n]
+    m = interp.load_model("smollm2-135m-instruct")
+    layer = 15
+    acts = interp.capture(m, harm + safe, sites=f"resid_pre.{layer}", positions="last", batch_size=16,
+                          labels=[1] * n + [0] * n, progress=False)
+    tr = list(range(0, n // 2)) + list(range(n, n + n // 2))
+    te = [i for i in range(2 * n) if i not in set(tr)]
+    d = diff_of_means(acts[tr])
+    proj = acts.tensor[te, 0] @ d.vectors[0]
+    y = torch.tensor(acts.labels)[te]
+    assert float(auroc(proj[None], y)) >= 0.95
+    res = run_refusal(RefusalConfig(model="smollm2-135m-instruct", harmful=str(harmful_file),
+                                    harmless=str(REPO / "interp" / "data" / "prompts" / "harmless_general.jsonl"),
+                                    n_train=32, n_val=8, n_test=8, layers=[6, 12, 18], max_new_tokens=8),
+                      tmp_path / "smol", model=m)
+    assert (tmp_path / "smol" / "report.html").exists() and "found_direction" in res.metrics
