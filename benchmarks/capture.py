@@ -21,8 +21,8 @@ from _common import interleaved, machine, table  # noqa: E402
 
 import interp  # noqa: E402
 from interp.capture import batches, capture_batches, prepare  # noqa: E402
-from interp.sites import expand_sites  # noqa: E402
 from interp.oracles import nnsight_model, transformer_lens_model  # noqa: E402
+from interp.sites import expand_sites  # noqa: E402
 from interp.tiny import tiny_model  # noqa: E402
 
 TOPICS = ["bread", "the moon", "a job interview", "rainy weather", "chess openings", "a birthday party", "tax forms",
@@ -93,10 +93,10 @@ def run(model: interp.Model, label: str, rounds: int, batch_size: int) -> list[d
         where = "last token" if last else "all tokens"
         res = interleaved({
             "HF forward (plain)": hf_plain,
-            "HF output_hidden_states": lambda: hf_hidden(last),
-            "interp.capture": lambda: ours(last),
-            "nnsight trace": lambda: nnsight_run(last),
-            "TransformerLens run_with_cache": lambda: tl_run(last),
+            "HF output_hidden_states": lambda last=last: hf_hidden(last),
+            "interp.capture": lambda last=last: ours(last),
+            "nnsight trace": lambda last=last: nnsight_run(last),
+            "TransformerLens run_with_cache": lambda last=last: tl_run(last),
         }, rounds=rounds)
         result_mb = ours(last)[0].numel() * 4 / 2**20
         ref = res["interp.capture"]["median_s"]
