@@ -107,6 +107,9 @@ def test_load_hf_folder_roundtrip(tmp_path):
     torch.testing.assert_close(a.tensor, b.tensor, atol=1e-6, rtol=0)
     with pytest.raises(FileNotFoundError, match="no config.json"):
         interp.load_model(str(tmp_path))
+    # accelerate's device_map path (a dispatched model) captures the same numbers
+    mapped = interp.load_model(str(tmp_path / "q"), device_map="auto")
+    torch.testing.assert_close(capture(mapped, PROMPTS, progress=False).tensor, a.tensor, atol=1e-6, rtol=0)
 
 
 def test_stories260k_gguf_loads_and_captures(tmp_path, monkeypatch):
