@@ -26,7 +26,7 @@ def add_refusal_parser(sub: Any, model_args: Any) -> None:
     p.add_argument("--prune-layer-fraction", type=float, default=0.2)
     p.add_argument("--induce-threshold", type=float, default=0.0)
     p.add_argument("--max-new-tokens", type=int, default=24)
-    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--max-rows", type=int, default=256, help="rows per forward when scoring candidates")
     p.add_argument("--subspace-rank", type=int, default=8)
     p.add_argument("--layers", default=None, help="comma-separated candidate layers (default: all)")
@@ -72,6 +72,8 @@ def cmd_refusal(args: argparse.Namespace) -> int:
             if status == "start":
                 started[stage] = time.perf_counter()
                 state[stage] = ("running", None)
+            elif status == "cached":
+                state[stage] = ("cached (resumed)", None)
             else:
                 state[stage] = ("done", time.perf_counter() - started.get(stage, time.perf_counter()))
             live.update(render())

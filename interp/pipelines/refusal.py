@@ -12,6 +12,7 @@ import hashlib
 import json
 import math
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,7 +43,7 @@ class RefusalConfig:
     prune_layer_fraction: float = 0.2
     induce_threshold: float = 0.0
     max_new_tokens: int = 24
-    batch_size: int = 32
+    batch_size: int = 64
     max_rows: int = 256
     subspace_rank: int = 8
     layers: list[int] | None = None
@@ -144,8 +145,9 @@ def run_refusal(cfg: RefusalConfig, out: str | Path, overwrite: bool = False, pr
 
     # 1. refusal tokens from the model's own refusals ------------------------------------------------
     def stage_tokens() -> dict:
-        gh = steering.generate(model, data.harmful["train"].instructions, **gen_kw)
-        gs = steering.generate(model, data.harmless["train"].instructions, **gen_kw)
+        short = {**gen_kw, "max_new_tokens": min(cfg.max_new_tokens, 12)}  # the judge needs only the opening
+        gh = steering.generate(model, data.harmful["train"].instructions, **short)
+        gs = steering.generate(model, data.harmless["train"].instructions, **short)
         fh, rh = _first_token_and_refusal(gh)
         fs, rs = _first_token_and_refusal(gs)
         toks = S.refusal_tokens([f for f, r in zip(fh, rh) if r], [f for f, r in zip(fs, rs) if not r])
@@ -153,8 +155,8 @@ def run_refusal(cfg: RefusalConfig, out: str | Path, overwrite: bool = False, pr
                 "train_refusal_harmful": sum(rh) / len(rh), "train_refusal_harmless": sum(rs) / len(rs)}
 
     say("refusal tokens", "start")
-    tok, _ = run.stage("tokens", stage_tokens)
-    say("refusal tokens", "done")
+    tok, cached = run.stage("tokens", stage_tokens)
+    say("refusal tokens", "cached" if cached else "done")
     metrics: dict[str, Any] = {"model": cfg.model, "family": model.spec.family, "n_layers": L, "data": data.source,
                                "refusal_tokens": tok["strings"], "train_refusal_rate": {
                                    "harmful": tok["train_refusal_harmful"], "harmless": tok["train_refusal_harmless"]}}
@@ -178,8 +180,8 @@ def run_refusal(cfg: RefusalConfig, out: str | Path, overwrite: bool = False, pr
                 "pos_tokens": _post_tokens(model, P)}
 
     say("candidates", "start")
-    cand, _ = run.stage("candidates", stage_candidates)
-    say("candidates", "done")
+    cand, cached = run.stage("candidates", stage_candidates)
+    say("candidates", "cached" if cached else "done")
     raw = cand["raw"]                                                            # [Lc, P, d]
     Lc, P, d = raw.shape
     metrics["candidates"] = {"layers": cand["layers"], "positions": list(range(-P, 0)), "position_tokens": cand["pos_tokens"]}
@@ -208,8 +210,8 @@ def run_refusal(cfg: RefusalConfig, out: str | Path, overwrite: bool = False, pr
                 "baseline_harmless": S.refusal_score(base_s, toks).mean().item()}
 
     say("scoring", "start")
-    sc, _ = run.stage("scores", stage_scores)
-    say("scoring", "done")
+    sc, cached = run.stage("scores", stage_scores)
+    say("scoring", "cached" if cached else "done")
 
     # 4. selection with the paper's filters -----------------------------------------------------------
     layers_t = torch.tensor(cand["layers"])[:, None].expand(Lc, P)
@@ -268,7 +270,7 @@ def run_refusal(cfg: RefusalConfig, out: str | Path, overwrite: bool = False, pr
             gens[name] = gg.texts
             rates[name] = sum(is_refusal(t) for t in gg.texts) / len(gg.texts)
             enc = S.encode_prompts(model, prompts)
-            with steering.apply(model, *ivs):
+            with (steering.apply(model, *ivs) if ivs else nullcontext()):
                 scores[name] = S.refusal_score(S.baseline_logits(model, enc), toks).mean().item()
         baked = steering.bake(model, r, allow_inexact=True)
         gb = steering.generate(baked.model, H, **gen_kw)
@@ -286,8 +288,8 @@ def run_refusal(cfg: RefusalConfig, out: str | Path, overwrite: bool = False, pr
         return {"gens": gens, "rates": rates, "scores": scores, "equivalence": equiv, "kl_ce": kl_ce}
 
     say("evaluation", "start")
-    ev, _ = run.stage("evaluation", stage_eval)
-    say("evaluation", "done")
+    ev, cached = run.stage("evaluation", stage_eval)
+    say("evaluation", "cached" if cached else "done")
     metrics["evaluation"] = {"refusal_rate": ev["rates"], "refusal_score": ev["scores"],
                              "hook_vs_baked": ev["equivalence"], "harmless_kl_ce": ev["kl_ce"]}
 
@@ -296,7 +298,7 @@ def run_refusal(cfg: RefusalConfig, out: str | Path, overwrite: bool = False, pr
         cats = sorted(set(data.harmful["train"].categories))
         if len(cats) < 2:
             return {"categories": cats, "ranks": [], "rates": [], "scores": []}
-        kw = dict(sites=cand["sites"][li], positions=[pi - P], batch_size=cfg.batch_size, progress=False)
+        kw = dict(sites=cand["sites"][li], positions=pi - P, batch_size=cfg.batch_size, progress=False)
         h = capture(model, data.harmful["train"].instructions, **kw).tensor[:, 0]
         s_mean = capture(model, data.harmless["train"].instructions, **kw).tensor[:, 0].mean(0)
         labels = data.harmful["train"].categories
@@ -316,8 +318,8 @@ def run_refusal(cfg: RefusalConfig, out: str | Path, overwrite: bool = False, pr
         return {"categories": [cats[i] for i in order.tolist()], "ranks": ranks, "rates": rates, "scores": scores}
 
     say("subspaces", "start")
-    sub, _ = run.stage("subspaces", stage_subspace)
-    say("subspaces", "done")
+    sub, cached = run.stage("subspaces", stage_subspace)
+    say("subspaces", "cached" if cached else "done")
     metrics["subspaces"] = {"basis_order": ["refusal direction"] + sub["categories"], "rank": sub["ranks"],
                             "harmful_refusal_rate": sub["rates"], "harmful_refusal_score": sub["scores"]}
     extra = {"scores": sc, "cand": cand, "eval": ev, "sub": sub, "li": li, "pi": pi}
