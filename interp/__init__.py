@@ -1,41 +1,22 @@
 """interp-toolkit core: load models, name sites, hook, capture and store activations.
 
-Heavy submodules load lazily, so one broken optional dependency cannot break ``import interp``.
+The core needs only torch at import time (transformers loads on first use); the optional integrations
+(TransformerLens, nnsight, plotting, patching) load lazily, so one broken dependency cannot break
+``import interp``. ``capture`` and ``hooks`` are bound eagerly because their modules share their names.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from interp.activations import Activations
+from interp.arch import ArchSpec, register_spec, spec_for
+from interp.capture import capture
+from interp.chat import format_prompts
+from interp.hooks import hooks
+from interp.models import Model, from_hf, load_model
+from interp.sites import Site, expand_sites, parse_site
+from interp.store import ActivationStore
 
 __version__ = "0.1.0"
 
-_EXPORTS = {
-    "load_model": "interp.models",
-    "from_hf": "interp.models",
-    "Model": "interp.models",
-    "ArchSpec": "interp.arch",
-    "register_spec": "interp.arch",
-    "spec_for": "interp.arch",
-    "Site": "interp.sites",
-    "parse_site": "interp.sites",
-    "expand_sites": "interp.sites",
-    "hooks": "interp.hooks",
-    "capture": "interp.capture",
-    "Activations": "interp.activations",
-    "ActivationStore": "interp.store",
-    "format_prompts": "interp.chat",
-}
-
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        module = importlib.import_module(_EXPORTS[name])
-        return getattr(module, name)
-    raise AttributeError(f"module 'interp' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(list(globals()) + list(_EXPORTS))
+__all__ = ["ActivationStore", "Activations", "ArchSpec", "Model", "Site", "capture", "expand_sites", "format_prompts",
+           "from_hf", "hooks", "load_model", "parse_site", "register_spec", "spec_for"]

@@ -185,3 +185,11 @@ def test_cli_info_and_capture(tmp_path):
 def test_tiny_config_rejects_unknown_family():
     with pytest.raises(ValueError, match="unknown tiny family"):
         tiny_config("transformer-xl")
+
+
+def test_package_functions_are_not_shadowed_by_submodules():
+    import importlib
+
+    importlib.import_module("interp.capture")
+    importlib.import_module("interp.hooks")
+    assert callable(interp.capture) and callable(interp.hooks) and callable(interp.capture)
