@@ -1,0 +1,52 @@
+"""Sparse autoencoders: train (ReLU/TopK/BatchTopK/JumpReLU), evaluate, read/write sae-lens, analyse, intervene.
+
+Submodules load lazily, so ``import sae`` needs neither Triton nor sae-lens. ``sae`` never imports
+``steering``; interventions follow the shared protocol ``hook_fns(model) -> {site: fn(x, ctx)}``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "SAE": "sae.arch",
+    "SAEConfig": "sae.arch",
+    "TrainConfig": "sae.train",
+    "TrainResult": "sae.train",
+    "Trainer": "sae.train",
+    "train_sae": "sae.train",
+    "TokenStream": "sae.data",
+    "save_saelens": "sae.saelens_io",
+    "load_saelens": "sae.saelens_io",
+    "evaluate": "sae.metrics",
+    "SAEMetrics": "sae.metrics",
+    "ce_loss_recovered": "sae.metrics",
+    "CELossRecovered": "sae.metrics",
+    "fvu": "sae.metrics",
+    "l0": "sae.metrics",
+    "aligned_latents": "sae.analysis",
+    "separating_latents": "sae.analysis",
+    "diff_latents": "sae.analysis",
+    "encode_tokens": "sae.analysis",
+    "auroc": "sae.analysis",
+    "LatentRanking": "sae.analysis",
+    "top_contexts": "sae.contexts",
+    "contexts_html": "sae.contexts",
+    "SAESplice": "sae.interventions",
+    "LatentSteering": "sae.interventions",
+    "LatentAblation": "sae.interventions",
+    "planted_dictionary": "sae.synthetic",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'sae' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + list(_EXPORTS))

@@ -1,0 +1,164 @@
+"""Find latents: aligned with a direction, separating two prompt sets, changed by fine-tuning."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from jaxtyping import Float
+
+from sae.arch import SAE
+
+
+@dataclass
+class LatentRanking:
+    """Latents ranked best first: ``indices [top]`` and their ``scores [top]``; ``all_scores [d_sae]``."""
+
+    indices: torch.Tensor
+    scores: torch.Tensor
+    all_scores: torch.Tensor
+    what: str = ""
+
+    def __iter__(self):
+        return iter(zip(self.indices.tolist(), self.scores.tolist()))
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+
+def _as_vector(direction: Any, d: int) -> torch.Tensor:
+    v = direction
+    for attr in ("vector", "unit", "direction"):
+        if not isinstance(v, torch.Tensor) and hasattr(v, attr):
+            v = getattr(v, attr)
+            v = v() if callable(v) else v
+    v = torch.as_tensor(v).detach().float().reshape(-1)
+    if v.numel() != d:
+        raise ValueError(f"direction has {v.numel()} entries but the SAE reads width {d}; take the direction of "
+                         f"the SAE's site/layer")
+    if not torch.isfinite(v).all() or float(v.norm()) == 0:
+        raise ValueError("direction is zero or not finite")
+    return v
+
+
+@torch.no_grad()
+def aligned_latents(sae: SAE, direction: Float[torch.Tensor, " d"] | Any, top: int = 10, use: str = "decoder",
+                    absolute: bool = False) -> LatentRanking:
+    """Latents whose decoder (or encoder) vector has the largest cosine with ``direction`` ``[d_in]``."""
+    v = _as_vector(direction, sae.d_in).to(sae.device)
+    if use == "decoder":
+        W = sae.W_dec.float()
+    elif use == "encoder":
+        W = sae.W_enc.T.float()
+    else:
+        raise ValueError(f"use must be 'decoder' or 'encoder', got {use!r}")
+    cos = (W @ v) / (W.norm(dim=1).clamp_min(1e-12) * v.norm())
+    key = cos.abs() if absolute else cos
+    order = key.argsort(descending=True)[: min(top, sae.d_sae)]
+    return LatentRanking(order.cpu(), cos[order].cpu(), cos.cpu(), what=f"{use} cosine")
+
+
+def encode_tokens(sae: SAE, x: torch.Tensor | Any, batch_size: int = 4096, site: str | None = None) -> torch.Tensor:
+    """Latents of ``x`` (tensor ``[n, d]`` or ``Activations``: real tokens at ``site``) -> ``[n, d_sae]``."""
+    if not isinstance(x, torch.Tensor):
+        x = x.flat_tokens(site or sae.site)
+    x = x.reshape(-1, x.shape[-1])
+    with torch.no_grad():
+        return torch.cat([sae.encode(x[a:a + batch_size].to(sae.device)).float().cpu()
+                          for a in range(0, x.shape[0], batch_size)])
+
+
+def auroc(a: Float[torch.Tensor, "na L"], b: Float[torch.Tensor, "nb L"]) -> Float[torch.Tensor, " L"]:
+    """Per-column AUROC of telling ``a`` (positive) from ``b``: ``P(a > b) + P(a = b) / 2`` (exact with ties),
+    via average ranks (Mann-Whitney U), vectorised over columns."""
+    na, nb = a.shape[0], b.shape[0]
+    if na == 0 or nb == 0:
+        raise ValueError("AUROC needs at least one example in each set")
+    both = torch.cat([a, b]).double().T.contiguous()  # [L, n]
+    srt = both.sort(dim=1).values
+    lo = torch.searchsorted(srt, both, right=False)
+    hi = torch.searchsorted(srt, both, right=True)
+    ranks = (lo + hi + 1).double() / 2  # average 1-based rank of each value among ties
+    u = ranks[:, :na].sum(1) - na * (na + 1) / 2
+    return (u / (na * nb)).float()
+
+
+@dataclass
+class LatentSeparation:
+    """Per latent ``[d_sae]``: mean activation on set A and B, their difference and the AUROC (A positive);
+    ``ranking`` orders latents by ``by``."""
+
+    mean_a: torch.Tensor
+    mean_b: torch.Tensor
+    diff: torch.Tensor
+    auroc: torch.Tensor
+    ranking: LatentRanking
+
+
+def separating_latents(sae: SAE, acts_a: torch.Tensor | Any, acts_b: torch.Tensor | Any, top: int = 10,
+                       by: str = "auroc", site: str | None = None) -> LatentSeparation:
+    """Latents most separating two prompt sets (activations ``[n, d]`` at the SAE's site, e.g. the last token
+    of harmful vs harmless prompts). ``by``: ``auroc`` (most > 0.5 first), ``diff`` or ``abs_auroc``."""
+    za, zb = encode_tokens(sae, acts_a, site=site), encode_tokens(sae, acts_b, site=site)
+    mean_a, mean_b = za.mean(0), zb.mean(0)
+    diff = mean_a - mean_b
+    au = auroc(za, zb)
+    keys = {"auroc": au + 1e-6 * diff.sign(), "diff": diff, "abs_auroc": (au - 0.5).abs()}
+    if by not in keys:
+        raise ValueError(f"by must be one of {sorted(keys)}, got {by!r}")
+    order = keys[by].argsort(descending=True)[: min(top, sae.d_sae)]
+    score = au if by != "diff" else diff
+    return LatentSeparation(mean_a, mean_b, diff, au, LatentRanking(order, score[order], score, what=by))
+
+
+@dataclass
+class LatentDiff:
+    """Model diffing with one SAE on the same prompts: per latent ``[d_sae]`` mean activation in the base and
+    fine-tuned model, the change, firing frequencies, and a ranking by ``by``."""
+
+    mean_base: torch.Tensor
+    mean_tuned: torch.Tensor
+    delta: torch.Tensor
+    freq_base: torch.Tensor
+    freq_tuned: torch.Tensor
+    ranking: LatentRanking
+
+
+def diff_latents(sae: SAE, acts_base: torch.Tensor | Any, acts_tuned: torch.Tensor | Any, top: int = 20,
+                 by: str = "delta", site: str | None = None) -> LatentDiff:
+    """Rank latents by how fine-tuning changed their activation on the same prompts.
+
+    ``acts_*``: ``[n, d]`` at the SAE's site, row ``i`` of both from prompt ``i``. ``by``: ``delta``
+    (increase first), ``abs_delta`` or ``decrease``."""
+    zb, zt = encode_tokens(sae, acts_base, site=site), encode_tokens(sae, acts_tuned, site=site)
+    if zb.shape != zt.shape:
+        raise ValueError(f"base and tuned activations must come from the same prompts: {tuple(zb.shape)} vs "
+                         f"{tuple(zt.shape)}")
+    mb, mt = zb.mean(0), zt.mean(0)
+    delta = mt - mb
+    keys = {"delta": delta, "abs_delta": delta.abs(), "decrease": -delta}
+    if by not in keys:
+        raise ValueError(f"by must be one of {sorted(keys)}, got {by!r}")
+    order = keys[by].argsort(descending=True)[: min(top, sae.d_sae)]
+    return LatentDiff(mb, mt, delta, (zb > 0).float().mean(0), (zt > 0).float().mean(0),
+                      LatentRanking(order, delta[order], delta, what=f"activation change ({by})"))
+
+
+def latent_acts_on_prompts(model: Any, sae: SAE, inputs: Sequence[str] | torch.Tensor, latents: Sequence[int],
+                           batch_size: int = 8, chat: bool = False, site: str | None = None) -> list[dict[str, Any]]:
+    """Per prompt: ``ids [T]`` (real tokens) and ``acts [T, len(latents)]`` of the chosen latents."""
+    from sae.interventions import check_site
+    from sae.runner import site_tokens
+
+    site = check_site(sae, model, site)
+    idx = torch.as_tensor(list(latents), dtype=torch.long)
+    out: list[dict[str, Any]] = []
+    with torch.no_grad():
+        for x, b in site_tokens(model, site, inputs, batch_size, chat):
+            z = sae.encode(x.to(sae.device, sae.dtype))[..., idx.to(sae.device)].float().cpu()
+            for i in range(x.shape[0]):
+                m = b.mask[i].cpu()
+                out.append({"ids": b.input_ids[i].cpu()[m], "acts": z[i][m]})
+    return out

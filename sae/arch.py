@@ -1,0 +1,211 @@
+"""Sparse autoencoder architectures: ReLU (L1), TopK, BatchTopK and JumpReLU in one module.
+
+Layout follows the common convention (and sae-lens): ``W_enc [d_in, d_sae]``, ``b_enc [d_sae]``,
+``W_dec [d_sae, d_in]`` (one row per latent, unit norm while training), ``b_dec [d_in]``; JumpReLU and
+BatchTopK also hold ``threshold [d_sae]``. The encoder reads ``x - b_dec``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+import torch.nn as nn
+from jaxtyping import Float
+
+ARCHS = ("relu", "topk", "batchtopk", "jumprelu")
+Arch = Literal["relu", "topk", "batchtopk", "jumprelu"]
+
+
+@dataclass
+class SAEConfig:
+    """Shape and kind of an SAE. ``k`` is the number of active latents (per token for TopK, on average
+    over a batch for BatchTopK); ``site`` and ``model_id`` say where the SAE reads its input.
+    ``apply_b_dec_to_input=False`` (some loaded sae-lens SAEs) makes the encoder read ``x``, not ``x - b_dec``."""
+
+    d_in: int
+    d_sae: int
+    arch: Arch = "topk"
+    k: int | None = None
+    site: str | None = None
+    model_id: str = ""
+    dtype: str = "float32"
+    apply_b_dec_to_input: bool = True
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.arch not in ARCHS:
+            raise ValueError(f"unknown SAE arch {self.arch!r}; choose one of {ARCHS}")
+        if self.d_in < 1 or self.d_sae < 1:
+            raise ValueError(f"d_in and d_sae must be positive, got d_in={self.d_in}, d_sae={self.d_sae}")
+        if self.arch in ("topk", "batchtopk"):
+            if self.k is None:
+                raise ValueError(f"arch {self.arch!r} needs k (the number of active latents), e.g. k=32")
+            if not 1 <= self.k <= self.d_sae:
+                raise ValueError(f"k={self.k} must be between 1 and the latent count d_sae={self.d_sae}; "
+                                 f"lower k or widen the SAE")
+        if self.site is not None:
+            from interp.sites import parse_site
+
+            try:
+                self.site = parse_site(self.site).name
+            except ValueError:
+                pass  # a hook name we cannot splice (kept as given); splicing will say so
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return getattr(torch, self.dtype)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> SAEConfig:
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+class SAE(nn.Module):
+    """A sparse autoencoder. ``encode``: ``[..., d_in] -> [..., d_sae]``; ``decode`` the reverse."""
+
+    def __init__(self, cfg: SAEConfig, seed: int | None = 0):
+        super().__init__()
+        self.cfg = cfg
+        dt = cfg.torch_dtype
+        gen = torch.Generator().manual_seed(seed) if seed is not None else None
+        w_dec = torch.randn(cfg.d_sae, cfg.d_in, generator=gen, dtype=torch.float64)
+        w_dec = (w_dec / w_dec.norm(dim=1, keepdim=True)).to(dt)
+        self.W_dec = nn.Parameter(w_dec)
+        self.W_enc = nn.Parameter(w_dec.T.clone().contiguous())
+        self.b_enc = nn.Parameter(torch.zeros(cfg.d_sae, dtype=dt))
+        self.b_dec = nn.Parameter(torch.zeros(cfg.d_in, dtype=dt))
+        if cfg.arch in ("jumprelu", "batchtopk"):
+            # BatchTopK learns its threshold as a running statistic, JumpReLU by gradient.
+            thr = torch.zeros(cfg.d_sae, dtype=dt)
+            if cfg.arch == "jumprelu":
+                self.threshold = nn.Parameter(thr)
+            else:
+                self.register_buffer("threshold", thr)
+        else:
+            self.threshold = None
+
+    # --- properties ---------------------------------------------------------------------------
+    @property
+    def d_in(self) -> int:
+        return self.cfg.d_in
+
+    @property
+    def d_sae(self) -> int:
+        return self.cfg.d_sae
+
+    @property
+    def arch(self) -> str:
+        return self.cfg.arch
+
+    @property
+    def site(self) -> str | None:
+        return self.cfg.site
+
+    @property
+    def device(self) -> torch.device:
+        return self.W_dec.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.W_dec.dtype
+
+    # --- forward ------------------------------------------------------------------------------
+    def _check_width(self, x: torch.Tensor) -> None:
+        if x.shape[-1] != self.d_in:
+            where = f" (trained at {self.site})" if self.site else ""
+            raise ValueError(f"SAE expects inputs of width d_in={self.d_in}{where}, got width {x.shape[-1]} "
+                             f"(shape {tuple(x.shape)}); use an SAE trained for this model and site")
+
+    def pre_acts(self, x: Float[torch.Tensor, "... d_in"]) -> Float[torch.Tensor, "... d_sae"]:
+        """Encoder pre-activations ``(x - b_dec) @ W_enc + b_enc``: ``[..., d_in] -> [..., d_sae]``."""
+        self._check_width(x)
+        x = x.to(self.dtype)
+        if self.cfg.apply_b_dec_to_input:
+            x = x - self.b_dec
+        return x @ self.W_enc + self.b_enc
+
+    def activate(self, pre: Float[torch.Tensor, "... d_sae"]) -> Float[torch.Tensor, "... d_sae"]:
+        """Inference nonlinearity. BatchTopK uses its learned threshold (a JumpReLU), as in sae-lens."""
+        a = self.arch
+        if a == "relu":
+            return torch.relu(pre)
+        if a == "topk":
+            vals, idx = pre.topk(self.cfg.k, dim=-1, sorted=False)
+            return torch.zeros_like(pre).scatter_(-1, idx, torch.relu(vals))
+        return torch.relu(pre) * (pre > self.threshold).to(pre.dtype)
+
+    def encode(self, x: Float[torch.Tensor, "... d_in"]) -> Float[torch.Tensor, "... d_sae"]:
+        """Latent activations of ``x``: ``[..., d_in] -> [..., d_sae]``."""
+        return self.activate(self.pre_acts(x))
+
+    def decode(self, z: Float[torch.Tensor, "... d_sae"]) -> Float[torch.Tensor, "... d_in"]:
+        """Reconstruction ``z @ W_dec + b_dec``."""
+        if z.shape[-1] != self.d_sae:
+            raise ValueError(f"decode expects {self.d_sae} latents, got shape {tuple(z.shape)}")
+        return z.to(self.dtype) @ self.W_dec + self.b_dec
+
+    def forward(self, x: Float[torch.Tensor, "... d_in"]) -> Float[torch.Tensor, "... d_in"]:
+        """Reconstruction of ``x``."""
+        return self.decode(self.encode(x))
+
+    # --- weight surgery -----------------------------------------------------------------------
+    @torch.no_grad()
+    def normalize_decoder_(self) -> None:
+        """Rescale decoder rows to unit norm, folding the norms into the encoder (same outputs for ReLU and
+        JumpReLU; for TopK the per-latent scale changes which latents win, so call it only while training)."""
+        norms = self.W_dec.norm(dim=1).clamp_min(1e-12)
+        self.W_dec.div_(norms[:, None])
+        self.W_enc.mul_(norms[None, :])
+        self.b_enc.mul_(norms)
+        if self.threshold is not None:
+            self.threshold.mul_(norms)
+
+    @torch.no_grad()
+    def fold_input_scale_(self, scale: float) -> None:
+        """Turn an SAE trained on ``x * scale`` into one that reads raw ``x``, keeping unit-norm decoder rows.
+
+        Pre-activations and latents become ``1/scale`` of the trained ones (same pattern, raw units)."""
+        if not (math.isfinite(scale) and scale > 0):
+            raise ValueError(f"input scale must be a positive finite number, got {scale}")
+        self.b_enc.div_(scale)
+        self.b_dec.div_(scale)
+        if self.threshold is not None:
+            self.threshold.div_(scale)
+
+    # --- persistence (our own format: a bundle folder) ----------------------------------------
+    def save(self, path: str | os.PathLike, overwrite: bool = False) -> Path:
+        """Save as ``PATH/tensors.safetensors`` + ``PATH/meta.json`` (atomic; refuses to overwrite)."""
+        from interp.io import save_bundle
+
+        tensors = {k: v for k, v in self.state_dict().items()}
+        return save_bundle(path, tensors, {"kind": "sae.SAE", "cfg": self.cfg.to_dict()}, overwrite=overwrite)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, device: str | torch.device | None = None) -> SAE:
+        """Load an SAE saved by :meth:`save`, or a sae-lens folder (``cfg.json`` + ``sae_weights.safetensors``)."""
+        p = Path(path)
+        if (p / "cfg.json").exists() and not (p / "meta.json").exists():
+            from sae.saelens_io import load_saelens
+
+            return load_saelens(p, device=device)
+        from interp.io import load_bundle
+
+        tensors, meta = load_bundle(p)
+        if meta.get("kind") != "sae.SAE":
+            raise ValueError(f"{p} does not hold a saved SAE (kind={meta.get('kind')!r})")
+        sae = cls(SAEConfig.from_dict(meta["cfg"]), seed=None)
+        sae.load_state_dict(tensors)
+        return sae.to(device) if device is not None else sae
+
+    def extra_repr(self) -> str:
+        k = f", k={self.cfg.k}" if self.cfg.k is not None else ""
+        return f"arch={self.arch}, d_in={self.d_in}, d_sae={self.d_sae}{k}, site={self.site!r}"

@@ -1,0 +1,80 @@
+"""Top-activating contexts of a latent, rendered as an HTML snippet with per-token highlighting."""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from sae.arch import SAE
+
+
+@dataclass
+class Context:
+    """A window of ``tokens`` around the token where the latent peaked (``peak`` indexes ``tokens``)."""
+
+    prompt: int
+    position: int
+    tokens: list[str]
+    acts: list[float]
+    peak: int
+    max_act: float
+
+
+def token_strings(tokenizer: Any, ids: Sequence[int]) -> list[str]:
+    """Readable text of each token (``decode`` one id at a time; ids as text without a tokenizer)."""
+    if tokenizer is None:
+        return [f"<{int(i)}>" for i in ids]
+    return [tokenizer.decode([int(i)]) for i in ids]
+
+
+def top_contexts(model: Any, sae: SAE, latent: int, inputs: Sequence[str] | torch.Tensor, top: int = 10,
+                 before: int = 12, after: int = 4, batch_size: int = 8, chat: bool = False,
+                 site: str | None = None) -> list[Context]:
+    """The ``top`` prompts where ``latent`` fires hardest (one context per prompt, at its peak token)."""
+    from sae.analysis import latent_acts_on_prompts
+
+    if not 0 <= latent < sae.d_sae:
+        raise ValueError(f"latent {latent} is out of range; this SAE has latents 0..{sae.d_sae - 1}")
+    per = latent_acts_on_prompts(model, sae, inputs, [latent], batch_size=batch_size, chat=chat, site=site)
+    peaks = [(float(p["acts"][:, 0].max()), i, int(p["acts"][:, 0].argmax())) for i, p in enumerate(per)
+             if p["acts"].numel()]
+    peaks.sort(key=lambda t: -t[0])
+    out: list[Context] = []
+    for val, i, pos in peaks[:top]:
+        if val <= 0:
+            break
+        ids, acts = per[i]["ids"], per[i]["acts"][:, 0]
+        lo, hi = max(0, pos - before), min(len(ids), pos + after + 1)
+        out.append(Context(prompt=i, position=pos, tokens=token_strings(model.tokenizer, ids[lo:hi].tolist()),
+                           acts=acts[lo:hi].tolist(), peak=pos - lo, max_act=val))
+    return out
+
+
+def _tok_html(tok: str) -> str:
+    vis = tok.replace("\n", "\u21b5").replace("\t", "\u2192")
+    return html.escape(vis).replace(" ", "&nbsp;") if vis.strip() == "" else html.escape(vis)
+
+
+def contexts_html(contexts: Sequence[Context], latent: int | None = None, scale: float | None = None,
+                  title: str | None = None) -> str:
+    """An HTML snippet: one line per context, each token shaded by the latent's activation (hover: value).
+
+    ``scale``: the activation drawn at full colour (default: the largest shown)."""
+    top = scale or max((max(c.acts) for c in contexts if c.acts), default=1.0) or 1.0
+    head = title or (f"Latent {latent}: top {len(contexts)} contexts" if latent is not None else "Top contexts")
+    rows = []
+    for c in contexts:
+        spans = []
+        for j, (t, a) in enumerate(zip(c.tokens, c.acts)):
+            alpha = max(0.0, min(1.0, a / top))
+            border = "border-bottom:2px solid #c00;" if j == c.peak else ""
+            spans.append(f'<span style="background:rgba(255,90,0,{alpha:.3f});{border}" '
+                         f'title="{a:.3f}">{_tok_html(t)}</span>')
+        rows.append(f'<div class="sae-ctx" style="margin:2px 0;font-family:monospace;white-space:pre-wrap">'
+                    f'<span style="color:#888">[{c.max_act:.2f}] </span>{"".join(spans)}</div>')
+    body = "\n".join(rows) if rows else '<div class="sae-ctx"><i>the latent never fired on these prompts</i></div>'
+    return f'<div class="sae-contexts"><div style="font-weight:bold">{html.escape(head)}</div>\n{body}\n</div>'

@@ -1,0 +1,151 @@
+"""SAE interventions: splice the reconstruction in, steer along a latent, ablate latents (error kept).
+
+Each object follows the project's intervention protocol (shared with ``steering``, never imported here):
+``hook_fns(model) -> {site: fn(x, ctx)}``, used as ``with interp.hooks.hooks(model, iv.hook_fns(model)):``.
+``positions`` limits the edit to some sequence positions (``None``: every position, including tokens
+generated later).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from sae.arch import SAE
+
+HookFn = Callable[[torch.Tensor, Any], "torch.Tensor | None"]
+
+
+def _site_width(model: Any, kind: str) -> int | None:
+    if kind in ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "ln_final"):
+        return int(model.d_model)
+    if kind == "attn_z":
+        return int(model.n_heads * model.d_head)
+    if kind == "mlp_post":
+        return int(model.d_mlp) if model.d_mlp else None
+    return None
+
+
+def check_site(sae: SAE, model: Any, site: str | None = None) -> str:
+    """Resolve the site an SAE applies to on ``model`` and check the widths agree; returns the site name."""
+    from interp.sites import parse_site
+
+    name = site or sae.site
+    if name is None:
+        raise ValueError("this SAE does not record its site; pass site='blocks.L.hook_resid_post' (or similar)")
+    try:
+        s = parse_site(name, model.n_layers)
+    except ValueError as e:
+        raise ValueError(f"cannot splice this SAE: its hook {name!r} is not a site we can hook ({e})") from None
+    width = _site_width(model, s.kind)
+    if width is not None and width != sae.d_in:
+        raise ValueError(f"SAE width d_in={sae.d_in} does not match site {s.name} of {getattr(model, 'name', 'the model')} "
+                         f"(width {width}); use an SAE trained on this model and site")
+    return s.name
+
+
+def _flat(fn: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Apply ``fn`` over the last axis, flattening heads (``attn_z``: ``[b, s, h, d_head]``)."""
+
+    def g(x: torch.Tensor) -> torch.Tensor:
+        if x.dim() == 4:
+            return fn(x.flatten(-2)).unflatten(-1, x.shape[-2:])
+        return fn(x)
+
+    return g
+
+
+def _at_positions(x: torch.Tensor, new: torch.Tensor, positions: Sequence[int] | slice | None) -> torch.Tensor:
+    if positions is None:
+        return new
+    out = x.clone()
+    idx = positions if isinstance(positions, slice) else [p for p in positions if -x.shape[1] <= p < x.shape[1]]
+    out[:, idx] = new[:, idx]
+    return out
+
+
+class SAESplice:
+    """Replace the site's activation by the SAE reconstruction (``keep_error=True``: add the error back,
+    a no-op on outputs but it routes the computation through the latents for patching)."""
+
+    def __init__(self, sae: SAE, site: str | None = None, keep_error: bool = False,
+                 positions: Sequence[int] | slice | None = None):
+        self.sae, self.site, self.keep_error, self.positions = sae, site, keep_error, positions
+        self.last_latents: torch.Tensor | None = None
+
+    def hook_fns(self, model: Any) -> dict[str, HookFn]:
+        site = check_site(self.sae, model, self.site)
+        sae = self.sae
+
+        def edit(x: torch.Tensor) -> torch.Tensor:
+            z = sae.encode(x)
+            self.last_latents = z.detach()
+            rec = sae.decode(z).to(x.dtype)
+            return rec + (x - rec).detach() if self.keep_error else rec
+
+        f = _flat(edit)
+        return {site: lambda x, ctx: _at_positions(x, f(x), self.positions)}
+
+
+class LatentSteering:
+    """Add ``coefficient * W_dec[latent]`` (the decoder vector) for each latent at the SAE's site."""
+
+    def __init__(self, sae: SAE, latents: int | Sequence[int], coefficient: float | Sequence[float] = 1.0,
+                 site: str | None = None, positions: Sequence[int] | slice | None = None):
+        self.sae, self.site, self.positions = sae, site, positions
+        self.latents = [latents] if isinstance(latents, int) else list(latents)
+        _check_latents(sae, self.latents)
+        coefs = [coefficient] * len(self.latents) if isinstance(coefficient, (int, float)) else list(coefficient)
+        if len(coefs) != len(self.latents):
+            raise ValueError(f"{len(coefs)} coefficients for {len(self.latents)} latents")
+        self.coefficients = coefs
+
+    def vector(self) -> torch.Tensor:
+        """The added vector ``[d_in]``."""
+        c = torch.tensor(self.coefficients, dtype=self.sae.dtype, device=self.sae.device)
+        return (c[:, None] * self.sae.W_dec[self.latents]).sum(0).detach()
+
+    def hook_fns(self, model: Any) -> dict[str, HookFn]:
+        site = check_site(self.sae, model, self.site)
+        v = self.vector()
+        f = _flat(lambda x: x + v.to(x.device, x.dtype))
+        return {site: lambda x, ctx: _at_positions(x, f(x), self.positions)}
+
+
+class LatentAblation:
+    """Set latents to ``value`` (0: ablate) and keep the SAE error term: ``x - sum (z_l - value) W_dec[l]``.
+
+    Everything the SAE fails to reconstruct passes through untouched, so only the chosen latents change."""
+
+    def __init__(self, sae: SAE, latents: int | Sequence[int], value: float = 0.0, site: str | None = None,
+                 positions: Sequence[int] | slice | None = None, only_active: bool = True):
+        self.sae, self.site, self.positions, self.value = sae, site, positions, float(value)
+        self.latents = [latents] if isinstance(latents, int) else list(latents)
+        self.only_active = only_active
+        _check_latents(sae, self.latents)
+
+    def hook_fns(self, model: Any) -> dict[str, HookFn]:
+        site = check_site(self.sae, model, self.site)
+        sae = self.sae
+        idx = torch.tensor(self.latents, dtype=torch.long, device=sae.device)
+
+        def edit(x: torch.Tensor) -> torch.Tensor:
+            z = sae.encode(x)[..., idx]
+            target = torch.full_like(z, self.value)
+            if self.only_active and self.value != 0.0:  # clamping: only where the latent is on
+                target = torch.where(z > 0, target, z)
+            delta = (target - z) @ sae.W_dec[idx]
+            return x + delta.to(x.dtype)
+
+        f = _flat(edit)
+        return {site: lambda x, ctx: _at_positions(x, f(x), self.positions)}
+
+
+def _check_latents(sae: SAE, latents: list[int]) -> None:
+    if not latents:
+        raise ValueError("no latents given")
+    bad = [i for i in latents if not 0 <= int(i) < sae.d_sae]
+    if bad:
+        raise ValueError(f"latents {bad} are out of range; this SAE has latents 0..{sae.d_sae - 1}")

@@ -1,0 +1,152 @@
+"""One training forward pass per architecture: reconstruction, sparsity penalty and AuxK for dead latents."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from sae.arch import SAE
+from sae.sparse_decoder import Active, sparse_decode, sparse_encode
+
+
+def _rect(x: torch.Tensor) -> torch.Tensor:
+    return ((x > -0.5) & (x < 0.5)).to(x.dtype)
+
+
+class _JumpReLU(torch.autograd.Function):
+    """``pre * (pre > threshold)``; straight-through gradient to the threshold (Rajamanoharan et al. 2024)."""
+
+    @staticmethod
+    def forward(ctx, pre, threshold, bandwidth):
+        ctx.save_for_backward(pre, threshold)
+        ctx.bw = bandwidth
+        return pre * (pre > threshold).to(pre.dtype)
+
+    @staticmethod
+    def backward(ctx, g):
+        pre, thr = ctx.saved_tensors
+        bw = ctx.bw
+        grad_pre = (pre > thr).to(g.dtype) * g
+        grad_thr = -(thr / bw) * _rect((pre - thr) / bw) * g
+        return grad_pre, grad_thr.reshape(-1, thr.shape[-1]).sum(0), None
+
+
+class _Step(torch.autograd.Function):
+    """Heaviside ``pre > threshold`` with a straight-through gradient to the threshold only."""
+
+    @staticmethod
+    def forward(ctx, pre, threshold, bandwidth):
+        ctx.save_for_backward(pre, threshold)
+        ctx.bw = bandwidth
+        return (pre > threshold).to(pre.dtype)
+
+    @staticmethod
+    def backward(ctx, g):
+        pre, thr = ctx.saved_tensors
+        grad_thr = -(1.0 / ctx.bw) * _rect((pre - thr) / ctx.bw) * g
+        return None, grad_thr.reshape(-1, thr.shape[-1]).sum(0), None
+
+
+@dataclass
+class StepOut:
+    loss: torch.Tensor
+    mse: torch.Tensor
+    aux: torch.Tensor
+    sparsity: torch.Tensor
+    x_hat: torch.Tensor
+    fired: torch.Tensor   # [d_sae] bool: latent active somewhere in the batch
+    l0: float
+    min_active: float | None = None  # smallest positive latent value (BatchTopK threshold statistic)
+
+
+def _aux_k(sae: SAE, x: torch.Tensor, pre: torch.Tensor, x_hat: torch.Tensor, dead: torch.Tensor, k_aux: int,
+           sparse: bool, backend: str) -> torch.Tensor:
+    """AuxK (Gao et al. 2024): the top ``k_aux`` dead latents reconstruct the residual; normalised MSE."""
+    n_dead = int(dead.sum())
+    if n_dead == 0 or k_aux <= 0:
+        return x.new_zeros(())
+    k = min(k_aux, n_dead)
+    masked = pre.masked_fill_(~dead, float("-inf"))  # pre is not needed after this point
+    vals, idx = masked.topk(k, dim=-1, sorted=False)
+    resid = (x - x_hat).detach()
+    if sparse:
+        act = Active.from_topk(idx)
+        pv = sparse_encode(x, sae.b_dec, sae.W_enc, sae.b_enc, vals.reshape(-1), act, backend=backend)
+        e_hat = sparse_decode(torch.relu(pv), sae.W_dec, act, backend=backend)
+    else:
+        pre_g = (x - sae.b_dec) @ sae.W_enc + sae.b_enc
+        z = torch.zeros_like(pre_g).scatter(-1, idx, torch.relu(pre_g.gather(-1, idx)))
+        e_hat = z @ sae.W_dec
+    denom = (resid - resid.mean(0)).pow(2).sum(-1).mean().clamp_min(1e-12)
+    return (e_hat - resid).pow(2).sum(-1).mean() / denom
+
+
+def train_step(sae: SAE, x: torch.Tensor, dead: torch.Tensor, coeffs: dict[str, float], opts: dict[str, Any]) -> StepOut:
+    """Loss of one batch ``x [B, d_in]`` (inputs already normalised). ``opts``: ``sparse``, ``backend``,
+    ``k_aux``, ``bandwidth``, ``target_l0``. ``coeffs``: ``sparsity`` and ``aux`` weights for this step."""
+    arch, sparse, backend = sae.arch, opts["sparse"], opts["backend"]
+    B = x.shape[0]
+    zero = x.new_zeros(())
+    min_active = None
+    sparsity = preact = zero
+    if arch in ("topk", "batchtopk"):
+        with torch.no_grad():
+            pre = (x - sae.b_dec) @ sae.W_enc + sae.b_enc
+            if arch == "topk":
+                vals, idx = pre.topk(sae.cfg.k, dim=-1, sorted=False)
+                act = Active.from_topk(idx)
+                pre_vals = vals.reshape(-1)
+            else:
+                flat = torch.relu(pre).reshape(-1)
+                top = flat.topk(min(B * sae.cfg.k, flat.numel()), sorted=False)
+                keep = top.indices[top.values > 0]
+                act = Active.from_flat(keep, B, sae.d_sae)
+                pre_vals = pre.reshape(-1)[act.rows * sae.d_sae + act.cols]
+        if sparse:
+            pv = sparse_encode(x, sae.b_dec, sae.W_enc, sae.b_enc, pre_vals, act, backend=backend)
+            v = torch.relu(pv)
+            x_hat = sparse_decode(v, sae.W_dec, act, backend=backend) + sae.b_dec
+        else:
+            pre_g = (x - sae.b_dec) @ sae.W_enc + sae.b_enc
+            v = torch.relu(pre_g[act.rows, act.cols])
+            z = torch.zeros_like(pre_g).index_put((act.rows, act.cols), v)
+            x_hat = z @ sae.W_dec + sae.b_dec
+        with torch.no_grad():
+            on = v > 0
+            fired = torch.zeros(sae.d_sae, dtype=torch.bool, device=x.device)
+            fired[act.cols[on]] = True
+            l0 = float(on.sum()) / B
+            if arch == "batchtopk" and bool(on.any()):
+                min_active = float(v[on].min())
+    else:
+        pre = (x - sae.b_dec) @ sae.W_enc + sae.b_enc
+        if arch == "relu":
+            z = torch.relu(pre)
+            sparsity = z.sum(-1).mean()  # decoder rows are unit norm, so this is Anthropic's sum |z| ||W_dec||
+        else:
+            thr = sae.threshold
+            z = _JumpReLU.apply(pre, thr, opts["bandwidth"])
+            l0_per = _Step.apply(pre, thr, opts["bandwidth"]).sum(-1)
+            target = opts.get("target_l0")
+            if target:
+                sparsity = (l0_per.mean() / target - 1.0).pow(2) * target
+            else:
+                sparsity = l0_per.mean()
+            if coeffs.get("preact", 0) > 0 and bool(dead.any()):
+                # dead latents: pull pre-activations up to (and thresholds down to) the jump (Anthropic 2025)
+                preact = (torch.relu(thr - pre) * dead).sum(-1).mean()
+        x_hat = z @ sae.W_dec + sae.b_dec
+        with torch.no_grad():
+            on = z > 0
+            fired = on.any(0)
+            l0 = float(on.sum()) / B
+        pre = pre.detach().clone()
+    mse = (x_hat - x).pow(2).sum(-1).mean()
+    aux = zero
+    if coeffs["aux"] > 0 and bool(dead.any()):
+        aux = _aux_k(sae, x, pre, x_hat, dead, opts["k_aux"], sparse and arch in ("topk", "batchtopk"), backend)
+    loss = mse + coeffs["sparsity"] * sparsity + coeffs["aux"] * aux + coeffs.get("preact", 0.0) * preact
+    return StepOut(loss=loss, mse=mse.detach(), aux=aux.detach(), sparsity=sparsity.detach(), x_hat=x_hat.detach(),
+                   fired=fired, l0=l0, min_active=min_active)

@@ -1,0 +1,125 @@
+"""SAE quality: L0, fraction of variance unexplained, dead/dense latents, cross-entropy loss recovered."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from jaxtyping import Float
+
+from sae.arch import SAE
+
+
+def l0(z: Float[torch.Tensor, "... d_sae"]) -> float:
+    """Mean number of active latents per token."""
+    return float((z > 0).float().sum(-1).mean())
+
+
+def fvu(x: Float[torch.Tensor, "n d"], x_hat: Float[torch.Tensor, "n d"]) -> float:
+    """Fraction of variance unexplained: ``sum ||x - x_hat||^2 / sum ||x - mean(x)||^2``."""
+    x, x_hat = x.reshape(-1, x.shape[-1]).double(), x_hat.reshape(-1, x_hat.shape[-1]).double()
+    return float((x - x_hat).pow(2).sum() / (x - x.mean(0)).pow(2).sum().clamp_min(1e-30))
+
+
+@dataclass
+class SAEMetrics:
+    """Reconstruction and sparsity of an SAE on a set of tokens. ``frequency``: ``[d_sae]`` firing rate."""
+
+    l0: float
+    fvu: float
+    mse: float
+    dead_fraction: float
+    dense_fraction: float
+    frequency: torch.Tensor
+    n_tokens: int
+
+
+@torch.no_grad()
+def evaluate(sae: SAE, x: Float[torch.Tensor, "n d"] | Any, batch_size: int = 4096, dense_threshold: float = 0.1,
+             site: str | None = None) -> SAEMetrics:
+    """L0, FVU, MSE and dead (never fire) / dense (fire on more than ``dense_threshold`` of tokens) fractions.
+
+    ``x``: a tensor ``[..., d]`` or ``Activations`` (``site`` picks one; real tokens only)."""
+    if not isinstance(x, torch.Tensor):
+        x = x.flat_tokens(site or (sae.site if sae.site in x.sites else x.sites[0]))
+    x = x.reshape(-1, x.shape[-1])
+    sae._check_width(x)
+    n = x.shape[0]
+    if n == 0:
+        raise ValueError("no tokens to evaluate")
+    counts = torch.zeros(sae.d_sae, dtype=torch.float64)
+    sq_err = 0.0
+    active = 0.0
+    mean = x.double().mean(0)
+    var = float((x.double() - mean).pow(2).sum())
+    for a in range(0, n, batch_size):
+        xb = x[a:a + batch_size].to(sae.device, sae.dtype)
+        z = sae.encode(xb)
+        on = z > 0
+        counts += on.sum(0).double().cpu()
+        active += float(on.sum())
+        sq_err += float((sae.decode(z) - xb).double().pow(2).sum())
+    freq = (counts / n).float()
+    return SAEMetrics(l0=active / n, fvu=sq_err / max(var, 1e-30), mse=sq_err / n,
+                      dead_fraction=float((freq == 0).float().mean()),
+                      dense_fraction=float((freq > dense_threshold).float().mean()), frequency=freq, n_tokens=n)
+
+
+@dataclass
+class CELossRecovered:
+    """Mean next-token cross-entropy (nats) with the site clean, spliced with the SAE, zero- and mean-
+    ablated; ``recovered_*`` = ``(CE_ablated - CE_sae) / (CE_ablated - CE_clean)`` (1 = perfect)."""
+
+    clean: float
+    sae: float
+    zero_ablated: float
+    mean_ablated: float
+    recovered_zero: float
+    recovered_mean: float
+    n_predictions: int
+
+
+@torch.no_grad()
+def ce_loss_recovered(model: Any, sae: SAE, inputs: Sequence[str] | torch.Tensor, site: str | None = None,
+                      batch_size: int = 8, chat: bool = False) -> CELossRecovered:
+    """Splice ``sae`` into ``model`` at its site (``interp.hooks``) and compare next-token loss on ``inputs``
+    (prompts or token ids ``[n, T]``) against the clean model and zero-/mean-ablation of the site."""
+    from sae.interventions import SAESplice, check_site
+    from sae.runner import forward, next_token_ce, token_batches
+
+    site = check_site(sae, model, site)
+    batches = list(token_batches(model, inputs, batch_size, chat))
+    tot = {"clean": 0.0, "sae": 0.0, "zero": 0.0, "mean": 0.0}
+    n_pred = 0
+    acc: dict[str, Any] = {"sum": None, "n": 0}
+
+    def collect(x: torch.Tensor, ctx: Any) -> None:
+        m = cur["mask"]
+        s = x[m].double().sum(0)
+        acc["sum"] = s if acc["sum"] is None else acc["sum"] + s
+        acc["n"] += int(m.sum())
+
+    cur: dict[str, Any] = {}
+    for b in batches:
+        cur["mask"] = b.mask
+        ce, n = next_token_ce(forward(model, b, {site: collect}), b)
+        tot["clean"] += ce
+        n_pred += n
+    if n_pred == 0:
+        raise ValueError("no next-token predictions: give prompts of at least two tokens")
+    mean = (acc["sum"] / max(acc["n"], 1)).float()
+    splice = SAESplice(sae, site=site).hook_fns(model)
+    for b in batches:
+        tot["sae"] += next_token_ce(forward(model, b, splice), b)[0]
+        tot["zero"] += next_token_ce(forward(model, b, {site: lambda x, ctx: torch.zeros_like(x)}), b)[0]
+        tot["mean"] += next_token_ce(forward(model, b, {site: lambda x, ctx: mean.to(x).expand_as(x).clone()}), b)[0]
+    c = {k: v / n_pred for k, v in tot.items()}
+
+    def rec(abl: float) -> float:
+        gap = abl - c["clean"]
+        return float("nan") if abs(gap) < 1e-12 else (abl - c["sae"]) / gap
+
+    return CELossRecovered(clean=c["clean"], sae=c["sae"], zero_ablated=c["zero"], mean_ablated=c["mean"],
+                           recovered_zero=rec(c["zero"]), recovered_mean=rec(c["mean"]), n_predictions=n_pred)

@@ -1,0 +1,343 @@
+"""Train an SAE from activations in memory or streamed from an `ActivationStore`.
+
+Adam with linear warm-up and a final linear decay, unit-norm decoder rows (parallel gradient removed),
+input normalised to ``E||x||^2 = d_in`` and folded into the weights at the end (the returned SAE reads raw
+activations), dead-latent tracking with AuxK, atomic checkpoints and exact resumption.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from sae.arch import SAE, SAEConfig
+from sae.data import TokenStream
+from sae.losses import StepOut, train_step
+
+# fields that may differ between an interrupted run and its resumption
+_RUNTIME_FIELDS = {"progress", "checkpoint_every", "log_every", "device"}
+
+
+@dataclass
+class TrainConfig:
+    """Hyper-parameters. ``d_sae`` defaults to ``expansion * d_in``; ``lr`` to ``2e-4 / sqrt(d_sae / 2**14)``
+    (Gao et al.); ``k`` is the active count (TopK/BatchTopK) and the JumpReLU target L0 unless
+    ``target_l0`` is set; ``dead_after_tokens`` defaults to ``max(10 * batch_size, total_tokens // 10)``."""
+
+    arch: str = "topk"
+    d_sae: int | None = None
+    expansion: int = 8
+    k: int | None = 32
+    total_tokens: int = 2_000_000
+    batch_size: int = 4096
+    lr: float | None = None
+    lr_end_frac: float = 0.0
+    warmup_steps: int = 50
+    decay_frac: float = 0.2
+    betas: tuple[float, float] = (0.9, 0.999)
+    grad_clip: float | None = 1.0
+    l1_coefficient: float = 2.0
+    l0_coefficient: float = 10.0
+    target_l0: float | None = None
+    jumprelu_bandwidth: float = 0.1
+    preact_coefficient: float = 0.1
+    sparsity_warmup_frac: float = 0.05
+    aux_coefficient: float = 1 / 32
+    k_aux: int | None = None
+    dead_after_tokens: int | None = None
+    threshold_lr: float = 0.01
+    normalize_input: bool = True
+    decoder: str = "auto"
+    backend: str = "auto"
+    seed: int = 0
+    buffer_tokens: int = 1 << 18
+    site: str | None = None
+    checkpoint_every: int | None = None
+    log_every: int = 10
+    progress: bool = True
+    device: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.decoder not in ("auto", "sparse", "dense"):
+            raise ValueError(f"decoder must be 'auto', 'sparse' or 'dense', got {self.decoder!r}")
+        if self.total_tokens < self.batch_size:
+            raise ValueError(f"total_tokens={self.total_tokens} is less than one batch ({self.batch_size})")
+        self.betas = tuple(self.betas)
+
+    @property
+    def n_steps(self) -> int:
+        return self.total_tokens // self.batch_size
+
+    def lr_at(self, step: int, base: float) -> float:
+        """Linear warm-up, constant, then linear decay to ``lr_end_frac * base`` over the last ``decay_frac``."""
+        if step < self.warmup_steps:
+            return base * (step + 1) / self.warmup_steps
+        decay_start = int(self.n_steps * (1 - self.decay_frac))
+        if step >= decay_start and self.decay_frac > 0:
+            t = (step - decay_start) / max(1, self.n_steps - decay_start)
+            return base * (1 - t * (1 - self.lr_end_frac))
+        return base
+
+    def comparable(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if k not in _RUNTIME_FIELDS}
+
+
+@dataclass
+class TrainResult:
+    """The trained SAE (reads raw activations), its history (lists per logged step) and run facts."""
+
+    sae: SAE
+    history: dict[str, list[float]]
+    input_scale: float
+    steps: int
+    tokens: int
+    out_dir: Path | None = None
+    dead_fraction: float = 0.0
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+def _adam(params: list[torch.nn.Parameter], lr: float, betas: tuple[float, float]) -> torch.optim.Adam:
+    """Fused Adam (one pass over each parameter) where this torch and device support it."""
+    try:
+        return torch.optim.Adam(params, lr=lr, betas=betas, fused=True)
+    except (RuntimeError, ValueError, TypeError):
+        return torch.optim.Adam(params, lr=lr, betas=betas)
+
+
+class Trainer:
+    """Holds the optimisation state; :func:`train_sae` is the usual entry point."""
+
+    def __init__(self, data: Any, cfg: TrainConfig, out_dir: str | os.PathLike | None = None,
+                 sae: SAE | None = None):
+        self.cfg = cfg
+        device = torch.device(cfg.device or (sae.device if sae is not None else "cpu"))
+        self.device = device
+        self.stream = TokenStream(data, cfg.batch_size, seed=cfg.seed, site=cfg.site, buffer_tokens=cfg.buffer_tokens,
+                                  device=device)
+        d_in = self.stream.d
+        self._fresh = sae is None
+        if sae is None:
+            d_sae = cfg.d_sae or cfg.expansion * d_in
+            k = cfg.k if cfg.arch in ("topk", "batchtopk") else None
+            sae = SAE(SAEConfig(d_in=d_in, d_sae=d_sae, arch=cfg.arch, k=k, site=self.stream.site,
+                                model_id=self.stream.model_id), seed=cfg.seed)
+        elif sae.d_in != d_in:
+            raise ValueError(f"the SAE reads width {sae.d_in} but the activations have width {d_in}")
+        elif not sae.cfg.apply_b_dec_to_input:
+            raise ValueError("training needs an SAE whose encoder reads x - b_dec (apply_b_dec_to_input=True)")
+        self.sae = sae.to(device)
+        self.lr = cfg.lr or 2e-4 / math.sqrt(self.sae.d_sae / 2 ** 14)
+        self.opt = _adam(list(self.sae.parameters()), self.lr, cfg.betas)
+        self.step = 0
+        self.scale = 1.0
+        self.tokens_since_fired = torch.zeros(self.sae.d_sae, dtype=torch.long, device=device)
+        self.history: dict[str, list[float]] = {k: [] for k in
+                                                ("step", "tokens", "loss", "mse", "aux", "l0", "fvu", "dead", "lr")}
+        self.out_dir = Path(out_dir) if out_dir is not None else None
+        self.dead_after = cfg.dead_after_tokens or max(10 * cfg.batch_size, cfg.total_tokens // 10)
+        self.opts = {"sparse": self._sparse(), "backend": cfg.backend, "k_aux": cfg.k_aux or max(1, d_in // 2),
+                     "bandwidth": cfg.jumprelu_bandwidth,
+                     "target_l0": cfg.target_l0 or (cfg.k if cfg.arch == "jumprelu" else None)}
+        self._initialised = False
+
+    def _sparse(self) -> bool:
+        if self.cfg.arch not in ("topk", "batchtopk"):
+            return False
+        return self.cfg.decoder in ("auto", "sparse")
+
+    # --- initialisation from data ---------------------------------------------------------------
+    def prepare(self) -> None:
+        """Initialise from the data once (done by :meth:`run`; call it yourself to drive :meth:`train_one`)."""
+        if not self._initialised:
+            self._init_from_data()
+            self._initialised = True
+
+    @torch.no_grad()
+    def _init_from_data(self) -> None:
+        """Input scale and ``b_dec`` from the first batches of a separate copy of the stream (seeded). An SAE
+        handed in (to train further) keeps its weights and reads raw inputs (scale 1)."""
+        cfg = self.cfg
+        if not self._fresh:
+            return
+        src = self.stream._store if self.stream._store is not None else self.stream._tokens
+        probe = TokenStream(src, cfg.batch_size, seed=cfg.seed, site=self.stream.site,
+                            buffer_tokens=cfg.buffer_tokens, device=self.device)
+        n = max(1, min(cfg.n_steps, (1 << 16) // cfg.batch_size))
+        xs = torch.cat([next(probe) for _ in range(n)])
+        sq = xs.pow(2).sum(-1).mean().item()
+        if sq <= 0:
+            raise ValueError("the training activations are all zero; check the site and capture")
+        self.scale = math.sqrt(self.sae.d_in / sq) if cfg.normalize_input else 1.0
+        xs = xs * self.scale
+        self.sae.b_dec.copy_(xs.mean(0))
+        if self.sae.arch == "jumprelu":
+            # start near the target L0: each latent's threshold at the matching quantile of its pre-activations
+            target = self.opts["target_l0"] or max(1, self.sae.d_sae // 32)
+            q = 1.0 - min(0.999, target / self.sae.d_sae)
+            pre = self.sae.pre_acts(xs[: 1 << 13])
+            self.sae.threshold.copy_(pre.quantile(q, dim=0).clamp_min(1e-3))
+
+    # --- one step -------------------------------------------------------------------------------
+    def _coeffs(self) -> dict[str, float]:
+        cfg = self.cfg
+        ramp = min(1.0, (self.step + 1) / max(1, cfg.sparsity_warmup_frac * cfg.n_steps))
+        base = {"relu": cfg.l1_coefficient, "jumprelu": cfg.l0_coefficient}.get(cfg.arch, 0.0)
+        return {"sparsity": base * ramp, "aux": cfg.aux_coefficient, "preact": cfg.preact_coefficient}
+
+    def train_one(self, x: torch.Tensor) -> StepOut:
+        """One optimisation step on a raw batch ``x [B, d_in]`` (normalised here)."""
+        sae, cfg = self.sae, self.cfg
+        x = x * self.scale
+        dead = self.tokens_since_fired >= self.dead_after
+        out = train_step(sae, x, dead, self._coeffs(), self.opts)
+        out.loss.backward()
+        with torch.no_grad():
+            g = sae.W_dec.grad
+            if g is not None:  # keep decoder rows on the unit sphere: drop the radial gradient
+                radial = torch.linalg.vecdot(g, sae.W_dec, dim=1)
+                g.addcmul_(radial[:, None], sae.W_dec, value=-1.0)
+        if cfg.grad_clip is not None:
+            torch.nn.utils.clip_grad_norm_(sae.parameters(), cfg.grad_clip)
+        lr = cfg.lr_at(self.step, self.lr)
+        for group in self.opt.param_groups:
+            group["lr"] = lr
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            sae.W_dec.div_(sae.W_dec.norm(dim=1, keepdim=True).clamp_min(1e-12))
+            if sae.arch == "jumprelu":
+                sae.threshold.clamp_(min=1e-6)
+            if sae.arch == "batchtopk" and out.min_active is not None:
+                a = cfg.threshold_lr if self.step > 0 else 1.0
+                sae.threshold.mul_(1 - a).add_(a * out.min_active)
+            self.tokens_since_fired += x.shape[0]
+            self.tokens_since_fired[out.fired] = 0
+        if self.step % cfg.log_every == 0 or self.step == cfg.n_steps - 1:
+            var = (x - x.mean(0)).pow(2).sum(-1).mean().clamp_min(1e-12)
+            rec = {"step": self.step, "tokens": (self.step + 1) * cfg.batch_size, "loss": float(out.loss.detach()),
+                   "mse": float(out.mse), "aux": float(out.aux), "l0": out.l0, "fvu": float(out.mse / var),
+                   "dead": float(dead.float().mean()), "lr": lr}
+            for k, v in rec.items():
+                self.history[k].append(v)
+        self.step += 1
+        return out
+
+    # --- loop -----------------------------------------------------------------------------------
+    def run(self, callback: Callable[[Trainer], None] | None = None) -> TrainResult:
+        cfg = self.cfg
+        self.prepare()
+        bar = tqdm(total=cfg.n_steps, initial=self.step, desc=f"SAE {cfg.arch}", unit="step", disable=not cfg.progress)
+        between_steps = True  # a Ctrl-C inside a step would leave it half applied: then keep the last checkpoint
+        try:
+            while self.step < cfg.n_steps:
+                batch = next(self.stream)
+                between_steps = False
+                self.train_one(batch)
+                between_steps = True
+                if self.history["l0"] and self.step % cfg.log_every == 1:
+                    bar.set_postfix(l0=f"{self.history['l0'][-1]:.1f}", fvu=f"{self.history['fvu'][-1]:.3f}",
+                                    dead=f"{self.history['dead'][-1]:.2f}")
+                bar.update(1)
+                if self.out_dir is not None and cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
+                    self.save_checkpoint()
+                if callback is not None:
+                    callback(self)
+        except KeyboardInterrupt:
+            if self.out_dir is not None and between_steps:
+                self.save_checkpoint()
+            raise
+        finally:
+            bar.close()
+        return self._finish()
+
+    def _finish(self) -> TrainResult:
+        sae = self.sae
+        dead = float((self.tokens_since_fired >= self.dead_after).float().mean())
+        sae.fold_input_scale_(self.scale)
+        sae.cfg.meta.update({"trained_tokens": self.step * self.cfg.batch_size, "input_scale": self.scale,
+                             "train_cfg": self.cfg.comparable()})
+        if self.out_dir is not None:
+            sae.save(self.out_dir / "sae")
+        return TrainResult(sae=sae, history=self.history, input_scale=self.scale, steps=self.step,
+                           tokens=self.step * self.cfg.batch_size, out_dir=self.out_dir, dead_fraction=dead)
+
+    # --- checkpoints ----------------------------------------------------------------------------
+    def save_checkpoint(self) -> Path:
+        """Write ``OUT/checkpoint`` atomically (built in a temp folder, then swapped in)."""
+        from interp.io import atomic_write, save_bundle, write_json
+
+        assert self.out_dir is not None
+        final = self.out_dir / "checkpoint"
+        tmp = self.out_dir / f".checkpoint.tmp{os.getpid()}"
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        save_bundle(tmp / "sae", dict(self.sae.state_dict()), {"kind": "sae.SAE", "cfg": self.sae.cfg.to_dict()})
+        save_bundle(tmp / "state", {"tokens_since_fired": self.tokens_since_fired.cpu()},
+                    {"step": self.step, "scale": self.scale, "history": self.history, "cfg": self.cfg.comparable(),
+                     "lr": self.lr})
+        opt_state = self.opt.state_dict()
+        atomic_write(tmp / "optimizer.pt", lambda p: torch.save(opt_state, p))
+        write_json(tmp / "done.json", {"step": self.step})
+        old = self.out_dir / ".checkpoint.old"
+        if old.exists():
+            shutil.rmtree(old)
+        if final.exists():
+            os.replace(final, old)
+        os.replace(tmp, final)
+        if old.exists():
+            shutil.rmtree(old)
+        return final
+
+    def load_checkpoint(self, path: str | os.PathLike) -> None:
+        from interp.io import load_bundle
+
+        p = Path(path)
+        if not (p / "done.json").exists():
+            raise FileNotFoundError(f"{p} holds no finished checkpoint")
+        tensors, meta = load_bundle(p / "state")
+        mine, theirs = self.cfg.comparable(), meta["cfg"]
+        theirs["betas"] = tuple(theirs["betas"])
+        diff = sorted(k for k in mine if mine.get(k) != theirs.get(k))
+        if diff:
+            raise ValueError(f"the checkpoint at {p} was made with different settings ({diff}); resume with the "
+                             f"same TrainConfig, or start a new out_dir")
+        sae_t, _ = load_bundle(p / "sae")
+        self.sae.load_state_dict(sae_t)
+        self.opt.load_state_dict(torch.load(p / "optimizer.pt", map_location=self.device, weights_only=True))
+        self.tokens_since_fired = tensors["tokens_since_fired"].to(self.device)
+        self.step, self.scale, self.lr = int(meta["step"]), float(meta["scale"]), float(meta["lr"])
+        self.history = {k: list(v) for k, v in meta["history"].items()}
+        self._initialised = True
+        self.stream.skip(self.step)
+
+
+def train_sae(data: Any, cfg: TrainConfig | None = None, out_dir: str | os.PathLike | None = None,
+              resume: bool = True, callback: Callable[[Trainer], None] | None = None, **overrides: Any) -> TrainResult:
+    """Train an SAE on ``data`` (tensor ``[n, d]``, ``Activations`` or ``ActivationStore``).
+
+    With ``out_dir``, checkpoints go to ``OUT/checkpoint`` (every ``checkpoint_every`` steps and on Ctrl-C)
+    and the result to ``OUT/sae``; a run with the same config resumes from the checkpoint when
+    ``resume=True``. Keyword overrides set ``TrainConfig`` fields, e.g. ``train_sae(x, arch="topk", k=16)``.
+    """
+    cfg = cfg or TrainConfig()
+    if overrides:
+        cfg = TrainConfig(**{**asdict(cfg), **overrides})
+    if out_dir is not None and (Path(out_dir) / "sae").exists():
+        raise FileExistsError(f"{Path(out_dir) / 'sae'} already holds a trained SAE; load it with SAE.load(...) "
+                              f"or choose another out_dir")
+    trainer = Trainer(data, cfg, out_dir=out_dir)
+    ckpt = Path(out_dir) / "checkpoint" if out_dir is not None else None
+    if ckpt is not None and ckpt.exists():
+        if not resume:
+            raise FileExistsError(f"{ckpt} holds an unfinished run; pass resume=True to continue it, or choose "
+                                  f"another out_dir")
+        trainer.load_checkpoint(ckpt)
+    return trainer.run(callback=callback)

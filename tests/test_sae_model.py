@@ -1,0 +1,157 @@
+"""SAEs on a tiny Llama: splice, CE loss recovered, steering and ablation with the error term, contexts."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from interp.hooks import count_hooks, hooks
+from sae.arch import SAE, SAEConfig
+from sae.contexts import Context, contexts_html, top_contexts
+from sae.interventions import LatentAblation, LatentSteering, SAESplice
+from sae.metrics import ce_loss_recovered
+
+PROMPTS = ["the man said to the boy", "what is the good word", "where is the old house by the water now ?",
+           "tell me a kind word", "the water is low", "why do they play with the old man"]
+SITE = "blocks.0.hook_resid_post"
+
+
+def _exact_sae(d: int, site: str = SITE) -> SAE:
+    """A ReLU SAE that reconstructs exactly: x = relu(x) - relu(-x), latents i and d+i."""
+    sae = SAE(SAEConfig(d, 2 * d, arch="relu", site=site))
+    eye = torch.eye(d)
+    with torch.no_grad():
+        sae.W_enc.copy_(torch.cat([eye, -eye], 1))
+        sae.W_dec.copy_(torch.cat([eye, -eye], 0))
+        sae.b_enc.zero_()
+        sae.b_dec.zero_()
+    return sae
+
+
+def _logits(model, prompts=PROMPTS):
+    enc = model.tokenizer(prompts, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        return model.hf(**enc).logits, enc["attention_mask"].bool()
+
+
+def test_width_mismatch_between_sae_and_site(tiny_models):
+    model = tiny_models("llama")
+    sae = SAE(SAEConfig(32, 64, arch="topk", k=4, site=SITE))
+    with pytest.raises(ValueError, match="d_in=32 does not match site blocks.0.hook_resid_post .*width 64"):
+        SAESplice(sae).hook_fns(model)
+    with pytest.raises(ValueError, match="does not record its site"):
+        SAESplice(SAE(SAEConfig(64, 128, arch="relu"))).hook_fns(model)
+    with pytest.raises(ValueError, match="out of range"):
+        LatentSteering(SAE(SAEConfig(64, 128, arch="relu", site=SITE)), 500)
+
+
+def test_ce_loss_recovered_exact_and_random(tiny_models):
+    from sae.runner import forward, next_token_ce, token_batches
+
+    model = tiny_models("llama")
+    exact = ce_loss_recovered(model, _exact_sae(model.d_model), PROMPTS, batch_size=4)
+    assert abs(exact.sae - exact.clean) < 1e-6 and exact.n_predictions == 32
+    assert abs(exact.recovered_zero - 1) < 1e-4 and abs(exact.recovered_mean - 1) < 1e-4
+    # the ablation baselines, recomputed by hand with plain hooks and the tokens' own mean
+    batches = list(token_batches(model, PROMPTS, 4))
+    acts = []
+    for b in batches:
+        forward(model, b, {SITE: lambda x, ctx, b=b: acts.append(x[b.mask].double())})
+    mean = torch.cat(acts).mean(0).float()
+    zero = sum(next_token_ce(forward(model, b, {SITE: lambda x, ctx: x * 0}), b)[0] for b in batches) / 32
+    meanab = sum(next_token_ce(forward(model, b, {SITE: lambda x, ctx: mean.expand_as(x)}), b)[0] for b in batches) / 32
+    assert exact.zero_ablated == pytest.approx(zero, abs=1e-6) and exact.mean_ablated == pytest.approx(meanab, abs=1e-6)
+    assert abs(exact.zero_ablated - exact.clean) > 1e-3  # the site matters, so the ratio is defined
+    rand = SAE(SAEConfig(model.d_model, 128, arch="topk", k=2, site=SITE), seed=3)
+    r = ce_loss_recovered(model, rand, PROMPTS, batch_size=4)
+    assert abs(r.sae - r.clean) > 1e-3 and r.clean == pytest.approx(exact.clean, abs=1e-6)
+    assert r.recovered_zero == pytest.approx((r.zero_ablated - r.sae) / (r.zero_ablated - r.clean), abs=1e-6)
+    # token ids work too (no tokenizer needed)
+    ids = torch.randint(5, 200, (3, 9), generator=torch.Generator().manual_seed(0))
+    assert ce_loss_recovered(model, _exact_sae(model.d_model), ids).n_predictions == 3 * 8
+    assert count_hooks(model.hf) == 0
+
+
+def test_splice_keep_error_is_identity_and_plain_splice_is_not(tiny_models):
+    model = tiny_models("llama")
+    base, mask = _logits(model)
+    sae = SAE(SAEConfig(model.d_model, 128, arch="topk", k=4, site=SITE), seed=1)
+    with hooks(model, SAESplice(sae, keep_error=True).hook_fns(model)):
+        kept, _ = _logits(model)
+    with hooks(model, SAESplice(sae).hook_fns(model)):
+        spliced, _ = _logits(model)
+    torch.testing.assert_close(kept[mask], base[mask], atol=1e-5, rtol=0)
+    assert (spliced[mask] - base[mask]).abs().max() > 1e-2
+
+
+def test_latent_steering_adds_the_decoder_vector(tiny_models):
+    model = tiny_models("llama")
+    sae = SAE(SAEConfig(model.d_model, 128, arch="topk", k=4, site="resid_post.1"), seed=2)
+    steer = LatentSteering(sae, [5, 9], coefficient=[3.0, -2.0])
+    v = 3.0 * sae.W_dec[5] - 2.0 * sae.W_dec[9]
+    torch.testing.assert_close(steer.vector(), v.detach())
+    with hooks(model, steer.hook_fns(model)):
+        ours, mask = _logits(model)
+    with hooks(model, {"blocks.1.hook_resid_post": lambda x, ctx: x + v.detach()}):
+        manual, _ = _logits(model)
+    base, _ = _logits(model)
+    torch.testing.assert_close(ours, manual, atol=0, rtol=0)
+    assert (ours[mask] - base[mask]).abs().max() > 1e-2
+    last = LatentSteering(sae, 5, coefficient=3.0, positions=[-1])
+    with hooks(model, last.hook_fns(model)):
+        only_last, _ = _logits(model)
+    torch.testing.assert_close(only_last[:, :-1], base[:, :-1], atol=1e-6, rtol=0)  # causal: earlier logits unchanged
+    assert (only_last[:, -1] - base[:, -1]).abs().max() > 1e-3
+
+
+def test_latent_ablation_keeps_the_error_term(tiny_models):
+    model = tiny_models("llama")
+    d = model.d_model
+    sae = SAE(SAEConfig(d, 96, arch="relu", site=SITE), seed=4)
+    with torch.no_grad():
+        sae.b_enc.fill_(-0.05)
+    seen = {}
+    with hooks(model, {SITE: lambda x, ctx: seen.setdefault("x", x.detach().clone())}):
+        base, mask = _logits(model)
+    z = sae.encode(seen["x"]).detach()
+    lat = int((z[mask] > 0).float().mean(0).argmax())  # a latent that fires
+    expected = seen["x"] - z[..., lat:lat + 1] * sae.W_dec[lat].detach()  # only its contribution removed
+    got = {}
+    with hooks(model, LatentAblation(sae, lat).hook_fns(model)), \
+         hooks(model, {SITE: lambda x, ctx: got.setdefault("x", x.detach().clone())}):
+        ablated, _ = _logits(model)
+    torch.testing.assert_close(got["x"], expected, atol=1e-6, rtol=0)
+    assert (ablated[mask] - base[mask]).abs().max() > 1e-4
+    dead = int((z > 0).flatten(0, -2).sum(0).argmin())
+    assert float((z[..., dead] > 0).sum()) == 0
+    with hooks(model, LatentAblation(sae, dead).hook_fns(model)):
+        same, _ = _logits(model)
+    torch.testing.assert_close(same, base, atol=0, rtol=0)  # ablating a silent latent changes nothing
+    clamp = LatentAblation(sae, lat, value=5.0)
+    with hooks(model, clamp.hook_fns(model)), hooks(model, {SITE: lambda x, ctx: got.__setitem__("c", x.detach().clone())}):
+        _logits(model)
+    on = z[..., lat] > 0
+    z_after = sae.encode(got["c"]).detach()
+    assert torch.allclose(z_after[..., lat][on & mask], torch.full_like(z_after[..., lat][on & mask], 5.0), atol=0.5)
+
+
+def test_top_contexts_and_html(tiny_models):
+    model = tiny_models("llama")
+    sae = SAE(SAEConfig(model.d_model, 64, arch="relu", site=SITE), seed=5)
+    from sae.runner import site_tokens
+
+    best = (-1.0, None, None)
+    for x, b in site_tokens(model, SITE, PROMPTS, batch_size=3):
+        with torch.no_grad():
+            a = sae.encode(x)[..., 7].masked_fill(~b.mask, -1)
+        for i in range(a.shape[0]):
+            if float(a[i].max()) > best[0]:
+                best = (float(a[i].max()), b.input_ids[i][int(a[i].argmax())].item(), None)
+    ctxs = top_contexts(model, sae, 7, PROMPTS, top=3, batch_size=3)
+    assert ctxs and ctxs[0].max_act == pytest.approx(best[0], abs=1e-5)
+    assert [c.max_act for c in ctxs] == sorted([c.max_act for c in ctxs], reverse=True)
+    assert ctxs[0].tokens[ctxs[0].peak] == model.tokenizer.decode([best[1]])
+    html = contexts_html(ctxs, latent=7)
+    assert html.count('class="sae-ctx"') == len(ctxs) and "Latent 7" in html
+    esc = contexts_html([Context(0, 1, ["<b>", "x"], [1.0, 0.0], 0, 1.0)])
+    assert "&lt;b&gt;" in esc and "<b>" not in esc.replace('<div style="font-weight:bold">', "")
