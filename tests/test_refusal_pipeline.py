@@ -199,3 +199,15 @@ def test_smollm2_harmfulness_direction_separates_held_out(tmp_path):
                                     n_train=32, n_val=8, n_test=8, layers=[6, 12, 18], max_new_tokens=8),
                       tmp_path / "smol", model=m)
     assert (tmp_path / "smol" / "report.html").exists() and "found_direction" in res.metrics
+
+
+def test_report_renders_in_headless_chromium(aligned_run, tmp_path):
+    sys.path.insert(0, str(REPO / "scripts"))
+    from screenshot_report import chromium, rendered_figures, screenshot
+
+    if chromium() is None:
+        pytest.skip("chromium is not installed (Debian: apt-get install chromium); the report check needs a browser")
+    divs, drawn = rendered_figures(aligned_run.out / "report.html")
+    assert divs >= 5 and drawn >= divs
+    screenshot(aligned_run.out / "report.html", tmp_path / "report.png")
+    assert (tmp_path / "report.png").stat().st_size > 10_000
