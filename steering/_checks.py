@@ -1,0 +1,187 @@
+"""Input checks shared by the steering package: directions, bases, layers, sites, scopes, scalars.
+
+Every public entry point funnels user input through here, so bad input fails early with a message that
+names the fix (``ValueError`` / ``TypeError``), never deep inside a forward pass.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from interp.sites import BLOCK_KINDS, parse_site
+
+SCOPES = ("prompt", "generated", "both")
+STREAM_KINDS = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out")
+POSITION_RULES = ("all", "post_instruction")
+ORTHO_TOL = 1e-4
+
+Layers = str | int | Sequence[int]
+
+
+def as_tensor(obj: Any, name: str) -> torch.Tensor:
+    """A float tensor from a tensor, array, list, or an object with a ``.vectors`` tensor (a probes Direction)."""
+    if hasattr(obj, "vectors") and not isinstance(obj, torch.Tensor):
+        obj = obj.vectors
+    if isinstance(obj, torch.Tensor):
+        t = obj.detach()
+    else:
+        try:
+            t = torch.as_tensor(obj)
+        except (TypeError, ValueError, RuntimeError) as e:
+            raise TypeError(f"{name} must be a tensor ([d] or [n_layers, d]) or an object with a .vectors tensor, "
+                            f"got {type(obj).__name__}") from e
+    if not (t.is_floating_point() or t.dtype in (torch.int32, torch.int64)):
+        raise TypeError(f"{name} must hold real numbers, got dtype {t.dtype}")
+    t = t.to(torch.float32) if t.dtype != torch.float64 else t
+    if t.numel() == 0:
+        raise ValueError(f"{name} is empty")
+    if not torch.isfinite(t).all():
+        raise ValueError(f"{name} contains NaN or Inf; check how it was computed")
+    return t.cpu()
+
+
+def check_finite(value: Any, name: str) -> float:
+    """A finite Python float, or a clear error."""
+    try:
+        v = float(value)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"{name} must be a number, got {type(value).__name__}") from e
+    if not math.isfinite(v):
+        raise ValueError(f"{name} must be finite, got {v}; pick a finite coefficient")
+    return v
+
+
+def per_layer_vectors(obj: Any, name: str) -> torch.Tensor | dict[int, torch.Tensor]:
+    """``[d]`` stays one shared vector; ``[n, d]``, a ``{layer: [d]}`` dict or a Direction with ``.layers``
+    becomes ``{layer: [d]}`` (rows of ``[n, d]`` are layers 0..n-1 unless the object names its layers)."""
+    if isinstance(obj, Mapping):
+        out = {}
+        for k, v in obj.items():
+            if not isinstance(k, int):
+                raise TypeError(f"{name}: dict keys must be layer ints, got {k!r}")
+            t = as_tensor(v, f"{name}[{k}]")
+            if t.dim() != 1:
+                raise ValueError(f"{name}[{k}] must be one vector [d], got shape {tuple(t.shape)}")
+            out[k] = t
+        if not out:
+            raise ValueError(f"{name} is an empty dict; give at least one layer's vector")
+        return out
+    t = as_tensor(obj, name)
+    if t.dim() == 1:
+        return t
+    if t.dim() != 2:
+        raise ValueError(f"{name} must be [d] (one vector) or [n_layers, d] (one per layer), got shape "
+                         f"{tuple(t.shape)}; for a subspace basis use AblateSubspace")
+    layers = getattr(obj, "layers", None)
+    if layers is not None and not isinstance(obj, torch.Tensor):
+        layers = [int(x) for x in layers]
+        if len(layers) != t.shape[0]:
+            raise ValueError(f"{name}: {len(layers)} layers named but {t.shape[0]} vectors")
+        return {layer: t[i] for i, layer in enumerate(layers)}
+    return {i: t[i] for i in range(t.shape[0])}
+
+
+def resolve_layers(layers: Layers | None, n_layers: int, available: Sequence[int] | None = None,
+                   what: str = "intervention") -> list[int]:
+    """``"all"``, an int or a list (negative from the end) -> sorted layer indices, range-checked."""
+    if layers is None or (isinstance(layers, str) and layers == "all"):
+        if available is not None:
+            return sorted(resolve_layers(list(available), n_layers, None, what))
+        return list(range(n_layers))
+    if isinstance(layers, str):
+        raise ValueError(f"{what}: layers must be 'all', an int or a list of ints, got {layers!r}")
+    items = [layers] if isinstance(layers, int) else list(layers)
+    if not items:
+        raise ValueError(f"{what}: empty layer list; give at least one layer or 'all'")
+    out = []
+    for layer in items:
+        if isinstance(layer, bool) or not isinstance(layer, int):
+            raise TypeError(f"{what}: layer {layer!r} is not an int")
+        j = layer + n_layers if layer < 0 else layer
+        if not 0 <= j < n_layers:
+            raise ValueError(f"{what}: layer {layer} is out of range; this model has layers 0..{n_layers - 1}")
+        out.append(j)
+    if available is not None:
+        missing = [j for j in out if j not in set(available)]
+        if missing:
+            raise ValueError(f"{what}: no vector for layers {missing}; the per-layer input covers {sorted(available)}")
+    return sorted(set(out))
+
+
+def resolve_kinds(sites: str | Sequence[str]) -> tuple[str, ...]:
+    """Site kinds an intervention writes to (residual-width sites only)."""
+    items = [sites] if isinstance(sites, str) else list(sites)
+    if not items:
+        raise ValueError("sites is empty; give e.g. 'resid_post' or ('resid_pre', 'attn_out', 'mlp_out')")
+    out = []
+    for s in items:
+        kind = parse_site(f"{s}.0").kind if s not in BLOCK_KINDS else s
+        if kind not in STREAM_KINDS:
+            raise ValueError(f"site kind {s!r} is not residual-width; steering edits act on {STREAM_KINDS}")
+        out.append(kind)
+    return tuple(dict.fromkeys(out))
+
+
+def check_scope(scope: str) -> str:
+    if scope not in SCOPES:
+        raise ValueError(f"scope must be one of {SCOPES}, got {scope!r}")
+    return scope
+
+
+def check_positions(positions: Any, scope: str) -> str | tuple[int, ...]:
+    """``"all"``, ``"post_instruction"`` or explicit prompt positions (negative from the prompt's end)."""
+    if isinstance(positions, str):
+        if positions not in POSITION_RULES:
+            raise ValueError(f"positions must be one of {POSITION_RULES} or explicit ints, got {positions!r}")
+        out: str | tuple[int, ...] = positions
+    else:
+        items = [positions] if isinstance(positions, int) else list(positions)
+        if not items or any(isinstance(p, bool) or not isinstance(p, int) for p in items):
+            raise ValueError(f"positions must be 'all', 'post_instruction' or a non-empty list of ints, got {positions!r}")
+        out = tuple(sorted(set(items)))
+    if out != "all" and scope == "generated":
+        raise ValueError("positions select prompt tokens; with scope='generated' use positions='all' "
+                         "(every generated token)")
+    return out
+
+
+def check_width(v: torch.Tensor, d_model: int, name: str) -> None:
+    if v.shape[-1] != d_model:
+        raise ValueError(f"{name} has width {v.shape[-1]} but the model's residual stream has width {d_model}; "
+                         f"was it fitted on another model?")
+
+
+def unit(v: torch.Tensor, name: str) -> torch.Tensor:
+    n = v.norm()
+    if not n > 1e-12:
+        raise ValueError(f"{name} has zero norm; a direction needs a nonzero vector")
+    return v / n
+
+
+def orthonormal(basis: torch.Tensor, name: str, orthonormalize: bool) -> torch.Tensor:
+    """Rows of ``basis [k, d]`` checked orthonormal; with ``orthonormalize`` they are QR-orthonormalised (warned)."""
+    if basis.dim() != 2:
+        raise ValueError(f"{name} must be [k, d], got shape {tuple(basis.shape)}")
+    k, d = basis.shape
+    if k > d:
+        raise ValueError(f"{name} has {k} rows but width {d}; a basis has at most d rows")
+    b64 = basis.double()
+    gram = b64 @ b64.T
+    err = (gram - torch.eye(k, dtype=torch.float64)).abs().max().item()
+    if err <= ORTHO_TOL:
+        return basis
+    if not orthonormalize:
+        raise ValueError(f"{name} is not orthonormal (max |Q Q^T - I| = {err:.3g}); pass orthonormalize=True to "
+                         f"orthonormalise it (QR, same span) or orthonormalise it yourself")
+    q, r = torch.linalg.qr(b64.T)
+    rank = int((r.diagonal().abs() > 1e-8 * r.diagonal().abs().max()).sum())
+    if rank < k:
+        raise ValueError(f"{name} has rank {rank} < {k} rows; drop the dependent rows")
+    warnings.warn(f"{name} was not orthonormal (max |Q Q^T - I| = {err:.3g}); orthonormalised it by QR "
+                  f"(same span)", stacklevel=3)
+    return q.T.to(basis.dtype)

@@ -1,0 +1,167 @@
+"""``steering.apply(model, *interventions)``: attach interventions around ``forward`` and ``generate``.
+
+Protocol: an intervention is any object with ``hook_fns(model) -> {site name: fn(x, ctx)}`` (the ``sae``
+package's latent interventions qualify without importing ``steering``). Ours also expose
+``site_edits(model)``; runs of them at one site with the same gate are composed into one low-rank map
+and applied in one fused pass (:mod:`steering.fused`). Order is kept: at each site, edits run in the
+order the interventions were given. Hooks live only inside the ``with`` block.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from interp.hooks import HookContext, hooks
+from interp.models import Model
+from interp.sites import parse_site
+from steering.fused import LowRankEdit, apply_edit
+from steering.scope import DECLARED_KEY, PROMPT_KEY, SKIP, STATE_KEY, record_pass
+
+
+@dataclass(eq=False)
+class SiteEdit:
+    """One edit at one site: a :class:`LowRankEdit` under a gate (scope, positions, optional condition)."""
+
+    edit: LowRankEdit
+    scope: str = "both"
+    positions: Any = "all"
+    cond: torch.Tensor | None = None       # [d] unit condition direction
+    threshold: float = 0.0
+    above: bool = True
+
+    @property
+    def gate_key(self) -> tuple | None:
+        """Edits with equal keys may be composed; conditional edits never are (the gate reads x)."""
+        return None if self.cond is not None else (self.scope, self.positions)
+
+    def run(self, x: torch.Tensor, data: dict, backend: str = "auto") -> torch.Tensor:
+        st = data.get(STATE_KEY)
+        if st is None:
+            if self.scope != "both" or self.positions != "all":
+                raise RuntimeError("this intervention has a scope/positions; attach it with steering.apply(model, ...)"
+                                   " so each forward pass knows its prompt and generated tokens")
+            sel = None
+        else:
+            sel = st.select(self.scope, self.positions)
+        if isinstance(sel, str) and sel == SKIP:
+            return x
+        U, W, b = self.edit.on(x.device)
+        cond = None if self.cond is None else self.cond.to(x.device, torch.float32, non_blocking=True)
+        return apply_edit(x, U, W, b, row_mask=sel, cond=cond, threshold=self.threshold, above=self.above,
+                          backend=backend)
+
+
+def merge(edits: list[SiteEdit]) -> list[SiteEdit]:
+    """Compose consecutive edits that share a gate into one (fewer passes over the activations)."""
+    out: list[SiteEdit] = []
+    for e in edits:
+        if out and e.gate_key is not None and out[-1].gate_key == e.gate_key:
+            prev = out[-1]
+            out[-1] = SiteEdit(prev.edit.then(e.edit), prev.scope, prev.positions)
+        else:
+            out.append(e)
+    return out
+
+
+def _native_fn(edits: list[SiteEdit], backend: str):
+    def fn(x: torch.Tensor, ctx: HookContext) -> torch.Tensor:
+        for e in edits:
+            x = e.run(x, ctx.data, backend)
+        return x
+    return fn
+
+
+def plan_hooks(model: Model, interventions: tuple, backend: str = "auto") -> list[tuple[str, Any]]:
+    """``[(site, fn), ...]`` in attach order; consecutive native edits at a site fused into one hook."""
+    per_site: dict[str, list[Any]] = {}
+    flat: list[Any] = []
+    for iv in interventions:  # a list of interventions is accepted as if unpacked
+        flat += list(iv) if isinstance(iv, (list, tuple)) else [iv]
+    for iv in flat:
+        if hasattr(iv, "site_edits"):
+            for site, edit in iv.site_edits(model).items():
+                per_site.setdefault(parse_site(site, model.n_layers).name, []).append(edit)
+        elif hasattr(iv, "hook_fns"):
+            fns = iv.hook_fns(model)
+            if not isinstance(fns, dict):
+                raise TypeError(f"{type(iv).__name__}.hook_fns(model) must return a dict {{site: fn}}, got "
+                                f"{type(fns).__name__}")
+            for site, fn in fns.items():
+                per_site.setdefault(parse_site(site, model.n_layers).name, []).append(fn)
+        else:
+            raise TypeError(f"{type(iv).__name__} is not an intervention: it needs a hook_fns(model) method "
+                            f"returning {{site name: fn(x, ctx)}} (see steering.interventions)")
+    items: list[tuple[str, Any]] = []
+    for site, seq in per_site.items():
+        run: list[SiteEdit] = []
+        for item in seq:
+            if isinstance(item, SiteEdit):
+                run.append(item)
+                continue
+            if run:
+                items.append((site, _native_fn(merge(run), backend)))
+                run = []
+            items.append((site, item))
+        if run:
+            items.append((site, _native_fn(merge(run), backend)))
+    return items
+
+
+class Steering:
+    """The handle yielded by :func:`apply`: the shared hook ``data`` and a way to declare the prompt batch."""
+
+    def __init__(self, model: Model, data: dict[str, Any]):
+        self.model = model
+        self.data = data
+
+    def set_batch(self, batch: Any = None, post_mask: torch.Tensor | None = None) -> None:
+        """Declare the next prompt batch (an ``interp.chat.Batch``, or just its ``post_mask [B, T]``), so
+        ``positions='post_instruction'`` works on the next prompt pass of that shape."""
+        pm = post_mask if post_mask is not None else getattr(batch, "post_mask", None)
+        ids = getattr(batch, "input_ids", None)
+        if pm is None and ids is None:
+            raise ValueError("set_batch needs an interp.chat.Batch or post_mask=Bool[B, T]")
+        ref = pm if pm is not None else ids
+        self.data[DECLARED_KEY] = {"width": ref.shape[1], "batch": ref.shape[0],
+                                   "post_mask": None if pm is None else pm.bool()}
+        self.data.pop(PROMPT_KEY, None)
+
+    def clear_batch(self) -> None:
+        self.data.pop(DECLARED_KEY, None)
+        self.data.pop(PROMPT_KEY, None)
+
+    @property
+    def state(self) -> Any:
+        """The :class:`~steering.scope.TokenState` of the last forward pass (None before the first)."""
+        return self.data.get(STATE_KEY)
+
+
+@contextmanager
+def apply(model: Model, *interventions: Any, backend: str = "auto") -> Iterator[Steering]:
+    """Attach ``interventions`` (any objects with ``hook_fns``) for the block; yields a :class:`Steering`.
+
+    Works around ``model.hf(...)``, ``model.hf.generate(...)`` (KV cache, left padding) and
+    ``interp.capture`` (captures inside the block see the steered activations). Nested blocks compose.
+    """
+    if not isinstance(model, Model):
+        raise TypeError(f"apply expects an interp Model (interp.load_model / interp.models.from_hf), got "
+                        f"{type(model).__name__}")
+    if not interventions:
+        raise ValueError("no interventions given; pass at least one (e.g. steering.AddVector(v, layers=5))")
+    items = plan_hooks(model, interventions, backend)
+    data: dict[str, Any] = {}
+
+    def pre(mod: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+        record_pass(data, args, kwargs)
+
+    handle = model.hf.register_forward_pre_hook(pre, with_kwargs=True)
+    try:
+        with hooks(model, items, data=data):
+            yield Steering(model, data)
+    finally:
+        handle.remove()

@@ -1,0 +1,105 @@
+"""Steered generation over a prompt list: chat-formatted, left-padded batches, explicit position ids.
+
+Greedy or sampled; a fixed ``seed`` gives identical output (each batch samples under its own seeded,
+forked RNG, so the caller's RNG state is untouched).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from interp.capture import batches, prepare
+from interp.models import Model
+from steering._checks import check_finite
+from steering.apply import apply
+
+
+@dataclass
+class Generations:
+    """Per prompt: the instruction, the formatted prompt, the generated text and its token ids (new tokens
+    only, cut at the first end-of-sequence token unless ``stop_at_eos=False``)."""
+
+    prompts: list[str]
+    formatted: list[str]
+    texts: list[str]
+    token_ids: list[list[int]]
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    def __getitem__(self, i: int) -> str:
+        return self.texts[i]
+
+
+def _eos_ids(model: Model) -> set[int]:
+    eos = getattr(model.hf.generation_config, "eos_token_id", None)
+    if eos is None:
+        eos = getattr(model.tokenizer, "eos_token_id", None)
+    if eos is None:
+        return set()
+    return {int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])}
+
+
+def generate(model: Model, prompts: Sequence[str], *interventions: Any, max_new_tokens: int = 64,
+             batch_size: int = 16, do_sample: bool = False, temperature: float = 1.0, top_p: float = 1.0,
+             top_k: int = 0, seed: int = 0, chat: bool = True, system: str | None = None, progress: bool = True,
+             stop_at_eos: bool = True, backend: str = "auto", **generate_kwargs: Any) -> Generations:
+    """Generate for every prompt with ``interventions`` attached (none: plain generation).
+
+    Prompts are chat-formatted (``chat=True``), batched ``batch_size`` at a time, left padded, with
+    ``position_ids`` from the attention mask; the prompt batch is declared to the steering state so
+    ``positions='post_instruction'`` and ``scope`` work. Extra keyword arguments go to HF ``generate``.
+    """
+    if model.tokenizer is None:
+        raise ValueError("generate needs a tokenizer; attach one with interp.models.from_hf(hf, tokenizer)")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if isinstance(prompts, str):
+        raise TypeError("prompts must be a list of strings, not a single string; wrap it in a list")
+    prompts = list(prompts)
+    texts, encs = prepare(model, prompts, chat=chat, system=system)
+    tok = model.tokenizer
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    kw: dict[str, Any] = dict(max_new_tokens=max_new_tokens, do_sample=do_sample, pad_token_id=pad)
+    if do_sample:
+        kw.update(temperature=check_finite(temperature, "temperature"), top_p=check_finite(top_p, "top_p"),
+                  top_k=int(top_k))
+    kw.update(generate_kwargs)
+    eos = _eos_ids(model) if stop_at_eos else set()
+    dev = model.device
+    out_ids: list[list[int]] = []
+    bar = tqdm(total=len(prompts), desc=f"generate {model.name}", unit="prompt", disable=not progress, leave=False)
+
+    def run(handle: Any) -> None:
+        for i, batch in enumerate(batches(model, encs, batch_size)):
+            if handle is not None:
+                handle.set_batch(batch)
+            inputs = {k: v.to(dev) for k, v in batch.model_inputs.items()}
+            T = inputs["input_ids"].shape[1]
+            with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []), torch.no_grad():
+                torch.manual_seed(seed + i)
+                out = model.hf.generate(**inputs, **kw)
+            for row in out[:, T:].tolist():
+                if eos:
+                    cut = next((j for j, t in enumerate(row) if t in eos), len(row))
+                    row = row[:cut]
+                out_ids.append(row)
+            bar.update(len(batch.input_ids))
+
+    try:
+        if interventions:
+            with apply(model, *interventions, backend=backend) as handle:
+                run(handle)
+        else:
+            run(None)
+    finally:
+        bar.close()
+    decoded = [tok.decode(ids, skip_special_tokens=True) for ids in out_ids]
+    return Generations(prompts, texts, decoded, out_ids)
