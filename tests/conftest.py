@@ -11,7 +11,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("INTERP_SHARED", REPO.parent / "shared"))
 
-torch.set_num_threads(min(2, os.cpu_count() or 1))
+torch.set_num_threads(1)  # tiny models: one thread beats two (no sync overhead, no oversubscription)
 
 
 def shared_path(*parts: str) -> Path:
