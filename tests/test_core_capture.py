@@ -99,11 +99,12 @@ def test_matches_transformer_lens_run_with_cache(tiny_models, family):
 
 
 @pytest.mark.parametrize("family", ["llama", "gpt2", "qwen2_moe", "gemma3_text"])
-def test_matches_nnsight_trace(tiny_models, family):
+def test_matches_nnsight_trace(family):
     from interp.arch import get_module
     from interp.oracles import nnsight_model
+    from interp.tiny import tiny_model
 
-    m = tiny_models(family)
+    m = tiny_model(family)  # a model of its own: nnsight leaves its wrapper hooks on the modules
     nn_model = nnsight_model(m)
     blocks = nn_model
     for part in m.spec.layers.split("."):
