@@ -8,24 +8,16 @@ float32 whatever the storage dtype.
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
+
+from interp._triton import triton_available  # noqa: F401  (re-exported)
+from interp._triton import triton_interpret as _interpret
 
 BLOCK_M = 32
 BLOCK_D = 64
 
 
-def triton_available() -> bool:
-    try:
-        import triton  # noqa: F401
-    except Exception:
-        return False
-    return True
-
-
-def _interpret() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "yes", "on")
 
 
 @functools.lru_cache(maxsize=2)

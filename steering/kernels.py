@@ -10,24 +10,16 @@ first use runs it on CPU tensors, which is how the tests check it without a GPU.
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 from torch import Tensor
 
+from interp._triton import triton_available  # noqa: F401  (re-exported)
+from interp._triton import triton_interpret as _interpret
+
 MAX_K = 16
 
 
-def triton_available() -> bool:
-    try:
-        import triton  # noqa: F401
-    except Exception:
-        return False
-    return True
-
-
-def _interpret() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "yes", "on")
 
 
 @functools.lru_cache(maxsize=2)
