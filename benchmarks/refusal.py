@@ -17,6 +17,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import machine, table  # noqa: E402
 
+_here = Path(__file__).resolve().parent  # benchmarks/steering.py would otherwise shadow the steering package
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _here]
+
 import interp  # noqa: E402
 import steering  # noqa: E402
 from interp.data import load_prompts  # noqa: E402
@@ -57,8 +60,10 @@ def run(name: str, label: str, layers: list[int] | None, n_prompts: int, max_row
     s = interp.capture(model, safe, **kw).tensor
     P = min(h.shape[2], s.shape[2])
     raw = (h[:, :, -P:].mean(0) - s[:, :, -P:].mean(0)).reshape(-1, model.d_model)
-    units = torch.nn.functional.normalize(raw, dim=-1)
     cand_layers = torch.tensor(layers).repeat_interleave(P)
+    keep = raw.norm(dim=-1) > 1e-6  # layer-0 template tokens are identical across prompts: no direction there
+    raw, cand_layers = raw[keep], cand_layers[keep]
+    units = torch.nn.functional.normalize(raw, dim=-1)
     toks = S.refusal_tokens([model.tokenizer.encode("I", add_special_tokens=False)[0]], [])  # any fixed token set
     prompts = {"harmful": harm, "harmless": safe}
     t0 = time.perf_counter()
@@ -87,7 +92,7 @@ def main() -> None:
                             args.prompts // 2, 64))
     text = table("Refusal candidate scoring (bypass + induce): batched vs one forward per candidate per prompt", rows,
                  list(rows[0]))
-    text += f"\nMachine: {machine()}. Command: `python benchmarks/refusal.py --prompts {args.prompts}`.\n"
+    text += f"\nMachine: {machine()}. Command: `python benchmarks/refusal.py --models {args.models} --prompts {args.prompts}`.\n"
     print(text)
     Path(args.out).write_text(text)
 
