@@ -1,0 +1,23 @@
+"""Concatenate the per-area result files (RESULTS_<area>.md, written by each benchmark) into RESULTS.md."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ORDER = ["capture", "probes", "steering", "refusal", "sae", "patching"]
+
+
+def main() -> None:
+    parts = ["# Benchmark results\n",
+             "Each section is the latest table of one benchmark, with the command that produced it. Ratios come "
+             "from interleaved runs in one process; absolute times on a shared 2-core machine are noise.\n"]
+    for area in ORDER:
+        f = HERE / f"RESULTS_{area}.md"
+        parts.append(f"\n## {area}\n\n" + (f.read_text().strip() + "\n" if f.exists() else
+                                           f"Not run yet: `python benchmarks/{area}.py`.\n"))
+    (HERE / "RESULTS.md").write_text("".join(parts))
+
+
+if __name__ == "__main__":
+    main()
