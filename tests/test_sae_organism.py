@@ -14,12 +14,13 @@ SITE = "blocks.1.hook_resid_post"  # the input of layer 2, where the organism's 
 def _need_organism():
     for name in ("organism", "organism-base"):
         if not (REPO / "interp" / "embedded" / name / "config.json").exists():
-            pytest.skip(f"the embedded {name} checkpoint is not in this checkout yet (interp/embedded/{name}); "
-                        f"train it with `python -m interp.organism.train --out interp/embedded`")
+            pytest.fail(f"the embedded {name} checkpoint is missing (interp/embedded/{name}); "
+                        f"regenerate it with `python -m interp.organism.train --out interp/embedded --overwrite`")
     from interp.data import available_prompt_sets
 
     if "organism_harmful_train" not in available_prompt_sets():
-        pytest.skip("the organism prompt sets (interp/data/prompts/organism_*.jsonl) are not in this checkout yet")
+        pytest.fail("the organism prompt sets (interp/data/prompts/organism_*.jsonl) are missing; regenerate them "
+                    "with `python -m interp.organism.data --out interp/data/prompts --overwrite`")
 
 
 @pytest.fixture(scope="module")
