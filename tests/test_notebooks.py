@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from .conftest import REPO
@@ -14,6 +16,7 @@ def test_notebook_executes(path, tmp_path):
     import nbformat
     from nbclient import NotebookClient
 
+    os.environ["OMP_NUM_THREADS"] = "1"  # the kernel inherits it: tiny models run faster on one thread
     nb = nbformat.read(path, as_version=4)
     client = NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}})
     client.execute()
