@@ -125,7 +125,7 @@ def main() -> None:
             rows += run(m, "SmolLM2-135M-Instruct", args.rounds, args.batch_size)
     cols = ["model", "positions", "method", "median s", "ours / this", "peak RSS growth MB", "result MB"]
     text = table("Capture: residual stream at every layer, 64 prompts, batch 16", rows, cols)
-    text += f"\nMachine: {machine()}. Command: `python benchmarks/capture.py --rounds {args.rounds}`.\n"
+    text += f"\nMachine: {machine()}. Command: `python benchmarks/capture.py --models {args.models} --rounds {args.rounds}`.\n"
     text += ("`ours / this` < 1 means we are faster than that method; against the plain forward the target is "
              "<= 1.10.\n")
     print(text)
