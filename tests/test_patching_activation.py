@@ -15,14 +15,6 @@ CLEAN = ["the man is big", "a man can go home", "you are here now"]
 CORRUPT = ["the boy is small", "a boy can see home", "we are there now"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny models: threads only add contention on shared CPUs
-    yield
-    torch.set_num_threads(n)
-
-
 def _setup(family: str, n_layers: int = 2):
     m = tiny_model(family, n_layers=n_layers)
     tok = m.tokenizer

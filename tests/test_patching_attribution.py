@@ -17,14 +17,6 @@ CORRUPT = ["the boy is small", "a boy can see home", "we are there now"]
 ORGANISM = Path(__file__).resolve().parents[1] / "interp" / "embedded"
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def _metric(m):
     tok = m.tokenizer
     return logit_diff(tok.convert_tokens_to_ids("the"), tok.convert_tokens_to_ids("a"))

@@ -26,14 +26,6 @@ from interp.tiny import FAMILIES, tiny_model
 PROMPTS = ["the man is here", "a boy can see the water and the sound", "what is your name"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def _with_biases(family: str):
     m = tiny_model(family)
     g = torch.Generator().manual_seed(1)

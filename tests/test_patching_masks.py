@@ -12,14 +12,6 @@ from interp.tiny import tiny_model
 PROMPTS = ["the man is here", "a boy can see the water", "you are there now", "what is the name of it"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def _change_metric(m):
     with torch.no_grad():
         ref = last_logits(m, inputs(m, encode_prompts(m, PROMPTS)))

@@ -12,14 +12,6 @@ from interp.tiny import tiny_model
 ALL = ["block", "embed", "final_norm", "unembed"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def _logits(m, ids):
     with torch.no_grad():
         return m.hf(input_ids=ids).logits

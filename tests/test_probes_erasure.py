@@ -8,14 +8,6 @@ import probes
 from probes.erasure import _trace_mix
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def correlated(n=600, L=3, d=20, seed=0, dtype=torch.float64, k=2):
     g = torch.Generator().manual_seed(seed)
     A = torch.randn(L, d, d, generator=g, dtype=dtype) * torch.logspace(-1, 0.5, d, dtype=dtype)

@@ -10,15 +10,6 @@ import probes
 from probes.logistic import solve_logistic
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Many tiny batched solves: on a shared 2-core box, one BLAS thread avoids oversubscription stalls."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def anisotropic(n=800, L=3, d=24, seed=0, signal=1.0):
     g = torch.Generator().manual_seed(seed)
     Q = torch.linalg.qr(torch.randn(d, d, generator=g))[0]

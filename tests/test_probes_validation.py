@@ -10,14 +10,6 @@ import probes
 from probes.metrics import average_ranks
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def planted(n=600, L=3, d=24, signal=3.0, seed=0):
     g = torch.Generator().manual_seed(seed)
     u = torch.randn(L, d, generator=g)
