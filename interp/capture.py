@@ -17,36 +17,13 @@ import torch
 from tqdm.auto import tqdm
 
 from interp.activations import Activations
-from interp.chat import Batch, collate, encode, format_prompts
+from interp.chat import Batch
+from interp.forward import batches, prepare
 from interp.hooks import HookContext, StopForward, hooks
 from interp.models import Model
 from interp.positions import describe, plan
 from interp.sites import Site, expand_sites
 from interp.store import ActivationStore
-
-
-def prepare(model: Model, prompts: Sequence[str], chat: bool = True, responses: Sequence[str] | None = None,
-            system: str | None = None) -> tuple[list[str], list]:
-    """Format and tokenise prompts once; returns the formatted texts and their encodings."""
-    if isinstance(prompts, str):
-        raise TypeError("prompts must be a list of strings, not a single string; wrap it in a list")
-    prompts = list(prompts)
-    texts = format_prompts(model, prompts, system=system, chat=chat)
-    if responses is not None and len(responses) != len(prompts):
-        raise ValueError(f"{len(responses)} responses for {len(prompts)} prompts")
-    encs = encode(model, texts, instructions=prompts, responses=list(responses) if responses is not None else None,
-                  add_special_tokens=not chat)
-    max_len = model.max_length
-    for i, e in enumerate(encs):
-        if max_len is not None and len(e.ids) > max_len:
-            raise ValueError(f"prompt {i} has {len(e.ids)} tokens but the model's context is {max_len} tokens; "
-                             f"shorten it or drop it")
-    return texts, encs
-
-
-def batches(model: Model, encs: list, batch_size: int) -> list[Batch]:
-    pad = model.tokenizer.pad_token_id if model.tokenizer is not None and model.tokenizer.pad_token_id is not None else 0
-    return [collate(encs[i:i + batch_size], pad) for i in range(0, len(encs), batch_size)]
 
 
 def run_batch(model: Model, batch: Batch, sites: list[Site], rule: Any, out_dtype: torch.dtype,

@@ -128,7 +128,7 @@ def resolve_name(name_or_path: str) -> tuple[str, dict[str, Any]]:
         folder = EMBEDDED_DIR / EMBEDDED[name_or_path]
         if not (folder / "config.json").exists():
             raise FileNotFoundError(f"embedded model {name_or_path!r} is missing at {folder}; regenerate it with "
-                                    f"`python -m interp.organism.train --out {EMBEDDED_DIR}`")
+                                    f"`python -m organism.train --out {EMBEDDED_DIR}`")
         return str(folder), {}
     if name_or_path.lower() in PYPI_GGUF:
         pkg, fname = PYPI_GGUF[name_or_path.lower()]

@@ -12,6 +12,7 @@ tensor ``X [n, n_layers, d]`` with labels ``y [n]``. Fitted objects record which
     erased = probes.erasure_cv(acts, eraser="leace")                # does it survive erasure (fitted in folds)?
 """
 
+from evals.metrics import accuracy, auroc, cohens_d
 from probes.compare import Signature, compare_directions, cosine_by_layer, cosine_matrix, project, signature
 from probes.directions import (
     diff_of_means,
@@ -26,7 +27,6 @@ from probes.erasure import INLPEraser, LeaceEraser, fit_inlp, fit_leace
 from probes.folds import Fold, make_folds
 from probes.graded import GradedDirection, graded_direction
 from probes.logistic import LogisticProbe, fit_logistic, l2_from_C, sklearn_C
-from probes.metrics import accuracy, auroc, cohens_d
 from probes.objects import Direction, Subspace
 from probes.subspace import category_subspace, mean_diff_subspace, pca_subspace
 from probes.transfer import (

@@ -112,7 +112,7 @@ class Signature:
         return pd.DataFrame(rows)
 
     def plot(self, layer: int = -1, stat: str = "mean", title: str | None = None) -> Any:
-        from interp.plot.probes import signature_heatmap
+        from viz.probes import signature_heatmap
 
         j = layer % len(self.sites)
         i = self.STAT_NAMES.index(stat)

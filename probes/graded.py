@@ -8,9 +8,9 @@ from typing import Any
 
 import torch
 
+from evals.metrics import average_ranks, cohens_d_groups
 from probes._checks import as_data
 from probes._linalg import class_means, top_components
-from probes.metrics import average_ranks, cohens_d_groups
 from probes.objects import Direction
 
 
@@ -51,7 +51,7 @@ class GradedDirection:
         return pd.DataFrame(rows)
 
     def plot(self, title: str | None = None) -> Any:
-        from interp.plot.probes import graded_levels
+        from viz.probes import graded_levels
 
         return graded_levels(self.level_means, self.adjacent_d, [str(x) for x in self.levels], self.sites,
                              title=title or "level means along the graded direction")

@@ -8,11 +8,11 @@ from typing import Any
 
 import torch
 
+from evals.metrics import accuracy, auroc, cohens_d
 from probes._checks import as_data, encode_labels
 from probes.erasure import fit_inlp, fit_leace
 from probes.folds import make_folds, masks
 from probes.logistic import solve_logistic
-from probes.metrics import accuracy, auroc, cohens_d
 from probes.objects import Subspace
 from probes.validation import ProbeScores, check_no_overlap
 
@@ -51,7 +51,7 @@ class TransferScores:
         return pd.DataFrame(rows)
 
     def plot(self, layer: int | None = None, title: str | None = None) -> Any:
-        from interp.plot.probes import transfer_heatmap
+        from viz.probes import transfer_heatmap
 
         j = self.best_layer() if layer is None else layer
         return transfer_heatmap(self.matrix[:, :, j], self.datasets, lodo=self.lodo[:, j],
@@ -131,7 +131,7 @@ class ErasureScores:
         return pd.concat([a, b], ignore_index=True)
 
     def plot(self, metric: str = "accuracy", title: str | None = None) -> Any:
-        from interp.plot.probes import layer_scores
+        from viz.probes import layer_scores
 
         return layer_scores({f"before ({metric})": getattr(self.before, metric),
                              f"after {self.eraser} ({metric})": getattr(self.after, metric)}, self.before.sites,
@@ -207,7 +207,7 @@ class AblationScores:
         return pd.DataFrame(rows)
 
     def plot(self, layer: int | None = None, title: str | None = None) -> Any:
-        from interp.plot.probes import rank_curve
+        from viz.probes import rank_curve
 
         j = int(self.auroc[0].mean(0).argmax()) if layer is None else layer
         return rank_curve(self.ranks, self.accuracy[:, :, j], self.auroc[:, :, j],

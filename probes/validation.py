@@ -11,11 +11,11 @@ from typing import Any
 
 import torch
 
+from evals.metrics import accuracy, auroc, cohens_d
 from probes._checks import ProbeData, as_data
 from probes.directions import fit_direction
 from probes.folds import Fold, make_folds, masks
 from probes.logistic import l2_from_C, solve_logistic
-from probes.metrics import accuracy, auroc, cohens_d
 from probes.objects import Direction, _as_tensor
 
 
@@ -86,7 +86,7 @@ class ProbeScores:
         return pd.DataFrame(rows)
 
     def plot(self, metrics: tuple[str, ...] = ("accuracy", "auroc"), title: str | None = None) -> Any:
-        from interp.plot.probes import layer_scores
+        from viz.probes import layer_scores
 
         data = {m: getattr(self, m) for m in metrics if getattr(self, m) is not None}
         if self.control_accuracy is not None and "accuracy" in metrics:
@@ -193,7 +193,7 @@ class DirectionScores:
                              "method": self.method})
 
     def plot(self, title: str | None = None) -> Any:
-        from interp.plot.probes import layer_scores
+        from viz.probes import layer_scores
 
         return layer_scores({"auroc": self.auroc[None], "cohens_d": self.cohens_d[None]}, self.sites,
                             title=title or f"{self.method} direction: scores by layer")

@@ -35,7 +35,7 @@ def token_batches(model: Any, inputs: Sequence[str] | torch.Tensor, batch_size: 
             pos = torch.arange(ids.shape[1], device=dev).expand_as(ids)
             yield TokenBatch({"input_ids": ids, "attention_mask": mask, "position_ids": pos}, mask.bool())
         return
-    from interp.capture import batches, prepare
+    from interp.forward import batches, prepare
 
     _, encs = prepare(model, list(inputs), chat=chat)
     for b in batches(model, encs, batch_size):

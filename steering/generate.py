@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from interp.capture import batches, prepare
+from interp.forward import batches, prepare
 from interp.models import Model
 from steering._checks import check_finite
 from steering.apply import apply

@@ -25,7 +25,7 @@ def shared_path(*parts: str) -> Path:
 @pytest.fixture(scope="session")
 def tiny_models():
     """Cache of tiny models by family, built once per session."""
-    from interp.tiny import tiny_model
+    from interp.testing.tiny import tiny_model
 
     cache: dict[str, object] = {}
 

@@ -7,7 +7,7 @@ import torch
 
 from interp.capture import capture
 from interp.chat import format_prompts
-from interp.tiny import FAMILIES
+from interp.testing.tiny import FAMILIES
 
 PROMPTS = ["the man said to the boy", "what is the good word", "help", "where is the old house by the water now ?"]
 
@@ -82,7 +82,7 @@ def test_gpt2_positions_are_not_shifted_by_padding(tiny_models):
 
 @pytest.mark.parametrize("family", ["gpt2", "llama", "mistral", "qwen2"])
 def test_matches_transformer_lens_run_with_cache(tiny_models, family):
-    from interp.oracles import transformer_lens_model
+    from interp.testing.oracles import transformer_lens_model
 
     m = tiny_models(family)
     tl = transformer_lens_model(m)
@@ -101,8 +101,8 @@ def test_matches_transformer_lens_run_with_cache(tiny_models, family):
 @pytest.mark.parametrize("family", ["llama", "gpt2", "qwen2_moe", "gemma3_text"])
 def test_matches_nnsight_trace(family):
     from interp.arch import get_module
-    from interp.oracles import nnsight_model
-    from interp.tiny import tiny_model
+    from interp.testing.oracles import nnsight_model
+    from interp.testing.tiny import tiny_model
 
     m = tiny_model(family)  # a model of its own: nnsight leaves its wrapper hooks on the modules
     nn_model = nnsight_model(m)
@@ -168,7 +168,8 @@ def test_dtype_control_and_labels(tiny_models):
 
 def test_early_stop_matches_full_forward(tiny_models):
     """Stopping the forward after the last requested site gives the same numbers as a full pass."""
-    from interp.capture import batches, prepare, run_batch
+    from interp.capture import run_batch
+    from interp.forward import batches, prepare
     from interp.sites import expand_sites
 
     m = tiny_models("llama")

@@ -148,7 +148,7 @@ def test_activations_save_load_roundtrip(tiny_models, tmp_path):
 
 BOUNDED = textwrap.dedent("""
     import resource, sys, torch
-    from interp.tiny import tiny_model
+    from interp.testing.tiny import tiny_model
     from interp.capture import capture
     from interp.store import ActivationStore
     torch.set_num_threads(1)

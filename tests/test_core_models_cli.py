@@ -12,7 +12,7 @@ import torch
 import interp
 from interp.arch import SPECS, register_spec, spec_for
 from interp.capture import capture
-from interp.tiny import FAMILIES, MOE_FAMILIES, tiny_config, tiny_model
+from interp.testing.tiny import FAMILIES, MOE_FAMILIES, tiny_config, tiny_model
 
 from .conftest import REPO, shared_path
 
@@ -151,13 +151,13 @@ def test_smollm2_loads_and_captures():
 def test_embedded_default_loads():
     folder = REPO / "interp" / "embedded" / "organism"
     if not (folder / "config.json").exists():
-        pytest.fail("the embedded organism is missing; run python -m interp.organism.train")
+        pytest.fail("the embedded organism is missing; run python -m organism.train")
     m = interp.load_model("organism")
     assert m.spec.family == "llama" and interp.format_prompts(m, ["hi"])[0]
 
 
 def _cli(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "interp.cli", *args], capture_output=True, text=True, cwd=cwd)
+    return subprocess.run([sys.executable, "-m", "interp_cli.main", *args], capture_output=True, text=True, cwd=cwd)
 
 
 def test_cli_info_and_capture(tmp_path):

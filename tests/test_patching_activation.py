@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from interp.hooks import hooks
-from interp.patching import Patch, logit_diff, make_pairs, patch, sweep_heads, sweep_layers, sweep_positions
-from interp.patching.runs import inputs, last_logits
-from interp.tiny import tiny_model
+from interp.testing.tiny import tiny_model
+from patching import Patch, logit_diff, make_pairs, patch, sweep_heads, sweep_layers, sweep_positions
+from patching.runs import inputs, last_logits
 
 CLEAN = ["the man is big", "a man can go home", "you are here now"]
 CORRUPT = ["the boy is small", "a boy can see home", "we are there now"]
@@ -158,8 +158,8 @@ def test_bad_input():
 @pytest.mark.parametrize("family", ["llama", "gpt2", "gpt_neox", "gemma2", "olmo2", "qwen3_moe"])
 def test_prefix_reuse_matches_full_forwards(family):
     """Recomputing only the columns from the first patched one gives the same metrics (padded batch)."""
-    from interp.patching.activation import Edit, prepare_patching, run_variants, target_prefix
     from interp.sites import Site
+    from patching.activation import Edit, prepare_patching, run_variants, target_prefix
 
     m = tiny_model(family)
     tok = m.tokenizer

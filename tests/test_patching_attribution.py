@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch.nn as nn
 
-from interp.patching import attribute, compare_attribution, logit_diff, make_pairs
-from interp.tiny import tiny_model
+from interp.testing.tiny import tiny_model
+from patching import attribute, compare_attribution, logit_diff, make_pairs
 
 CLEAN = ["the man is big", "a man can go home", "you are here now"]
 CORRUPT = ["the boy is small", "a boy can see home", "we are there now"]
@@ -92,11 +92,11 @@ def test_bad_metric():
 
 
 @pytest.mark.skipif(not (ORGANISM / "organism" / "config.json").exists(),
-                    reason="the organism checkpoint is not in interp/embedded yet (python -m interp.organism.train)")
+                    reason="the organism checkpoint is not in interp/embedded yet (python -m organism.train)")
 def test_correlates_on_organism():
     from interp import load_model
     from interp.data import load_prompts
-    from interp.patching import refusal_score, refusal_token_ids
+    from patching import refusal_score, refusal_token_ids
 
     m = load_model("organism")
     harmful = [r["instruction"] if isinstance(r, dict) else r for r in load_prompts("organism_harmful_val")][:8]

@@ -6,7 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from interp.patching import (
+from interp.sites import Site
+from interp.testing.tiny import FAMILIES, tiny_model
+from patching import (
     ablate_heads,
     ablate_neurons,
     head_ablation_sweep,
@@ -19,9 +21,7 @@ from interp.patching import (
     neuron_contrast,
     neuron_means,
 )
-from interp.patching.runs import encode_prompts, inputs, last_logits, run_with_capture
-from interp.sites import Site
-from interp.tiny import FAMILIES, tiny_model
+from patching.runs import encode_prompts, inputs, last_logits, run_with_capture
 
 PROMPTS = ["the man is here", "a boy can see the water and the sound", "what is your name"]
 

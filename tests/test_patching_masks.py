@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from interp.patching import learn_mask, logit_diff
-from interp.patching.runs import encode_prompts, inputs, last_logits
-from interp.tiny import tiny_model
+from interp.testing.tiny import tiny_model
+from patching import learn_mask, logit_diff
+from patching.runs import encode_prompts, inputs, last_logits
 
 PROMPTS = ["the man is here", "a boy can see the water", "you are there now", "what is the name of it"]
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from interp.patching import Patch, logit_diff, make_pairs, patch, path_patch, path_patch_sweep
-from interp.patching.path import _stages, parse_component
-from interp.tiny import tiny_model
+from interp.testing.tiny import tiny_model
+from patching import Patch, logit_diff, make_pairs, patch, path_patch, path_patch_sweep
+from patching.path import _stages, parse_component
 
 CLEAN = ["the man is big", "a man can go home", "you are here now"]
 CORRUPT = ["the boy is small", "a boy can see home", "we are there now"]

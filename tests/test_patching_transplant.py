@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from interp.patching import check_compatible, greedy_transplant, transplant, transplanted
-from interp.tiny import tiny_model
+from interp.testing.tiny import tiny_model
+from patching import check_compatible, greedy_transplant, transplant, transplanted
 
 ALL = ["block", "embed", "final_norm", "unembed"]
 

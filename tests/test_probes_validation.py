@@ -7,7 +7,7 @@ from scipy.stats import rankdata
 from sklearn.metrics import roc_auc_score
 
 import probes
-from probes.metrics import average_ranks
+from evals.metrics import average_ranks
 
 
 def planted(n=600, L=3, d=24, signal=3.0, seed=0):

@@ -10,16 +10,16 @@ import time
 import pytest
 import torch
 
-from interp.pipelines import refusal_scoring as S
-from interp.pipelines.refusal import RefusalConfig, run_refusal
-from interp.tiny import tiny_model
+from interp.testing.tiny import tiny_model
+from pipelines.refusal import scoring as S
+from pipelines.refusal.run import RefusalConfig, run_refusal
 
 from .conftest import REPO, shared_path
 
 
 def _organism_present() -> None:
     if not (REPO / "interp" / "embedded" / "organism" / "config.json").exists():
-        pytest.fail("the embedded organism is missing; regenerate it with python -m interp.organism.train")
+        pytest.fail("the embedded organism is missing; regenerate it with python -m organism.train")
 
 
 @pytest.fixture(scope="module")
@@ -160,11 +160,11 @@ def test_no_chat_template_fallback_is_stated(tmp_path):
 
 
 def test_cli_refusal_bad_input_and_help(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "interp.cli", "refusal", "--help"], capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-m", "interp_cli.main", "refusal", "--help"], capture_output=True, text=True)
     assert r.returncode == 0 and "--harmful" in r.stdout
     empty = tmp_path / "e.jsonl"
     empty.write_text("")
-    r = subprocess.run([sys.executable, "-m", "interp.cli", "refusal", "--harmful", str(empty), "--out",
+    r = subprocess.run([sys.executable, "-m", "interp_cli.main", "refusal", "--harmful", str(empty), "--out",
                         str(tmp_path / "o")], capture_output=True, text=True)
     assert r.returncode == 2 and "no prompts" in r.stderr
 
@@ -173,8 +173,8 @@ def test_cli_refusal_bad_input_and_help(tmp_path):
 def test_smollm2_harmfulness_direction_separates_held_out(tmp_path):
     """SmolLM2 does not refuse, but the difference-of-means direction separates harmful from harmless."""
     import interp
+    from evals.metrics import auroc
     from probes.directions import diff_of_means
-    from probes.metrics import auroc
 
     harmful_file = shared_path("data", "refusal", "harmful_train.json")
     rows = json.loads(harmful_file.read_text())

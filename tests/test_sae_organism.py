@@ -15,12 +15,12 @@ def _need_organism():
     for name in ("organism", "organism-base"):
         if not (REPO / "interp" / "embedded" / name / "config.json").exists():
             pytest.fail(f"the embedded {name} checkpoint is missing (interp/embedded/{name}); "
-                        f"regenerate it with `python -m interp.organism.train --out interp/embedded --overwrite`")
+                        f"regenerate it with `python -m organism.train --out interp/embedded --overwrite`")
     from interp.data import available_prompt_sets
 
     if "organism_harmful_train" not in available_prompt_sets():
         pytest.fail("the organism prompt sets (interp/data/prompts/organism_*.jsonl) are missing; regenerate them "
-                    "with `python -m interp.organism.data --out interp/data/prompts --overwrite`")
+                    "with `python -m organism.data --out interp/data/prompts --overwrite`")
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +49,7 @@ def setup():
 
 
 def test_diffed_latents_separate_and_their_ablation_lowers_refusal(setup):
-    from interp.evaluate import refusal_rate
+    from evals.judge import refusal_rate
     from sae.analysis import auroc, diff_latents, encode_tokens
     from sae.interventions import LatentAblation
     from sae.metrics import evaluate

@@ -13,7 +13,7 @@ import torch.nn as nn
 import steering
 from interp.capture import capture
 from interp.models import from_hf
-from interp.tiny import FAMILIES, tiny_model
+from interp.testing.tiny import FAMILIES, tiny_model
 
 INEXACT = ("gemma2", "gemma3_text", "olmo2")
 IDS = torch.randint(7, 200, (2, 12), generator=torch.Generator().manual_seed(0))

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import steering
-from interp.capture import batches, prepare
-from interp.tiny import tiny_model
+from interp.forward import batches, prepare
+from interp.testing.tiny import tiny_model
 
 PROMPTS = ["the man is here", "a boy", "what is the time of day for the old man", "you can go"]
 

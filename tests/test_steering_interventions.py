@@ -11,7 +11,7 @@ import torch
 import steering
 from interp.capture import capture
 from interp.hooks import count_hooks, hooks
-from interp.tiny import tiny_model
+from interp.testing.tiny import tiny_model
 
 PROMPTS = ["the man is here", "a boy", "what is the time of day for the old man"]
 SITES = ["resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out"]

@@ -139,7 +139,7 @@ def test_torch_fallback_matches_float64_reference(dtype, seed):
 def test_cpu_dispatch_is_torch_and_triton_stays_unimported():
     x = torch.randn(4, 8)
     assert pick_backend(x, 3) == "torch"
-    code = ("import sys, torch, steering\nfrom interp.tiny import tiny_model\nm = tiny_model('llama')\n"
+    code = ("import sys, torch, steering\nfrom interp.testing.tiny import tiny_model\nm = tiny_model('llama')\n"
             "with steering.apply(m, steering.DirectionalAblation(torch.randn(m.d_model))):\n"
             "    m.hf(torch.tensor([[5, 6, 7]]))\n"
             "print('kernels' if 'steering.kernels' in sys.modules else 'lazy')\n")

@@ -1,0 +1,99 @@
+"""The one forward/batching layer: prompts -> encodings -> left-padded batches -> a forward pass.
+
+Every floor runs the model through these: ``prepare`` (format and tokenise once), ``batches`` (left-pad
+with the one pad-id rule), ``forward`` (hooks attached, optional early stop, full or last-position logits)
+and ``last_logits``. ``position_ids`` always come from the attention mask (see :mod:`interp.chat`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import nullcontext
+from typing import Any
+
+import torch
+
+from interp.chat import Batch, Encoded, collate, encode, format_prompts
+from interp.hooks import StopForward, hooks
+from interp.models import Model
+
+
+def pad_id(tokenizer: Any) -> int:
+    """The id used for left padding: the tokenizer's pad token, else its end-of-sequence token, else 0.
+
+    Padded positions are masked out, so the value never changes a real token's activations."""
+    for name in ("pad_token_id", "eos_token_id"):
+        v = getattr(tokenizer, name, None) if tokenizer is not None else None
+        if isinstance(v, (list, tuple)):
+            v = v[0] if v else None
+        if v is not None:
+            return int(v)
+    return 0
+
+
+def prepare(model: Model, prompts: Sequence[str], chat: bool = True, responses: Sequence[str] | None = None,
+            system: str | None = None) -> tuple[list[str], list[Encoded]]:
+    """Format (chat template unless ``chat=False``) and tokenise prompts once; ``(texts, encodings)``."""
+    if isinstance(prompts, str):
+        raise TypeError("prompts must be a list of strings, not a single string; wrap it in a list")
+    prompts = list(prompts)
+    texts = format_prompts(model, prompts, system=system, chat=chat)
+    if responses is not None and len(responses) != len(prompts):
+        raise ValueError(f"{len(responses)} responses for {len(prompts)} prompts")
+    encs = encode(model, texts, instructions=prompts, responses=list(responses) if responses is not None else None,
+                  add_special_tokens=not chat)
+    max_len = model.max_length
+    for i, e in enumerate(encs):
+        if max_len is not None and len(e.ids) > max_len:
+            raise ValueError(f"prompt {i} has {len(e.ids)} tokens but the model's context is {max_len} tokens; "
+                             f"shorten it or drop it")
+    return texts, encs
+
+
+def batches(model: Model, encs: Sequence[Encoded], batch_size: int) -> list[Batch]:
+    """Left-padded batches of ``batch_size`` encodings (the last may be smaller)."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    pad = pad_id(model.tokenizer)
+    encs = list(encs)
+    return [collate(encs[i:i + batch_size], pad, max_length=model.max_length) for i in range(0, len(encs), batch_size)]
+
+
+def forward(model: Model, batch: Batch, hook_fns: Any = (), *, logits: str | None = "all",
+            grad: bool = False, repeat: int = 1) -> torch.Tensor | None:
+    """One forward pass of ``batch`` with ``hook_fns`` (``{site: fn}`` or ``[(site, fn)]``) attached.
+
+    ``logits``: ``"all"`` -> ``[B, T, V]``; ``"last"`` -> ``[B, V]`` (only the last position is unembedded;
+    padding is on the left so it is every row's last real token); ``None`` -> no logits are needed, and a hook
+    may raise :class:`~interp.hooks.StopForward` to end the pass early (returns ``None``). Logits are float32
+    on the model's device. ``repeat`` stacks the batch that many times (batched candidate scoring).
+    """
+    if logits not in ("all", "last", None):
+        raise ValueError(f"logits must be 'all', 'last' or None, got {logits!r}")
+    dev = model.device
+    inputs = {k: v.to(dev).repeat(repeat, *([1] * (v.dim() - 1))) for k, v in batch.model_inputs.items()}
+    kw: dict[str, Any] = {"use_cache": False}
+    if logits == "last":
+        kw["logits_to_keep"] = 1
+    grad_ctx = nullcontext() if grad else torch.inference_mode()
+    with grad_ctx, hooks(model, hook_fns):
+        try:
+            out = model.hf(**inputs, **kw)
+        except StopForward:
+            if logits is not None:
+                raise RuntimeError("a hook stopped the forward pass but logits were asked for; pass logits=None") from None
+            return None
+    if logits is None:
+        return None
+    return out.logits[:, -1].float() if logits == "last" else out.logits.float()
+
+
+def last_logits(model: Model, batch: Batch, hook_fns: Any = (), grad: bool = False, repeat: int = 1
+                ) -> torch.Tensor:
+    """Next-token logits at every row's last prompt token, ``[B * repeat, vocab]`` float32 (model's device)."""
+    out = forward(model, batch, hook_fns, logits="last", grad=grad, repeat=repeat)
+    assert out is not None
+    return out
+
+
+__all__ = ["batches", "forward", "last_logits", "pad_id", "prepare"]

@@ -1,1 +1,0 @@
-"""Plotly figures for every stage; each topic lives in its own module (imported lazily by callers)."""

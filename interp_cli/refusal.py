@@ -1,0 +1,113 @@
+"""``interp refusal``: the refusal-direction analysis from the command line, with a live stage display."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+STAGES = ("refusal tokens", "candidates", "scoring", "evaluation", "subspaces", "report")
+
+
+def add_refusal_parser(sub: Any, model_args: Any) -> None:
+    p = sub.add_parser("refusal", help="find, test and bake the refusal direction (Arditi et al. 2024)")
+    model_args(p)
+    p.add_argument("--harmful", default=None, help="CSV/JSON/JSONL/text file of harmful instructions "
+                   "(default: the organism's own prompt sets)")
+    p.add_argument("--harmless", default=None, help="file of harmless instructions (default: the project's own)")
+    p.add_argument("--column", default=None, help="column/key of the harmful file's instruction")
+    p.add_argument("--harmless-column", default=None, help="column/key of the harmless file (default: --column)")
+    p.add_argument("--out", default="runs/refusal", help="run folder (resumable; another run's folder is refused)")
+    p.add_argument("--overwrite", action="store_true", help="replace another run's outputs in --out")
+    p.add_argument("--n-train", type=int, default=64)
+    p.add_argument("--n-val", type=int, default=32)
+    p.add_argument("--n-test", type=int, default=64)
+    p.add_argument("--kl-threshold", type=float, default=0.1)
+    p.add_argument("--prune-layer-fraction", type=float, default=0.2)
+    p.add_argument("--induce-threshold", type=float, default=0.0)
+    p.add_argument("--max-new-tokens", type=int, default=24)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--max-rows", type=int, default=256, help="rows per forward when scoring candidates")
+    p.add_argument("--subspace-rank", type=int, default=8)
+    p.add_argument("--layers", default=None, help="comma-separated candidate layers (default: all)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--save-model", action="store_true", help="also save the baked (direction-ablated) model")
+    p.set_defaults(func=cmd_refusal)
+
+
+def cmd_refusal(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.live import Live
+    from rich.table import Table
+
+    from pipelines.refusal.run import RefusalConfig, run_refusal
+
+    cfg = RefusalConfig(model=args.model, harmful=args.harmful, harmless=args.harmless, column=args.column,
+                        harmless_column=args.harmless_column, n_train=args.n_train, n_val=args.n_val,
+                        n_test=args.n_test, kl_threshold=args.kl_threshold,
+                        prune_layer_fraction=args.prune_layer_fraction, induce_threshold=args.induce_threshold,
+                        max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, max_rows=args.max_rows,
+                        subspace_rank=args.subspace_rank, seed=args.seed, dtype=args.dtype, device=args.device,
+                        layers=[int(x) for x in args.layers.split(",")] if args.layers else None,
+                        save_model=args.save_model)
+    con = Console()
+    state = {s: ("waiting", None) for s in STAGES}
+    t_start = time.perf_counter()
+
+    def render() -> Table:
+        t = Table(title=f"interp refusal: {cfg.model} -> {args.out}")
+        t.add_column("stage")
+        t.add_column("status")
+        t.add_column("seconds", justify="right")
+        for s in STAGES:
+            st, sec = state[s]
+            t.add_row(s, st, "" if sec is None else f"{sec:.1f}")
+        return t
+
+    started: dict[str, float] = {}
+    with Live(render(), console=con, refresh_per_second=4, transient=False) as live:
+        def progress(stage: str, status: str) -> None:
+            if stage not in state:
+                state[stage] = ("waiting", None)
+            if status == "start":
+                started[stage] = time.perf_counter()
+                state[stage] = ("running", None)
+            elif status == "cached":
+                state[stage] = ("cached (resumed)", None)
+            else:
+                state[stage] = ("done", time.perf_counter() - started.get(stage, time.perf_counter()))
+            live.update(render())
+
+        res = run_refusal(cfg, args.out, overwrite=args.overwrite, progress=progress)
+        for s in STAGES:
+            if state[s][0] == "waiting":
+                state[s] = ("skipped", None)
+        live.update(render())
+    con.print(summary_table(res.metrics))
+    for n in res.notes:
+        con.print(f"[yellow]note:[/yellow] {n}")
+    con.print(f"outputs in {res.out} (report: {res.out / 'report.html'}); {time.perf_counter() - t_start:.0f} s")
+    return 0
+
+
+def summary_table(m: dict) -> Any:
+    from rich.table import Table
+
+    t = Table(title="Refusal direction: summary")
+    t.add_column("measure")
+    t.add_column("value", justify="right")
+    t.add_row("direction found", str(m.get("found_direction")))
+    sel = m.get("selection", {})
+    if m.get("found_direction"):
+        t.add_row("layer / position", f"{sel['layer']} / {sel['position']} ({sel['position_token']!r})")
+        t.add_row("KL on harmless (val)", f"{sel['kl']:.4f}")
+    ev = m.get("evaluation")
+    if ev:
+        for k, v in ev["refusal_rate"].items():
+            t.add_row(f"refusal rate: {k}", f"{100 * v:.0f}%")
+        t.add_row("hook vs baked max |logit diff|", f"{ev['hook_vs_baked']['max_abs_logit_diff']:.2e}")
+        kc = ev["harmless_kl_ce"]
+        if kc:
+            t.add_row("harmless KL (first response token)", f"{kc['kl_first_response_token']:.4f}")
+            t.add_row("harmless CE baseline -> ablated", f"{kc['ce_baseline']:.3f} -> {kc['ce_edited']:.3f}")
+    return t

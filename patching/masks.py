@@ -1,0 +1,123 @@
+"""Learned masks: a differentiable ablation strength per head (or neuron), trained with the model frozen to
+move a metric while ablating as few components as possible; the components come back ranked.
+
+Component ``c`` at layer ``l`` becomes ``x + a[l, c] * (ref - x)`` with ``a = sigmoid(theta)``, ``ref`` zero or
+the mean. The loss is ``+/- metric + sparsity * sum(a)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from interp.hooks import HookContext, hooks
+from interp.models import Model
+from interp.sites import Site, parse_site
+from patching.metrics import Metric, call_metric, metric_name
+from patching.runs import Prompts, encode_prompts, inputs, last_logits
+
+
+@dataclass
+class MaskResult:
+    """``scores [L, C]``: learned ablation strength in [0, 1] per head / neuron (higher: ablating it moves the
+    metric more); ``history``: per-step metric, loss and number of components above 0.5."""
+
+    scores: torch.Tensor
+    over: str
+    layers: list[int]
+    history: list[dict[str, float]]
+    baseline: float
+    selected_metric: float
+    objective: str
+    metric: str = ""
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def ranking(self, k: int | None = None) -> list[tuple[int, int, float]]:
+        """Components ``(layer, index, score)`` from the highest score down."""
+        C = self.scores.shape[1]
+        flat = self.scores.flatten()
+        idx = flat.argsort(descending=True)[: (k or flat.numel())].tolist()
+        return [(self.layers[i // C], i % C, float(flat[i])) for i in idx]
+
+    def selected(self, threshold: float = 0.5) -> list[tuple[int, int]]:
+        return [(la, c) for la, c, s in self.ranking() if s > threshold]
+
+    def plot(self, k: int = 20, title: str | None = None) -> Any:
+        from viz.patching import mask_ranking
+
+        return mask_ranking(self, k=k, title=title)
+
+
+def learn_mask(model: Model, prompts: Prompts, metric: Metric, over: str = "heads", objective: str = "decrease",
+               layers: Sequence[int] | None = None, ablate: str = "zero", means: torch.Tensor | None = None,
+               sparsity: float = 0.01, steps: int = 200, lr: float = 0.1, init: float = 0.0, chat: bool = True,
+               seed: int = 0) -> MaskResult:
+    """Train a mask over ``heads`` (site ``attn_z``) or ``neurons`` (``mlp_post``) that ``decrease``s or
+    ``increase``s ``metric``; ``means`` (``[n_layers, H, dh]`` / ``[n_layers, D]``) for ``ablate='mean'``."""
+    if over not in ("heads", "neurons"):
+        raise ValueError(f"over must be 'heads' or 'neurons', got {over!r}")
+    if objective not in ("decrease", "increase"):
+        raise ValueError(f"objective must be 'decrease' or 'increase', got {objective!r}")
+    if ablate not in ("zero", "mean"):
+        raise ValueError(f"ablate must be 'zero' or 'mean', got {ablate!r}")
+    if ablate == "mean" and means is None:
+        raise ValueError("ablate='mean' needs means= (head_means(...) or neuron_means(...))")
+    if steps < 1 or sparsity < 0:
+        raise ValueError("steps must be >= 1 and sparsity >= 0")
+    kind = "attn_z" if over == "heads" else "mlp_post"
+    if over == "neurons" and model.spec.mlp_proj is None:
+        raise ValueError(f"{model.spec.family} has mixture-of-experts MLPs; learn a mask over heads instead")
+    layer_list = list(range(model.n_layers)) if layers is None else \
+        [parse_site(Site(kind, int(x)), model.n_layers).layer for x in layers]
+    C = model.n_heads if over == "heads" else int(model.d_mlp)
+    batch = encode_prompts(model, prompts, chat)
+    feed = inputs(model, batch)
+    dev = model.device
+    torch.manual_seed(seed)
+    theta = torch.full((len(layer_list), C), float(init), device=dev, requires_grad=True)
+    opt = torch.optim.Adam([theta], lr=lr)
+    sign = 1.0 if objective == "decrease" else -1.0
+
+    def make(i: int, layer: int, gate: torch.Tensor):
+        def fn(x: torch.Tensor, ctx: HookContext) -> torch.Tensor:
+            a = gate[i].to(x.dtype)
+            ref = 0.0 if means is None else means[layer].to(x.device, x.dtype)
+            shape = (C, 1) if over == "heads" else (C,)
+            return x + a.view(shape) * (ref - x)
+        return fn
+
+    def run(gate: torch.Tensor) -> torch.Tensor:
+        with hooks(model, [(Site(kind, la), make(i, la, gate)) for i, la in enumerate(layer_list)]):
+            return call_metric(metric, last_logits(model, feed))
+
+    flags = [p.requires_grad for p in model.hf.parameters()]
+    history: list[dict[str, float]] = []
+    try:
+        for p in model.hf.parameters():
+            p.requires_grad_(False)
+        with torch.no_grad():
+            baseline = float(run(torch.zeros_like(theta)))
+        with torch.enable_grad():
+            for step in range(steps):
+                gate = torch.sigmoid(theta)
+                value = run(gate)
+                loss = sign * value + sparsity * gate.sum()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                history.append({"step": step, "metric": value.item(), "loss": loss.item(),
+                                "n_active": int((gate > 0.5).sum())})
+        scores = torch.sigmoid(theta.detach()).cpu()
+        with torch.no_grad():
+            selected = float(run((scores > 0.5).float().to(dev)))
+    finally:
+        for p, f in zip(model.hf.parameters(), flags, strict=True):
+            p.requires_grad_(f)
+    return MaskResult(scores, over, layer_list, history, baseline, selected, objective, metric_name(metric),
+                      meta={"ablate": ablate, "sparsity": sparsity, "steps": steps, "lr": lr})
+
+
+__all__ = ["MaskResult", "learn_mask"]

@@ -1,0 +1,226 @@
+"""MLP neurons (site ``mlp_post``, the input of the down projection): activation contrast between two prompt
+sets, ablation effects on a metric, and overlaps of neuron sets across conditions (languages, prompt sets)."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from jaxtyping import Float
+
+from interp.hooks import HookContext, hooks
+from interp.models import Model
+from interp.sites import Site, parse_site
+from patching.heads import _ablation_values, ablation_sweep
+from patching.metrics import Metric, call_metric, metric_name
+from patching.runs import Prompts, encode_prompts, inputs, last_logits, run_with_capture
+
+Neuron = tuple[int, int]
+
+
+def _check_dense(model: Model) -> int:
+    if model.spec.mlp_proj is None or not model.d_mlp:
+        raise ValueError(f"{model.spec.family} has mixture-of-experts MLPs; neurons live inside each expert, so "
+                         f"mlp_post neuron tools do not apply (use heads, or hook the experts directly)")
+    return int(model.d_mlp)
+
+
+def _layers(model: Model, layers: Sequence[int] | None) -> list[int]:
+    if layers is None:
+        return list(range(model.n_layers))
+    return [parse_site(Site("mlp_post", int(x)), model.n_layers).layer for x in layers]
+
+
+def _neurons(model: Model, neurons: Iterable[Neuron]) -> list[Neuron]:
+    D = _check_dense(model)
+    out = []
+    for item in neurons:
+        if not (isinstance(item, (tuple, list)) and len(item) == 2):
+            raise TypeError(f"neurons are (layer, index) pairs, got {item!r}")
+        layer = parse_site(Site("mlp_post", int(item[0])), model.n_layers).layer
+        if not 0 <= int(item[1]) < D:
+            raise ValueError(f"neuron {item[1]} is out of range; this model's MLP has neurons 0..{D - 1}")
+        out.append((layer, int(item[1])))
+    if not out:
+        raise ValueError("no neurons given; pass [(layer, index), ...]")
+    return out
+
+
+def neuron_acts(model: Model, prompts: Prompts, layers: Sequence[int] | None = None, positions: str = "last",
+                chat: bool = True, batch_size: int = 32) -> Float[torch.Tensor, "n L D"]:
+    """``mlp_post`` activations ``[n_tokens, L, d_mlp]``: one row per prompt (``last``) or per real token (``all``)."""
+    _check_dense(model)
+    if positions not in ("last", "all"):
+        raise ValueError(f"positions must be 'last' or 'all', got {positions!r}")
+    batch = encode_prompts(model, prompts, chat)
+    layer_list = _layers(model, layers)
+    sites = [Site("mlp_post", la) for la in layer_list]
+    rows = []
+    n = batch.input_ids.shape[0]
+    for i in range(0, n, batch_size):
+        sub = type(batch)(*(t[i:i + batch_size] for t in (batch.input_ids, batch.attention_mask, batch.position_ids,
+                                                          batch.post_mask, batch.response_mask)))
+        acts, _ = run_with_capture(model, sub, sites)
+        x = torch.stack([acts[s].float().cpu() for s in sites], 2)       # [b, T, L, D]
+        rows.append(x[:, -1] if positions == "last" else x[sub.attention_mask.bool()])
+    return torch.cat(rows)
+
+
+@dataclass
+class NeuronContrast:
+    """Per-neuron statistics of prompt sets ``a`` and ``b``: means, standard deviations ``[L, D]``, the mean
+    difference ``a - b`` and the effect size (difference over the pooled standard deviation)."""
+
+    mean_a: torch.Tensor
+    mean_b: torch.Tensor
+    std_a: torch.Tensor
+    std_b: torch.Tensor
+    layers: list[int]
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def diff(self) -> torch.Tensor:
+        return self.mean_a - self.mean_b
+
+    @property
+    def effect(self) -> torch.Tensor:
+        pooled = ((self.std_a ** 2 + self.std_b ** 2) / 2).sqrt()
+        return self.diff / pooled.clamp(min=1e-6)
+
+    def top(self, k: int = 20, by: str = "effect", sign: str = "abs") -> list[tuple[int, int, float]]:
+        """The ``k`` neurons ``(layer, index, value)`` ranked by ``effect`` or ``diff``; ``sign``: abs / pos / neg."""
+        if by not in ("effect", "diff"):
+            raise ValueError(f"by must be 'effect' or 'diff', got {by!r}")
+        v = (self.effect if by == "effect" else self.diff).flatten()
+        key = {"abs": v.abs(), "pos": v, "neg": -v}.get(sign)
+        if key is None:
+            raise ValueError(f"sign must be 'abs', 'pos' or 'neg', got {sign!r}")
+        D = self.mean_a.shape[1]
+        return [(self.layers[i // D], i % D, float(v[i])) for i in key.argsort(descending=True)[:k].tolist()]
+
+    def select(self, k: int = 20, by: str = "effect", sign: str = "abs") -> set[Neuron]:
+        return {(la, i) for la, i, _ in self.top(k, by, sign)}
+
+    def plot(self, by: str = "effect", title: str | None = None) -> Any:
+        from viz.patching import neuron_contrast_heatmap
+
+        return neuron_contrast_heatmap(self, by=by, title=title)
+
+
+def neuron_contrast(model: Model, prompts_a: Prompts, prompts_b: Prompts, layers: Sequence[int] | None = None,
+                    positions: str = "last", chat: bool = True, batch_size: int = 32) -> NeuronContrast:
+    """Contrast every ``mlp_post`` neuron between two prompt sets (at the last token, or over all tokens)."""
+    a = neuron_acts(model, prompts_a, layers, positions, chat, batch_size)
+    b = neuron_acts(model, prompts_b, layers, positions, chat, batch_size)
+    if a.shape[0] < 2 or b.shape[0] < 2:
+        raise ValueError("each prompt set needs at least 2 prompts to estimate a spread")
+    return NeuronContrast(a.mean(0), b.mean(0), a.std(0), b.std(0), _layers(model, layers),
+                          meta={"positions": positions, "n_a": a.shape[0], "n_b": b.shape[0]})
+
+
+def neuron_means(model: Model, prompts: Prompts, chat: bool = True) -> Float[torch.Tensor, "L D"]:
+    """Mean ``mlp_post`` activation of every neuron over the real tokens of ``prompts`` (for mean ablation)."""
+    return neuron_acts(model, prompts, None, "all", chat).mean(0)
+
+
+@contextmanager
+def ablate_neurons(model: Model, neurons: Iterable[Neuron], mode: str = "zero",
+                   means: torch.Tensor | None = None) -> Iterator[None]:
+    """Within the block, ``neurons [(layer, index), ...]`` are set to zero or to their mean at every position."""
+    vals = _ablation_values(model, mode, means, "mlp_post")
+    by_layer: dict[int, list[int]] = {}
+    for layer, i in _neurons(model, neurons):
+        by_layer.setdefault(layer, []).append(i)
+
+    def make(layer: int, idx_list: list[int]):
+        idx = torch.tensor(idx_list)
+
+        def fn(x: torch.Tensor, ctx: HookContext) -> torch.Tensor:
+            x = x.clone()
+            x[..., idx.to(x.device)] = 0.0 if vals is None else vals[layer, idx].to(x.device, x.dtype)
+            return x
+        return fn
+
+    with hooks(model, [(Site("mlp_post", la), make(la, ix)) for la, ix in by_layer.items()]):
+        yield
+
+
+@dataclass
+class NeuronEffect:
+    """Metric with each neuron ablated alone (``values``, in the order of ``neurons``) and all together."""
+
+    neurons: list[Neuron]
+    values: torch.Tensor
+    joint: float
+    baseline: float
+    mode: str
+    metric: str = ""
+
+    @property
+    def delta(self) -> torch.Tensor:
+        return self.values - self.baseline
+
+    def top(self, k: int = 10) -> list[tuple[int, int, float]]:
+        d = self.delta
+        return [(*self.neurons[i], float(d[i])) for i in d.abs().argsort(descending=True)[:k].tolist()]
+
+
+def neuron_ablation_effect(model: Model, prompts: Prompts, metric: Metric, neurons: Iterable[Neuron],
+                           mode: str = "zero", means: torch.Tensor | None = None, chat: bool = True,
+                           batch_size: int = 64) -> NeuronEffect:
+    """Ablate each neuron alone (batched variants) and all of them together; measure ``metric``."""
+    vals = _ablation_values(model, mode, means, "mlp_post")
+    nlist = _neurons(model, neurons)
+    batch = encode_prompts(model, prompts, chat)
+    D = _check_dense(model)
+    values = {Site("mlp_post", la): (torch.zeros(D) if vals is None else vals[la]) for la in {la for la, _ in nlist}}
+    out = ablation_sweep(model, batch, metric, [(Site("mlp_post", la), i) for la, i in nlist], values, batch_size)
+    with torch.no_grad():
+        base = float(call_metric(metric, last_logits(model, inputs(model, batch))))
+        with ablate_neurons(model, nlist, mode, means):
+            joint = float(call_metric(metric, last_logits(model, inputs(model, batch))))
+    return NeuronEffect(nlist, out, joint, base, mode, metric_name(metric))
+
+
+@dataclass
+class NeuronOverlap:
+    """Overlaps of named neuron sets: sizes, pairwise intersections and Jaccard indices ``[C, C]``, the neurons
+    common to all, and those unique to each."""
+
+    names: list[str]
+    sets: dict[str, set[Neuron]]
+    intersections: torch.Tensor
+    jaccard: torch.Tensor
+    common: set[Neuron]
+    unique: dict[str, set[Neuron]]
+
+    def plot(self, title: str | None = None) -> Any:
+        from viz.patching import overlap_heatmap
+
+        return overlap_heatmap(self, title=title)
+
+
+def intersect_neurons(sets: Mapping[str, Iterable[Neuron]]) -> NeuronOverlap:
+    """Compare neuron sets found under several conditions (e.g. one per language or prompt set)."""
+    if not isinstance(sets, Mapping) or len(sets) < 2:
+        raise ValueError("intersect_neurons takes a dict {condition: [(layer, index), ...]} with at least 2 entries")
+    names = list(sets)
+    ss = {k: {(int(a), int(b)) for a, b in v} for k, v in sets.items()}
+    C = len(names)
+    inter = torch.zeros(C, C, dtype=torch.long)
+    jac = torch.zeros(C, C)
+    for i, j in itertools.product(range(C), range(C)):
+        a, b = ss[names[i]], ss[names[j]]
+        inter[i, j] = len(a & b)
+        jac[i, j] = len(a & b) / len(a | b) if (a | b) else 1.0
+    common = set.intersection(*ss.values())
+    unique = {k: ss[k] - set().union(*(ss[o] for o in names if o != k)) for k in names}
+    return NeuronOverlap(names, ss, inter, jac, common, unique)
+
+
+__all__ = ["Neuron", "neuron_acts", "NeuronContrast", "neuron_contrast", "neuron_means", "ablate_neurons",
+           "NeuronEffect", "neuron_ablation_effect", "NeuronOverlap", "intersect_neurons"]
