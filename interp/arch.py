@@ -102,8 +102,16 @@ REGISTER_HELP = """To register a spec for this architecture, a few lines suffice
 Fields name dotted module paths (block-relative ones for attention/MLP/norms); see interp/arch.py."""
 
 
-def register_spec(model_type: str, spec: ArchSpec) -> None:
-    """Register (or replace) the spec used for HF configs whose ``model_type`` is ``model_type``."""
+def register_spec(model_type: str, spec: ArchSpec, replace: bool = False) -> None:
+    """Register the spec used for HF configs whose ``model_type`` is ``model_type``.
+
+    Replacing an existing spec (a built-in family, or one registered earlier) needs ``replace=True``, so a
+    typo in ``model_type`` cannot silently change how a supported family is hooked."""
+    if not isinstance(spec, ArchSpec):
+        raise TypeError(f"register_spec takes an ArchSpec, got {type(spec).__name__}")
+    if model_type in SPECS and not replace:
+        raise ValueError(f"a spec for model_type {model_type!r} is already registered ({SPECS[model_type].family}); "
+                         f"pass replace=True to replace it")
     SPECS[model_type] = spec
 
 

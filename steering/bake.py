@@ -244,6 +244,39 @@ def ablate_writers(model: Model, direction: Any, writers: str | Sequence[str] = 
             h.remove()
 
 
+def _check_writers(model: Model, ws: tuple, targets: list, explicit: bool, allow_inexact: bool
+                   ) -> tuple[tuple, list]:
+    """The writers present in the model (an explicit request that matches nothing is an error) and the
+    targets that sit before a post-sublayer norm (inexact to bake; refused unless ``allow_inexact``)."""
+    present = {t.writer for t in targets}
+    if explicit:
+        missing = [w for w in ws if w not in present]
+        if missing:
+            hint = " (its MLPs are mixtures of experts: use 'experts' / 'shared_expert')" if "mlp" in missing and \
+                model.spec.is_moe else ""
+            raise ValueError(f"writers {missing} match nothing in this {model.spec.family} model{hint}; "
+                             f"it has {sorted(present) or 'none of them'}")
+    ws = tuple(w for w in ws if w in present)
+    inexact = [t for t in targets if t.norm is not None]
+    if inexact and not allow_inexact:
+        raise ValueError(
+            f"{model.spec.family} normalises each sublayer's output (post_sublayer_norms), so baking the "
+            f"{sorted({t.writer for t in inexact})} writers cannot reproduce hook ablation exactly: the baked model "
+            f"still has zero projection on the direction, but the norm rescales the rest. Pass allow_inexact=True "
+            f"to bake anyway and get the measured max logit error, or ablate with hooks "
+            f"(steering.apply(model, steering.DirectionalAblation(r))).")
+    return ws, inexact
+
+
+def _hook_free_copy(model: Model) -> Model:
+    """A deep copy of the model; refused while hooks are attached, so the copy cannot carry them."""
+    n = count_hooks(model.hf)
+    if n:
+        raise RuntimeError(f"the model has {n} forward hooks attached (inside steering.apply or interp.hooks?); "
+                           f"bake outside those blocks so the copy does not carry them")
+    return from_hf(copy.deepcopy(model.hf), model.tokenizer, name=f"{model.name}+baked")
+
+
 def bake(model: Model, direction: Any, writers: str | Sequence[str] = "all", layers: Layers = "all",
          inplace: bool = False, allow_inexact: bool = False, measure: bool | None = None,
          check_ids: Tensor | None = None, orthonormalize: bool = False) -> BakeResult:
@@ -258,24 +291,8 @@ def bake(model: Model, direction: Any, writers: str | Sequence[str] = "all", lay
     explicit = writers != "all"
     Ls = resolve_layers(layers, model.n_layers, what="bake")
     targets = _targets(model, ws, Ls)
-    present = {t.writer for t in targets}
-    if explicit:
-        missing = [w for w in ws if w not in present]
-        if missing:
-            hint = " (its MLPs are mixtures of experts: use 'experts' / 'shared_expert')" if "mlp" in missing and \
-                model.spec.is_moe else ""
-            raise ValueError(f"writers {missing} match nothing in this {model.spec.family} model{hint}; "
-                             f"it has {sorted(present) or 'none of them'}")
-    ws = tuple(w for w in ws if w in present)
-    inexact = [t for t in targets if t.norm is not None]
+    ws, inexact = _check_writers(model, ws, targets, explicit, allow_inexact)
     exact = not inexact
-    if not exact and not allow_inexact:
-        raise ValueError(
-            f"{model.spec.family} normalises each sublayer's output (post_sublayer_norms), so baking the "
-            f"{sorted({t.writer for t in inexact})} writers cannot reproduce hook ablation exactly: the baked model "
-            f"still has zero projection on the direction, but the norm rescales the rest. Pass allow_inexact=True "
-            f"to bake anyway and get the measured max logit error, or ablate with hooks "
-            f"(steering.apply(model, steering.DirectionalAblation(r))).")
     if measure is None:
         measure = not exact
     ids = _probe_ids(model, check_ids) if measure else None
@@ -283,15 +300,7 @@ def bake(model: Model, direction: Any, writers: str | Sequence[str] = "all", lay
     if measure:
         with ablate_writers(model, Q, ws, Ls):
             ref = _logits(model, ids)
-    if not inplace:
-        n = count_hooks(model.hf)
-        if n:
-            raise RuntimeError(f"the model has {n} forward hooks attached (inside steering.apply or interp.hooks?); "
-                               f"bake outside those blocks so the copy does not carry them")
-        hf = copy.deepcopy(model.hf)
-        out = from_hf(hf, model.tokenizer, name=f"{model.name}+baked")
-    else:
-        out = model
+    out = model if inplace else _hook_free_copy(model)
     notes: list[str] = []
     if "embed" in ws and _untie(out):
         notes.append("untied the embedding from the unembedding (lm_head keeps the original weights)")

@@ -64,6 +64,15 @@ def test_standard_layout_is_inferred_and_registration_works():
         SPECS.pop("my_llama_clone")
 
 
+def test_register_spec_refuses_to_replace_a_spec_silently():
+    before = SPECS["llama"]
+    with pytest.raises(ValueError, match="replace=True"):
+        register_spec("llama", SPECS["gpt2"])
+    assert SPECS["llama"] is before
+    register_spec("llama", before, replace=True)  # explicit replacement is allowed
+    assert SPECS["llama"] is before
+
+
 def test_bad_sites_and_prompts(tiny_models):
     m = tiny_models("llama")
     with pytest.raises(ValueError, match="unknown site"):
