@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import mmap
 import os
+import re
 import struct
 from collections.abc import Iterator
 from pathlib import Path
@@ -84,6 +85,7 @@ class ActivationStore:
     def finish(self) -> None:
         self.manifest["complete"] = True
         write_json(self.path / MANIFEST, self.manifest)
+        _remove_stale_temps(self.path)
 
     # --- reading -----------------------------------------------------------------------------
     @property
@@ -146,18 +148,40 @@ class ActivationStore:
                 f"shards={self.n_shards}, complete={self.complete})")
 
 
+_SHARD = r"shard_\d{5}\.safetensors"
+_OWN = re.compile(rf"^(store\.json|{_SHARD})$")
+# temp files of interp.io.atomic_write for our own files: ".<name>.<random>.tmp"
+_OWN_TMP = re.compile(rf"^\.(store\.json|{_SHARD})\.[A-Za-z0-9_]+\.tmp$")
+
+
 def _is_store_file(name: str) -> bool:
-    return name == MANIFEST or (name.startswith("shard_") and name.endswith(".safetensors")) or \
-        (name.startswith(".") and name.endswith(".tmp"))
+    """Only files the store names exactly: its manifest, its shards, and the temp files of writing them."""
+    return bool(_OWN.match(name) or _OWN_TMP.match(name))
+
+
+def _remove_stale_temps(p: Path) -> None:
+    """Temp files of a writer that was killed mid-write (never another program's files)."""
+    for f in p.iterdir():
+        if _OWN_TMP.match(f.name):
+            f.unlink()
 
 
 def mmap_safetensors(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     """Tensors of a safetensors file as read-only views of a memory map of the file."""
-    with open(path, "rb") as fh:
-        n = struct.unpack("<Q", fh.read(8))[0]
-        header = json.loads(fh.read(n))
-        mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+    size = os.path.getsize(path)
+    try:
+        with open(path, "rb") as fh:
+            n = struct.unpack("<Q", fh.read(8))[0]
+            header = json.loads(fh.read(n))
+            mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+    except (struct.error, ValueError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path} is not a readable safetensors file ({e}); it is damaged: delete it and rerun "
+                         f"the capture with the same arguments to rewrite it") from None
     base = 8 + n
+    end_of_data = max((i["data_offsets"][1] for k, i in header.items() if k != "__metadata__"), default=0)
+    if base + end_of_data > size:
+        raise ValueError(f"{path} is truncated ({size} bytes, its header needs {base + end_of_data}): delete it and "
+                         f"rerun the capture with the same arguments to rewrite it")
     out: dict[str, torch.Tensor] = {}
     for name, info in header.items():
         if name == "__metadata__":
