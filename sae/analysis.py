@@ -10,6 +10,7 @@ import torch
 from jaxtyping import Float
 
 from evals.metrics import auroc
+from interp.coerce import token_rows
 from sae.arch import SAE
 
 
@@ -63,9 +64,7 @@ def aligned_latents(sae: SAE, direction: Float[torch.Tensor, " d"] | Any, top: i
 
 def encode_tokens(sae: SAE, x: torch.Tensor | Any, batch_size: int = 4096, site: str | None = None) -> torch.Tensor:
     """Latents of ``x`` (tensor ``[n, d]`` or ``Activations``: real tokens at ``site``) -> ``[n, d_sae]``."""
-    if not isinstance(x, torch.Tensor):
-        x = x.flat_tokens(site or sae.site)
-    x = x.reshape(-1, x.shape[-1])
+    x = token_rows(x, site or sae.site)
     with torch.no_grad():
         return torch.cat([sae.encode(x[a:a + batch_size].to(sae.device)).float().cpu()
                           for a in range(0, x.shape[0], batch_size)])
