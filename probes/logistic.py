@@ -16,16 +16,19 @@ the training masks weight the loss, and standardisation uses training samples on
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import os
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from jaxtyping import Float
 
-from probes._checks import as_data, check_width
+from interp.coerce import check_width, layer_tensor
+from interp.objects import Fitted, from_provenance, read_object, register_kind, save_object
+from probes._checks import as_data
 from probes._precond import FullPreconditioner, LowRankPreconditioner
-from probes.objects import Direction, _as_tensor
+from probes.objects import Direction
 
 _STEPS = torch.tensor([1.0, 0.5, 0.25, 0.125, 0.0625, 0.03125, 0.0078125, 0.0])
 
@@ -238,7 +241,7 @@ def _subspace_newton(z: torch.Tensor, Zd: torch.Tensor, D: torch.Tensor, w: torc
 
 
 @dataclass
-class LogisticProbe:
+class LogisticProbe(Fitted):
     """Fitted probe per layer: ``coef [n_layers, d]`` and ``intercept [n_layers]`` in raw activation space."""
 
     coef: torch.Tensor
@@ -248,9 +251,6 @@ class LogisticProbe:
     l2: float
     sites: list[str]
     classes: list[Any]
-    model_id: str = ""
-    data_hash: str = ""
-    fitted_on: list[str] = field(default_factory=list)
     n_iter: int = 0
     grad_max: torch.Tensor | None = None
 
@@ -259,7 +259,7 @@ class LogisticProbe:
         return self.coef * self.scale
 
     def decision_function(self, X: Any) -> Float[torch.Tensor, "n n_layers"]:
-        x = _as_tensor(X, self.sites)
+        x = layer_tensor(X, self.sites, check_finite=True)
         check_width(self.coef, x.shape[-1], "probe")
         return torch.einsum("nld,ld->nl", x.to(self.coef.dtype), self.coef) + self.intercept
 
@@ -277,9 +277,27 @@ class LogisticProbe:
 
     def direction(self) -> Direction:
         """The probe's normal vector in activation space, unit per layer (norm = |coef|)."""
-        return Direction.from_vectors(self.coef, self.sites, method="logistic", model_id=self.model_id,
-                                      data_hash=self.data_hash, fitted_on=list(self.fitted_on),
-                                      meta={"l2": self.l2, "classes": [str(c) for c in self.classes]})
+        return Direction.from_vectors(self.coef, self.sites, **self.provenance_kwargs(
+            method="logistic", meta={"l2": self.l2, "classes": [str(c) for c in self.classes]}))
+
+    def save(self, path: str | os.PathLike, overwrite: bool = False) -> None:
+        """``PATH/tensors.safetensors`` + ``PATH/meta.json``, atomically; refuses to overwrite by default."""
+        tensors = {"coef": self.coef, "intercept": self.intercept, "mean": self.mean, "scale": self.scale}
+        if self.grad_max is not None:
+            tensors["grad_max"] = self.grad_max
+        own = {"l2": self.l2, "classes": list(self.classes), "n_iter": self.n_iter}
+        save_object(path, "probes.LogisticProbe", tensors, self.provenance, own, overwrite=overwrite)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> LogisticProbe:
+        """Load what :meth:`save` wrote."""
+        b = read_object(path, "probes.LogisticProbe")
+        t, f = b.tensors, b.fields
+        return cls(t["coef"], t["intercept"], t["mean"], t["scale"], f["l2"], b.provenance.sites, f["classes"],
+                   f["n_iter"], t.get("grad_max"), **from_provenance(b.provenance))
+
+
+register_kind("probes.LogisticProbe", LogisticProbe.load)
 
 
 def _recode(got: list[Any], codes: torch.Tensor, want: list[Any]) -> torch.Tensor:
@@ -303,6 +321,6 @@ def fit_logistic(X: Any, y: Any = None, *, l2: float = 1e-3, C: float | None = N
     Xl = data.X.transpose(0, 1)
     fit = solve_logistic(Xl, data.y, torch.ones(1, data.n, dtype=torch.bool), l2, standardize, max_iter, tol)
     return LogisticProbe(coef=fit.coef[:, 0], intercept=fit.intercept[:, 0], mean=fit.mu[:, 0], scale=fit.sd[:, 0],
-                         l2=l2, sites=data.sites, classes=data.classes, model_id=data.model_id,
+                         l2=l2, sites=data.sites, classes=data.classes, method="logistic", model_id=data.model_id,
                          data_hash=data.data_hash, fitted_on=list(data.sample_ids), n_iter=fit.n_iter,
                          grad_max=fit.grad_max[:, 0])
