@@ -10,8 +10,10 @@ from typing import Any
 import torch
 from jaxtyping import Float
 
-from interp.io import load_bundle, save_bundle
+from interp.objects import Provenance, read_object, register_kind, save_object
 from interp.sites import parse_site
+
+KIND = "interp.Activations"
 
 
 @dataclass
@@ -149,38 +151,28 @@ class Activations:
         return h.hexdigest()[:16]
 
     # --- persistence -------------------------------------------------------------------------
+    @property
+    def provenance(self) -> Provenance:
+        """Where these activations came from (method ``capture:<position rule>``)."""
+        return Provenance(method=f"capture:{self.positions}", sites=list(self.sites), model_id=self.model_id,
+                          data_hash=self.data_hash(), meta=dict(self.meta))
+
     def save(self, path: str | os.PathLike, overwrite: bool = False) -> None:
         """Save as ``PATH/tensors.safetensors`` + ``PATH/meta.json`` (atomic; refuses to overwrite by default)."""
         tensors = {"activations": self.tensor}
         if self.mask is not None:
             tensors["mask"] = self.mask
-        meta = {
-            "kind": "interp.Activations",
-            "sites": self.sites,
-            "positions": self.positions,
-            "model_id": self.model_id,
-            "prompt_ids": self.prompt_ids,
-            "labels": self.labels,
-            "dtype": str(self.tensor.dtype),
-            "meta": self.meta,
-        }
-        save_bundle(path, tensors, meta, overwrite=overwrite)
+        own = {"positions": self.positions, "prompt_ids": self.prompt_ids, "labels": self.labels,
+               "dtype": str(self.tensor.dtype)}
+        save_object(path, KIND, tensors, self.provenance, own, overwrite=overwrite)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> Activations:
-        tensors, meta = load_bundle(path)
-        if meta.get("kind") != "interp.Activations":
-            raise ValueError(f"{path} does not hold saved Activations (kind={meta.get('kind')!r})")
-        return cls(
-            tensor=tensors["activations"],
-            sites=meta["sites"],
-            positions=meta["positions"],
-            model_id=meta["model_id"],
-            prompt_ids=meta["prompt_ids"],
-            labels=meta["labels"],
-            mask=tensors.get("mask"),
-            meta=meta.get("meta", {}),
-        )
+        """Load what :meth:`save` wrote (also the older flat ``meta.json`` layout)."""
+        b = read_object(path, KIND)
+        return cls(tensor=b.tensors["activations"], sites=b.provenance.sites, positions=b.fields["positions"],
+                   model_id=b.provenance.model_id, prompt_ids=b.fields["prompt_ids"], labels=b.fields["labels"],
+                   mask=b.tensors.get("mask"), meta=b.provenance.meta)
 
     def __repr__(self) -> str:
         return (f"Activations(n_prompts={self.n_prompts}, sites={len(self.sites)}, positions={self.positions!r}, "
@@ -194,3 +186,6 @@ def _left_pad(t: torch.Tensor, width: int, dim: int) -> torch.Tensor:
     shape = list(t.shape)
     shape[dim] = pad
     return torch.cat([torch.zeros(shape, dtype=t.dtype), t], dim=dim)
+
+
+register_kind(KIND, Activations.load)

@@ -7,17 +7,17 @@ one number (reduce over prompts with ``.mean()``); it must use torch ops to work
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from jaxtyping import Float, Int
 
-Metric = Callable[[torch.Tensor], "torch.Tensor | float"]
+import evals
+from evals.judge import refusal_openings
 
-DEFAULT_REFUSAL_STARTS: tuple[str, ...] = (
-    "I'm sorry", "I am sorry", "I cannot", "I can't", "I apologize", "I won't", "I will not", "Sorry",
-    "As an AI", "I must decline", "I'm unable", "I am unable",
-)
+Metric = Callable[[torch.Tensor], "torch.Tensor | float"]
 
 
 def call_metric(metric: Metric, logits: Float[torch.Tensor, "n vocab"]) -> torch.Tensor:
@@ -35,50 +35,75 @@ def call_metric(metric: Metric, logits: Float[torch.Tensor, "n vocab"]) -> torch
     return out.reshape(()).float()
 
 
-def _ids(ids: int | Sequence[int] | torch.Tensor, n: int, name: str) -> torch.Tensor:
-    t = torch.as_tensor(ids, dtype=torch.long)
-    if t.dim() == 0:
-        t = t.expand(n)
-    if t.dim() != 1 or t.shape[0] != n:
-        raise ValueError(f"{name} must be one token id or one per prompt ({n}), got shape {tuple(t.shape)}")
-    return t
+def _mean_over_prompts(name: str, doc: str, bind: Callable[..., Callable[[torch.Tensor], torch.Tensor]]
+                       ) -> Callable[..., Metric]:
+    """A metric factory from an ``evals.logits`` function: ``factory(*args)`` closes over the per-prompt
+    arguments (``bind(*args)`` -> a per-row function of the logits) and returns ``logits -> per_row.mean()``."""
+
+    def factory(*args: Any, **kwargs: Any) -> Metric:
+        per_row = bind(*args, **kwargs)
+
+        def metric(logits: torch.Tensor) -> torch.Tensor:
+            return per_row(logits).mean()
+
+        metric.__name__ = name
+        return metric
+
+    factory.__name__ = factory.__qualname__ = name
+    factory.__doc__ = doc
+    factory.__signature__ = inspect.signature(bind).replace(return_annotation=Metric)  # type: ignore[attr-defined]
+    return factory
 
 
-def logit_diff(correct: int | Sequence[int] | Int[torch.Tensor, "n"],  # noqa: F821
-               wrong: int | Sequence[int] | Int[torch.Tensor, "n"]) -> Metric:  # noqa: F821
-    """Mean over prompts of ``logit[correct] - logit[wrong]`` (one id for all prompts or one per prompt)."""
-
-    def metric(logits: torch.Tensor) -> torch.Tensor:
-        n = logits.shape[0]
-        c, w = _ids(correct, n, "correct").to(logits.device), _ids(wrong, n, "wrong").to(logits.device)
-        rows = torch.arange(n, device=logits.device)
-        return (logits[rows, c] - logits[rows, w]).float().mean()
-
-    metric.__name__ = "logit_diff"
-    return metric
+def _bind_logit_diff(correct: int | Sequence[int] | Int[torch.Tensor, "n"],  # noqa: F821
+                     wrong: int | Sequence[int] | Int[torch.Tensor, "n"]) -> Callable:  # noqa: F821
+    return lambda logits: evals.logit_diff(logits, correct, wrong)
 
 
-def kl_div(reference: Float[torch.Tensor, "n vocab"]) -> Metric:
-    """Mean over prompts of ``KL(reference || patched)`` of the next-token distributions (0 when unchanged)."""
-    ref = torch.log_softmax(reference.detach().float(), -1)
+def _bind_kl_div(reference: Float[torch.Tensor, "n vocab"]) -> Callable:
+    ref = reference.detach().float()
 
-    def metric(logits: torch.Tensor) -> torch.Tensor:
+    def per_row(logits: torch.Tensor) -> torch.Tensor:
         if logits.shape != ref.shape:
             raise ValueError(f"kl_div: reference logits have shape {tuple(ref.shape)} but the run gave "
                              f"{tuple(logits.shape)}; take the reference from the same prompts")
-        lp = torch.log_softmax(logits.float(), -1)
-        r = ref.to(lp.device)
-        return (r.exp() * (r - lp)).sum(-1).mean()
+        return evals.kl_div(ref.to(logits.device), logits)
 
-    metric.__name__ = "kl_div"
-    return metric
+    return per_row
 
 
-def refusal_token_ids(tokenizer, starts: Sequence[str] = DEFAULT_REFUSAL_STARTS) -> list[int]:
-    """First token ids of typical refusal openings (with and without a leading space), deduplicated."""
+def _bind_refusal_score(token_ids: Sequence[int] | torch.Tensor) -> Callable:
+    ids = torch.as_tensor(list(token_ids) if not isinstance(token_ids, torch.Tensor) else token_ids, dtype=torch.long)
+    if ids.numel() == 0:
+        raise ValueError("refusal_score needs at least one token id; see refusal_token_ids(tokenizer)")
+    return lambda logits: evals.refusal_score(logits, ids)
+
+
+def _bind_token_logprob(token_ids: int | Sequence[int] | Int[torch.Tensor, "n"]) -> Callable:  # noqa: F821
+    return lambda logits: evals.token_logprob(logits, token_ids)
+
+
+logit_diff = _mean_over_prompts(
+    "logit_diff", "Mean over prompts of ``logit[correct] - logit[wrong]`` (one id for all prompts or one per "
+    "prompt); ``evals.logit_diff`` reduced by mean.", _bind_logit_diff)
+kl_div = _mean_over_prompts(
+    "kl_div", "Mean over prompts of ``KL(reference || patched)`` of the next-token distributions (0 when "
+    "unchanged); ``evals.kl_div`` reduced by mean.", _bind_kl_div)
+refusal_score = _mean_over_prompts(
+    "refusal_score", "Mean over prompts of the log-odds that the answer opens with a refusal token "
+    "(``log p / (1 - p)``); ``evals.refusal_score`` reduced by mean.", _bind_refusal_score)
+token_logprob = _mean_over_prompts(
+    "token_logprob", "Mean over prompts of the log-probability of ``token_ids`` (one id for all prompts or one "
+    "per prompt); ``evals.token_logprob`` reduced by mean.", _bind_token_logprob)
+
+
+def refusal_token_ids(tokenizer: Any, starts: Sequence[str] | None = None) -> list[int]:
+    """First token ids of refusal openings (with and without a leading space, and lower-cased), deduplicated.
+
+    ``starts`` defaults to ``evals.judge.refusal_openings()``: the judge's phrases that can open an answer."""
     ids: list[int] = []
     unk = getattr(tokenizer, "unk_token_id", None)
-    for s in starts:
+    for s in refusal_openings() if starts is None else starts:
         for text in (s, " " + s, s.lower()):
             toks = tokenizer(text, add_special_tokens=False)["input_ids"]
             if toks and toks[0] != unk and toks[0] not in ids:
@@ -88,38 +113,10 @@ def refusal_token_ids(tokenizer, starts: Sequence[str] = DEFAULT_REFUSAL_STARTS)
     return ids
 
 
-def refusal_score(token_ids: Sequence[int] | torch.Tensor) -> Metric:
-    """Mean over prompts of the log-odds that the answer opens with a refusal token: ``log p / (1 - p)``."""
-    ids = torch.as_tensor(list(token_ids) if not isinstance(token_ids, torch.Tensor) else token_ids, dtype=torch.long)
-    if ids.numel() == 0:
-        raise ValueError("refusal_score needs at least one token id; see refusal_token_ids(tokenizer)")
-
-    def metric(logits: torch.Tensor) -> torch.Tensor:
-        lp = torch.log_softmax(logits.float(), -1)
-        inside = torch.logsumexp(lp[:, ids.to(lp.device)], -1)
-        outside = torch.log1p(-inside.exp().clamp(max=1 - 1e-6))
-        return (inside - outside).mean()
-
-    metric.__name__ = "refusal_score"
-    return metric
-
-
-def token_logprob(token_ids: int | Sequence[int] | Int[torch.Tensor, "n"]) -> Metric:  # noqa: F821
-    """Mean over prompts of the log-probability of ``token_ids`` (one id for all prompts or one per prompt)."""
-
-    def metric(logits: torch.Tensor) -> torch.Tensor:
-        n = logits.shape[0]
-        t = _ids(token_ids, n, "token_ids").to(logits.device)
-        lp = torch.log_softmax(logits.float(), -1)
-        return lp[torch.arange(n, device=lp.device), t].mean()
-
-    metric.__name__ = "token_logprob"
-    return metric
-
-
 def metric_name(metric: Metric) -> str:
+    """The metric's ``__name__`` (for tables and plots), or its type's name."""
     return getattr(metric, "__name__", type(metric).__name__)
 
 
 __all__ = ["Metric", "call_metric", "logit_diff", "kl_div", "refusal_token_ids", "refusal_score", "token_logprob",
-           "metric_name", "DEFAULT_REFUSAL_STARTS"]
+           "metric_name"]

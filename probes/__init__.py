@@ -2,7 +2,7 @@
 
 Every public function takes :class:`~interp.activations.Activations` (labels from ``acts.labels``) or a plain
 tensor ``X [n, n_layers, d]`` with labels ``y [n]``. Fitted objects record which samples they were fitted on.
-``probes`` never imports ``steering``.
+``probes`` never imports ``steering``. Metrics (``auroc``, ``accuracy``, ``cohens_d``) live in ``evals``.
 
     acts = interp.capture(model, prompts, sites="resid_post", labels=is_harmful)
     scores = probes.cross_validate(acts, groups=template_ids)        # held-out acc / AUROC / d per layer
@@ -12,7 +12,6 @@ tensor ``X [n, n_layers, d]`` with labels ``y [n]``. Fitted objects record which
     erased = probes.erasure_cv(acts, eraser="leace")                # does it survive erasure (fitted in folds)?
 """
 
-from evals.metrics import accuracy, auroc, cohens_d
 from probes.compare import Signature, compare_directions, cosine_by_layer, cosine_matrix, project, signature
 from probes.directions import (
     diff_of_means,
@@ -41,8 +40,8 @@ from probes.validation import DirectionScores, ProbeScores, cross_validate, eval
 
 __all__ = [
     "AblationScores", "Direction", "DirectionScores", "ErasureScores", "Fold", "GradedDirection", "INLPEraser",
-    "LeaceEraser", "LogisticProbe", "ProbeScores", "Signature", "Subspace", "TransferScores", "accuracy", "auroc",
-    "category_subspace", "cohens_d", "compare_directions", "cosine_by_layer", "cosine_matrix", "cross_validate",
+    "LeaceEraser", "LogisticProbe", "ProbeScores", "Signature", "Subspace", "TransferScores",
+    "category_subspace", "compare_directions", "cosine_by_layer", "cosine_matrix", "cross_validate",
     "diff_of_means", "erasure_cv", "evaluate_direction", "fit_direction", "fit_inlp", "fit_leace", "fit_logistic",
     "graded_direction", "l2_from_C", "lda", "make_folds", "mean_diff_subspace", "pca_centered", "pca_diff",
     "pca_subspace", "project", "random_directions", "random_orthogonal", "rank_ablation", "signature", "sklearn_C",

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from interp.activations import Activations
+from interp.coerce import layer_tensor
 from interp.sites import parse_site
 
 
@@ -107,28 +108,15 @@ def as_data(X: Any, y: Any = None, *, groups: Any = None, positive: Any = None, 
             dtype: torch.dtype | None = None) -> ProbeData:
     """Check and normalise ``X`` (Activations or ``[n, n_layers, d]`` / ``[n, d]`` tensor) plus labels."""
     model_id, base_hash, ids, meta = "", None, None, {}
+    t = layer_tensor(X)
     if isinstance(X, Activations):
-        acts = X
-        if acts.has_positions:
-            raise ValueError("these Activations keep several positions per prompt ([n, sites, positions, d]); probes "
-                             "need one vector per prompt: capture with positions='last' / 'prompt_mean', or pass "
-                             "acts.flat_tokens() with one label per token")
         if y is None:
-            y = acts.labels
-        t = acts.tensor
-        site_names = list(acts.sites)
-        model_id, ids, meta = acts.model_id, list(acts.prompt_ids), dict(acts.meta)
-        base_hash = acts.data_hash()
-    elif isinstance(X, torch.Tensor) or isinstance(X, np.ndarray):
-        t = torch.as_tensor(X)
-        if t.dim() == 2:
-            t = t[:, None, :]
-        if t.dim() != 3:
-            raise ValueError(f"activations must be [n, n_layers, d] (or [n, d] for one layer), got shape "
-                             f"{tuple(t.shape)}")
-        site_names = list(sites) if sites is not None else default_sites(t.shape[1])
+            y = X.labels
+        site_names = list(X.sites)
+        model_id, ids, meta = X.model_id, list(X.prompt_ids), dict(X.meta)
+        base_hash = X.data_hash()
     else:
-        raise TypeError(f"expected Activations or a tensor [n, n_layers, d], got {type(X).__name__}")
+        site_names = list(sites) if sites is not None else default_sites(t.shape[1])
     if sites is not None and len(site_names) != t.shape[1]:
         raise ValueError(f"{len(site_names)} site names for {t.shape[1]} layers")
     if not (t.is_floating_point()):
@@ -177,12 +165,6 @@ def _hash(t: torch.Tensor, codes: torch.Tensor | None, base: str | None) -> str:
     if codes is not None:
         h.update(codes.numpy().tobytes())
     return h.hexdigest()[:16]
-
-
-def check_width(vectors: torch.Tensor, d: int, what: str = "direction") -> None:
-    if vectors.shape[-1] != d:
-        raise ValueError(f"{what} has width {vectors.shape[-1]} but the activations have width {d}; "
-                         f"use a {what} fitted on the same model and site")
 
 
 def layer_index(sites: list[str], layer: int | str) -> int:

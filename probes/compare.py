@@ -9,8 +9,9 @@ from typing import Any
 import torch
 from jaxtyping import Float
 
-from probes._checks import check_width, encode_labels
-from probes.objects import Direction, Subspace, _as_tensor
+from interp.coerce import check_width, layer_tensor
+from probes._checks import encode_labels
+from probes.objects import Direction, Subspace
 
 
 def _vectors(a: Direction | Subspace | torch.Tensor) -> tuple[torch.Tensor, list[str] | None]:
@@ -74,13 +75,11 @@ def project(X: Any, direction: Direction | Subspace | torch.Tensor) -> torch.Ten
     if isinstance(direction, Subspace):
         return direction.coordinates(X)
     if isinstance(direction, Direction):
-        vecs, sites = direction.vectors, direction.sites
-    else:
-        t = torch.as_tensor(direction)
-        vecs = (t[None] if t.dim() == 1 else t)
-        vecs = vecs / vecs.norm(dim=-1, keepdim=True).clamp_min(1e-30)
-        sites = [f"blocks.{i}.hook_resid_post" for i in range(vecs.shape[0])]
-    x = _as_tensor(X, sites)
+        return direction.project(X)
+    t = torch.as_tensor(direction)
+    vecs = (t[None] if t.dim() == 1 else t)
+    vecs = vecs / vecs.norm(dim=-1, keepdim=True).clamp_min(1e-30)
+    x = layer_tensor(X, [f"blocks.{i}.hook_resid_post" for i in range(vecs.shape[0])], check_finite=True)
     check_width(vecs, x.shape[-1])
     if x.shape[1] != vecs.shape[0]:
         raise ValueError(f"the activations have {x.shape[1]} layers, the direction {vecs.shape[0]}")

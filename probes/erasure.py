@@ -11,15 +11,16 @@ of the covariance (blending toward the orthogonal projection when it would).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from jaxtyping import Float
 
 from interp.activations import Activations
-from interp.io import load_bundle, save_bundle
-from probes._checks import ProbeData, as_data, check_width, layer_index
+from interp.coerce import check_width, layer_tensor, site_indices
+from interp.objects import Fitted, from_provenance, read_object, register_kind, save_object
+from probes._checks import ProbeData, as_data, layer_index
 from probes._linalg import orthonormalize, shrink_covariance
 from probes.logistic import solve_logistic
 from probes.objects import Subspace
@@ -28,39 +29,25 @@ from probes.objects import Subspace
 def _apply_erase(X: Any, sites: list[str], fn: Any) -> Any:
     """Run ``fn(tensor [n, L, d]) -> tensor`` on activations; Activations come back as Activations."""
     if isinstance(X, Activations):
-        if X.has_positions:
-            raise ValueError("Activations with several positions per prompt; use acts.flat_tokens() or reduce positions")
-        missing = [s for s in sites if s not in X.sites]
-        if missing:
-            raise ValueError(f"the eraser was fitted at sites {sites}; these activations lack {missing}")
-        idx = [X.sites.index(s) for s in sites]
+        x = layer_tensor(X, sites, what="the eraser")
         out = X[slice(None)]
         t = out.tensor.clone()
-        t[:, idx] = fn(X.tensor[:, idx]).to(t.dtype)
+        t[:, site_indices(X, sites, "the eraser")] = fn(x).to(t.dtype)
         out.tensor = t
         return out
-    t = torch.as_tensor(X)
-    squeeze = t.dim() == 2
-    if squeeze:
-        t = t[:, None]
-    if t.dim() != 3 or t.shape[1] != len(sites):
-        raise ValueError(f"activations must be [n, {len(sites)}, d] to match the fitted layers, got {tuple(t.shape)}")
-    out = fn(t)
+    squeeze = torch.as_tensor(X).dim() == 2
+    out = fn(layer_tensor(X, sites, what="the eraser"))
     return out[:, 0] if squeeze else out
 
 
 @dataclass
-class LeaceEraser:
+class LeaceEraser(Fitted):
     """Per layer: ``x -> x - ((x - bias) @ right^T) @ left^T`` with ``left [L, d, r]``, ``right [L, r, d]``."""
 
     left: torch.Tensor
     right: torch.Tensor
     bias: torch.Tensor | None
     sites: list[str]
-    model_id: str = ""
-    data_hash: str = ""
-    fitted_on: list[str] = field(default_factory=list)
-    meta: dict[str, Any] = field(default_factory=dict)
 
     @property
     def P(self) -> Float[torch.Tensor, "n_layers d d"]:
@@ -89,17 +76,14 @@ class LeaceEraser:
         tensors = {"left": self.left, "right": self.right}
         if self.bias is not None:
             tensors["bias"] = self.bias
-        meta = {"kind": "probes.LeaceEraser", "sites": self.sites, "model_id": self.model_id,
-                "data_hash": self.data_hash, "fitted_on": self.fitted_on, "meta": self.meta}
-        save_bundle(path, tensors, meta, overwrite=overwrite)
+        save_object(path, "probes.LeaceEraser", tensors, self.provenance, overwrite=overwrite)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> LeaceEraser:
-        t, m = load_bundle(path)
-        if m.get("kind") != "probes.LeaceEraser":
-            raise ValueError(f"{path} does not hold a saved LeaceEraser (kind={m.get('kind')!r})")
-        return cls(t["left"], t["right"], t.get("bias"), m["sites"], m["model_id"], m["data_hash"], m["fitted_on"],
-                   m.get("meta", {}))
+        """Load what :meth:`save` wrote (also the older flat ``meta.json`` layout)."""
+        b = read_object(path, "probes.LeaceEraser")
+        t = b.tensors
+        return cls(t["left"], t["right"], t.get("bias"), b.provenance.sites, **from_provenance(b.provenance))
 
 
 def concept_matrix(data: ProbeData, y: Any = None) -> torch.Tensor:
@@ -162,7 +146,7 @@ def fit_leace(X: Any, y: Any = None, *, shrinkage: bool = True, svd_tol: float =
         u = u * (s > svd_tol)[:, None, :]
         left, right = u, u.transpose(1, 2)
     return LeaceEraser(left=left.to(dt), right=right.to(dt), bias=mean_x.to(dt) if affine else None,
-                       sites=list(data.sites), model_id=data.model_id, data_hash=data.data_hash,
+                       sites=list(data.sites), method=method, model_id=data.model_id, data_hash=data.data_hash,
                        fitted_on=list(data.sample_ids),
                        meta={"method": method, "shrinkage": shrinkage, "svd_tol": svd_tol,
                              "constrain_cov_trace": constrain_cov_trace, "affine": affine,
@@ -253,7 +237,7 @@ def _trace_mix(sigma: torch.Tensor, left: torch.Tensor, right: torch.Tensor, u: 
 
 
 @dataclass
-class INLPEraser:
+class INLPEraser(Fitted):
     """Iterated null-space projection: ``x -> x - (x @ B^T) @ B`` with orthonormal ``basis [L, k, d]``.
 
     ``dev_accuracy [n_iter, L]``: held-out accuracy of the probe fitted at each iteration (before removing
@@ -264,10 +248,6 @@ class INLPEraser:
     dev_accuracy: torch.Tensor
     majority: float
     sites: list[str]
-    model_id: str = ""
-    data_hash: str = ""
-    fitted_on: list[str] = field(default_factory=list)
-    meta: dict[str, Any] = field(default_factory=dict)
 
     def _erase(self, t: torch.Tensor) -> torch.Tensor:
         check_width(self.basis, t.shape[-1], "eraser")
@@ -278,8 +258,20 @@ class INLPEraser:
         return _apply_erase(X, self.sites, self._erase)
 
     def as_subspace(self) -> Subspace:
-        return Subspace(self.basis, torch.ones(self.basis.shape[:2]), list(self.sites), "inlp", self.model_id,
-                        self.data_hash, list(self.fitted_on), meta=dict(self.meta))
+        return Subspace(self.basis, torch.ones(self.basis.shape[:2]), list(self.sites),
+                        **self.provenance_kwargs(method="inlp"))
+
+    def save(self, path: str | os.PathLike, overwrite: bool = False) -> None:
+        """``PATH/tensors.safetensors`` + ``PATH/meta.json``, atomically; refuses to overwrite by default."""
+        save_object(path, "probes.INLPEraser", {"basis": self.basis, "dev_accuracy": self.dev_accuracy},
+                    self.provenance, {"majority": self.majority}, overwrite=overwrite)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> INLPEraser:
+        """Load what :meth:`save` wrote."""
+        b = read_object(path, "probes.INLPEraser")
+        return cls(b.tensors["basis"], b.tensors["dev_accuracy"], b.fields["majority"], b.provenance.sites,
+                   **from_provenance(b.provenance))
 
     def to_frame(self) -> Any:
         import pandas as pd
@@ -327,5 +319,9 @@ def fit_inlp(X: Any, y: Any = None, *, n_iter: int = 8, l2: float = 1e-3, dev_fr
         basis = q
     majority = float(max((data.y[~train] == c).float().mean() for c in (0, 1)))
     return INLPEraser(basis=basis.to(data.X.dtype), dev_accuracy=torch.stack(accs), majority=majority,
-                      sites=list(data.sites), model_id=data.model_id, data_hash=data.data_hash,
+                      sites=list(data.sites), method="inlp", model_id=data.model_id, data_hash=data.data_hash,
                       fitted_on=list(data.sample_ids), meta={"l2": l2, "n_iter": n_iter, "seed": seed})
+
+
+register_kind("probes.LeaceEraser", LeaceEraser.load)
+register_kind("probes.INLPEraser", INLPEraser.load)

@@ -16,16 +16,19 @@ the training masks weight the loss, and standardisation uses training samples on
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import os
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from jaxtyping import Float
 
-from probes._checks import as_data, check_width
+from interp.coerce import check_width, layer_tensor
+from interp.objects import Fitted, from_provenance, read_object, register_kind, save_object
+from probes._checks import as_data
 from probes._precond import FullPreconditioner, LowRankPreconditioner
-from probes.objects import Direction, _as_tensor
+from probes.objects import Direction
 
 _STEPS = torch.tensor([1.0, 0.5, 0.25, 0.125, 0.0625, 0.03125, 0.0078125, 0.0])
 
@@ -73,13 +76,35 @@ def solve_logistic(Xl: Float[torch.Tensor, "L n d"], y: torch.Tensor, train: tor
     or ``"auto"``; built only if ``precond_after`` steps have not converged. It changes the speed, never
     the minimiser.
     """
+    M, n_f, yd, pos = _check_problem(y, train, l2, precond)
+    L, n, d = Xl.shape
+    Fo = train.shape[0]
+    shift, mu_all, sq, sd_all = _moments(Xl, M, n_f, standardize)
+    mu, sd = mu_all[:, :Fo].contiguous(), sd_all[:, :Fo].contiguous()
+    prob = _Problem(Xl, yd, M, n_f, M / n_f[:, None], sd, shift.double() + mu.double(), l2)  # centre: fold means
+    if precond == "auto":
+        precond = "full" if L * d * d <= 2 ** 26 else "lowrank"
+
+    def make_precond() -> FullPreconditioner | LowRankPreconditioner | None:
+        if precond == "full":
+            return FullPreconditioner(Xl, shift, sd_all[:, Fo], precond_rows or 2 * d, l2)
+        if precond == "lowrank":
+            return LowRankPreconditioner(Xl, shift, sd_all[:, Fo], sq[:, Fo] if standardize else None, 64, seed)
+        return None
+
+    w, b, it, gmax = _descend(prob, pos, max_iter, tol, memory, inner_steps, make_precond, precond_after)
+    z = prob.image(w) + b[..., None]
+    return LogisticFit(w=w.to(prob.dt), b=b.to(prob.dt), mu=prob.centre.to(prob.dt), sd=sd, logits=z.to(prob.dt),
+                       n_iter=it, grad_max=gmax.to(prob.dt))
+
+
+def _check_problem(y: torch.Tensor, train: torch.Tensor, l2: float, precond: str
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Validate the options and labels; returns fold masks ``M [F, n]``, fold sizes, labels (float64), positives."""
     if precond not in ("auto", "full", "lowrank", "none"):
         raise ValueError(f"precond must be 'auto', 'full', 'lowrank' or 'none', got {precond!r}")
     if l2 <= 0:
         raise ValueError(f"l2 must be > 0 (it keeps the problem strictly convex), got {l2}")
-    L, n, d = Xl.shape
-    Fo = train.shape[0]
-    dt = Xl.dtype
     M = train.to(torch.float64)
     n_f = M.sum(1)                                                      # [F]
     yd = y.to(torch.float64)
@@ -89,10 +114,19 @@ def solve_logistic(Xl: Float[torch.Tensor, "L n d"], y: torch.Tensor, train: tor
     if ((pos == 0) | (pos == n_f)).any():
         raise ValueError("a training fold holds only one class; use fewer folds or stratified / grouped folds "
                          "with both classes in each")
+    return M, n_f, yd, pos
 
-    # the passes read the caller's tensor in place (a strided view is fine for BLAS): no [L, n, d] copy.
-    # Moments come from one sweep over cache-sized blocks of layers, centred per layer in a reused buffer
-    # so float32 keeps its precision under large offsets. ``shift + mu`` is each fold's training mean.
+
+def _moments(Xl: torch.Tensor, M: torch.Tensor, n_f: torch.Tensor, standardize: bool
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-layer shift, per-fold (and whole-set, last row) means, squares and standard deviations.
+
+    The passes read the caller's tensor in place (a strided view is fine for BLAS): no [L, n, d] copy.
+    Moments come from one sweep over cache-sized blocks of layers, centred per layer in a reused buffer
+    so float32 keeps its precision under large offsets. ``shift + mu`` is each fold's training mean.
+    """
+    L, n, d = Xl.shape
+    Fo, dt = M.shape[0], Xl.dtype
     Mx = torch.cat([M / n_f[:, None], torch.full((1, n), 1.0 / n, dtype=torch.float64)]).to(dt)
     shift = torch.empty(L, 1, d, dtype=dt)
     mu_all = torch.empty(L, Fo + 1, d, dtype=dt)
@@ -115,73 +149,85 @@ def solve_logistic(Xl: Float[torch.Tensor, "L n d"], y: torch.Tensor, train: tor
                              torch.ones_like(var)).to(dt)
     else:
         sd_all = torch.ones_like(mu_all)
-    mu, sd = mu_all[:, :Fo].contiguous(), sd_all[:, :Fo].contiguous()
-    centre = (shift.double() + mu.double())                              # [L, F, d] fold training means
-    if precond == "auto":
-        precond = "full" if L * d * d <= 2 ** 26 else "lowrank"
-    pre: FullPreconditioner | LowRankPreconditioner | None = None
+    return shift, mu_all, sq, sd_all
 
-    def image(G: torch.Tensor) -> torch.Tensor:
+
+@dataclass
+class _Problem:
+    """The data terms every step needs: ``Xl [L, n, d]``, labels, fold masks and weights, standardisation."""
+
+    Xl: torch.Tensor
+    yd: torch.Tensor
+    M: torch.Tensor
+    n_f: torch.Tensor
+    wts: torch.Tensor
+    sd: torch.Tensor
+    centre: torch.Tensor
+    l2: float
+
+    @property
+    def dt(self) -> torch.dtype:
+        return self.Xl.dtype
+
+    def image(self, G: torch.Tensor) -> torch.Tensor:
         """Logits contribution ``((x - mean)/sd) . g`` for every sample: ``G [L, F, d] -> [L, F, n]`` (one pass)."""
-        v = G / sd.double()
-        return torch.matmul(v.to(dt), Xl.transpose(1, 2)).double() - (centre * v).sum(-1, keepdim=True)
+        v = G / self.sd.double()
+        return torch.matmul(v.to(self.dt), self.Xl.transpose(1, 2)).double() - (self.centre * v).sum(-1, keepdim=True)
 
-    def gradient(z: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        r = (torch.sigmoid(z) - yd) * M / n_f[:, None]                 # [L, F, n]
-        xr = torch.matmul(r.to(dt), Xl).double()                        # one pass
-        g = (xr - centre * r.sum(-1, keepdim=True)) / sd.double() + l2 * w
+    def gradient(self, z: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        r = (torch.sigmoid(z) - self.yd) * self.M / self.n_f[:, None]  # [L, F, n]
+        xr = torch.matmul(r.to(self.dt), self.Xl).double()              # one pass
+        g = (xr - self.centre * r.sum(-1, keepdim=True)) / self.sd.double() + self.l2 * w
         return g, r.sum(-1)
 
-    wts = M / n_f[:, None]
+    def objective(self, z: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return _objective(z, self.yd, self.wts) + 0.5 * self.l2 * (w * w).sum(-1)
 
-    def objective(z: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        return _objective(z, yd, wts) + 0.5 * l2 * (w * w).sum(-1)
 
-    prior = (pos / n_f).clamp(1e-6, 1 - 1e-6)
+def _descend(prob: _Problem, pos: torch.Tensor, max_iter: int, tol: float, memory: int, inner_steps: int,
+             make_precond: Any, precond_after: int) -> tuple[torch.Tensor, torch.Tensor, int, torch.Tensor]:
+    """The outer sequential-subspace Newton loop from the prior-only start; returns ``w, b, n_iter, grad_max``."""
+    L, n, d = prob.Xl.shape
+    Fo = prob.M.shape[0]
+    prior = (pos / prob.n_f).clamp(1e-6, 1 - 1e-6)
     w = torch.zeros(L, Fo, d, dtype=torch.float64)
     b = torch.log(prior / (1 - prior)).expand(L, Fo).clone()
     z = b[..., None].expand(L, Fo, n).clone()
     steps: list[torch.Tensor] = []
     step_imgs: list[torch.Tensor] = []
-    it = 0
-    g, gb = gradient(z, w)
+    pre, built, it = None, False, 0
+    g, gb = prob.gradient(z, w)
     gmax = torch.maximum(g.abs().amax(-1), gb.abs())
     active = gmax > tol
-    obj = objective(z, w)
+    obj = prob.objective(z, w)
     while it < max_iter and bool(active.any()):
         it += 1
-        if pre is None and precond != "none" and it > precond_after:
-            if precond == "full":
-                pre = FullPreconditioner(Xl, shift, sd_all[:, Fo], precond_rows or 2 * d, l2)
-            else:
-                pre = LowRankPreconditioner(Xl, shift, sd_all[:, Fo], sq[:, Fo] if standardize else None, 64, seed)
+        if not built and it > precond_after:
+            pre, built = make_precond(), True
         if pre is not None:
-            curv = (torch.sigmoid(z) * torch.sigmoid(-z) * M).sum(-1) / n_f   # mean p(1-p) [L, F]
-            g = pre.apply(g, curv, l2)
+            curv = (torch.sigmoid(z) * torch.sigmoid(-z) * prob.M).sum(-1) / prob.n_f   # mean p(1-p) [L, F]
+            g = pre.apply(g, curv, prob.l2)
         D = torch.stack([g] + steps, 2)                                 # [L, F, k, d]
-        Zd = torch.stack([image(g)] + step_imgs, 2)                     # [L, F, k, n]
+        Zd = torch.stack([prob.image(g)] + step_imgs, 2)                # [L, F, k, n]
         scale = D.norm(dim=-1).clamp_min(1e-300)
         D, Zd = D / scale[..., None], Zd / scale[..., None]
-        alpha, beta = _subspace_newton(z, Zd, D, w, yd, wts, l2, inner_steps)
+        alpha, beta = _subspace_newton(z, Zd, D, w, prob.yd, prob.wts, prob.l2, inner_steps)
         alpha, beta = alpha * active[..., None], beta * active          # converged probes stay put
         step = (alpha[..., None] * D).sum(2)
         step_img = (alpha[..., None] * Zd).sum(2)
-        w = w + step
-        b = b + beta
+        w, b = w + step, b + beta
         z = z + step_img + beta[..., None]
         if it % 10 == 0:                                                # undo drift of the running logits
-            z = image(w) + b[..., None]
+            z = prob.image(w) + b[..., None]
         steps = [step] + steps[: memory - 1]
         step_imgs = [step_img] + step_imgs[: memory - 1]
-        g, gb = gradient(z, w)
+        g, gb = prob.gradient(z, w)
         gmax = torch.maximum(g.abs().amax(-1), gb.abs())
-        new_obj = objective(z, w)
+        new_obj = prob.objective(z, w)
         stalled = (obj - new_obj) <= 1e-13 * obj.abs()                  # at the precision floor
         active = active & (gmax > tol) & ~stalled
         obj = new_obj
-    z = image(w) + b[..., None]
-    return LogisticFit(w=w.to(dt), b=b.to(dt), mu=centre.to(dt), sd=sd, logits=z.to(dt), n_iter=it,
-                       grad_max=gmax.to(dt))
+    return w, b, it, gmax
 
 
 def _objective(z: torch.Tensor, yd: torch.Tensor, wts: torch.Tensor) -> torch.Tensor:
@@ -238,7 +284,7 @@ def _subspace_newton(z: torch.Tensor, Zd: torch.Tensor, D: torch.Tensor, w: torc
 
 
 @dataclass
-class LogisticProbe:
+class LogisticProbe(Fitted):
     """Fitted probe per layer: ``coef [n_layers, d]`` and ``intercept [n_layers]`` in raw activation space."""
 
     coef: torch.Tensor
@@ -248,9 +294,6 @@ class LogisticProbe:
     l2: float
     sites: list[str]
     classes: list[Any]
-    model_id: str = ""
-    data_hash: str = ""
-    fitted_on: list[str] = field(default_factory=list)
     n_iter: int = 0
     grad_max: torch.Tensor | None = None
 
@@ -259,7 +302,7 @@ class LogisticProbe:
         return self.coef * self.scale
 
     def decision_function(self, X: Any) -> Float[torch.Tensor, "n n_layers"]:
-        x = _as_tensor(X, self.sites)
+        x = layer_tensor(X, self.sites, check_finite=True)
         check_width(self.coef, x.shape[-1], "probe")
         return torch.einsum("nld,ld->nl", x.to(self.coef.dtype), self.coef) + self.intercept
 
@@ -277,9 +320,27 @@ class LogisticProbe:
 
     def direction(self) -> Direction:
         """The probe's normal vector in activation space, unit per layer (norm = |coef|)."""
-        return Direction.from_vectors(self.coef, self.sites, method="logistic", model_id=self.model_id,
-                                      data_hash=self.data_hash, fitted_on=list(self.fitted_on),
-                                      meta={"l2": self.l2, "classes": [str(c) for c in self.classes]})
+        return Direction.from_vectors(self.coef, self.sites, **self.provenance_kwargs(
+            method="logistic", meta={"l2": self.l2, "classes": [str(c) for c in self.classes]}))
+
+    def save(self, path: str | os.PathLike, overwrite: bool = False) -> None:
+        """``PATH/tensors.safetensors`` + ``PATH/meta.json``, atomically; refuses to overwrite by default."""
+        tensors = {"coef": self.coef, "intercept": self.intercept, "mean": self.mean, "scale": self.scale}
+        if self.grad_max is not None:
+            tensors["grad_max"] = self.grad_max
+        own = {"l2": self.l2, "classes": list(self.classes), "n_iter": self.n_iter}
+        save_object(path, "probes.LogisticProbe", tensors, self.provenance, own, overwrite=overwrite)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> LogisticProbe:
+        """Load what :meth:`save` wrote."""
+        b = read_object(path, "probes.LogisticProbe")
+        t, f = b.tensors, b.fields
+        return cls(t["coef"], t["intercept"], t["mean"], t["scale"], f["l2"], b.provenance.sites, f["classes"],
+                   f["n_iter"], t.get("grad_max"), **from_provenance(b.provenance))
+
+
+register_kind("probes.LogisticProbe", LogisticProbe.load)
 
 
 def _recode(got: list[Any], codes: torch.Tensor, want: list[Any]) -> torch.Tensor:
@@ -303,6 +364,6 @@ def fit_logistic(X: Any, y: Any = None, *, l2: float = 1e-3, C: float | None = N
     Xl = data.X.transpose(0, 1)
     fit = solve_logistic(Xl, data.y, torch.ones(1, data.n, dtype=torch.bool), l2, standardize, max_iter, tol)
     return LogisticProbe(coef=fit.coef[:, 0], intercept=fit.intercept[:, 0], mean=fit.mu[:, 0], scale=fit.sd[:, 0],
-                         l2=l2, sites=data.sites, classes=data.classes, model_id=data.model_id,
+                         l2=l2, sites=data.sites, classes=data.classes, method="logistic", model_id=data.model_id,
                          data_hash=data.data_hash, fitted_on=list(data.sample_ids), n_iter=fit.n_iter,
                          grad_max=fit.grad_max[:, 0])

@@ -3,20 +3,16 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from jaxtyping import Float
 
-from interp.io import load_bundle, save_bundle
+from interp.coerce import check_width, layer_tensor
+from interp.objects import Fitted, from_provenance, read_object, register_kind, save_object
 from interp.sites import parse_site
-from probes._checks import check_width, layer_index
-
-
-def _provenance(obj: Any) -> dict[str, Any]:
-    return {"method": obj.method, "sites": list(obj.sites), "model_id": obj.model_id, "data_hash": obj.data_hash,
-            "fitted_on": list(obj.fitted_on), "meta": obj.meta}
+from probes._checks import layer_index
 
 
 def _check_sites(sites: list[str], n: int, what: str) -> list[str]:
@@ -27,7 +23,7 @@ def _check_sites(sites: list[str], n: int, what: str) -> list[str]:
 
 
 @dataclass
-class Direction:
+class Direction(Fitted):
     """One unit vector per layer, ``vectors [n_layers, d]``, plus ``norms [n_layers]`` before normalising.
 
     ``method``, ``sites``, ``model_id``, ``data_hash`` and ``fitted_on`` (the sample ids it was fitted on)
@@ -37,13 +33,9 @@ class Direction:
     vectors: torch.Tensor
     norms: torch.Tensor
     sites: list[str]
-    method: str = ""
-    model_id: str = ""
-    data_hash: str = ""
-    fitted_on: list[str] = field(default_factory=list)
-    meta: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.vectors.dim() == 1:
             self.vectors = self.vectors[None]
         if self.vectors.dim() != 2:
@@ -52,7 +44,6 @@ class Direction:
         if self.norms.numel() != self.vectors.shape[0]:
             raise ValueError(f"{self.norms.numel()} norms for {self.vectors.shape[0]} layers")
         self.sites = _check_sites(self.sites, self.vectors.shape[0], "Direction")
-        self.fitted_on = [str(i) for i in self.fitted_on]
 
     @classmethod
     def from_vectors(cls, raw: Float[torch.Tensor, "n_layers d"], sites: list[str], **prov: Any) -> Direction:
@@ -84,18 +75,16 @@ class Direction:
 
     def select(self, layers: list[int | str]) -> Direction:
         idx = [layer_index(self.sites, lay) for lay in layers]
-        return Direction(self.vectors[idx], self.norms[idx], [self.sites[i] for i in idx], self.method, self.model_id,
-                         self.data_hash, list(self.fitted_on), dict(self.meta))
+        return Direction(self.vectors[idx], self.norms[idx], [self.sites[i] for i in idx], **self.provenance_kwargs())
 
     def project(self, X: Any) -> Float[torch.Tensor, "n n_layers"]:
         """Projection of activations ``[n, n_layers, d]`` (or Activations at the same sites) on each layer's vector."""
-        from probes.compare import project
-
-        return project(X, self)
+        x = layer_tensor(X, self.sites, check_finite=True)
+        check_width(self.vectors, x.shape[-1])
+        return torch.einsum("nld,ld->nl", x.to(self.vectors.dtype), self.vectors)
 
     def __neg__(self) -> Direction:
-        return Direction(-self.vectors, self.norms, list(self.sites), self.method, self.model_id, self.data_hash,
-                         list(self.fitted_on), dict(self.meta))
+        return Direction(-self.vectors, self.norms, list(self.sites), **self.provenance_kwargs())
 
     def to_frame(self) -> Any:
         import pandas as pd
@@ -105,16 +94,14 @@ class Direction:
 
     def save(self, path: str | os.PathLike, overwrite: bool = False) -> None:
         """``PATH/tensors.safetensors`` + ``PATH/meta.json``, atomically; refuses to overwrite by default."""
-        meta = {"kind": "probes.Direction", **_provenance(self)}
-        save_bundle(path, {"vectors": self.vectors, "norms": self.norms}, meta, overwrite=overwrite)
+        save_object(path, "probes.Direction", {"vectors": self.vectors, "norms": self.norms}, self.provenance,
+                    overwrite=overwrite)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> Direction:
-        t, m = load_bundle(path)
-        if m.get("kind") != "probes.Direction":
-            raise ValueError(f"{path} does not hold a saved Direction (kind={m.get('kind')!r})")
-        return cls(t["vectors"], t["norms"], m["sites"], m["method"], m["model_id"], m["data_hash"],
-                   m["fitted_on"], m.get("meta", {}))
+        """Load what :meth:`save` wrote (also the older flat ``meta.json`` layout)."""
+        b = read_object(path, "probes.Direction")
+        return cls(b.tensors["vectors"], b.tensors["norms"], b.provenance.sites, **from_provenance(b.provenance))
 
     def __repr__(self) -> str:
         return (f"Direction(method={self.method!r}, layers={self.n_layers}, d={self.d_model}, "
@@ -122,7 +109,7 @@ class Direction:
 
 
 @dataclass
-class Subspace:
+class Subspace(Fitted):
     """``k`` orthonormal directions per layer, ``bases [n_layers, k, d]`` (rows orthonormal), best first.
 
     ``strengths [n_layers, k]`` holds each component's size (singular value or raw norm); ``names`` labels
@@ -132,14 +119,10 @@ class Subspace:
     bases: torch.Tensor
     strengths: torch.Tensor
     sites: list[str]
-    method: str = ""
-    model_id: str = ""
-    data_hash: str = ""
-    fitted_on: list[str] = field(default_factory=list)
     names: list[str] | None = None
-    meta: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.bases.dim() == 2:
             self.bases = self.bases[None]
         if self.bases.dim() != 3:
@@ -148,7 +131,6 @@ class Subspace:
         self.sites = _check_sites(self.sites, self.bases.shape[0], "Subspace")
         if self.names is not None and len(self.names) != self.bases.shape[1]:
             raise ValueError(f"{len(self.names)} names for {self.bases.shape[1]} components")
-        self.fitted_on = [str(i) for i in self.fitted_on]
 
     @property
     def rank(self) -> int:
@@ -173,24 +155,23 @@ class Subspace:
         """The first ``k`` components (1 <= k <= rank)."""
         if not 1 <= k <= self.rank:
             raise ValueError(f"k must be in 1..{self.rank}, got {k}")
-        return Subspace(self.bases[:, :k], self.strengths[:, :k], list(self.sites), self.method, self.model_id,
-                        self.data_hash, list(self.fitted_on), None if self.names is None else self.names[:k],
-                        dict(self.meta))
+        return Subspace(self.bases[:, :k], self.strengths[:, :k], list(self.sites),
+                        None if self.names is None else self.names[:k], **self.provenance_kwargs())
 
     def component(self, i: int) -> Direction:
         """Component ``i`` as a :class:`Direction`."""
-        return Direction(self.bases[:, i], self.strengths[:, i], list(self.sites), f"{self.method}[{i}]",
-                         self.model_id, self.data_hash, list(self.fitted_on), dict(self.meta))
+        return Direction(self.bases[:, i], self.strengths[:, i], list(self.sites),
+                         **self.provenance_kwargs(method=f"{self.method}[{i}]"))
 
     def coordinates(self, X: Any) -> Float[torch.Tensor, "n n_layers k"]:
         """Coordinates of activations ``[n, n_layers, d]`` in each layer's basis."""
-        x = _as_tensor(X, self.sites)
+        x = layer_tensor(X, self.sites, check_finite=True)
         check_width(self.bases, x.shape[-1], "subspace")
         return torch.einsum("nld,lkd->nlk", x.to(self.bases.dtype), self.bases)
 
     def project_out(self, X: Any) -> Float[torch.Tensor, "n n_layers d"]:
         """Activations with the subspace removed per layer (orthogonal projection; an analysis tool)."""
-        x = _as_tensor(X, self.sites).to(self.bases.dtype)
+        x = layer_tensor(X, self.sites, check_finite=True).to(self.bases.dtype)
         check_width(self.bases, x.shape[-1], "subspace")
         return x - torch.einsum("nlk,lkd->nld", torch.einsum("nld,lkd->nlk", x, self.bases), self.bases)
 
@@ -206,39 +187,21 @@ class Subspace:
         return pd.DataFrame(rows)
 
     def save(self, path: str | os.PathLike, overwrite: bool = False) -> None:
-        meta = {"kind": "probes.Subspace", "names": self.names, **_provenance(self)}
-        save_bundle(path, {"bases": self.bases, "strengths": self.strengths}, meta, overwrite=overwrite)
+        """``PATH/tensors.safetensors`` + ``PATH/meta.json``, atomically; refuses to overwrite by default."""
+        save_object(path, "probes.Subspace", {"bases": self.bases, "strengths": self.strengths}, self.provenance,
+                    {"names": self.names}, overwrite=overwrite)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> Subspace:
-        t, m = load_bundle(path)
-        if m.get("kind") != "probes.Subspace":
-            raise ValueError(f"{path} does not hold a saved Subspace (kind={m.get('kind')!r})")
-        return cls(t["bases"], t["strengths"], m["sites"], m["method"], m["model_id"], m["data_hash"],
-                   m["fitted_on"], m.get("names"), m.get("meta", {}))
+        """Load what :meth:`save` wrote (also the older flat ``meta.json`` layout)."""
+        b = read_object(path, "probes.Subspace")
+        return cls(b.tensors["bases"], b.tensors["strengths"], b.provenance.sites, b.fields.get("names"),
+                   **from_provenance(b.provenance))
 
     def __repr__(self) -> str:
         return (f"Subspace(method={self.method!r}, layers={self.n_layers}, rank={self.rank}, d={self.d_model}, "
                 f"model={self.model_id!r})")
 
 
-def _as_tensor(X: Any, sites: list[str]) -> torch.Tensor:
-    """Activations -> tensor at ``sites`` (by name); tensors must already be ``[n, len(sites), d]``."""
-    from interp.activations import Activations
-
-    if isinstance(X, Activations):
-        if X.has_positions:
-            raise ValueError("Activations with several positions per prompt; use acts.flat_tokens() or reduce positions")
-        missing = [s for s in sites if s not in X.sites]
-        if missing:
-            raise ValueError(f"the activations lack sites {missing}; capture them or select the direction's layers")
-        return X.tensor[:, [X.sites.index(s) for s in sites]]
-    t = torch.as_tensor(X)
-    if t.dim() == 2:
-        t = t[:, None]
-    if t.dim() != 3 or t.shape[1] != len(sites):
-        raise ValueError(f"activations must be [n, {len(sites)}, d] to match the {len(sites)} fitted layers, "
-                         f"got {tuple(t.shape)}")
-    if not torch.isfinite(t).all():
-        raise ValueError("activations contain NaN or Inf")
-    return t
+register_kind("probes.Direction", Direction.load)
+register_kind("probes.Subspace", Subspace.load)

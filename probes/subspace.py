@@ -15,8 +15,8 @@ from probes.objects import Subspace
 
 def _subspace(bases: torch.Tensor, strengths: torch.Tensor, data: ProbeData, method: str,
               names: list[str] | None = None, **meta: Any) -> Subspace:
-    return Subspace(bases.to(data.X.dtype), strengths.to(data.X.dtype), list(data.sites), method, data.model_id,
-                    data.data_hash, list(data.sample_ids), names, meta)
+    return Subspace(bases.to(data.X.dtype), strengths.to(data.X.dtype), list(data.sites), names, method=method,
+                    model_id=data.model_id, data_hash=data.data_hash, fitted_on=list(data.sample_ids), meta=meta)
 
 
 def category_subspace(X: Any, categories: Any = None, *, reference: Any = None, order: str = "norm") -> Subspace:

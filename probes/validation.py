@@ -12,11 +12,12 @@ from typing import Any
 import torch
 
 from evals.metrics import accuracy, auroc, cohens_d
+from interp.coerce import layer_tensor
 from probes._checks import ProbeData, as_data
 from probes.directions import fit_direction
 from probes.folds import Fold, make_folds, masks
 from probes.logistic import l2_from_C, solve_logistic
-from probes.objects import Direction, _as_tensor
+from probes.objects import Direction
 
 
 @dataclass
@@ -220,7 +221,7 @@ def evaluate_direction(X: Any, y: Any = None, direction: Direction | torch.Tenso
     if isinstance(direction, Direction):
         check_no_overlap(direction, data, allow_overlap)
         vecs, method = direction.vectors, direction.method
-        x = _as_tensor(X, direction.sites) if not isinstance(X, torch.Tensor) else data.X
+        x = layer_tensor(X, direction.sites, check_finite=True) if not isinstance(X, torch.Tensor) else data.X
     else:
         vecs, method, x = (direction[None] if direction.dim() == 1 else direction), "tensor", data.X
     if vecs.shape[0] != x.shape[1]:

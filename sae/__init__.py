@@ -29,7 +29,6 @@ _EXPORTS = {
     "separating_latents": "sae.analysis",
     "diff_latents": "sae.analysis",
     "encode_tokens": "sae.analysis",
-    "auroc": "sae.analysis",
     "LatentRanking": "sae.analysis",
     "top_contexts": "sae.contexts",
     "contexts_html": "sae.contexts",

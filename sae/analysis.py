@@ -9,6 +9,8 @@ from typing import Any
 import torch
 from jaxtyping import Float
 
+from evals.metrics import auroc
+from interp.coerce import token_rows
 from sae.arch import SAE
 
 
@@ -62,27 +64,10 @@ def aligned_latents(sae: SAE, direction: Float[torch.Tensor, " d"] | Any, top: i
 
 def encode_tokens(sae: SAE, x: torch.Tensor | Any, batch_size: int = 4096, site: str | None = None) -> torch.Tensor:
     """Latents of ``x`` (tensor ``[n, d]`` or ``Activations``: real tokens at ``site``) -> ``[n, d_sae]``."""
-    if not isinstance(x, torch.Tensor):
-        x = x.flat_tokens(site or sae.site)
-    x = x.reshape(-1, x.shape[-1])
+    x = token_rows(x, site or sae.site)
     with torch.no_grad():
         return torch.cat([sae.encode(x[a:a + batch_size].to(sae.device)).float().cpu()
                           for a in range(0, x.shape[0], batch_size)])
-
-
-def auroc(a: Float[torch.Tensor, "na L"], b: Float[torch.Tensor, "nb L"]) -> Float[torch.Tensor, " L"]:
-    """Per-column AUROC of telling ``a`` (positive) from ``b``: ``P(a > b) + P(a = b) / 2`` (exact with ties),
-    via average ranks (Mann-Whitney U), vectorised over columns."""
-    na, nb = a.shape[0], b.shape[0]
-    if na == 0 or nb == 0:
-        raise ValueError("AUROC needs at least one example in each set")
-    both = torch.cat([a, b]).double().T.contiguous()  # [L, n]
-    srt = both.sort(dim=1).values
-    lo = torch.searchsorted(srt, both, right=False)
-    hi = torch.searchsorted(srt, both, right=True)
-    ranks = (lo + hi + 1).double() / 2  # average 1-based rank of each value among ties
-    u = ranks[:, :na].sum(1) - na * (na + 1) / 2
-    return (u / (na * nb)).float()
 
 
 @dataclass
@@ -104,7 +89,8 @@ def separating_latents(sae: SAE, acts_a: torch.Tensor | Any, acts_b: torch.Tenso
     za, zb = encode_tokens(sae, acts_a, site=site), encode_tokens(sae, acts_b, site=site)
     mean_a, mean_b = za.mean(0), zb.mean(0)
     diff = mean_a - mean_b
-    au = auroc(za, zb)
+    y = torch.cat([torch.ones(za.shape[0], dtype=torch.long), torch.zeros(zb.shape[0], dtype=torch.long)])
+    au = auroc(torch.cat([za, zb]).T, y)  # [d_sae], set A positive
     keys = {"auroc": au + 1e-6 * diff.sign(), "diff": diff, "abs_auroc": (au - 0.5).abs()}
     if by not in keys:
         raise ValueError(f"by must be one of {sorted(keys)}, got {by!r}")

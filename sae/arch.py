@@ -17,6 +17,9 @@ import torch
 import torch.nn as nn
 from jaxtyping import Float
 
+from interp.objects import Provenance, read_object, register_kind, save_object
+from interp.sites import parse_site
+
 ARCHS = ("relu", "topk", "batchtopk", "jumprelu")
 Arch = Literal["relu", "topk", "batchtopk", "jumprelu"]
 
@@ -49,8 +52,6 @@ class SAEConfig:
                 raise ValueError(f"k={self.k} must be between 1 and the latent count d_sae={self.d_sae}; "
                                  f"lower k or widen the SAE")
         if self.site is not None:
-            from interp.sites import parse_site
-
             try:
                 self.site = parse_site(self.site).name
             except ValueError:
@@ -182,30 +183,34 @@ class SAE(nn.Module):
             self.threshold.div_(scale)
 
     # --- persistence (our own format: a bundle folder) ----------------------------------------
+    @property
+    def provenance(self) -> Provenance:
+        """Where the SAE reads (site, model) and how it was made (``cfg.meta`` may hold ``data_hash`` etc.)."""
+        m = dict(self.cfg.meta)
+        return Provenance(method=f"sae.{self.arch}", sites=[self.site] if self.site else [], model_id=self.cfg.model_id,
+                          data_hash=str(m.get("data_hash", "")), fitted_on=list(m.get("fitted_on", [])),
+                          meta=m)
+
     def save(self, path: str | os.PathLike, overwrite: bool = False) -> Path:
         """Save as ``PATH/tensors.safetensors`` + ``PATH/meta.json`` (atomic; refuses to overwrite)."""
-        from interp.io import save_bundle
-
         tensors = {k: v for k, v in self.state_dict().items()}
-        return save_bundle(path, tensors, {"kind": "sae.SAE", "cfg": self.cfg.to_dict()}, overwrite=overwrite)
+        return save_object(path, "sae.SAE", tensors, self.provenance, {"cfg": self.cfg.to_dict()},
+                           overwrite=overwrite)
 
     @classmethod
     def load(cls, path: str | os.PathLike, device: str | torch.device | None = None) -> SAE:
-        """Load an SAE saved by :meth:`save`, or a sae-lens folder (``cfg.json`` + ``sae_weights.safetensors``)."""
+        """Load an SAE saved by :meth:`save` (a sae-lens folder loads with ``sae.load_saelens``)."""
         p = Path(path)
         if (p / "cfg.json").exists() and not (p / "meta.json").exists():
-            from sae.saelens_io import load_saelens
-
-            return load_saelens(p, device=device)
-        from interp.io import load_bundle
-
-        tensors, meta = load_bundle(p)
-        if meta.get("kind") != "sae.SAE":
-            raise ValueError(f"{p} does not hold a saved SAE (kind={meta.get('kind')!r})")
-        sae = cls(SAEConfig.from_dict(meta["cfg"]), seed=None)
-        sae.load_state_dict(tensors)
+            raise ValueError(f"{p} holds a sae-lens SAE (cfg.json); load it with sae.load_saelens(path)")
+        b = read_object(p, "sae.SAE")
+        sae = cls(SAEConfig.from_dict(b.fields["cfg"]), seed=None)
+        sae.load_state_dict(b.tensors)
         return sae.to(device) if device is not None else sae
 
     def extra_repr(self) -> str:
         k = f", k={self.cfg.k}" if self.cfg.k is not None else ""
         return f"arch={self.arch}, d_in={self.d_in}, d_sae={self.d_sae}{k}, site={self.site!r}"
+
+
+register_kind("sae.SAE", SAE.load)

@@ -87,62 +87,13 @@ def train_step(sae: SAE, x: torch.Tensor, dead: torch.Tensor, coeffs: dict[str, 
     """Loss of one batch ``x [B, d_in]`` (inputs already normalised). ``opts``: ``sparse``, ``backend``,
     ``k_aux``, ``bandwidth``, ``target_l0``. ``coeffs``: ``sparsity`` and ``aux`` weights for this step."""
     arch, sparse, backend = sae.arch, opts["sparse"], opts["backend"]
-    B = x.shape[0]
     zero = x.new_zeros(())
     min_active = None
     sparsity = preact = zero
     if arch in ("topk", "batchtopk"):
-        with torch.no_grad():
-            pre = (x - sae.b_dec) @ sae.W_enc + sae.b_enc
-            if arch == "topk":
-                vals, idx = pre.topk(sae.cfg.k, dim=-1, sorted=False)
-                act = Active.from_topk(idx)
-                pre_vals = vals.reshape(-1)
-            else:
-                flat = torch.relu(pre).reshape(-1)
-                top = flat.topk(min(B * sae.cfg.k, flat.numel()), sorted=False)
-                keep = top.indices[top.values > 0]
-                act = Active.from_flat(keep, B, sae.d_sae)
-                pre_vals = pre.reshape(-1)[act.rows * sae.d_sae + act.cols]
-        if sparse:
-            pv = sparse_encode(x, sae.b_dec, sae.W_enc, sae.b_enc, pre_vals, act, backend=backend)
-            v = torch.relu(pv)
-            x_hat = sparse_decode(v, sae.W_dec, act, backend=backend) + sae.b_dec
-        else:
-            pre_g = (x - sae.b_dec) @ sae.W_enc + sae.b_enc
-            v = torch.relu(pre_g[act.rows, act.cols])
-            z = torch.zeros_like(pre_g).index_put((act.rows, act.cols), v)
-            x_hat = z @ sae.W_dec + sae.b_dec
-        with torch.no_grad():
-            on = v > 0
-            fired = torch.zeros(sae.d_sae, dtype=torch.bool, device=x.device)
-            fired[act.cols[on]] = True
-            l0 = float(on.sum()) / B
-            if arch == "batchtopk" and bool(on.any()):
-                min_active = float(v[on].min())
+        pre, x_hat, fired, l0, min_active = _k_sparse_forward(sae, x, sparse, backend)
     else:
-        pre = (x - sae.b_dec) @ sae.W_enc + sae.b_enc
-        if arch == "relu":
-            z = torch.relu(pre)
-            sparsity = z.sum(-1).mean()  # decoder rows are unit norm, so this is Anthropic's sum |z| ||W_dec||
-        else:
-            thr = sae.threshold
-            z = _JumpReLU.apply(pre, thr, opts["bandwidth"])
-            l0_per = _Step.apply(pre, thr, opts["bandwidth"]).sum(-1)
-            target = opts.get("target_l0")
-            if target:
-                sparsity = (l0_per.mean() / target - 1.0).pow(2) * target
-            else:
-                sparsity = l0_per.mean()
-            if coeffs.get("preact", 0) > 0 and bool(dead.any()):
-                # dead latents: pull pre-activations up to (and thresholds down to) the jump (Anthropic 2025)
-                preact = (torch.relu(thr - pre) * dead).sum(-1).mean()
-        x_hat = z @ sae.W_dec + sae.b_dec
-        with torch.no_grad():
-            on = z > 0
-            fired = on.any(0)
-            l0 = float(on.sum()) / B
-        pre = pre.detach().clone()
+        pre, x_hat, fired, l0, sparsity, preact = _penalised_forward(sae, x, dead, coeffs, opts)
     mse = (x_hat - x).pow(2).sum(-1).mean()
     aux = zero
     if coeffs["aux"] > 0 and bool(dead.any()):
@@ -150,3 +101,69 @@ def train_step(sae: SAE, x: torch.Tensor, dead: torch.Tensor, coeffs: dict[str, 
     loss = mse + coeffs["sparsity"] * sparsity + coeffs["aux"] * aux + coeffs.get("preact", 0.0) * preact
     return StepOut(loss=loss, mse=mse.detach(), aux=aux.detach(), sparsity=sparsity.detach(), x_hat=x_hat.detach(),
                    fired=fired, l0=l0, min_active=min_active)
+
+
+def _k_sparse_forward(sae: SAE, x: torch.Tensor, sparse: bool, backend: Any
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float, float | None]:
+    """TopK / BatchTopK: pick the active latents without grad, then encode/decode only those (sparse kernels
+    or a dense scatter). Returns ``pre`` (no grad), ``x_hat``, latents fired, L0 and the smallest active value."""
+    arch, B = sae.arch, x.shape[0]
+    min_active = None
+    with torch.no_grad():
+        pre = (x - sae.b_dec) @ sae.W_enc + sae.b_enc
+        if arch == "topk":
+            vals, idx = pre.topk(sae.cfg.k, dim=-1, sorted=False)
+            act = Active.from_topk(idx)
+            pre_vals = vals.reshape(-1)
+        else:
+            flat = torch.relu(pre).reshape(-1)
+            top = flat.topk(min(B * sae.cfg.k, flat.numel()), sorted=False)
+            keep = top.indices[top.values > 0]
+            act = Active.from_flat(keep, B, sae.d_sae)
+            pre_vals = pre.reshape(-1)[act.rows * sae.d_sae + act.cols]
+    if sparse:
+        pv = sparse_encode(x, sae.b_dec, sae.W_enc, sae.b_enc, pre_vals, act, backend=backend)
+        v = torch.relu(pv)
+        x_hat = sparse_decode(v, sae.W_dec, act, backend=backend) + sae.b_dec
+    else:
+        pre_g = (x - sae.b_dec) @ sae.W_enc + sae.b_enc
+        v = torch.relu(pre_g[act.rows, act.cols])
+        z = torch.zeros_like(pre_g).index_put((act.rows, act.cols), v)
+        x_hat = z @ sae.W_dec + sae.b_dec
+    with torch.no_grad():
+        on = v > 0
+        fired = torch.zeros(sae.d_sae, dtype=torch.bool, device=x.device)
+        fired[act.cols[on]] = True
+        l0 = float(on.sum()) / B
+        if arch == "batchtopk" and bool(on.any()):
+            min_active = float(v[on].min())
+    return pre, x_hat, fired, l0, min_active
+
+
+def _penalised_forward(sae: SAE, x: torch.Tensor, dead: torch.Tensor, coeffs: dict[str, float], opts: dict[str, Any]
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float, torch.Tensor, torch.Tensor]:
+    """ReLU (L1 penalty) / JumpReLU (L0 penalty, straight-through): dense forward with its sparsity terms.
+    Returns ``pre`` (detached copy), ``x_hat``, latents fired, L0, the sparsity and the pre-activation terms."""
+    preact = x.new_zeros(())
+    pre = (x - sae.b_dec) @ sae.W_enc + sae.b_enc
+    if sae.arch == "relu":
+        z = torch.relu(pre)
+        sparsity = z.sum(-1).mean()  # decoder rows are unit norm, so this is Anthropic's sum |z| ||W_dec||
+    else:
+        thr = sae.threshold
+        z = _JumpReLU.apply(pre, thr, opts["bandwidth"])
+        l0_per = _Step.apply(pre, thr, opts["bandwidth"]).sum(-1)
+        target = opts.get("target_l0")
+        if target:
+            sparsity = (l0_per.mean() / target - 1.0).pow(2) * target
+        else:
+            sparsity = l0_per.mean()
+        if coeffs.get("preact", 0) > 0 and bool(dead.any()):
+            # dead latents: pull pre-activations up to (and thresholds down to) the jump (Anthropic 2025)
+            preact = (torch.relu(thr - pre) * dead).sum(-1).mean()
+    x_hat = z @ sae.W_dec + sae.b_dec
+    with torch.no_grad():
+        on = z > 0
+        fired = on.any(0)
+        l0 = float(on.sum()) / x.shape[0]
+    return pre.detach().clone(), x_hat, fired, l0, sparsity, preact

@@ -121,9 +121,33 @@ def load_saelens(path: str | os.PathLike, device: str | torch.device | None = No
     folder's ``activation_scaler.json``) are folded into the weights. Its ``hook_name`` becomes our site
     (``interp.sites.parse_site``); pass ``site=`` to override it.
     """
-    from safetensors.torch import load_file
-
     p = Path(path)
+    cfg = _read_cfg(p)
+    md = cfg.get("metadata") or {}
+    arch_in = cfg.get("architecture", "standard")
+    w = _read_weights(p, cfg)
+    _fold_input_transforms(w, cfg, p, norm_scaling_factor)
+    arch, k = _our_arch(arch_in, cfg, md, w.get("threshold"), p)
+    hook = site or md.get("hook_name") or cfg.get("hook_name")
+    out_dtype = str(dtype or cfg.get("dtype", "float32")).replace("torch.", "")
+    meta = {"source": "sae-lens", "path": str(p), "hook_name": hook, "architecture": arch_in}
+    if isinstance(md.get("interp_meta"), dict):
+        meta.update(md["interp_meta"])
+    d_in, d_sae = w["W_enc"].shape
+    sc = SAEConfig(d_in=d_in, d_sae=d_sae, arch=arch, k=k, site=hook, model_id=md.get("model_name") or "",
+                   dtype=out_dtype, apply_b_dec_to_input=bool(cfg.get("apply_b_dec_to_input", True)), meta=meta)
+    sae = SAE(sc, seed=None)
+    dt = sc.torch_dtype
+    with torch.no_grad():
+        for name in ("W_enc", "b_enc", "W_dec", "b_dec"):
+            getattr(sae, name).copy_(w[name].to(dt))
+        if sae.threshold is not None:
+            sae.threshold.copy_(w["threshold"].to(dt))
+    return sae.to(device) if device is not None else sae
+
+
+def _read_cfg(p: Path) -> dict[str, Any]:
+    """``cfg.json`` upgraded to the 6.x layout, with everything we cannot load refused up front."""
     if not (p / CFG).exists():
         subs = sorted(q.parent.name for q in p.glob(f"*/{CFG}")) if p.is_dir() else []
         hint = f"; SAEs found in sub-folders: {subs[:8]}" if subs else ""
@@ -145,65 +169,63 @@ def load_saelens(path: str | os.PathLike, device: str | torch.device | None = No
     if norm not in ("none", "expected_average_only_in"):
         raise ValueError(f"normalize_activations={norm!r} is applied at run time by sae-lens and cannot be folded "
                          f"into the weights; only 'none' and 'expected_average_only_in' load")
+    return cfg
+
+
+def _read_weights(p: Path, cfg: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The weights in float64 (``W_enc, b_enc, W_dec, b_dec``, ``threshold`` if any; ``scaling_factor`` kept)."""
+    from safetensors.torch import load_file
 
     st = {k: v.to(torch.float64) for k, v in load_file(str(p / WEIGHTS)).items()}
-    W_enc, W_dec, b_dec = st["W_enc"], st["W_dec"], st["b_dec"]
-    b_enc = st.get("b_enc", torch.zeros(W_enc.shape[1], dtype=torch.float64))
+    W_enc, W_dec = st["W_enc"], st["W_dec"]
     d_in, d_sae = W_enc.shape
     if W_dec.shape != (d_sae, d_in) or cfg.get("d_sae", d_sae) != d_sae or cfg.get("d_in", d_in) != d_in:
         raise ValueError(f"{p}: weight shapes W_enc {tuple(W_enc.shape)}, W_dec {tuple(W_dec.shape)} do not match "
                          f"d_in={cfg.get('d_in')}, d_sae={cfg.get('d_sae')}")
-    threshold = None
+    w = {"W_enc": W_enc, "W_dec": W_dec, "b_dec": st["b_dec"],
+         "b_enc": st.get("b_enc", torch.zeros(d_sae, dtype=torch.float64))}
     if "threshold" in st:
-        threshold = st["threshold"]
+        w["threshold"] = st["threshold"]
     elif "log_threshold" in st:
-        threshold = st["log_threshold"].exp()
+        w["threshold"] = st["log_threshold"].exp()
     elif "topk_threshold" in st:
-        threshold = st["topk_threshold"].reshape(()).expand(d_sae).clone()
+        w["threshold"] = st["topk_threshold"].reshape(()).expand(d_sae).clone()
+    if "scaling_factor" in st:
+        w["scaling_factor"] = st["scaling_factor"]
+    return w
 
-    if "scaling_factor" in st and not torch.allclose(st["scaling_factor"], torch.ones(())):
-        W_dec = W_dec * st["scaling_factor"][:, None]  # old finetuning scale multiplied the latents
+
+def _fold_input_transforms(w: dict[str, torch.Tensor], cfg: dict[str, Any], p: Path,
+                           norm_scaling_factor: float | None) -> None:
+    """Fold the old latent scale, decoder-norm rescaling and input normalisation into ``w`` (in place)."""
+    sf_old = w.pop("scaling_factor", None)
+    if sf_old is not None and not torch.allclose(sf_old, torch.ones(())):
+        w["W_dec"] = w["W_dec"] * sf_old[:, None]  # old finetuning scale multiplied the latents
     if cfg.get("rescale_acts_by_decoder_norm"):
         # latents were read as z * ||W_dec||: fold the norms so decoder rows are unit and outputs identical
-        n = W_dec.norm(dim=1).clamp_min(1e-8)
-        W_enc, b_enc, W_dec = W_enc * n[None, :], b_enc * n, W_dec / n[:, None]
-    if norm == "expected_average_only_in":
+        n = w["W_dec"].norm(dim=1).clamp_min(1e-8)
+        w["W_enc"], w["b_enc"], w["W_dec"] = w["W_enc"] * n[None, :], w["b_enc"] * n, w["W_dec"] / n[:, None]
+    if (cfg.get("normalize_activations", "none") or "none") == "expected_average_only_in":
         sf = norm_scaling_factor or _scaling_factor_from_folder(p)
         if sf is None:
             raise ValueError(f"{p} was trained on inputs scaled by a constant (normalize_activations="
                              f"'expected_average_only_in') that the folder does not record; pass "
                              f"norm_scaling_factor=... (sae-lens lists it in pretrained_saes.yaml)")
-        W_enc = W_enc * sf  # scale the input by sf, and the output back by 1/sf
-        W_dec, b_dec = W_dec / sf, b_dec / sf
+        w["W_enc"] = w["W_enc"] * sf  # scale the input by sf, and the output back by 1/sf
+        w["W_dec"], w["b_dec"] = w["W_dec"] / sf, w["b_dec"] / sf
 
+
+def _our_arch(arch_in: str, cfg: dict[str, Any], md: dict[str, Any], threshold: torch.Tensor | None, p: Path
+              ) -> tuple[str, int | None]:
+    """Our ``(arch, k)`` for a sae-lens architecture (BatchTopK saved as JumpReLU by us comes back as BatchTopK)."""
     if arch_in == "topk":
-        arch, k = "topk", int(cfg["k"])
-    elif arch_in == "standard":
-        arch, k = "relu", None
-    else:
-        if threshold is None:
-            raise ValueError(f"{p}: a {arch_in} SAE needs a threshold tensor in {WEIGHTS}")
-        if arch_in == "batchtopk":
-            arch, k = "batchtopk", int(round(float(cfg["k"])))
-        elif md.get("interp_arch") == "batchtopk" and md.get("interp_k"):
-            arch, k = "batchtopk", int(md["interp_k"])
-        else:
-            arch, k = "jumprelu", None
-    hook = site or md.get("hook_name") or cfg.get("hook_name")
-    out_dtype = dtype or cfg.get("dtype", "float32")
-    out_dtype = str(out_dtype).replace("torch.", "")
-    meta = {"source": "sae-lens", "path": str(p), "hook_name": hook, "architecture": arch_in}
-    if isinstance(md.get("interp_meta"), dict):
-        meta.update(md["interp_meta"])
-    sc = SAEConfig(d_in=d_in, d_sae=d_sae, arch=arch, k=k, site=hook, model_id=md.get("model_name") or "",
-                   dtype=out_dtype, apply_b_dec_to_input=bool(cfg.get("apply_b_dec_to_input", True)), meta=meta)
-    sae = SAE(sc, seed=None)
-    dt = sc.torch_dtype
-    with torch.no_grad():
-        sae.W_enc.copy_(W_enc.to(dt))
-        sae.b_enc.copy_(b_enc.to(dt))
-        sae.W_dec.copy_(W_dec.to(dt))
-        sae.b_dec.copy_(b_dec.to(dt))
-        if sae.threshold is not None:
-            sae.threshold.copy_(threshold.to(dt))
-    return sae.to(device) if device is not None else sae
+        return "topk", int(cfg["k"])
+    if arch_in == "standard":
+        return "relu", None
+    if threshold is None:
+        raise ValueError(f"{p}: a {arch_in} SAE needs a threshold tensor in {WEIGHTS}")
+    if arch_in == "batchtopk":
+        return "batchtopk", int(round(float(cfg["k"])))
+    if md.get("interp_arch") == "batchtopk" and md.get("interp_k"):
+        return "batchtopk", int(md["interp_k"])
+    return "jumprelu", None

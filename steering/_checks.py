@@ -150,12 +150,6 @@ def check_positions(positions: Any, scope: str) -> str | tuple[int, ...]:
     return out
 
 
-def check_width(v: torch.Tensor, d_model: int, name: str) -> None:
-    if v.shape[-1] != d_model:
-        raise ValueError(f"{name} has width {v.shape[-1]} but the model's residual stream has width {d_model}; "
-                         f"was it fitted on another model?")
-
-
 def unit(v: torch.Tensor, name: str) -> torch.Tensor:
     n = v.norm()
     if not n > 1e-12:

@@ -27,9 +27,10 @@ from jaxtyping import Float
 from torch import Tensor
 
 from interp.arch import has_module
+from interp.coerce import check_width
 from interp.hooks import count_hooks
 from interp.models import Model, from_hf
-from steering._checks import Layers, as_tensor, check_width, orthonormal, resolve_layers, unit
+from steering._checks import Layers, as_tensor, orthonormal, resolve_layers, unit
 
 WRITERS = ("embed", "pos_embed", "attn", "mlp", "experts", "shared_expert")
 _NORMED = ("attn", "mlp", "experts", "shared_expert")
@@ -74,7 +75,7 @@ def as_basis(direction: Any, d_model: int, orthonormalize: bool = False) -> Floa
             t = unit(t[0], "direction")[None]
     else:
         raise ValueError(f"direction must be [d] or a basis [k, d], got shape {tuple(t.shape)}")
-    check_width(t, d_model, "direction")
+    check_width(t, d_model, "direction", "the model's residual stream has")
     return t
 
 

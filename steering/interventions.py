@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from interp.coerce import check_width
 from interp.models import Model
 from interp.sites import Site
 from steering._checks import (
@@ -26,7 +27,6 @@ from steering._checks import (
     check_finite,
     check_positions,
     check_scope,
-    check_width,
     orthonormal,
     per_layer_vectors,
     resolve_kinds,
@@ -35,6 +35,8 @@ from steering._checks import (
 )
 from steering.apply import SiteEdit, _native_fn
 from steering.fused import LowRankEdit
+
+RESIDUAL = "the model's residual stream has"  # what a steering vector's width is checked against
 
 
 @dataclass(eq=False)
@@ -53,7 +55,7 @@ class Condition:
         v = self._vecs if isinstance(self._vecs, torch.Tensor) else self._vecs.get(layer)
         if v is None:
             raise ValueError(f"the condition has no direction for layer {layer}; it covers {sorted(self._vecs)}")
-        check_width(v, d_model, "condition direction")
+        check_width(v, d_model, "condition direction", RESIDUAL)
         return unit(v, "condition direction")
 
 
@@ -79,7 +81,7 @@ class _Intervention:
 
     def _vector(self, layer: int, d_model: int) -> torch.Tensor:
         v = self._vecs if isinstance(self._vecs, torch.Tensor) else self._vecs[layer]
-        check_width(v, d_model, f"{type(self).__name__} vector")
+        check_width(v, d_model, f"{type(self).__name__} vector", RESIDUAL)
         return v
 
     def resolved_layers(self, model: Model) -> list[int]:

@@ -7,7 +7,7 @@ from scipy.stats import rankdata
 from sklearn.metrics import roc_auc_score
 
 import probes
-from evals.metrics import average_ranks
+from evals.metrics import auroc, average_ranks, cohens_d
 
 
 def planted(n=600, L=3, d=24, signal=3.0, seed=0):
@@ -25,12 +25,12 @@ def test_metrics_match_sklearn_and_scipy():
     s = torch.randn(4, 300, generator=g) + y
     s[1] = torch.round(s[1] * 2) / 2                                    # many ties
     s[3] = 1.0                                                          # all tied: exactly chance
-    ours = probes.auroc(s, y)
+    ours = auroc(s, y)
     for i in range(4):
         assert abs(float(ours[i]) - roc_auc_score(y.numpy(), s[i].numpy())) < 1e-6
         assert np.allclose(average_ranks(s[i]).numpy(), rankdata(s[i].numpy()))
     assert float(ours[3]) == 0.5
-    d = probes.cohens_d(s[0], y)
+    d = cohens_d(s[0], y)
     a, b = s[0][y == 1].double(), s[0][y == 0].double()
     pooled = (((len(a) - 1) * a.var() + (len(b) - 1) * b.var()) / (len(a) + len(b) - 2)).sqrt()
     assert abs(float(d) - float((a.mean() - b.mean()) / pooled)) < 1e-5

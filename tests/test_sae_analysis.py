@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sae.analysis import aligned_latents, auroc, diff_latents, separating_latents
+from evals.metrics import auroc
+from sae.analysis import aligned_latents, diff_latents, separating_latents
 from sae.arch import SAE, SAEConfig
 
 
@@ -33,7 +34,7 @@ def test_auroc_matches_sklearn_with_ties():
     g = torch.Generator().manual_seed(1)
     a = torch.relu(torch.randn(40, 6, generator=g) + 0.3).round(decimals=1)  # many ties, many zeros
     b = torch.relu(torch.randn(55, 6, generator=g)).round(decimals=1)
-    ours = auroc(a, b)
+    ours = auroc(torch.cat([a, b]).T, torch.tensor([1] * 40 + [0] * 55))  # scores [..., n], labels y
     for j in range(6):
         y = [1] * 40 + [0] * 55
         ref = sk.roc_auc_score(y, torch.cat([a[:, j], b[:, j]]).tolist())

@@ -50,7 +50,8 @@ def setup():
 
 def test_diffed_latents_separate_and_their_ablation_lowers_refusal(setup):
     from evals.judge import refusal_rate
-    from sae.analysis import auroc, diff_latents, encode_tokens
+    from evals.metrics import auroc
+    from sae.analysis import diff_latents, encode_tokens
     from sae.interventions import LatentAblation
     from sae.metrics import evaluate
     from sae.runner import generate
@@ -74,10 +75,13 @@ def test_diffed_latents_separate_and_their_ablation_lowers_refusal(setup):
         return (z * mask).sum(1) / mask.sum(1)
 
     h, s = per_prompt(val["harmful_val"]), per_prompt(val["harmless_val"])
-    au_each = auroc(h, s)
-    au_sum = float(auroc(h.sum(1, keepdim=True), s.sum(1, keepdim=True))[0])
+    def a_vs_b(a, b):  # AUROC per column of a (positive) against b, with evals' scores [..., n] and labels y
+        return auroc(torch.cat([a, b]).T, torch.cat([torch.ones(len(a)), torch.zeros(len(b))]).long())
+
+    au_each = a_vs_b(h, s)
+    au_sum = float(a_vs_b(h.sum(1, keepdim=True), s.sum(1, keepdim=True))[0])
     last = [encode_tokens(sae, val[k].tensor[:, 0, -1])[:, top[:1]] for k in ("harmful_val", "harmless_val")]
-    au_first = float(auroc(*last)[0])
+    au_first = float(a_vs_b(*last)[0])
     print(f"AUROC harmful vs harmless (aligned model, val prompts): top latent at the last token {au_first:.3f}; "
           f"sum of the top-10 per prompt {au_sum:.3f}; each (prompt mean) {[round(float(v), 2) for v in au_each]}")
     assert au_first > 0.95 and au_sum > 0.8

@@ -1,0 +1,169 @@
+"""One provenance record and one save/load bundle for every captured or fitted object.
+
+A bundle is a folder: ``tensors.safetensors`` + ``meta.json`` holding ``kind`` (e.g. ``"probes.Direction"``),
+``format``, ``provenance`` (:class:`Provenance`) and, beside them at the top level, the object's own fields. Upper floors register a
+loader per kind at import, so :func:`load` dispatches without the core importing them.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from interp.io import load_bundle, read_json, save_bundle
+from interp.sites import parse_site
+
+FORMAT = 2  # format 1: the same folder, provenance keys flat in meta.json (still loads)
+
+
+def _package_version() -> str:
+    try:
+        return importlib.metadata.version("interp-toolkit")
+    except importlib.metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
+PACKAGE_VERSION = _package_version()
+
+
+@dataclass
+class Provenance:
+    """Where an object came from: method, sites (layers follow), model, data hash, the sample ids it was
+    fitted on, the package version that made it, and free ``meta``."""
+
+    method: str = ""
+    sites: list[str] = field(default_factory=list)
+    model_id: str = ""
+    data_hash: str = ""
+    fitted_on: list[str] = field(default_factory=list)
+    created_with: str = PACKAGE_VERSION
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def layers(self) -> list[int | None]:
+        """Layer of each site (``None`` outside the blocks or for names that do not parse)."""
+        out: list[int | None] = []
+        for s in self.sites:
+            try:
+                out.append(parse_site(s).layer)
+            except (ValueError, KeyError):
+                out.append(None)
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict (``layers`` included for readers; ignored on the way back)."""
+        return {**asdict(self), "layers": self.layers}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Provenance:
+        """From :meth:`to_dict` or a format-1 ``meta.json`` (unknown keys ignored; missing ones default)."""
+        names = {f.name for f in fields(cls)}
+        kw = {k: v for k, v in d.items() if k in names and v is not None}
+        kw["fitted_on"] = [str(i) for i in kw.get("fitted_on", [])]
+        kw["sites"] = list(kw.get("sites", []))
+        kw.setdefault("created_with", "")  # unknown for files that did not record it
+        return cls(**kw)
+
+
+@dataclass(kw_only=True)
+class Fitted:
+    """Base of fitted objects: the provenance fields as keyword arguments, and :attr:`provenance`.
+
+    Subclasses hold their tensors and ``sites``; copies pass ``**self.provenance_kwargs()`` along."""
+
+    method: str = ""
+    model_id: str = ""
+    data_hash: str = ""
+    fitted_on: list[str] = field(default_factory=list)
+    meta: dict[str, Any] = field(default_factory=dict)
+    created_with: str = PACKAGE_VERSION
+
+    def __post_init__(self) -> None:
+        self.fitted_on = [str(i) for i in self.fitted_on]
+
+    @property
+    def provenance(self) -> Provenance:
+        return Provenance(self.method, list(getattr(self, "sites", [])), self.model_id, self.data_hash,
+                          list(self.fitted_on), self.created_with, dict(self.meta))
+
+    def provenance_kwargs(self, **changes: Any) -> dict[str, Any]:
+        """The provenance fields as constructor keywords (copied), with ``changes`` applied."""
+        kw = {"method": self.method, "model_id": self.model_id, "data_hash": self.data_hash,
+              "fitted_on": list(self.fitted_on), "meta": dict(self.meta), "created_with": self.created_with}
+        return {**kw, **changes}
+
+
+def from_provenance(p: Provenance) -> dict[str, Any]:
+    """Constructor keywords of :class:`Fitted` from a loaded :class:`Provenance` (``sites`` excluded)."""
+    return {"method": p.method, "model_id": p.model_id, "data_hash": p.data_hash, "fitted_on": list(p.fitted_on),
+            "meta": dict(p.meta), "created_with": p.created_with}
+
+
+@dataclass
+class Bundle:
+    """A loaded bundle: ``kind``, ``tensors``, ``provenance`` and the object's own ``fields``."""
+
+    kind: str
+    tensors: dict[str, torch.Tensor]
+    provenance: Provenance
+    fields: dict[str, Any]
+
+
+def save_object(path: str | os.PathLike, kind: str, tensors: dict[str, torch.Tensor], provenance: Provenance,
+                fields: dict[str, Any] | None = None, overwrite: bool = False) -> Path:
+    """Write one bundle atomically; refuses to overwrite unless ``overwrite=True``."""
+    own = dict(fields or {})
+    clash = {"kind", "format", "provenance"} & set(own)
+    if clash:
+        raise ValueError(f"field names {sorted(clash)} are reserved in a bundle's meta.json; rename them")
+    meta = {**own, "kind": kind, "format": FORMAT, "provenance": provenance.to_dict()}
+    return save_bundle(path, tensors, meta, overwrite=overwrite)
+
+
+def read_kind(path: str | os.PathLike) -> str:
+    """The ``kind`` recorded in a bundle folder (reads only ``meta.json``)."""
+    p = Path(path)
+    if not (p / "meta.json").exists():
+        raise FileNotFoundError(f"{p} holds no saved bundle (meta.json missing)")
+    return str(read_json(p / "meta.json").get("kind"))
+
+
+def read_object(path: str | os.PathLike, kind: str) -> Bundle:
+    """Read a bundle and check it holds ``kind``; the error names the loader that fits what it holds."""
+    tensors, meta = load_bundle(path)
+    got = meta.get("kind")
+    if got != kind:
+        hint = f"load it with {got}.load(path) or interp.objects.load(path)" if got else "it has no kind"
+        raise ValueError(f"{path} does not hold a saved {kind.split('.')[-1]}: it holds a {got}; {hint}")
+    own = {k: v for k, v in meta.items() if k not in ("kind", "format", "provenance")}
+    if "provenance" in meta:
+        return Bundle(kind, tensors, Provenance.from_dict(meta["provenance"]), own)
+    return Bundle(kind, tensors, Provenance.from_dict(meta), own)  # format 1: provenance keys flat
+
+
+_LOADERS: dict[str, Callable[[Path], Any]] = {}
+
+
+def register_kind(kind: str, loader: Callable[[Path], Any]) -> None:
+    """Let :func:`load` open bundles of ``kind`` (each floor registers its classes at import)."""
+    _LOADERS[kind] = loader
+
+
+def load(path: str | os.PathLike) -> Any:
+    """Open any saved bundle by its ``kind`` (the floor that defines it must be imported)."""
+    kind = read_kind(path)
+    if kind not in _LOADERS:
+        pkg = kind.split(".")[0]
+        raise ValueError(f"{path} holds a {kind}; `import {pkg}` first (it registers its loader) or call "
+                         f"{kind}.load(path)")
+    return _LOADERS[kind](Path(path))
+
+
+__all__ = ["Bundle", "FORMAT", "Fitted", "PACKAGE_VERSION", "Provenance", "from_provenance", "load", "read_kind",
+           "read_object", "register_kind", "save_object"]
