@@ -25,8 +25,8 @@ def add_steer_parser(sub: Any, model_args: Any) -> None:
                                                       "folder written by `interp probe`)")
     option(p, "--layer", None, "layer to steer at (add) or whose vector to ablate at every layer (ablate); "
                                "none: the direction's middle layer (add) or each layer's own vector (ablate)", type=int)
-    option(p, "--alpha", "0.5,1,2", "comma-separated strengths for --mode add (negative values subtract); "
-                                    "ignored by --mode ablate")
+    option(p, "--alpha", "0.5,1,2", "comma-separated strengths for --mode add (negative values subtract: "
+                                    "write --alpha=-1,1); ignored by --mode ablate")
     option(p, "--scale", "raw", "unit of --alpha: raw (alpha 1 adds the saved difference of means) or unit "
                                 "(alpha is in residual-stream units along the unit vector)", choices=("raw", "unit"))
     option(p, "--mode", "add", "add the direction, or ablate it (project it out of every layer's writers)",

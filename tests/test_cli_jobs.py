@@ -127,6 +127,21 @@ def test_steer_end_to_end_matches_library(probe_run: dict, files, model, tmp_pat
     assert "plotly-graph-div" in (out / "report.html").read_text()
 
 
+def test_steer_ablate_matches_library(probe_run: dict, files, model, tmp_path) -> None:
+    import probes
+    import steering
+
+    out = tmp_path / "ablate"
+    assert main(["steer", "--prompts", str(files["steer"]), "--direction", str(probe_run["out"] / "direction"),
+                 "--mode", "ablate", "--layer", "1", "--alpha=-3", "--max-new-tokens", "8", "--out", str(out)]) == 0
+    rows = [json.loads(line) for line in (out / "generations.jsonl").read_text().splitlines()]
+    d = probes.Direction.load(probe_run["out"] / "direction")
+    ablated = steering.generate(model, HARMFUL[:2] + HARMLESS[:2], steering.DirectionalAblation(d.at(1)),
+                                max_new_tokens=8, progress=False)
+    assert [r["text"] for r in rows if r["condition"] == "ablate"] == ablated.texts
+    assert json.loads((out / "result.json").read_text())["layer"] == 1
+
+
 def test_sae_train_end_to_end_matches_library(files, model, tmp_path) -> None:
     import interp
     import sae
