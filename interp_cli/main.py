@@ -8,7 +8,11 @@ from typing import Any
 
 from interp.models import DEFAULT_MODEL
 from interp.prompts import read_prompts
+from interp_cli.patch import add_patch_parser
+from interp_cli.probe import add_probe_parser
 from interp_cli.refusal import add_refusal_parser
+from interp_cli.sae_train import add_sae_parser
+from interp_cli.steer import add_steer_parser
 
 
 def cmd_info(args: argparse.Namespace) -> int:
@@ -109,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-SUBCOMMANDS = (add_refusal_parser,)  # every further subcommand registers here: a plain table, no optional imports
+SUBCOMMANDS = (add_refusal_parser, add_probe_parser, add_steer_parser, add_sae_parser, add_patch_parser)  # every further subcommand registers here: a plain table, no optional imports
 
 
 def main(argv: list[str] | None = None) -> int:
