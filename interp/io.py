@@ -22,6 +22,12 @@ def check_writable(path: str | os.PathLike, overwrite: bool) -> Path:
     return p
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
     """Call ``write(tmp_path)`` then rename into place, so readers never see a half-written file."""
     p = Path(path)
@@ -32,6 +38,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
         write(tmp)
         with open(tmp, "rb") as fh:
             os.fsync(fh.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600 files; give the user's usual permissions
         os.replace(tmp, p)
     except BaseException:
         if os.path.exists(tmp):

@@ -53,3 +53,15 @@ def test_truncated_shard_names_the_file(tiny_models, tmp_path):
     f.write_bytes(b"\x01\x02")
     with pytest.raises(ValueError, match=rf"{shard_name(2)} is not a readable safetensors file"):
         store.shard(2)
+
+
+def test_atomic_writes_get_the_usual_permissions(tmp_path):
+    import os
+    import stat
+
+    from interp.io import write_json
+
+    write_json(tmp_path / "a.json", {"x": 1})
+    mask = os.umask(0)
+    os.umask(mask)
+    assert stat.S_IMODE((tmp_path / "a.json").stat().st_mode) == 0o666 & ~mask
