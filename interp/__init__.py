@@ -8,6 +8,7 @@ The core needs only torch at import time (transformers loads on first use); the 
 from __future__ import annotations
 
 from interp.activations import Activations
+from interp.adapters import from_nnsight, from_transformer_lens
 from interp.arch import ArchSpec, register_spec, spec_for
 from interp.capture import capture
 from interp.chat import format_prompts
@@ -19,4 +20,4 @@ from interp.store import ActivationStore
 __version__ = "0.1.0"
 
 __all__ = ["ActivationStore", "Activations", "ArchSpec", "Model", "Site", "capture", "expand_sites", "format_prompts",
-           "from_hf", "hooks", "load_model", "parse_site", "register_spec", "spec_for"]
+           "from_hf", "from_nnsight", "from_transformer_lens", "hooks", "load_model", "parse_site", "register_spec", "spec_for"]

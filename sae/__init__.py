@@ -1,4 +1,5 @@
-"""Sparse autoencoders: train (ReLU/TopK/BatchTopK/JumpReLU), evaluate, read/write sae-lens, analyse, intervene.
+"""Sparse autoencoders: train (ReLU/TopK/BatchTopK/JumpReLU), evaluate, read/write sae-lens, load
+published SAEs from the local HF cache (``from_pretrained``), analyse, intervene.
 
 Submodules load lazily, so ``import sae`` needs neither Triton nor sae-lens. ``sae`` never imports
 ``steering``; interventions follow the shared protocol ``hook_fns(model) -> {site: fn(x, ctx)}``.
@@ -19,6 +20,7 @@ _EXPORTS = {
     "TokenStream": "sae.data",
     "save_saelens": "sae.saelens_io",
     "load_saelens": "sae.saelens_io",
+    "from_pretrained": "sae.pretrained",
     "evaluate": "sae.metrics",
     "SAEMetrics": "sae.metrics",
     "ce_loss_recovered": "sae.metrics",
