@@ -27,7 +27,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from interp.arch import has_module
-from interp.hooks import count_hooks
+from interp.hooks import count_hooks, module_hooks
 from interp.models import Model, from_hf
 from steering._checks import Layers, as_tensor, check_width, orthonormal, resolve_layers, unit
 
@@ -236,12 +236,8 @@ def ablate_writers(model: Model, direction: Any, writers: str | Sequence[str] = 
         y = (x.float() - (x.float() @ Qx.T) @ Qx).to(x.dtype)
         return (y, *out[1:]) if isinstance(out, tuple) else y
 
-    handles = [m.register_forward_hook(hook) for m in mods]
-    try:
+    with module_hooks([(m, "post", hook) for m in mods]):
         yield
-    finally:
-        for h in handles:
-            h.remove()
 
 
 def bake(model: Model, direction: Any, writers: str | Sequence[str] = "all", layers: Layers = "all",
