@@ -27,6 +27,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from interp.arch import has_module
+from interp.forward import batch_of, forward
 from interp.hooks import count_hooks, module_hooks
 from interp.models import Model, from_hf
 from steering._checks import Layers, as_tensor, check_width, orthonormal, resolve_layers, unit
@@ -200,8 +201,9 @@ def _probe_ids(model: Model, check_ids: Tensor | None) -> Tensor:
 
 
 def _logits(model: Model, ids: Tensor) -> Tensor:
-    with torch.no_grad():
-        return model.hf(input_ids=ids, use_cache=False).logits.float()
+    out = forward(model, batch_of(model, ids))
+    assert out is not None
+    return out
 
 
 @contextmanager
@@ -240,6 +242,27 @@ def ablate_writers(model: Model, direction: Any, writers: str | Sequence[str] = 
         yield
 
 
+def _present_writers(model: Model, ws: tuple, explicit: bool, targets: list) -> tuple:
+    """The requested writers this model has; an explicit request for one it lacks is an error."""
+    present = {t.writer for t in targets}
+    missing = [w for w in ws if w not in present]
+    if explicit and missing:
+        hint = " (its MLPs are mixtures of experts: use 'experts' / 'shared_expert')" if "mlp" in missing and \
+            model.spec.is_moe else ""
+        raise ValueError(f"writers {missing} match nothing in this {model.spec.family} model{hint}; "
+                         f"it has {sorted(present) or 'none of them'}")
+    return tuple(w for w in ws if w in present)
+
+
+def _copy(model: Model) -> Model:
+    """A deep copy to bake into; refused while hooks are attached, so the copy does not carry them."""
+    n = count_hooks(model.hf)
+    if n:
+        raise RuntimeError(f"the model has {n} forward hooks attached (inside steering.apply or interp.hooks?); "
+                           f"bake outside those blocks so the copy does not carry them")
+    return from_hf(copy.deepcopy(model.hf), model.tokenizer, name=f"{model.name}+baked")
+
+
 def bake(model: Model, direction: Any, writers: str | Sequence[str] = "all", layers: Layers = "all",
          inplace: bool = False, allow_inexact: bool = False, measure: bool | None = None,
          check_ids: Tensor | None = None, orthonormalize: bool = False) -> BakeResult:
@@ -254,15 +277,7 @@ def bake(model: Model, direction: Any, writers: str | Sequence[str] = "all", lay
     explicit = writers != "all"
     Ls = resolve_layers(layers, model.n_layers, what="bake")
     targets = _targets(model, ws, Ls)
-    present = {t.writer for t in targets}
-    if explicit:
-        missing = [w for w in ws if w not in present]
-        if missing:
-            hint = " (its MLPs are mixtures of experts: use 'experts' / 'shared_expert')" if "mlp" in missing and \
-                model.spec.is_moe else ""
-            raise ValueError(f"writers {missing} match nothing in this {model.spec.family} model{hint}; "
-                             f"it has {sorted(present) or 'none of them'}")
-    ws = tuple(w for w in ws if w in present)
+    ws = _present_writers(model, ws, explicit, targets)
     inexact = [t for t in targets if t.norm is not None]
     exact = not inexact
     if not exact and not allow_inexact:
@@ -279,15 +294,7 @@ def bake(model: Model, direction: Any, writers: str | Sequence[str] = "all", lay
     if measure:
         with ablate_writers(model, Q, ws, Ls):
             ref = _logits(model, ids)
-    if not inplace:
-        n = count_hooks(model.hf)
-        if n:
-            raise RuntimeError(f"the model has {n} forward hooks attached (inside steering.apply or interp.hooks?); "
-                               f"bake outside those blocks so the copy does not carry them")
-        hf = copy.deepcopy(model.hf)
-        out = from_hf(hf, model.tokenizer, name=f"{model.name}+baked")
-    else:
-        out = model
+    out = model if inplace else _copy(model)
     notes: list[str] = []
     if "embed" in ws and _untie(out):
         notes.append("untied the embedding from the unembedding (lm_head keeps the original weights)")
