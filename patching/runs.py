@@ -1,4 +1,4 @@
-"""Prompt sets as left-padded batches, paired runs with an explicit position alignment, and plain forwards.
+"""Prompt sets as left-padded batches, paired runs with an explicit position alignment, and capturing forwards.
 
 A :class:`PromptPairs` holds a clean and a corrupted batch (one row per pair) and an alignment: ``P`` aligned
 positions, with the padded column of each aligned position in each run (``cols[run]`` is ``[n_pairs, P]``).
