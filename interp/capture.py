@@ -11,22 +11,22 @@ import hashlib
 import json
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, overload
 
 import torch
 from tqdm.auto import tqdm
 
 from interp.activations import Activations
 from interp.chat import Batch
-from interp.forward import batches, prepare
-from interp.hooks import HookContext, StopForward, hooks
+from interp.forward import batches, forward, prepare
+from interp.hooks import HookContext, StopForward
 from interp.models import Model
-from interp.positions import describe, plan
-from interp.sites import Site, expand_sites
+from interp.positions import PositionSpec, describe, plan
+from interp.sites import Site, SiteSpec, expand_sites
 from interp.store import ActivationStore
 
 
-def run_batch(model: Model, batch: Batch, sites: list[Site], rule: Any, out_dtype: torch.dtype,
+def run_batch(model: Model, batch: Batch, sites: list[Site], rule: PositionSpec, out_dtype: torch.dtype,
               need_logits: bool = False) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """One forward pass keeping ``sites`` at ``rule``; returns ``([b, S, (P,) d], mask, logits)`` on the CPU."""
     p = plan(rule, batch)
@@ -46,26 +46,20 @@ def run_batch(model: Model, batch: Batch, sites: list[Site], rule: Any, out_dtyp
                 raise StopForward
         return fn
 
-    logits = None
-    dev = model.device
-    inputs = {k: v.to(dev) for k, v in batch.model_inputs.items()}
-    with torch.inference_mode(), hooks(model, [(s, make(i)) for i, s in enumerate(sites)]):
-        try:
-            out = model.hf(**inputs, use_cache=False)
-            logits = out.logits.to("cpu")
-        except StopForward:
-            pass
+    logits = forward(model, batch, [(s, make(i)) for i, s in enumerate(sites)], logits="all" if need_logits else None)
+    logits = None if logits is None else logits.to("cpu")
     missing = [sites[i].name for i in range(n) if i not in seen]
     if missing:
         raise RuntimeError(f"sites {missing} never fired during the forward pass; is the ArchSpec right for this model?")
     acts = buf[0]
     mask = p.mask if p.n_positions is not None else None
     if mask is not None and not mask.all():
-        acts.mul_(mask[:, None, :, None].to(acts.dtype))  # padding positions hold zeros, not garbage
+        keep = mask.view(mask.shape[0], 1, mask.shape[1], *([1] * (acts.dim() - 3)))
+        acts.mul_(keep.to(acts.dtype))  # padding positions hold zeros, not garbage
     return acts, mask, logits
 
 
-def _fingerprint(model: Model, texts: list[str], sites: list[Site], rule: Any, batch_size: int, dtype: torch.dtype) -> str:
+def _fingerprint(model: Model, texts: list[str], sites: list[Site], rule: PositionSpec, batch_size: int, dtype: torch.dtype) -> str:
     h = hashlib.sha256()
     h.update(json.dumps([model.name, [s.name for s in sites], describe(rule), batch_size, str(dtype)]).encode())
     for t in texts:
@@ -74,12 +68,28 @@ def _fingerprint(model: Model, texts: list[str], sites: list[Site], rule: Any, b
     return h.hexdigest()
 
 
-def capture(model: Model, prompts: Sequence[str], sites: Any = "resid_post", positions: Any = "last",
+@overload
+def capture(model: Model, prompts: Sequence[str], sites: SiteSpec = ..., positions: PositionSpec = ...,
+            batch_size: int = ..., chat: bool = ..., responses: Sequence[str] | None = ...,
+            labels: Sequence[Any] | None = ..., prompt_ids: Sequence[str] | None = ...,
+            dtype: torch.dtype = ..., layers: Sequence[int] | None = ..., system: str | None = ...,
+            out: None = ..., overwrite: bool = ..., progress: bool = ...) -> Activations: ...
+
+
+@overload
+def capture(model: Model, prompts: Sequence[str], sites: SiteSpec = ..., positions: PositionSpec = ...,
+            batch_size: int = ..., chat: bool = ..., responses: Sequence[str] | None = ...,
+            labels: Sequence[Any] | None = ..., prompt_ids: Sequence[str] | None = ...,
+            dtype: torch.dtype = ..., layers: Sequence[int] | None = ..., system: str | None = ...,
+            *, out: str | os.PathLike, overwrite: bool = ..., progress: bool = ...) -> ActivationStore: ...
+
+
+def capture(model: Model, prompts: Sequence[str], sites: SiteSpec = "resid_post", positions: PositionSpec = "last",
             batch_size: int = 16, chat: bool = True, responses: Sequence[str] | None = None,
             labels: Sequence[Any] | None = None, prompt_ids: Sequence[str] | None = None,
             dtype: torch.dtype = torch.float32, layers: Sequence[int] | None = None, system: str | None = None,
-            out: str | os.PathLike | None = None, overwrite: bool = False, progress: bool = True,
-            _stop_after: int | None = None) -> Activations | ActivationStore:
+            out: str | os.PathLike | None = None, overwrite: bool = False,
+            progress: bool = True) -> Activations | ActivationStore:
     """Capture activations of ``prompts`` at ``sites`` and ``positions``.
 
     ``sites``: names like ``"blocks.3.hook_resid_post"`` / ``"resid_post.3"``, or a kind (``"resid_post"``)
@@ -110,7 +120,7 @@ def capture(model: Model, prompts: Sequence[str], sites: Any = "resid_post", pos
         store = ActivationStore.open_for_writing(out, manifest, overwrite=overwrite)
 
     acts_or_store = capture_batches(model, all_batches, site_list, positions, dtype=dtype, store=store,
-                                    progress=progress, desc=f"capture {model.name}", _stop_after=_stop_after)
+                                    progress=progress, desc=f"capture {model.name}")
     if store is not None:
         return store
     tensor, mask = acts_or_store
@@ -119,9 +129,9 @@ def capture(model: Model, prompts: Sequence[str], sites: Any = "resid_post", pos
                        mask=mask, meta=meta)
 
 
-def capture_batches(model: Model, all_batches: list[Batch], sites: list[Site], positions: Any,
+def capture_batches(model: Model, all_batches: list[Batch], sites: list[Site], positions: PositionSpec,
                     dtype: torch.dtype = torch.float32, store: ActivationStore | None = None, progress: bool = False,
-                    desc: str = "capture", _stop_after: int | None = None) -> Any:
+                    desc: str = "capture") -> Any:
     """The capture loop over prepared batches: ``(tensor, mask)`` in memory, or shards written to ``store``."""
     results: list[torch.Tensor] = []
     masks: list[torch.Tensor | None] = []
@@ -129,8 +139,6 @@ def capture_batches(model: Model, all_batches: list[Batch], sites: list[Site], p
                disable=not progress, leave=False)
     try:
         for k, batch in enumerate(all_batches):
-            if _stop_after is not None and k >= _stop_after:
-                raise KeyboardInterrupt(f"stopped after {k} batches (test hook)")
             if store is not None and store.has_shard(k):
                 bar.update(batch.input_ids.shape[0])
                 continue

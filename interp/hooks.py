@@ -158,6 +158,32 @@ def hooks(model: Model, fns: HookSpec, data: dict[str, Any] | None = None) -> It
             h.remove()
 
 
+ModuleHook = tuple[nn.Module, str, Callable[..., Any]]
+
+
+@contextmanager
+def module_hooks(items: Sequence[ModuleHook]) -> Iterator[None]:
+    """Attach raw hooks ``[(module, "pre" | "post", fn), ...]`` to ``nn.Module`` s for the block; always removed.
+
+    ``"pre"``: ``fn(module, args, kwargs)`` before the module runs (``with_kwargs=True``: return ``(args,
+    kwargs)`` to replace them, or ``None``). ``"post"``: ``fn(module, args, output)`` (return a new output or
+    ``None``). For hooks that do not fit a named site (the whole model, a q/k/v projection, the embedding).
+    """
+    handles: list[RemovableHandle] = []
+    try:
+        for mod, kind, fn in items:
+            if kind not in ("pre", "post"):
+                raise ValueError(f"module hook kind must be 'pre' or 'post', got {kind!r}")
+            if not isinstance(mod, nn.Module):
+                raise TypeError(f"module_hooks needs nn.Module objects, got {type(mod).__name__}")
+            handles.append(mod.register_forward_pre_hook(fn, with_kwargs=True) if kind == "pre"
+                           else mod.register_forward_hook(fn))
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
 def count_hooks(module: nn.Module) -> int:
     """Number of forward (pre-)hooks attached anywhere below ``module`` (0 when nothing leaked)."""
     return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in module.modules())

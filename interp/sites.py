@@ -7,6 +7,7 @@ expands to every layer in :func:`expand_sites`.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 # kind -> canonical TransformerLens suffix inside ``blocks.{i}.``
@@ -55,6 +56,10 @@ class Site:
         return self.name
 
 
+SiteSpec = str | Site | Sequence[str | Site]
+"""One site name (or a kind meaning every layer), a :class:`Site`, or a list of them."""
+
+
 def known_site_forms() -> str:
     kinds = ", ".join(list(BLOCK_KINDS) + list(GLOBAL_KINDS))
     return (f"use a TransformerLens name like 'blocks.3.hook_resid_post' or 'ln_final.hook_normalized', "
@@ -96,7 +101,7 @@ def parse_site(name: str | Site, n_layers: int | None = None) -> Site:
     return site
 
 
-def expand_sites(spec: str | Site | list[str | Site] | tuple, n_layers: int, layers: list[int] | range | None = None) -> list[Site]:
+def expand_sites(spec: SiteSpec, n_layers: int, layers: Sequence[int] | None = None) -> list[Site]:
     """Turn user input into a list of :class:`Site`.
 
     ``"resid_post"`` (a kind with no layer) means that kind at every layer (or at ``layers``).

@@ -32,7 +32,7 @@ from patching.neurons import (
 )
 from patching.path import Component, path_patch, path_patch_sweep
 from patching.results import Sweep
-from patching.runs import PromptPairs, encode_prompts, last_logits, make_pairs
+from patching.runs import PromptPairs, make_pairs
 from patching.transplant import (
     TransplantSearch,
     check_compatible,
@@ -50,6 +50,6 @@ __all__ = [
     "NeuronContrast", "NeuronEffect", "NeuronOverlap", "neuron_acts", "neuron_contrast", "neuron_means",
     "ablate_neurons", "neuron_ablation_effect", "intersect_neurons",
     "Component", "path_patch", "path_patch_sweep",
-    "Sweep", "PromptPairs", "make_pairs", "encode_prompts", "last_logits",
+    "Sweep", "PromptPairs", "make_pairs",
     "transplant", "transplanted", "check_compatible", "greedy_transplant", "TransplantSearch",
 ]

@@ -16,6 +16,7 @@ import torch
 from jaxtyping import Float
 
 from interp.chat import Batch
+from interp.forward import last_logits
 from interp.hooks import HookContext, hooks
 from interp.models import Model
 from interp.sites import Site, expand_sites, parse_site
@@ -26,8 +27,6 @@ from patching.runs import (
     check_pairs,
     check_run,
     gather_aligned,
-    inputs,
-    last_logits,
     run_with_capture,
 )
 
@@ -135,7 +134,7 @@ def target_prefix(model: Model, batch: Batch) -> list[tuple[torch.Tensor, torch.
     """Keys and values of the unpatched target run, per layer, when the model uses a plain (full-attention)
     dynamic cache; ``None`` otherwise (sliding-window or exotic caches: no prefix reuse)."""
     with torch.no_grad():
-        out = model.hf(**inputs(model, batch), use_cache=True, logits_to_keep=1)
+        out = model.hf(**batch.to(model.device).model_inputs, use_cache=True, logits_to_keep=1)
     cache = out.get("cache", None)
     if cache is None:
         cache = out.get("past_key_values", None)
@@ -149,9 +148,11 @@ def _forward_chunk(model: Model, batch: Batch, k: int, start: int,
                    prefix: list[tuple[torch.Tensor, torch.Tensor]] | None) -> torch.Tensor:
     """Last-position logits of the batch stacked ``k`` times pair-major, recomputing only columns ``start:``
     (earlier columns are untouched by the patches, so their keys/values come from the target run)."""
-    feed = {key: v.to(model.device).repeat_interleave(k, 0) for key, v in batch.model_inputs.items()}
+    stacked = Batch(*(t.repeat_interleave(k, 0) for t in (batch.input_ids, batch.attention_mask, batch.position_ids,
+                                                          batch.post_mask, batch.response_mask)))
     if prefix is None or start <= 0:
-        return last_logits(model, feed)
+        return last_logits(model, stacked)
+    feed = stacked.to(model.device).model_inputs
     from transformers import DynamicCache
 
     cache = DynamicCache()
@@ -210,7 +211,7 @@ def prepare_patching(model: Model, pairs: PromptPairs, sites: Sequence[Site], me
     acts, src_logits = run_with_capture(model, pairs.batch(source), uniq)
     values = {s: gather_aligned(a, pairs.cols[source]).cpu() for s, a in acts.items()}
     with torch.no_grad():
-        tgt_logits = last_logits(model, inputs(model, pairs.batch(target)))
+        tgt_logits = last_logits(model, pairs.batch(target))
     return _Prepared(values, pairs.cols[target], float(call_metric(metric, tgt_logits)),
                      float(call_metric(metric, src_logits)))
 

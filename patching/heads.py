@@ -17,13 +17,14 @@ import torch.nn as nn
 from jaxtyping import Float
 
 from interp.chat import Batch
+from interp.forward import batch_of, last_logits
 from interp.hooks import HookContext, hooks
 from interp.models import Model
 from interp.sites import Site, parse_site
 from patching.activation import Edit, run_variants
 from patching.metrics import Metric, call_metric, metric_name
 from patching.results import Sweep
-from patching.runs import Prompts, encode_prompts, inputs, last_logits, run_with_capture
+from patching.runs import Prompts, run_with_capture
 
 
 def _layers(model: Model, layers: Sequence[int] | None) -> list[int]:
@@ -89,7 +90,7 @@ def split_heads(model: Model, layer: int, z: torch.Tensor) -> tuple[torch.Tensor
 def head_outputs(model: Model, prompts: Prompts, layers: Sequence[int] | None = None,
                  chat: bool = True) -> HeadOutputs:
     """Capture every head's write into the residual stream at ``layers`` (all positions)."""
-    batch = encode_prompts(model, prompts, chat)
+    batch = batch_of(model, prompts, chat)
     layer_list = _layers(model, layers)
     sites = [Site("attn_z", la) for la in layer_list] + [Site("attn_out", la) for la in layer_list]
     acts, _ = run_with_capture(model, batch, sites)
@@ -102,7 +103,7 @@ def head_outputs(model: Model, prompts: Prompts, layers: Sequence[int] | None = 
 def head_means(model: Model, prompts: Prompts, layers: Sequence[int] | None = None,
                chat: bool = True) -> Float[torch.Tensor, "L H dh"]:
     """Mean ``z`` of every head over the real tokens of ``prompts`` (for mean ablation), ``[n_layers, H, dh]``."""
-    batch = encode_prompts(model, prompts, chat)
+    batch = batch_of(model, prompts, chat)
     layer_list = list(range(model.n_layers)) if layers is None else _layers(model, layers)
     acts, _ = run_with_capture(model, batch, [Site("attn_z", la) for la in layer_list])
     mask = batch.attention_mask.bool().to(model.device)
@@ -165,14 +166,14 @@ def head_ablation_sweep(model: Model, prompts: Prompts, metric: Metric, mode: st
                         chat: bool = True, batch_size: int = 64) -> Sweep:
     """Metric with each head ablated alone (zero or mean, all positions): ``[L, H]``; baseline = no ablation."""
     vals = _ablation_values(model, mode, means, "attn_z")
-    batch = encode_prompts(model, prompts, chat)
+    batch = batch_of(model, prompts, chat)
     layer_list = _layers(model, layers)
     H = model.n_heads
     values = {Site("attn_z", la): (torch.zeros(H, model.d_head) if vals is None else vals[la]) for la in layer_list}
     cells = [(Site("attn_z", la), h) for la in layer_list for h in range(H)]
     out = ablation_sweep(model, batch, metric, cells, values, batch_size)
     with torch.no_grad():
-        base = float(call_metric(metric, last_logits(model, inputs(model, batch))))
+        base = float(call_metric(metric, last_logits(model, batch)))
     return Sweep(out.view(len(layer_list), H), base, None, [str(x) for x in layer_list], [str(h) for h in range(H)],
                  col_name="head", site="attn_z", method=f"{mode}-ablation", metric=metric_name(metric))
 

@@ -12,12 +12,13 @@ from typing import Any
 import torch
 from jaxtyping import Float
 
+from interp.forward import batch_of, last_logits
 from interp.hooks import HookContext, hooks
 from interp.models import Model
 from interp.sites import Site, parse_site
 from patching.heads import _ablation_values, ablation_sweep
 from patching.metrics import Metric, call_metric, metric_name
-from patching.runs import Prompts, encode_prompts, inputs, last_logits, run_with_capture
+from patching.runs import Prompts, run_with_capture
 
 Neuron = tuple[int, int]
 
@@ -56,7 +57,7 @@ def neuron_acts(model: Model, prompts: Prompts, layers: Sequence[int] | None = N
     _check_dense(model)
     if positions not in ("last", "all"):
         raise ValueError(f"positions must be 'last' or 'all', got {positions!r}")
-    batch = encode_prompts(model, prompts, chat)
+    batch = batch_of(model, prompts, chat)
     layer_list = _layers(model, layers)
     sites = [Site("mlp_post", la) for la in layer_list]
     rows = []
@@ -175,14 +176,14 @@ def neuron_ablation_effect(model: Model, prompts: Prompts, metric: Metric, neuro
     """Ablate each neuron alone (batched variants) and all of them together; measure ``metric``."""
     vals = _ablation_values(model, mode, means, "mlp_post")
     nlist = _neurons(model, neurons)
-    batch = encode_prompts(model, prompts, chat)
+    batch = batch_of(model, prompts, chat)
     D = _check_dense(model)
     values = {Site("mlp_post", la): (torch.zeros(D) if vals is None else vals[la]) for la in {la for la, _ in nlist}}
     out = ablation_sweep(model, batch, metric, [(Site("mlp_post", la), i) for la, i in nlist], values, batch_size)
     with torch.no_grad():
-        base = float(call_metric(metric, last_logits(model, inputs(model, batch))))
+        base = float(call_metric(metric, last_logits(model, batch)))
         with ablate_neurons(model, nlist, mode, means):
-            joint = float(call_metric(metric, last_logits(model, inputs(model, batch))))
+            joint = float(call_metric(metric, last_logits(model, batch)))
     return NeuronEffect(nlist, out, joint, base, mode, metric_name(metric))
 
 

@@ -11,8 +11,7 @@ output is a linear split, not what patching its ``z`` alone would give).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,7 +19,8 @@ import torch
 import torch.nn as nn
 
 from interp.arch import has_module
-from interp.hooks import _input_of, _with_input
+from interp.forward import last_logits
+from interp.hooks import _input_of, _with_input, module_hooks
 from interp.models import Model
 from interp.sites import Site
 from patching.heads import split_heads
@@ -31,8 +31,6 @@ from patching.runs import (
     check_pairs,
     check_run,
     gather_aligned,
-    inputs,
-    last_logits,
     run_with_capture,
 )
 
@@ -147,19 +145,6 @@ def _linear_cols(mod: nn.Module, x: torch.Tensor, cols: torch.Tensor, conv1d: bo
     return out if b is None else out + b[c]
 
 
-@contextmanager
-def _module_hooks(pairs: list[tuple[nn.Module, str, Any]]) -> Iterator[None]:
-    handles = []
-    try:
-        for mod, kind, fn in pairs:
-            handles.append(mod.register_forward_pre_hook(fn, with_kwargs=True) if kind == "pre"
-                           else mod.register_forward_hook(fn))
-        yield
-    finally:
-        for h in handles:
-            h.remove()
-
-
 def receiver_hooks(model: Model, receivers: Sequence[Component], delta: dict[str, torch.Tensor]) -> list:
     """Hooks adding ``delta['d'] [B, T, d]`` into each receiver's input (and nowhere else)."""
     out: list = []
@@ -238,7 +223,7 @@ def _run(model: Model, pairs: PromptPairs, variants: Sequence[Sequence[Component
     values = torch.empty(len(variants))
     delta: dict[str, torch.Tensor] = {}
     dev = model.device
-    with torch.no_grad(), _module_hooks(receiver_hooks(model, receivers, delta)):
+    with torch.no_grad(), module_hooks(receiver_hooks(model, receivers, delta)):
         for start in range(0, len(variants), k):
             chunk = variants[start:start + k]
             d = torch.zeros(len(chunk) * n, T, model.d_model)
@@ -246,7 +231,7 @@ def _run(model: Model, pairs: PromptPairs, variants: Sequence[Sequence[Component
                 rows = torch.arange(j * n, (j + 1) * n)[:, None]
                 d[rows, cols] = sum(diffs[s] for s in senders)
             delta["d"] = d.to(dev)
-            logits = last_logits(model, inputs(model, batch, repeat=len(chunk)))
+            logits = last_logits(model, batch, repeat=len(chunk))
             for j in range(len(chunk)):
                 values[start + j] = call_metric(metric, logits[j * n:(j + 1) * n]).cpu()
     return values

@@ -11,6 +11,7 @@ from jaxtyping import Float
 
 from evals.metrics import auroc
 from interp.coerce import token_rows
+from interp.forward import Inputs
 from sae.arch import SAE
 
 
@@ -132,7 +133,7 @@ def diff_latents(sae: SAE, acts_base: torch.Tensor | Any, acts_tuned: torch.Tens
                       LatentRanking(order, delta[order], delta, what=f"activation change ({by})"))
 
 
-def latent_acts_on_prompts(model: Any, sae: SAE, inputs: Sequence[str] | torch.Tensor, latents: Sequence[int],
+def latent_acts_on_prompts(model: Any, sae: SAE, inputs: Inputs, latents: Sequence[int],
                            batch_size: int = 8, chat: bool = False, site: str | None = None) -> list[dict[str, Any]]:
     """Per prompt: ``ids [T]`` (real tokens) and ``acts [T, len(latents)]`` of the chosen latents."""
     from sae.interventions import check_site
@@ -145,6 +146,6 @@ def latent_acts_on_prompts(model: Any, sae: SAE, inputs: Sequence[str] | torch.T
         for x, b in site_tokens(model, site, inputs, batch_size, chat):
             z = sae.encode(x.to(sae.device, sae.dtype))[..., idx.to(sae.device)].float().cpu()
             for i in range(x.shape[0]):
-                m = b.mask[i].cpu()
+                m = b.attention_mask[i].bool()
                 out.append({"ids": b.input_ids[i].cpu()[m], "acts": z[i][m]})
     return out

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from jaxtyping import Float
 
+from evals.logits import cross_entropy
+from interp.chat import Batch
+from interp.forward import Inputs, batches, encodings, forward
 from sae.arch import SAE
 
 
@@ -81,40 +83,51 @@ class CELossRecovered:
     n_predictions: int
 
 
+def predicted(batch: Batch) -> torch.Tensor:
+    """``[B, T]`` bool: the real tokens that follow a real token (the next-token predictions to count)."""
+    m = batch.attention_mask.bool()
+    out = m.clone()
+    out[:, 0] = False
+    out[:, 1:] &= m[:, :-1]
+    return out
+
+
 @torch.no_grad()
-def ce_loss_recovered(model: Any, sae: SAE, inputs: Sequence[str] | torch.Tensor, site: str | None = None,
+def ce_loss_recovered(model: Any, sae: SAE, inputs: Inputs, site: str | None = None,
                       batch_size: int = 8, chat: bool = False) -> CELossRecovered:
     """Splice ``sae`` into ``model`` at its site (``interp.hooks``) and compare next-token loss on ``inputs``
     (prompts or token ids ``[n, T]``) against the clean model and zero-/mean-ablation of the site."""
     from sae.interventions import SAESplice, check_site
-    from sae.runner import forward, next_token_ce, token_batches
 
     site = check_site(sae, model, site)
-    batches = list(token_batches(model, inputs, batch_size, chat))
-    tot = {"clean": 0.0, "sae": 0.0, "zero": 0.0, "mean": 0.0}
-    n_pred = 0
+    bs = batches(model, encodings(model, inputs, chat), batch_size)
     acc: dict[str, Any] = {"sum": None, "n": 0}
+    cur: dict[str, Any] = {}
 
     def collect(x: torch.Tensor, ctx: Any) -> None:
-        m = cur["mask"]
+        m = cur["mask"].to(x.device)
         s = x[m].double().sum(0)
         acc["sum"] = s if acc["sum"] is None else acc["sum"] + s
         acc["n"] += int(m.sum())
 
-    cur: dict[str, Any] = {}
-    for b in batches:
-        cur["mask"] = b.mask
-        ce, n = next_token_ce(forward(model, b, {site: collect}), b)
-        tot["clean"] += ce
+    def ce(b: Batch, fns: Any) -> tuple[float, int]:
+        return cross_entropy(forward(model, b, fns), b.input_ids, predicted(b))
+
+    tot = {"clean": 0.0, "sae": 0.0, "zero": 0.0, "mean": 0.0}
+    n_pred = 0
+    for b in bs:
+        cur["mask"] = b.attention_mask.bool()
+        total, n = ce(b, {site: collect})
+        tot["clean"] += total
         n_pred += n
     if n_pred == 0:
         raise ValueError("no next-token predictions: give prompts of at least two tokens")
     mean = (acc["sum"] / max(acc["n"], 1)).float()
     splice = SAESplice(sae, site=site).hook_fns(model)
-    for b in batches:
-        tot["sae"] += next_token_ce(forward(model, b, splice), b)[0]
-        tot["zero"] += next_token_ce(forward(model, b, {site: lambda x, ctx: torch.zeros_like(x)}), b)[0]
-        tot["mean"] += next_token_ce(forward(model, b, {site: lambda x, ctx: mean.to(x).expand_as(x).clone()}), b)[0]
+    for b in bs:
+        tot["sae"] += ce(b, splice)[0]
+        tot["zero"] += ce(b, {site: lambda x, ctx: torch.zeros_like(x)})[0]
+        tot["mean"] += ce(b, {site: lambda x, ctx: mean.to(x).expand_as(x).clone()})[0]
     c = {k: v / n_pred for k, v in tot.items()}
 
     def rec(abl: float) -> float:

@@ -28,7 +28,8 @@ from torch import Tensor
 
 from interp.arch import has_module
 from interp.coerce import check_width
-from interp.hooks import count_hooks
+from interp.forward import batch_of, forward
+from interp.hooks import count_hooks, module_hooks
 from interp.models import Model, from_hf
 from steering._checks import Layers, as_tensor, orthonormal, resolve_layers, unit
 
@@ -201,8 +202,9 @@ def _probe_ids(model: Model, check_ids: Tensor | None) -> Tensor:
 
 
 def _logits(model: Model, ids: Tensor) -> Tensor:
-    with torch.no_grad():
-        return model.hf(input_ids=ids, use_cache=False).logits.float()
+    out = forward(model, batch_of(model, ids))
+    assert out is not None
+    return out
 
 
 @contextmanager
@@ -237,12 +239,8 @@ def ablate_writers(model: Model, direction: Any, writers: str | Sequence[str] = 
         y = (x.float() - (x.float() @ Qx.T) @ Qx).to(x.dtype)
         return (y, *out[1:]) if isinstance(out, tuple) else y
 
-    handles = [m.register_forward_hook(hook) for m in mods]
-    try:
+    with module_hooks([(m, "post", hook) for m in mods]):
         yield
-    finally:
-        for h in handles:
-            h.remove()
 
 
 def _check_writers(model: Model, ws: tuple, targets: list, explicit: bool, allow_inexact: bool

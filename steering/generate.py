@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from interp.forward import batches, prepare
+from interp.forward import batches, pad_id, prepare
 from interp.models import Model
 from steering._checks import check_finite
 from steering.apply import apply
@@ -66,8 +66,7 @@ def generate(model: Model, prompts: Sequence[str], *interventions: Any, max_new_
     prompts = list(prompts)
     texts, encs = prepare(model, prompts, chat=chat, system=system)
     tok = model.tokenizer
-    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
-    kw: dict[str, Any] = dict(max_new_tokens=max_new_tokens, do_sample=do_sample, pad_token_id=pad)
+    kw: dict[str, Any] = dict(max_new_tokens=max_new_tokens, do_sample=do_sample, pad_token_id=pad_id(tok))
     if do_sample:
         kw.update(temperature=check_finite(temperature, "temperature"), top_p=check_finite(top_p, "top_p"),
                   top_k=int(top_k))
