@@ -95,6 +95,13 @@ class Run:
         say(name, "done")
         return got
 
+    def remove_outputs(self, *names: str) -> None:
+        """Remove our own outputs that a new result no longer has (e.g. the direction when none is found)."""
+        for name in names:
+            p = self.replace_dir(name)
+            if p.exists():
+                p.unlink()
+
     def replace_dir(self, name: str) -> Path:
         """A fresh ``out/name`` for one of our own output folders (``direction``, ``model``)."""
         if name not in OUR_FILES:

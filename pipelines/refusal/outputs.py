@@ -99,6 +99,8 @@ def finish(run: Run, model: Model, cfg: RefusalConfig, data: RefusalData, res: R
         res.direction = res.selection.direction(res.candidates, model.name)
         res.direction.save(run.replace_dir("direction"))
         write_generations(run.out / "generations.jsonl", data, res)
+    else:
+        run.remove_outputs("direction", "generations.jsonl", "model")
     res.metrics = build_metrics(cfg, model, data, res)
     if res.direction is not None and cfg.runtime.save_model:
         say("save model", "start")
