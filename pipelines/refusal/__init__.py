@@ -15,7 +15,8 @@ from pipelines.refusal.config import (
 )
 from pipelines.refusal.data import RefusalData, load_refusal_data
 from pipelines.refusal.evaluation import Evaluation, Subspaces, TestPrompts, evaluate, find_subspaces
-from pipelines.refusal.run import RefusalResult, run_refusal
+from pipelines.refusal.result import RefusalResult
+from pipelines.refusal.run import run_refusal
 from pipelines.refusal.stages import (
     Candidates,
     RefusalTokens,

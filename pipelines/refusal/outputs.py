@@ -14,7 +14,8 @@ from interp.models import Model
 from pipelines.refusal.cache import Run
 from pipelines.refusal.config import RefusalConfig
 from pipelines.refusal.data import RefusalData
-from pipelines.refusal.run import RefusalResult
+from pipelines.refusal.report import refusal_report
+from pipelines.refusal.result import RefusalResult
 
 
 def start_notes(model: Model) -> list[str]:
@@ -91,8 +92,6 @@ def save_baked(run: Run, model: Model, res: RefusalResult) -> str:
 def finish(run: Run, model: Model, cfg: RefusalConfig, data: RefusalData, res: RefusalResult,
            say: Callable[[str, str], None]) -> RefusalResult:
     """Write every output of the run into its folder and return the result."""
-    from pipelines.refusal.report import refusal_report
-
     res.notes += outcome_notes(cfg, res)
     if res.selection is not None and res.selection.found:
         assert res.candidates is not None

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import html
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
+from pipelines.refusal.result import RefusalResult
 from viz.html import kv_table, page
-
-if TYPE_CHECKING:
-    from pipelines.refusal.run import RefusalResult
 
 
 def _summary(res: RefusalResult, model_name: str, family: str, n_layers: int) -> str:

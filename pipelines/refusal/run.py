@@ -8,9 +8,7 @@ dataclass (:mod:`.stages`, :mod:`.evaluation`), cached in the run folder under a
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -19,6 +17,8 @@ from pipelines.refusal.cache import Run
 from pipelines.refusal.config import RefusalConfig, stage_key
 from pipelines.refusal.data import RefusalData, load_refusal_data
 from pipelines.refusal.evaluation import Evaluation, Subspaces, TestPrompts, evaluate, find_subspaces
+from pipelines.refusal.outputs import finish, start_notes
+from pipelines.refusal.result import RefusalResult
 from pipelines.refusal.stages import (
     Candidates,
     RefusalTokens,
@@ -33,32 +33,9 @@ from pipelines.refusal.stages import (
 Progress = Callable[[str, str], None]
 
 
-@dataclass
-class RefusalResult:
-    """Everything a run produced: the typed stage results, the metrics written, the notes, what was computed."""
-
-    out: Path
-    metrics: dict[str, Any] = field(default_factory=dict)
-    direction: Any = None
-    notes: list[str] = field(default_factory=list)
-    tokens: RefusalTokens | None = None
-    candidates: Candidates | None = None
-    scores: Scores | None = None
-    selection: Selection | None = None
-    evaluation: Evaluation | None = None
-    subspaces: Subspaces | None = None
-    computed: list[str] = field(default_factory=list)
-
-    @property
-    def found(self) -> bool:
-        return self.direction is not None
-
-
 def run_refusal(cfg: RefusalConfig, out: str | Path, overwrite: bool = False, progress: Progress | None = None,
                 model: Model | None = None) -> RefusalResult:
     """Run (or resume) the analysis into ``out``. ``progress(stage, status)`` is called around each stage."""
-    from pipelines.refusal.outputs import finish, start_notes
-
     say: Progress = progress or (lambda stage, status: None)
     run = Run(out, cfg, overwrite)
     d, s, g, rt = cfg.data, cfg.selection, cfg.generation, cfg.runtime
