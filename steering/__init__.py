@@ -18,10 +18,11 @@ from steering.bake import WRITERS, BakeResult, ablate_writers, bake
 from steering.fused import LowRankEdit, apply_edit
 from steering.generate import Generations, generate
 from steering.interventions import Ablate, AblateSubspace, AddVector, Clamp, Condition, DirectionalAblation
+from steering.rows import RowEdits
 from steering.scope import TokenState
 
 __all__ = [
     "Ablate", "AblateSubspace", "AddVector", "BakeResult", "Clamp", "Condition", "DirectionalAblation",
-    "Generations", "LowRankEdit", "Steering", "TokenState", "WRITERS", "ablate_writers", "apply", "apply_edit",
+    "Generations", "LowRankEdit", "RowEdits", "Steering", "TokenState", "WRITERS", "ablate_writers", "apply", "apply_edit",
     "bake", "generate",
 ]
