@@ -62,7 +62,7 @@ def cross_entropy(logits: Float[torch.Tensor, "b t vocab"], input_ids: Int[torch
     lp = F.log_softmax(logits[:, :-1].float(), -1)
     nll = -lp.gather(-1, input_ids[:, 1:, None].to(lp.device)).squeeze(-1)
     keep = target_ok.to(nll.device)
-    return float(nll[keep].sum()), int(keep.sum())
+    return float(nll[keep].double().sum()), int(keep.sum())  # summed in float64: long texts lose no precision
 
 
 def logit_diff(logits: Float[torch.Tensor, "n vocab"], correct: int | Sequence[int] | torch.Tensor,

@@ -48,12 +48,15 @@ def _eos_ids(model: Model) -> set[int]:
 def generate(model: Model, prompts: Sequence[str], *interventions: Any, max_new_tokens: int = 64,
              batch_size: int = 16, do_sample: bool = False, temperature: float = 1.0, top_p: float = 1.0,
              top_k: int = 0, seed: int = 0, chat: bool = True, system: str | None = None, progress: bool = True,
-             stop_at_eos: bool = True, backend: str = "auto", **generate_kwargs: Any) -> Generations:
+             stop_at_eos: bool = True, backend: str = "auto", prepared: tuple[list[str], list] | None = None,
+             **generate_kwargs: Any) -> Generations:
     """Generate for every prompt with ``interventions`` attached (none: plain generation).
 
     Prompts are chat-formatted (``chat=True``), batched ``batch_size`` at a time, left padded, with
     ``position_ids`` from the attention mask; the prompt batch is declared to the steering state so
     ``positions='post_instruction'`` and ``scope`` work. Extra keyword arguments go to HF ``generate``.
+    ``prepared``: the ``(texts, encodings)`` that :func:`interp.forward.prepare` returned for these prompts,
+    so a caller generating under many conditions tokenises its prompts once.
     """
     if model.tokenizer is None:
         raise ValueError("generate needs a tokenizer; attach one with interp.models.from_hf(hf, tokenizer)")
@@ -64,7 +67,10 @@ def generate(model: Model, prompts: Sequence[str], *interventions: Any, max_new_
     if isinstance(prompts, str):
         raise TypeError("prompts must be a list of strings, not a single string; wrap it in a list")
     prompts = list(prompts)
-    texts, encs = prepare(model, prompts, chat=chat, system=system)
+    texts, encs = prepared if prepared is not None else prepare(model, prompts, chat=chat, system=system)
+    if len(encs) != len(prompts):
+        raise ValueError(f"prepared holds {len(encs)} encodings for {len(prompts)} prompts; pass the output of "
+                         f"interp.forward.prepare(model, prompts) for exactly these prompts")
     tok = model.tokenizer
     kw: dict[str, Any] = dict(max_new_tokens=max_new_tokens, do_sample=do_sample, pad_token_id=pad_id(tok))
     if do_sample:

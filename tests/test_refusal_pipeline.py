@@ -192,7 +192,7 @@ def test_outputs_equal_an_independent_computation(aligned_run):
 
 
 def test_test_set_is_tokenised_once_per_condition(tmp_path):
-    """Scoring shares one tokenisation of each test set; only steering.generate tokenises per condition."""
+    """Every condition (generation and scoring alike) shares one tokenisation of each test set."""
     import interp
 
     model = interp.load_model("organism")
@@ -217,7 +217,8 @@ def test_test_set_is_tokenised_once_per_condition(tmp_path):
     for which, n_conditions in (("harmful", 5 + len(res.subspaces.ranks)), ("harmless", 4)):
         texts = interp.format_prompts(model, (data.harmful if which == "harmful" else data.harmless)["test"].instructions)
         n = sum(c == texts for c in calls)
-        assert n <= n_conditions + 1, (which, n, n_conditions)  # one per generation + one shared by all scores
+        assert 1 <= n <= n_conditions, (which, n, n_conditions)
+        assert n == 1, (which, n)  # tokenised once, shared by every generation and score
 
 
 def _files(tmp_path, n_harm=12, n_safe=12):

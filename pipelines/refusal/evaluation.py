@@ -51,17 +51,20 @@ class TestPrompts:
 
     def __init__(self, model: Model, data: RefusalData):
         self.model, self.data = model, data
-        self._encs: dict[str, list[Encoded]] = {}
+        self._prepared: dict[str, tuple[list[str], list[Encoded]]] = {}
 
     def prompts(self, which: str) -> list[str]:
         """The ``"harmful"`` or ``"harmless"`` test instructions."""
         return (self.data.harmful if which == "harmful" else self.data.harmless)["test"].instructions
 
+    def prepared(self, which: str) -> tuple[list[str], list[Encoded]]:
+        """The chat-formatted texts and encodings of the test prompts of ``which`` (tokenised once)."""
+        if which not in self._prepared:
+            self._prepared[which] = prepare(self.model, self.prompts(which))
+        return self._prepared[which]
+
     def encodings(self, which: str) -> list[Encoded]:
-        """The chat-formatted, tokenised test prompts of ``which`` (computed once)."""
-        if which not in self._encs:
-            self._encs[which] = prepare(self.model, self.prompts(which))[1]
-        return self._encs[which]
+        return self.prepared(which)[1]
 
 
 def _conditions(model: Model, r: torch.Tensor, v: torch.Tensor, layer: int, seed: int) -> dict[str, tuple]:
@@ -90,13 +93,15 @@ def evaluate(model: Model, data: RefusalData, cand: Candidates, sel: Selection, 
     gen_kw = dict(max_new_tokens=max_new_tokens, batch_size=batch_size, progress=False)
     gens, rates, scores, logits = {}, {}, {}, {}
     for name, (which, ivs) in _conditions(model, r, v, sel.layer, seed).items():
-        gens[name] = steering.generate(model, test.prompts(which), *ivs, **gen_kw).texts
+        gens[name] = steering.generate(model, test.prompts(which), *ivs, prepared=test.prepared(which),
+                                       **gen_kw).texts
         rates[name] = refusal_rate(gens[name])
         logits[name] = prompt_logits(model, test.encodings(which), *ivs, batch_size=batch_size)
         scores[name] = refusal_score(logits[name], tokens.tokens).mean().item()
     baked = steering.bake(model, r, allow_inexact=True)
     name = "harmful/baked weights"
-    gens[name] = steering.generate(baked.model, test.prompts("harmful"), **gen_kw).texts
+    gens[name] = steering.generate(baked.model, test.prompts("harmful"), prepared=test.prepared("harmful"),
+                                   **gen_kw).texts
     rates[name] = refusal_rate(gens[name])
     hook, baked_logits = logits["harmful/ablation"], prompt_logits(baked.model, test.encodings("harmful"),
                                                                     batch_size=batch_size)
@@ -153,7 +158,7 @@ def find_subspaces(model: Model, data: RefusalData, cand: Candidates, sel: Selec
     for k in range(1, min(rank, basis.shape[0]) + 1):
         iv = steering.AblateSubspace(basis[:k], sites=("resid_pre", "attn_out", "mlp_out"))
         gens = steering.generate(model, test.prompts("harmful"), iv, max_new_tokens=max_new_tokens,
-                                 batch_size=batch_size, progress=False)
+                                 batch_size=batch_size, progress=False, prepared=test.prepared("harmful"))
         rates.append(refusal_rate(gens.texts))
         logits = prompt_logits(model, test.encodings("harmful"), iv, batch_size=batch_size)
         scores.append(refusal_score(logits, tokens.tokens).mean().item())
