@@ -152,26 +152,29 @@ def ablate_heads(model: Model, heads: Iterable[tuple[int, int]], mode: str = "ze
 
 
 def ablation_sweep(model: Model, batch: Batch, metric: Metric, cells: Sequence[tuple[Site, int | None]],
-                   values: dict[Site, torch.Tensor], batch_size: int) -> torch.Tensor:
+                   values: dict[Site, torch.Tensor], batch_size: int, progress: bool = False,
+                   desc: str = "ablating") -> torch.Tensor:
     """Metric with each ``(site, component)`` replaced by ``values[site]`` (``[*shape]``) at every position."""
     n, T = batch.input_ids.shape
     allpos = torch.arange(T)
     full = {s: v.expand(n, T, *v.shape) for s, v in values.items()}
     variants = [[Edit(s, allpos, c)] for s, c in cells]
-    return run_variants(model, batch, variants, full, allpos.expand(n, T), metric, batch_size)
+    return run_variants(model, batch, variants, full, allpos.expand(n, T), metric, batch_size, progress=progress,
+                        desc=desc)
 
 
 def head_ablation_sweep(model: Model, prompts: Prompts, metric: Metric, mode: str = "zero",
                         means: torch.Tensor | None = None, layers: Sequence[int] | None = None,
-                        chat: bool = True, batch_size: int = 64) -> Sweep:
-    """Metric with each head ablated alone (zero or mean, all positions): ``[L, H]``; baseline = no ablation."""
+                        chat: bool = True, batch_size: int = 64, progress: bool = True) -> Sweep:
+    """Metric with each head ablated alone (zero or mean, all positions): ``[L, H]``; baseline = no ablation.
+    ``progress``: a bar over the forwards."""
     vals = _ablation_values(model, mode, means, "attn_z")
     batch = batch_of(model, prompts, chat)
     layer_list = _layers(model, layers)
     H = model.n_heads
     values = {Site("attn_z", la): (torch.zeros(H, model.d_head) if vals is None else vals[la]) for la in layer_list}
     cells = [(Site("attn_z", la), h) for la in layer_list for h in range(H)]
-    out = ablation_sweep(model, batch, metric, cells, values, batch_size)
+    out = ablation_sweep(model, batch, metric, cells, values, batch_size, progress, f"{mode}-ablating heads")
     with torch.no_grad():
         base = float(call_metric(metric, last_logits(model, batch)))
     return Sweep(out.view(len(layer_list), H), base, None, [str(x) for x in layer_list], [str(h) for h in range(H)],

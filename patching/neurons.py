@@ -172,14 +172,16 @@ class NeuronEffect:
 
 def neuron_ablation_effect(model: Model, prompts: Prompts, metric: Metric, neurons: Iterable[Neuron],
                            mode: str = "zero", means: torch.Tensor | None = None, chat: bool = True,
-                           batch_size: int = 64) -> NeuronEffect:
-    """Ablate each neuron alone (batched variants) and all of them together; measure ``metric``."""
+                           batch_size: int = 64, progress: bool = True) -> NeuronEffect:
+    """Ablate each neuron alone (batched variants) and all of them together; measure ``metric``.
+    ``progress``: a bar over the forwards."""
     vals = _ablation_values(model, mode, means, "mlp_post")
     nlist = _neurons(model, neurons)
     batch = batch_of(model, prompts, chat)
     D = _check_dense(model)
     values = {Site("mlp_post", la): (torch.zeros(D) if vals is None else vals[la]) for la in {la for la, _ in nlist}}
-    out = ablation_sweep(model, batch, metric, [(Site("mlp_post", la), i) for la, i in nlist], values, batch_size)
+    out = ablation_sweep(model, batch, metric, [(Site("mlp_post", la), i) for la, i in nlist], values, batch_size,
+                         progress, f"{mode}-ablating neurons")
     with torch.no_grad():
         base = float(call_metric(metric, last_logits(model, batch)))
         with ablate_neurons(model, nlist, mode, means):
