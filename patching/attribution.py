@@ -42,6 +42,17 @@ class Attribution:
             raise KeyError(f"no attribution for {kind!r}; computed: {list(self.sweeps)}")
         return self.sweeps[kind]
 
+    def to_frame(self) -> Any:
+        """Every kind's sweep in one long frame: ``kind``, ``layer``, then ``position`` / ``head`` / ``neuron``
+        (whichever the kind has), ``value`` (estimated metric), ``delta`` and ``normalized``."""
+        import pandas as pd
+
+        return pd.concat([sw.to_frame().assign(kind=k) for k, sw in self.sweeps.items()], ignore_index=True)
+
+    def plot(self, kind: str | None = None, title: str | None = None) -> Any:
+        """Heatmap of one kind's estimates (default the first computed: ``resid_pre`` with the default kinds)."""
+        return self[kind or next(iter(self.sweeps))].plot(title=title)
+
 
 def attribute(model: Model, pairs: PromptPairs, metric: Metric, sites: Sequence[str] = DEFAULT_KINDS,
               layers: Sequence[int] | None = None, source: str = "clean", target: str = "corrupted",
@@ -129,7 +140,19 @@ class AttributionCheck:
         return [{"site": k, "n": int(self.exact[k].numel()), "pearson_r": self.r[k], "max_abs_err": self.max_abs_err[k]}
                 for k in self.exact]
 
+    def to_frame(self) -> Any:
+        """One row per checked cell: ``kind``, ``cell`` (its index among the kind's checked cells: the flattened
+        grid, or the checked neurons), ``exact`` and ``estimate`` (metric deltas) and ``error`` (estimate - exact)."""
+        import pandas as pd
+
+        parts = [pd.DataFrame({"kind": k, "cell": range(self.exact[k].numel()), "exact": self.exact[k].tolist(),
+                               "estimate": self.estimate[k].tolist()}) for k in self.exact]
+        frame = pd.concat(parts, ignore_index=True)
+        frame["error"] = frame["estimate"] - frame["exact"]
+        return frame
+
     def plot(self, title: str | None = None) -> Any:
+        """Attribution estimate against exact patching per cell, one trace per kind, with y = x."""
         from viz.patching import attribution_scatter
 
         return attribution_scatter(self, title=title)

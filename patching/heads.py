@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -71,6 +72,34 @@ class HeadOutputs:
 
     def total(self) -> torch.Tensor:
         return self.per_head.sum(-2) + self.bias
+
+    def norms(self) -> torch.Tensor:
+        """``[n, L, T, H]``: the L2 norm of each head's write at each position."""
+        return self.per_head.norm(dim=-1)
+
+    def to_frame(self) -> Any:
+        """One row per real token, layer and head: ``prompt``, ``layer``, ``position`` (index in the padded
+        batch), ``head``, ``norm`` (of the head's write) and ``share`` (that norm over the sum of all heads'
+        norms at that token; the direction-free share of the attention output it carries)."""
+        import pandas as pd
+
+        nrm = self.norms()
+        share = nrm / nrm.sum(-1, keepdim=True).clamp_min(1e-30)
+        n, L, T, H = nrm.shape
+        keep = self.mask[:, None, :, None].expand(n, L, T, H)
+        idx = keep.nonzero()
+        layers = torch.tensor(self.layers)[idx[:, 1]]
+        return pd.DataFrame({"prompt": idx[:, 0].tolist(), "layer": layers.tolist(), "position": idx[:, 2].tolist(),
+                             "head": idx[:, 3].tolist(), "norm": nrm[keep].tolist(), "share": share[keep].tolist()})
+
+    def plot(self, title: str | None = None) -> Any:
+        """Heatmap, layers x heads, of each head's mean write norm over the real tokens."""
+        from viz.patching import grid_heatmap
+
+        m = self.mask[:, None, :, None].to(self.per_head.dtype)
+        mean = (self.norms() * m).sum((0, 2)) / m.sum((0, 2)).clamp_min(1)
+        return grid_heatmap(mean, [str(h) for h in range(mean.shape[1])], [str(la) for la in self.layers], "head",
+                            "layer", "mean write norm", title or "what each head writes: mean norm over real tokens")
 
 
 def split_heads(model: Model, layer: int, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -47,7 +47,24 @@ class MaskResult:
     def selected(self, threshold: float = 0.5) -> list[tuple[int, int]]:
         return [(la, c) for la, c, s in self.ranking() if s > threshold]
 
+    def to_frame(self, threshold: float = 0.5) -> Any:
+        """One row per component: ``layer``, ``head`` (or ``neuron``), ``score``, ``rank`` (0 = highest) and
+        ``selected`` (score above ``threshold``); the per-step history is :meth:`history_frame`."""
+        import pandas as pd
+
+        unit = "head" if self.over == "heads" else "neuron"
+        rows = [{"layer": la, unit: c, "score": s, "rank": r, "selected": s > threshold}
+                for r, (la, c, s) in enumerate(self.ranking())]
+        return pd.DataFrame(rows).sort_values(["layer", unit], ignore_index=True)
+
+    def history_frame(self) -> Any:
+        """One row per optimisation step: ``step``, ``metric``, ``loss``, ``n_active``."""
+        import pandas as pd
+
+        return pd.DataFrame(self.history, columns=["step", "metric", "loss", "n_active"])
+
     def plot(self, k: int = 20, title: str | None = None) -> Any:
+        """Bars of the ``k`` highest mask scores (ablation strength in [0, 1])."""
         from viz.patching import mask_ranking
 
         return mask_ranking(self, k=k, title=title)

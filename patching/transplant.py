@@ -139,7 +139,24 @@ class TransplantSearch:
     def best(self) -> float:
         return max([self.baseline] + [t["score"] for t in self.trajectory])
 
+    def to_frame(self) -> Any:
+        """One row per greedy step: ``step``, ``part``, ``first_layer`` / ``last_layer`` (nullable ints; none
+        for global parts), ``layers`` (as text), ``score``, ``gain`` and ``tried`` (candidates scored)."""
+        import pandas as pd
+
+        rows = [{"step": t["step"], "part": t["part"], "first_layer": min(t["layers"]) if t["layers"] else None,
+                 "last_layer": max(t["layers"]) if t["layers"] else None,
+                 "layers": ",".join(map(str, t["layers"])), "score": t["score"], "gain": t["gain"],
+                 "tried": len(t["tried"])} for t in self.trajectory]
+        frame = pd.DataFrame(rows, columns=["step", "part", "first_layer", "last_layer", "layers", "score", "gain",
+                                            "tried"])
+        for c in ("first_layer", "last_layer"):
+            frame[c] = frame[c].astype("Int64")
+        frame.attrs.update(baseline=self.baseline, source_score=self.source_score)
+        return frame
+
     def plot(self, title: str | None = None) -> Any:
+        """Score after each added block, with the target's and the source's scores as lines."""
         from viz.patching import transplant_trajectory
 
         return transplant_trajectory(self, title=title)
