@@ -44,10 +44,14 @@ class Attribution:
 
     def to_frame(self) -> Any:
         """Every kind's sweep in one long frame: ``kind``, ``layer``, then ``position`` / ``head`` / ``neuron``
-        (whichever the kind has), ``value`` (estimated metric), ``delta`` and ``normalized``."""
+        (whichever the kind has; nullable integers, empty for the kinds without it), ``value`` (estimated
+        metric), ``delta`` and ``normalized``."""
         import pandas as pd
 
-        return pd.concat([sw.to_frame().assign(kind=k) for k, sw in self.sweeps.items()], ignore_index=True)
+        parts = [sw.to_frame().assign(kind=k) for k, sw in self.sweeps.items()]
+        ints = {c for p in parts for c in p.columns if p[c].dtype.kind == "i"}
+        frame = pd.concat(parts, ignore_index=True)
+        return frame.astype({c: "Int64" for c in ints})[["kind", *[c for c in frame.columns if c != "kind"]]]
 
     def plot(self, kind: str | None = None, title: str | None = None) -> Any:
         """Heatmap of one kind's estimates (default the first computed: ``resid_pre`` with the default kinds)."""

@@ -123,7 +123,8 @@ def head_outputs(model: Model, prompts: Prompts, layers: Sequence[int] | None = 
     layer_list = _layers(model, layers)
     sites = [Site("attn_z", la) for la in layer_list] + [Site("attn_out", la) for la in layer_list]
     acts, _ = run_with_capture(model, batch, sites)
-    per, bias = zip(*(split_heads(model, la, acts[Site("attn_z", la)]) for la in layer_list), strict=True)
+    with torch.no_grad():                                                # W_O is a parameter: keep no graph
+        per, bias = zip(*(split_heads(model, la, acts[Site("attn_z", la)]) for la in layer_list), strict=True)
     out = torch.stack([acts[Site("attn_out", la)].float() for la in layer_list], 1).cpu()
     return HeadOutputs(torch.stack(per, 1).cpu(), torch.stack(bias, 1).cpu(), out,
                        batch.attention_mask.bool(), layer_list)
