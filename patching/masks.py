@@ -18,6 +18,7 @@ from interp.hooks import HookContext
 from interp.models import Model
 from interp.sites import Site, parse_site
 from patching.metrics import Metric, call_metric, metric_name
+from patching.progress import progress_bar
 from patching.runs import Prompts
 
 
@@ -46,7 +47,24 @@ class MaskResult:
     def selected(self, threshold: float = 0.5) -> list[tuple[int, int]]:
         return [(la, c) for la, c, s in self.ranking() if s > threshold]
 
+    def to_frame(self, threshold: float = 0.5) -> Any:
+        """One row per component: ``layer``, ``head`` (or ``neuron``), ``score``, ``rank`` (0 = highest) and
+        ``selected`` (score above ``threshold``); the per-step history is :meth:`history_frame`."""
+        import pandas as pd
+
+        unit = "head" if self.over == "heads" else "neuron"
+        rows = [{"layer": la, unit: c, "score": s, "rank": r, "selected": s > threshold}
+                for r, (la, c, s) in enumerate(self.ranking())]
+        return pd.DataFrame(rows).sort_values(["layer", unit], ignore_index=True)
+
+    def history_frame(self) -> Any:
+        """One row per optimisation step: ``step``, ``metric``, ``loss``, ``n_active``."""
+        import pandas as pd
+
+        return pd.DataFrame(self.history, columns=["step", "metric", "loss", "n_active"])
+
     def plot(self, k: int = 20, title: str | None = None) -> Any:
+        """Bars of the ``k`` highest mask scores (ablation strength in [0, 1])."""
         from viz.patching import mask_ranking
 
         return mask_ranking(self, k=k, title=title)
@@ -55,9 +73,10 @@ class MaskResult:
 def learn_mask(model: Model, prompts: Prompts, metric: Metric, over: str = "heads", objective: str = "decrease",
                layers: Sequence[int] | None = None, ablate: str = "zero", means: torch.Tensor | None = None,
                sparsity: float = 0.01, steps: int = 200, lr: float = 0.1, init: float = 0.0, chat: bool = True,
-               seed: int = 0) -> MaskResult:
+               seed: int = 0, progress: bool = True) -> MaskResult:
     """Train a mask over ``heads`` (site ``attn_z``) or ``neurons`` (``mlp_post``) that ``decrease``s or
-    ``increase``s ``metric``; ``means`` (``[n_layers, H, dh]`` / ``[n_layers, D]``) for ``ablate='mean'``."""
+    ``increase``s ``metric``; ``means`` (``[n_layers, H, dh]`` / ``[n_layers, D]``) for ``ablate='mean'``.
+    ``progress``: a bar over the optimisation steps showing the metric and the active count."""
     _check_args(model, over, objective, ablate, means, steps, sparsity)
     kind = "attn_z" if over == "heads" else "mlp_post"
     layer_list = list(range(model.n_layers)) if layers is None else \
@@ -84,7 +103,7 @@ def learn_mask(model: Model, prompts: Prompts, metric: Metric, over: str = "head
         for p in model.hf.parameters():
             p.requires_grad_(False)
         baseline = float(run(torch.zeros_like(theta).detach()))
-        history = _train(theta, run, 1.0 if objective == "decrease" else -1.0, sparsity, steps, lr)
+        history = _train(theta, run, 1.0 if objective == "decrease" else -1.0, sparsity, steps, lr, progress)
         scores = torch.sigmoid(theta.detach()).cpu()
         selected = float(run((scores > 0.5).float().to(model.device)))
     finally:
@@ -110,12 +129,12 @@ def _check_args(model: Model, over: str, objective: str, ablate: str, means: tor
         raise ValueError(f"{model.spec.family} has mixture-of-experts MLPs; learn a mask over heads instead")
 
 
-def _train(theta: torch.Tensor, run: Any, sign: float, sparsity: float, steps: int, lr: float
-           ) -> list[dict[str, float]]:
+def _train(theta: torch.Tensor, run: Any, sign: float, sparsity: float, steps: int, lr: float,
+           progress: bool = False) -> list[dict[str, float]]:
     """Adam on ``theta`` for ``sign * metric + sparsity * sum(sigmoid(theta))``; the per-step history."""
     opt = torch.optim.Adam([theta], lr=lr)
     history: list[dict[str, float]] = []
-    with torch.enable_grad():
+    with torch.enable_grad(), progress_bar(steps, "learning mask", progress, unit="step") as bar:
         for step in range(steps):
             gate = torch.sigmoid(theta)
             value = run(gate)
@@ -125,6 +144,8 @@ def _train(theta: torch.Tensor, run: Any, sign: float, sparsity: float, steps: i
             opt.step()
             history.append({"step": step, "metric": value.item(), "loss": loss.item(),
                             "n_active": int((gate > 0.5).sum())})
+            bar.set_postfix(metric=f"{history[-1]['metric']:.4g}", active=history[-1]["n_active"], refresh=False)
+            bar.update(1)
     return history
 
 

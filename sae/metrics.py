@@ -36,6 +36,29 @@ class SAEMetrics:
     dense_fraction: float
     frequency: torch.Tensor
     n_tokens: int
+    dense_threshold: float = 0.1
+
+    def to_frame(self) -> Any:
+        """One row per latent: ``latent``, ``frequency`` (share of tokens it fires on), ``dead`` (never fires)
+        and ``dense`` (fires on more than ``dense_threshold``); the scalar metrics are in :meth:`summary`."""
+        import pandas as pd
+
+        f = self.frequency.tolist()
+        return pd.DataFrame({"latent": range(len(f)), "frequency": f, "dead": [v == 0 for v in f],
+                             "dense": [v > self.dense_threshold for v in f]})
+
+    def summary(self) -> dict[str, float]:
+        """The scalar metrics: L0, FVU, MSE, dead and dense fractions, token count."""
+        return {"l0": self.l0, "fvu": self.fvu, "mse": self.mse, "dead_fraction": self.dead_fraction,
+                "dense_fraction": self.dense_fraction, "n_tokens": self.n_tokens}
+
+    def plot(self, title: str = "SAE metrics") -> Any:
+        """Firing-frequency histogram, bars of FVU / dead / dense fractions, and a bar of L0."""
+        from viz.sae import metrics_summary
+
+        return metrics_summary(self.frequency, {"FVU": self.fvu, "dead": self.dead_fraction,
+                                                "dense": self.dense_fraction}, {"L0": self.l0},
+                               title=f"{title} on {self.n_tokens} tokens")
 
 
 @torch.no_grad()
@@ -66,7 +89,8 @@ def evaluate(sae: SAE, x: Float[torch.Tensor, "n d"] | Any, batch_size: int = 40
     freq = (counts / n).float()
     return SAEMetrics(l0=active / n, fvu=sq_err / max(var, 1e-30), mse=sq_err / n,
                       dead_fraction=float((freq == 0).float().mean()),
-                      dense_fraction=float((freq > dense_threshold).float().mean()), frequency=freq, n_tokens=n)
+                      dense_fraction=float((freq > dense_threshold).float().mean()), frequency=freq, n_tokens=n,
+                      dense_threshold=dense_threshold)
 
 
 @dataclass
@@ -81,6 +105,23 @@ class CELossRecovered:
     recovered_zero: float
     recovered_mean: float
     n_predictions: int
+
+    def to_frame(self) -> Any:
+        """One row per condition (``clean``, ``sae``, ``zero_ablated``, ``mean_ablated``): ``condition``,
+        ``ce`` (nats) and ``recovered`` (the ablations' loss recovered by the SAE; empty for clean and sae)."""
+        import pandas as pd
+
+        return pd.DataFrame({"condition": ["clean", "sae", "zero_ablated", "mean_ablated"],
+                             "ce": [self.clean, self.sae, self.zero_ablated, self.mean_ablated],
+                             "recovered": [float("nan"), float("nan"), self.recovered_zero, self.recovered_mean]})
+
+    def plot(self, title: str = "cross-entropy with the SAE spliced in") -> Any:
+        """Bars of CE per condition, the recovered fractions in the title."""
+        from viz.sae import ce_loss_bars
+
+        return ce_loss_bars(["clean", "sae", "zero-ablated", "mean-ablated"],
+                            [self.clean, self.sae, self.zero_ablated, self.mean_ablated],
+                            {"vs zero": self.recovered_zero, "vs mean": self.recovered_mean}, title=title)
 
 
 def predicted(batch: Batch) -> torch.Tensor:

@@ -103,6 +103,19 @@ class TrainResult:
     dead_fraction: float = 0.0
     meta: dict[str, Any] = field(default_factory=dict)
 
+    def to_frame(self) -> Any:
+        """One row per logged step: ``step``, ``tokens``, ``loss``, ``mse``, ``aux``, ``l0``, ``fvu``, ``dead``
+        (fraction of latents counted dead then) and ``lr``."""
+        import pandas as pd
+
+        return pd.DataFrame({k: list(v) for k, v in self.history.items()})
+
+    def plot(self, x: str = "step", title: str = "SAE training") -> Any:
+        """Loss, FVU (log scale), L0 and dead fraction against ``step`` (or ``tokens``)."""
+        from viz.sae import training_curves
+
+        return training_curves(self.history, keys=("loss", "fvu", "l0", "dead"), x=x, title=title)
+
 
 def _adam(params: list[torch.nn.Parameter], lr: float, betas: tuple[float, float]) -> torch.optim.Adam:
     """Fused Adam (one pass over each parameter) where this torch and device support it."""

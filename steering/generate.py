@@ -6,13 +6,14 @@ forked RNG, so the caller's RNG state is untouched).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from tqdm.auto import tqdm
 
+from evals.judge import is_refusal
 from interp.forward import batches, pad_id, prepare
 from interp.models import Model
 from steering._checks import check_finite
@@ -34,6 +35,36 @@ class Generations:
 
     def __getitem__(self, i: int) -> str:
         return self.texts[i]
+
+    def _judged(self, groups: Sequence[str] | None, judge: Callable[[str], bool] | None
+                ) -> tuple[list[str], list[bool] | None]:
+        if groups is None:
+            groups = ["all"] * len(self)
+        elif isinstance(groups, str) or len(groups) != len(self):
+            raise ValueError(f"groups needs one label per prompt ({len(self)}), e.g. ['harmful'] * 8 + "
+                             f"['harmless'] * 8; got {groups!r:.60}")
+        return [str(g) for g in groups], None if judge is None else [bool(judge(t)) for t in self.texts]
+
+    def to_frame(self, groups: Sequence[str] | None = None, judge: Callable[[str], bool] | None = is_refusal) -> Any:
+        """One row per prompt: ``prompt_index``, ``group``, ``prompt``, ``response``, ``n_tokens`` and
+        ``refusal`` (``judge(response)``, default the phrase judge ``evals.is_refusal``; ``judge=None`` drops it)."""
+        import pandas as pd
+
+        gs, refused = self._judged(groups, judge)
+        frame = pd.DataFrame({"prompt_index": range(len(self)), "group": gs, "prompt": self.prompts,
+                              "response": self.texts, "n_tokens": [len(t) for t in self.token_ids]})
+        if refused is not None:
+            frame["refusal"] = refused
+        return frame
+
+    def plot(self, groups: Sequence[str] | None = None, judge: Callable[[str], bool] | None = is_refusal,
+             title: str = "generations") -> Any:
+        """Response length per group and, with a ``judge`` (default ``evals.is_refusal``), the refusal share
+        per group; ``groups`` labels each prompt (a condition, a prompt set), default one group ``all``."""
+        from viz.generations import generation_summary
+
+        gs, refused = self._judged(groups, judge)
+        return generation_summary(gs, [len(t) for t in self.token_ids], refused, title=title)
 
 
 def _eos_ids(model: Model) -> set[int]:
