@@ -76,6 +76,17 @@ def _eos_ids(model: Model) -> set[int]:
     return {int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])}
 
 
+def _check_args(model: Model, prompts: Any, max_new_tokens: int, batch_size: int) -> None:
+    if model.tokenizer is None:
+        raise ValueError("generate needs a tokenizer; attach one with interp.models.from_hf(hf, tokenizer)")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if isinstance(prompts, str):
+        raise TypeError("prompts must be a list of strings, not a single string; wrap it in a list")
+
+
 def generate(model: Model, prompts: Sequence[str], *interventions: Any, max_new_tokens: int = 64,
              batch_size: int = 16, do_sample: bool = False, temperature: float = 1.0, top_p: float = 1.0,
              top_k: int = 0, seed: int = 0, chat: bool = True, system: str | None = None, progress: bool = True,
@@ -89,14 +100,7 @@ def generate(model: Model, prompts: Sequence[str], *interventions: Any, max_new_
     ``prepared``: the ``(texts, encodings)`` that :func:`interp.forward.prepare` returned for these prompts,
     so a caller generating under many conditions tokenises its prompts once.
     """
-    if model.tokenizer is None:
-        raise ValueError("generate needs a tokenizer; attach one with interp.models.from_hf(hf, tokenizer)")
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    if isinstance(prompts, str):
-        raise TypeError("prompts must be a list of strings, not a single string; wrap it in a list")
+    _check_args(model, prompts, max_new_tokens, batch_size)
     prompts = list(prompts)
     texts, encs = prepared if prepared is not None else prepare(model, prompts, chat=chat, system=system)
     if len(encs) != len(prompts):
