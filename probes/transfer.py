@@ -16,7 +16,7 @@ from probes.erasure import fit_inlp, fit_leace
 from probes.folds import make_folds, masks
 from probes.logistic import solve_logistic
 from probes.objects import Subspace
-from probes.validation import ProbeScores, check_no_overlap
+from probes.validation import ProbeScores, check_no_overlap, metric_or_nan
 
 
 @dataclass
@@ -181,8 +181,8 @@ def erasure_cv(X: Any, y: Any = None, *, eraser: str | Callable[..., Any] = "lea
         for store, lg in (((acc_b, auc_b, d_b), before[:, f]), ((acc_a, auc_a, d_a), after)):
             s = lg[:, fold.test]
             store[0].append(accuracy(s, yt))
-            store[1].append(auroc(s, yt))
-            store[2].append(cohens_d(s, yt))
+            store[1].append(metric_or_nan(auroc, s, yt, 1))
+            store[2].append(metric_or_nan(cohens_d, s, yt, 2))
     fold_ids = [{"train": [data.sample_ids[i] for i in f.train.tolist()],
                  "test": [data.sample_ids[i] for i in f.test.tolist()]} for f in folds]
 

@@ -143,7 +143,7 @@ def shuffled_labels(y: torch.Tensor, folds: list[Fold], groups: list[Any] | None
     return out
 
 
-def _defined(metric: Any, scores: torch.Tensor, y: torch.Tensor, need: int) -> torch.Tensor:
+def metric_or_nan(metric: Any, scores: torch.Tensor, y: torch.Tensor, need: int) -> torch.Tensor:
     """``metric(scores, y)``, or NaN ``[...]`` where a class has fewer than ``need`` samples (undefined there)."""
     n1 = int(y.sum())
     if min(n1, y.numel() - n1) < need:
@@ -153,7 +153,7 @@ def _defined(metric: Any, scores: torch.Tensor, y: torch.Tensor, need: int) -> t
 
 def _score(scores: torch.Tensor, y: torch.Tensor, thr: torch.Tensor | float) -> tuple[torch.Tensor, ...]:
     """Accuracy, AUROC and Cohen's d; AUROC / d are NaN in a fold where they are undefined."""
-    return accuracy(scores, y, thr), _defined(auroc, scores, y, 1), _defined(cohens_d, scores, y, 2)
+    return accuracy(scores, y, thr), metric_or_nan(auroc, scores, y, 1), metric_or_nan(cohens_d, scores, y, 2)
 
 
 def _logistic_cv(data: ProbeData, folds: list[Fold], y_rows: torch.Tensor, l2: float, **kw: Any) -> torch.Tensor:
@@ -188,7 +188,7 @@ def _cv_logistic(data: ProbeData, folds: list[Fold], ctrl: torch.Tensor | None, 
         if ctrl is not None:                                             # the control needs no Cohen's d
             yc, lc = ctrl[fold.test], logits[:, F + f, fold.test]
             results["cacc"].append(accuracy(lc, yc, 0.0))
-            results["cauc"].append(_defined(auroc, lc, yc, 1))
+            results["cauc"].append(metric_or_nan(auroc, lc, yc, 1))
     return results
 
 
@@ -206,9 +206,9 @@ def _cv_direction(data: ProbeData, folds: list[Fold], ctrl: torch.Tensor | None,
             ytr, yte = labels[fold.train].bool(), labels[fold.test]
             thr = (tr[:, ytr].mean(-1) + tr[:, ~ytr].mean(-1)) / 2
             results[key_a].append(accuracy(te, yte, thr))
-            results[key_u].append(_defined(auroc, te, yte, 1))
+            results[key_u].append(metric_or_nan(auroc, te, yte, 1))
             if key_a == "acc":                                           # the control needs no Cohen's d
-                results["d"].append(_defined(cohens_d, te, yte, 2))
+                results["d"].append(metric_or_nan(cohens_d, te, yte, 2))
     return results
 
 
@@ -220,7 +220,9 @@ def cross_validate(X: Any, y: Any = None, *, method: str = "logistic", groups: A
     ``method``: ``logistic`` (all folds and layers in one batched solve) or a direction method
     (``mean_diff, pca_diff, pca, lda``; scored by projection, accuracy thresholded halfway between the
     training class means). ``groups``: samples sharing a group never straddle train/test. ``control``:
-    repeat with shuffled labels for selectivity.
+    repeat with shuffled labels for selectivity (see :func:`shuffled_labels`: permuted inside each test
+    fold, respecting groups, so contrastive pairs work); the control reports accuracy and AUROC, not d.
+    A metric undefined in a fold (AUROC without both classes, d with fewer than two of one) is NaN there.
     """
     data = as_data(X, y, groups=groups, positive=positive, max_classes=2)
     folds = make_folds(data.y, n_folds, data.groups, seed)

@@ -101,3 +101,17 @@ def test_transfer_frame_has_numeric_layer_sorted():
     assert frame["layer"].iloc[0] == 1 and frame["layer"].iloc[-1] == 10
     choice = res.layer_choice()
     assert choice.index in range(3) and res.best_layer() == choice.index
+
+
+def test_undefined_d_in_a_fold_is_nan_not_a_crash():
+    """Grouped folds can leave a test fold with one sample of a class: d is NaN there, the rest is scored."""
+    g = torch.Generator().manual_seed(7)
+    y = torch.tensor([0] * 6 + [1] * 6 + [0] * 6 + [1] + [0] * 5 + [1] * 6)
+    groups = [i // 6 for i in range(30)]
+    X = torch.randn(30, 2, 8, generator=g) + (y.float() - 0.5)[:, None, None] * 4
+    assert [int(y[f.test].sum()) for f in probes.make_folds(y, 2, groups, seed=0)] == [12, 1]
+    for res in (probes.cross_validate(X, y, groups=groups, n_folds=2, control=False),
+                probes.erasure_cv(X, y, groups=groups, n_folds=2).before):
+        assert torch.isnan(res.cohens_d[1]).all() and torch.isfinite(res.cohens_d[0]).all()
+        assert torch.isfinite(res.mean("cohens_d")).all() and torch.isfinite(res.auroc).all()
+        assert res.summary()["cohens_d_std"].eq(0).all()                 # one defined fold: no spread
