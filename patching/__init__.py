@@ -11,7 +11,7 @@ from patching.activation import Patch, patch, sweep_heads, sweep_layers, sweep_p
 from patching.attribution import Attribution, AttributionCheck, attribute, compare_attribution, pearson
 from patching.heads import HeadOutputs, ablate_heads, head_ablation_sweep, head_means, head_outputs
 from patching.masks import MaskResult, learn_mask
-from patching.metrics import (
+from patching.measures import (
     call_metric,
     kl_div,
     logit_diff,

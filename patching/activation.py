@@ -20,7 +20,7 @@ from interp.forward import last_logits
 from interp.hooks import HookContext, hooks
 from interp.models import Model
 from interp.sites import Site, expand_sites, parse_site
-from patching.metrics import Metric, call_metric, metric_name
+from patching.measures import Metric, call_metric, metric_name
 from patching.progress import progress_bar
 from patching.results import Sweep
 from patching.runs import (

@@ -18,7 +18,7 @@ import torch
 from interp.models import Model
 from interp.sites import Site, expand_sites
 from patching.activation import Edit, prepare_patching, run_variants, sweep_heads, sweep_positions
-from patching.metrics import Metric, call_metric, metric_name
+from patching.measures import Metric, call_metric, metric_name
 from patching.progress import progress_bar
 from patching.results import Sweep
 from patching.runs import PromptPairs, check_pairs, check_run, gather_aligned, run_with_capture

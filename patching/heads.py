@@ -23,7 +23,7 @@ from interp.hooks import HookContext, hooks
 from interp.models import Model
 from interp.sites import Site, parse_site
 from patching.activation import Edit, run_variants
-from patching.metrics import Metric, call_metric, metric_name
+from patching.measures import Metric, call_metric, metric_name
 from patching.results import Sweep
 from patching.runs import Prompts, run_with_capture
 

@@ -17,7 +17,7 @@ from interp.forward import batch_of, last_logits
 from interp.hooks import HookContext
 from interp.models import Model
 from interp.sites import Site, parse_site
-from patching.metrics import Metric, call_metric, metric_name
+from patching.measures import Metric, call_metric, metric_name
 from patching.progress import progress_bar
 from patching.runs import Prompts
 

@@ -17,7 +17,7 @@ from interp.hooks import HookContext, hooks
 from interp.models import Model
 from interp.sites import Site, parse_site
 from patching.heads import _ablation_values, ablation_sweep
-from patching.metrics import Metric, call_metric, metric_name
+from patching.measures import Metric, call_metric, metric_name
 from patching.runs import Prompts, run_with_capture
 
 Neuron = tuple[int, int]

@@ -24,7 +24,7 @@ from interp.hooks import _input_of, _with_input, module_hooks
 from interp.models import Model
 from interp.sites import Site
 from patching.heads import split_heads
-from patching.metrics import Metric, call_metric, metric_name
+from patching.measures import Metric, call_metric, metric_name
 from patching.progress import progress_bar
 from patching.results import Sweep
 from patching.runs import (

@@ -12,7 +12,7 @@ from jaxtyping import Float
 from evals.metrics import auroc
 from interp.coerce import token_rows
 from interp.forward import Inputs
-from sae.arch import SAE
+from sae.model import SAE
 
 
 @dataclass
@@ -190,7 +190,7 @@ def diff_latents(sae: SAE, acts_base: torch.Tensor | Any, acts_tuned: torch.Tens
 def latent_acts_on_prompts(model: Any, sae: SAE, inputs: Inputs, latents: Sequence[int],
                            batch_size: int = 8, chat: bool = False, site: str | None = None) -> list[dict[str, Any]]:
     """Per prompt: ``ids [T]`` (real tokens) and ``acts [T, len(latents)]`` of the chosen latents."""
-    from sae.interventions import check_site
+    from sae.edits import check_site
     from sae.runner import site_tokens
 
     site = check_site(sae, model, site)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from sae.arch import SAE
+from sae.model import SAE
 from sae.saelens_io import load_saelens
 
 

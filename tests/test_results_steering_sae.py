@@ -15,9 +15,9 @@ from evals.judge import is_refusal
 from interp.data import load_prompts
 from interp.testing.tiny import tiny_model
 from sae.analysis import aligned_latents, diff_latents, separating_latents
-from sae.arch import SAE, SAEConfig
-from sae.metrics import ce_loss_recovered, evaluate
-from sae.train import TrainConfig, train_sae
+from sae.model import SAE, SAEConfig
+from sae.quality import ce_loss_recovered, evaluate
+from sae.trainer import TrainConfig, train_sae
 
 
 def _ys(fig: go.Figure) -> list[list[float]]:

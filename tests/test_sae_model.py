@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from interp.hooks import count_hooks, hooks
-from sae.arch import SAE, SAEConfig
 from sae.contexts import Context, contexts_html, top_contexts
-from sae.interventions import LatentAblation, LatentSteering, SAESplice
-from sae.metrics import ce_loss_recovered
+from sae.edits import LatentAblation, LatentSteering, SAESplice
+from sae.model import SAE, SAEConfig
+from sae.quality import ce_loss_recovered
 
 PROMPTS = ["the man said to the boy", "what is the good word", "where is the old house by the water now ?",
            "tell me a kind word", "the water is low", "why do they play with the old man"]
@@ -48,7 +48,7 @@ def test_width_mismatch_between_sae_and_site(tiny_models):
 def test_ce_loss_recovered_exact_and_random(tiny_models):
     from evals.logits import cross_entropy
     from interp.forward import batches, forward, prepare
-    from sae.metrics import predicted
+    from sae.quality import predicted
 
     def summed_ce(logits, b):
         return cross_entropy(logits, b.input_ids, predicted(b))

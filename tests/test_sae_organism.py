@@ -29,7 +29,7 @@ def setup():
     import interp
     from interp.capture import capture
     from interp.data import load_prompts
-    from sae.train import train_sae
+    from sae.trainer import train_sae
 
     n = torch.get_num_threads()
     torch.set_num_threads(1)  # a 64-wide SAE: one thread is fastest
@@ -52,8 +52,8 @@ def test_diffed_latents_separate_and_their_ablation_lowers_refusal(setup):
     from evals.judge import refusal_rate
     from evals.metrics import auroc
     from sae.analysis import diff_latents, encode_tokens
-    from sae.interventions import LatentAblation
-    from sae.metrics import evaluate
+    from sae.edits import LatentAblation
+    from sae.quality import evaluate
     from steering import generate
 
     sae, acts, P, aligned = setup["sae"], setup["acts"], setup["P"], setup["aligned"]

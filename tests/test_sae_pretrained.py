@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import sae
-from sae.arch import SAE, SAEConfig
+from sae.model import SAE, SAEConfig
 from sae.saelens_io import save_saelens
 
 pytest.importorskip("sae_lens")

@@ -18,9 +18,9 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from sae.arch import SAE, SAEConfig
-from sae.data import TokenStream
 from sae.losses import StepOut, train_step
+from sae.model import SAE, SAEConfig
+from sae.stream import TokenStream
 
 # fields that may differ between an interrupted run and its resumption
 _RUNTIME_FIELDS = {"progress", "checkpoint_every", "log_every", "device"}

@@ -11,7 +11,7 @@ from jaxtyping import Float
 from evals.logits import cross_entropy
 from interp.chat import Batch
 from interp.forward import Inputs, batches, encodings, forward
-from sae.arch import SAE
+from sae.model import SAE
 
 
 def l0(z: Float[torch.Tensor, "... d_sae"]) -> float:
@@ -138,7 +138,7 @@ def ce_loss_recovered(model: Any, sae: SAE, inputs: Inputs, site: str | None = N
                       batch_size: int = 8, chat: bool = False) -> CELossRecovered:
     """Splice ``sae`` into ``model`` at its site (``interp.hooks``) and compare next-token loss on ``inputs``
     (prompts or token ids ``[n, T]``) against the clean model and zero-/mean-ablation of the site."""
-    from sae.interventions import SAESplice, check_site
+    from sae.edits import SAESplice, check_site
 
     site = check_site(sae, model, site)
     bs = batches(model, encodings(model, inputs, chat), batch_size)
