@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -80,18 +81,35 @@ class Encoded:
     response_start: int  # first response token (== len(ids) when there is no response)
 
 
+def special_prefix(tokenizer: Any) -> list[int]:
+    """The ids the tokenizer itself puts before any text (its BOS, as its template / ``add_bos_token`` says).
+
+    Found by tokenising a probe text with and without special tokens, so it holds for every family (Gemma and
+    Llama add a BOS, GPT-2 and Qwen add none). Trailing specials (an EOS) are never taken: prompts go on."""
+    probe = "a"
+    plain = list(tokenizer(probe, add_special_tokens=False)["input_ids"])
+    full = list(tokenizer(probe, add_special_tokens=True)["input_ids"])
+    for k in range(len(full) - len(plain) + 1):
+        if full[k:k + len(plain)] == plain:
+            return full[:k]
+    return []
+
+
 def encode(model: Model, texts: list[str], instructions: list[str] | None = None,
-           responses: list[str] | None = None, add_special_tokens: bool = False) -> list[Encoded]:
+           responses: list[str] | None = None, add_special_tokens: bool = True) -> list[Encoded]:
     """Tokenise formatted prompts (and optional responses) and locate the post-instruction tokens.
 
     The post-instruction tokens are those starting at or after the end of the instruction text inside
     the formatted prompt (the template's suffix, e.g. ``<|im_end|>\\n<|im_start|>assistant\\n``).
+    ``add_special_tokens``: start every text with the tokenizer's own prefix (:func:`special_prefix`, its BOS)
+    unless the text already starts with it (a chat template that writes the BOS), so there is never a double BOS.
     """
     tok = model.tokenizer
     if tok is None:
         raise ValueError("this model has no tokenizer; pass token ids or attach a tokenizer with from_hf(..., tokenizer=)")
+    prefix = special_prefix(tok) if add_special_tokens else []
     full = [t + (responses[i] if responses else "") for i, t in enumerate(texts)]
-    enc = tok(full, add_special_tokens=add_special_tokens, return_offsets_mapping=bool(getattr(tok, "is_fast", False)))
+    enc = tok(full, add_special_tokens=False, return_offsets_mapping=bool(getattr(tok, "is_fast", False)))
     out: list[Encoded] = []
     for i, ids in enumerate(enc["input_ids"]):
         n_prompt_chars = len(texts[i])
@@ -105,10 +123,12 @@ def encode(model: Model, texts: list[str], instructions: list[str] | None = None
             post_start = _first_at_or_after(starts, inst_end, len(ids))
             resp_start = _first_at_or_after(starts, n_prompt_chars, len(ids)) if responses else len(ids)
         else:
-            n_inst = len(tok(texts[i][:inst_end], add_special_tokens=add_special_tokens)["input_ids"])
-            n_prompt = len(tok(texts[i], add_special_tokens=add_special_tokens)["input_ids"])
+            n_inst = len(tok(texts[i][:inst_end], add_special_tokens=False)["input_ids"])
+            n_prompt = len(tok(texts[i], add_special_tokens=False)["input_ids"])
             post_start, resp_start = n_inst, (n_prompt if responses else len(ids))
-        out.append(Encoded(list(ids), post_start, resp_start))
+        ids = list(ids)
+        add = prefix if prefix and ids[:len(prefix)] != prefix else []
+        out.append(Encoded(add + ids, post_start + len(add), resp_start + len(add)))
     return out
 
 

@@ -37,15 +37,17 @@ def pad_id(tokenizer: Any) -> int:
 
 def prepare(model: Model, prompts: Sequence[str], chat: bool = True, responses: Sequence[str] | None = None,
             system: str | None = None) -> tuple[list[str], list[Encoded]]:
-    """Format (chat template unless ``chat=False``) and tokenise prompts once; ``(texts, encodings)``."""
+    """Format (chat template unless ``chat=False``) and tokenise prompts once; ``(texts, encodings)``.
+
+    Every encoding starts with the tokenizer's own special prefix (its BOS) exactly once, with or without a
+    chat template (see :func:`interp.chat.special_prefix`)."""
     if isinstance(prompts, str):
         raise TypeError("prompts must be a list of strings, not a single string; wrap it in a list")
     prompts = list(prompts)
     texts = format_prompts(model, prompts, system=system, chat=chat)
     if responses is not None and len(responses) != len(prompts):
         raise ValueError(f"{len(responses)} responses for {len(prompts)} prompts")
-    encs = encode(model, texts, instructions=prompts, responses=list(responses) if responses is not None else None,
-                  add_special_tokens=not chat)
+    encs = encode(model, texts, instructions=prompts, responses=list(responses) if responses is not None else None)
     max_len = model.max_length
     for i, e in enumerate(encs):
         if max_len is not None and len(e.ids) > max_len:
