@@ -57,10 +57,12 @@ class Batch:
     position_ids: torch.Tensor    # [B, T]
     post_mask: torch.Tensor       # [B, T] bool
     response_mask: torch.Tensor   # [B, T] bool
+    special_mask: torch.Tensor | None = None  # [B, T] bool: the tokenizer's special tokens (BOS, template tokens)
 
     def to(self, device: torch.device | str) -> Batch:
+        sp = None if self.special_mask is None else self.special_mask.to(device)
         return Batch(*(t.to(device) for t in (self.input_ids, self.attention_mask, self.position_ids,
-                                               self.post_mask, self.response_mask)))
+                                               self.post_mask, self.response_mask)), special_mask=sp)
 
     @property
     def model_inputs(self) -> dict[str, torch.Tensor]:
@@ -79,6 +81,7 @@ class Encoded:
     ids: list[int]
     post_start: int     # first post-instruction token
     response_start: int  # first response token (== len(ids) when there is no response)
+    special: list[bool] | None = None  # per token: one of the tokenizer's special tokens (None: unknown)
 
 
 def special_prefix(tokenizer: Any) -> list[int]:
@@ -108,6 +111,7 @@ def encode(model: Model, texts: list[str], instructions: list[str] | None = None
     if tok is None:
         raise ValueError("this model has no tokenizer; pass token ids or attach a tokenizer with from_hf(..., tokenizer=)")
     prefix = special_prefix(tok) if add_special_tokens else []
+    special_ids = set(getattr(tok, "all_special_ids", None) or [])
     full = [t + (responses[i] if responses else "") for i, t in enumerate(texts)]
     enc = tok(full, add_special_tokens=False, return_offsets_mapping=bool(getattr(tok, "is_fast", False)))
     out: list[Encoded] = []
@@ -128,7 +132,8 @@ def encode(model: Model, texts: list[str], instructions: list[str] | None = None
             post_start, resp_start = n_inst, (n_prompt if responses else len(ids))
         ids = list(ids)
         add = prefix if prefix and ids[:len(prefix)] != prefix else []
-        out.append(Encoded(add + ids, post_start + len(add), resp_start + len(add)))
+        ids = add + ids
+        out.append(Encoded(ids, post_start + len(add), resp_start + len(add), [t in special_ids for t in ids]))
     return out
 
 
@@ -152,6 +157,7 @@ def collate(items: list[Encoded], pad_id: int, max_length: int | None = None) ->
     mask = torch.zeros((B, T), dtype=torch.long)
     post = torch.zeros((B, T), dtype=torch.bool)
     resp = torch.zeros((B, T), dtype=torch.bool)
+    special = torch.zeros((B, T), dtype=torch.bool)
     for b, e in enumerate(items):
         n = len(e.ids)
         off = T - n
@@ -159,4 +165,6 @@ def collate(items: list[Encoded], pad_id: int, max_length: int | None = None) ->
         mask[b, off:] = 1
         post[b, off + e.post_start: off + e.response_start] = True
         resp[b, off + e.response_start:] = True
-    return Batch(ids, mask, position_ids_from_mask(mask), post, resp)
+        if e.special is not None:
+            special[b, off:] = torch.tensor(e.special, dtype=torch.bool)
+    return Batch(ids, mask, position_ids_from_mask(mask), post, resp, special)
