@@ -121,6 +121,7 @@ def forward(model: Model, batch: Batch, hook_fns: Any = (), *, logits: str | Non
     """
     if logits not in ("all", "last", None):
         raise ValueError(f"logits must be 'all', 'last' or None, got {logits!r}")
+    _check_args(model, batch)
     dev = model.device
     inputs = {k: v.to(dev).repeat(repeat, *([1] * (v.dim() - 1))) for k, v in batch.model_inputs.items()}
     kw: dict[str, Any] = {"use_cache": False}
@@ -137,6 +138,16 @@ def forward(model: Model, batch: Batch, hook_fns: Any = (), *, logits: str | Non
     if logits is None:
         return None
     return out.logits[:, -1].float() if logits == "last" else out.logits.float()
+
+
+def _check_args(model: Any, batch: Any) -> None:
+    """Refuse a wrong argument with its type only (never its repr: a model's repr fills the screen)."""
+    if not isinstance(model, Model):
+        raise TypeError(f"the first argument must be an interp Model, got {type(model).__name__}; "
+                        f"load one with interp.load_model or wrap an HF model with interp.from_hf")
+    if not isinstance(batch, Batch):
+        raise TypeError(f"expected a Batch (from interp.forward.batch_of / batches), got {type(batch).__name__}; "
+                        f"for logits of prompts call interp.logits(model, prompts)")
 
 
 def last_logits(model: Model, batch: Batch, hook_fns: Any = (), grad: bool = False, repeat: int = 1

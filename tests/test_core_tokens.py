@@ -10,7 +10,8 @@ import torch
 from tokenizers import processors
 
 import interp
-from interp.forward import prepare
+from interp.capture import capture
+from interp.forward import batch_of, last_logits, prepare
 from interp.testing.tiny import tiny_model
 
 FAMILIES = ["llama", "gpt2", "gemma3_text", "qwen2"]
@@ -70,3 +71,52 @@ def test_gemma3_plain_prompt_has_bos_and_answers_paris():
     with torch.no_grad():
         out = m.hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, do_sample=False)
     assert "Paris" in m.tokenizer.decode(out[0, ids.shape[1]:])
+
+
+def test_prompt_mean_leaves_out_special_tokens(tiny_models):
+    """The means skip BOS and template tokens by default (the attention sink dominated them); opt back in."""
+    m = tiny_models("llama")
+    P = ["the man said to the boy", "help"]
+    allp = capture(m, P, sites="resid_post.1", positions="all", progress=False)
+    mean = capture(m, P, sites="resid_post.1", positions="prompt_mean", progress=False)
+    with_sp = capture(m, P, sites="resid_post.1", positions="prompt_mean", mean_skip_special=False, progress=False)
+    for i, p in enumerate(P):
+        e = prepare(m, [p])[1][0]
+        x = allp.tensor[i, 0, -len(e.ids):]
+        words = torch.tensor([not s for s in e.special])
+        torch.testing.assert_close(mean.tensor[i, 0], x[words].mean(0), atol=1e-5, rtol=0)
+        torch.testing.assert_close(with_sp.tensor[i, 0], x.mean(0), atol=1e-5, rtol=0)
+    assert mean.positions == "prompt_mean" and with_sp.positions == "prompt_mean+special"
+
+
+def test_logits_and_token_logprobs_match_hf(tiny_models):
+    m = tiny_models("llama")
+    P, R = ["the man said to the boy", "help"], ["the old house", "what is it"]
+    last = interp.logits(m, P)
+    every = interp.logits(m, P, positions="all")
+    scored = interp.token_logprobs(m, P, R)
+    for i, p in enumerate(P):
+        ids = torch.tensor([prepare(m, [p])[1][0].ids])
+        full = torch.tensor([prepare(m, [p], responses=[R[i]])[1][0].ids])
+        with torch.no_grad():
+            hf, hf_full = m.hf(ids).logits[0], m.hf(full).logits[0]
+        torch.testing.assert_close(last[i], hf[-1], atol=1e-5, rtol=0)
+        torch.testing.assert_close(every[i], hf, atol=1e-5, rtol=0)
+        s = scored[i]
+        k = len(R[i].split())
+        assert s.tokens == R[i].split() and s.positions == list(range(full.shape[1] - k, full.shape[1]))
+        want = hf_full.log_softmax(-1)[torch.tensor(s.positions) - 1, full[0, -k:]]
+        torch.testing.assert_close(s.logprobs, want, atol=1e-5, rtol=0)
+        assert s.rows()[0]["token"] == R[i].split()[0] and s.total == pytest.approx(float(want.sum()), abs=1e-4)
+
+
+def test_last_logits_names_interp_logits_for_wrong_input(tiny_models):
+    m = tiny_models("llama")
+    batch = batch_of(m, ["the man said"])
+    torch.testing.assert_close(last_logits(m, batch)[0], interp.logits(m, ["the man said"])[0], atol=1e-6, rtol=0)
+    with pytest.raises(TypeError, match=r"interp\.logits\(model, prompts\)") as e:
+        last_logits(m, ["the man said"])
+    assert len(str(e.value)) < 300  # the type only, not the model printed in full
+    with pytest.raises(TypeError, match="interp Model") as e:
+        last_logits(batch, m)
+    assert len(str(e.value)) < 300
