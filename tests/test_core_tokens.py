@@ -120,3 +120,18 @@ def test_last_logits_names_interp_logits_for_wrong_input(tiny_models):
     with pytest.raises(TypeError, match="interp Model") as e:
         last_logits(batch, m)
     assert len(str(e.value)) < 300
+
+
+@pytest.mark.slow
+def test_smollm2_prompt_mean_is_not_the_attention_sink():
+    """SmolLM2 layer 15: with the special tokens the mean's norm was ~5x a real token's; now the same scale."""
+    try:
+        m = interp.load_model("smollm2-135m-instruct")
+    except (FileNotFoundError, ImportError) as e:
+        pytest.skip(f"SmolLM2-135M-Instruct is not installed ({e})")
+    P = ["How do I bake bread?", "Tell me about the moon.", "What is two plus two?", "Name a colour."]
+    mean = capture(m, P, sites="resid_post.15", positions="prompt_mean", progress=False).tensor[:, 0].norm(dim=-1)
+    last = capture(m, P, sites="resid_post.15", positions="last", progress=False).tensor[:, 0].norm(dim=-1)
+    sink = capture(m, P, sites="resid_post.15", positions="prompt_mean", mean_skip_special=False,
+                   progress=False).tensor[:, 0].norm(dim=-1)
+    assert (mean < 1.5 * last).all() and (sink > 3 * last).all()
