@@ -115,11 +115,12 @@ def transformer_lens_spec(tl: nn.Module) -> ArchSpec:
     parallel = bool(getattr(c, "parallel_attn_mlp", False))
     moe = bool(getattr(c, "num_experts", None))
     return ArchSpec(
-        family="transformer_lens", layers="tl.blocks", embed="tl.embed", final_norm="tl.ln_final.hook_normalized",
+        family="transformer_lens", layers="tl.blocks", embed="tl.embed", final_norm="tl.ln_final",
         unembed="tl.unembed", attn="attn", attn_proj="attn.hook_z", mlp="mlp",
         mlp_proj=None if moe else "mlp.hook_post", attn_out="hook_attn_out", mlp_out="hook_mlp_out",
         resid_mid_in=None if parallel else "hook_resid_mid", resid_pre_in="hook_resid_pre", norms=("ln1", "ln2"),
         parallel_residual=parallel, experts="mlp.experts" if moe else None,
+        extra={"normalized": "tl.ln_final.hook_normalized"},
     )
 
 

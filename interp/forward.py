@@ -37,15 +37,17 @@ def pad_id(tokenizer: Any) -> int:
 
 def prepare(model: Model, prompts: Sequence[str], chat: bool = True, responses: Sequence[str] | None = None,
             system: str | None = None) -> tuple[list[str], list[Encoded]]:
-    """Format (chat template unless ``chat=False``) and tokenise prompts once; ``(texts, encodings)``."""
+    """Format (chat template unless ``chat=False``) and tokenise prompts once; ``(texts, encodings)``.
+
+    Every encoding starts with the tokenizer's own special prefix (its BOS) exactly once, with or without a
+    chat template (see :func:`interp.chat.special_prefix`)."""
     if isinstance(prompts, str):
         raise TypeError("prompts must be a list of strings, not a single string; wrap it in a list")
     prompts = list(prompts)
     texts = format_prompts(model, prompts, system=system, chat=chat)
     if responses is not None and len(responses) != len(prompts):
         raise ValueError(f"{len(responses)} responses for {len(prompts)} prompts")
-    encs = encode(model, texts, instructions=prompts, responses=list(responses) if responses is not None else None,
-                  add_special_tokens=not chat)
+    encs = encode(model, texts, instructions=prompts, responses=list(responses) if responses is not None else None)
     max_len = model.max_length
     for i, e in enumerate(encs):
         if max_len is not None and len(e.ids) > max_len:
@@ -119,6 +121,7 @@ def forward(model: Model, batch: Batch, hook_fns: Any = (), *, logits: str | Non
     """
     if logits not in ("all", "last", None):
         raise ValueError(f"logits must be 'all', 'last' or None, got {logits!r}")
+    _check_args(model, batch)
     dev = model.device
     inputs = {k: v.to(dev).repeat(repeat, *([1] * (v.dim() - 1))) for k, v in batch.model_inputs.items()}
     kw: dict[str, Any] = {"use_cache": False}
@@ -135,6 +138,16 @@ def forward(model: Model, batch: Batch, hook_fns: Any = (), *, logits: str | Non
     if logits is None:
         return None
     return out.logits[:, -1].float() if logits == "last" else out.logits.float()
+
+
+def _check_args(model: Any, batch: Any) -> None:
+    """Refuse a wrong argument with its type only (never its repr: a model's repr fills the screen)."""
+    if not isinstance(model, Model):
+        raise TypeError(f"the first argument must be an interp Model, got {type(model).__name__}; "
+                        f"load one with interp.load_model or wrap an HF model with interp.from_hf")
+    if not isinstance(batch, Batch):
+        raise TypeError(f"expected a Batch (from interp.forward.batch_of / batches), got {type(batch).__name__}; "
+                        f"for logits of prompts call interp.logits(model, prompts)")
 
 
 def last_logits(model: Model, batch: Batch, hook_fns: Any = (), grad: bool = False, repeat: int = 1

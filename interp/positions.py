@@ -73,15 +73,18 @@ class Plan:
 
 
 def describe(rule: PositionSpec) -> str:
+    """A rule as text (for metadata and fingerprints)."""
     return rule if isinstance(rule, str) else f"positions{list(rule) if not isinstance(rule, int) else [rule]}"
 
 
-def plan(rule: PositionSpec, batch: Batch) -> Plan:
+def plan(rule: PositionSpec, batch: Batch, skip_special: bool = True) -> Plan:
     """Build the plan of ``rule`` for ``batch``.
 
     Rules: ``last`` (last prompt token), ``post_instruction`` (chat-template tokens after the user
     message), ``all`` (every real token), ``prompt_mean``, ``response_mean``, or explicit positions:
     an int / list of ints, negative from the end of the prompt, non-negative from its first real token.
+    ``skip_special``: the means leave out the tokenizer's special tokens (BOS, template tokens), whose huge
+    attention-sink activations would dominate them; a row made only of special tokens keeps them all.
     """
     mask = batch.attention_mask.bool()
     B, T = mask.shape
@@ -107,6 +110,9 @@ def plan(rule: PositionSpec, batch: Batch) -> Plan:
         return Plan(index=None, mask=mask)
     if rule in ("prompt_mean", "response_mean"):
         sel = prompt if rule == "prompt_mean" else (batch.response_mask & mask)
+        if skip_special and batch.special_mask is not None:
+            kept = sel & ~batch.special_mask.to(sel.device)
+            sel = torch.where(kept.any(1, keepdim=True), kept, sel)
         counts = sel.sum(1, keepdim=True)
         if (counts == 0).any():
             what = "responses" if rule == "response_mean" else "prompt tokens"

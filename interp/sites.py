@@ -20,7 +20,9 @@ BLOCK_KINDS: dict[str, str] = {
     "attn_z": "attn.hook_z",
     "mlp_post": "mlp.hook_post",
 }
-GLOBAL_KINDS: dict[str, str] = {"ln_final": "ln_final.hook_normalized"}
+# ``ln_final.hook_normalized`` is before the final norm's gain, as in TransformerLens; ``ln_final.hook_out`` (our
+# own name, no TransformerLens equivalent) is the norm's output, what the unembedding reads.
+GLOBAL_KINDS: dict[str, str] = {"ln_final": "ln_final.hook_normalized", "ln_final_out": "ln_final.hook_out"}
 
 ALIASES: dict[str, str] = {
     "resid": "resid_post",
@@ -32,6 +34,7 @@ ALIASES: dict[str, str] = {
     "neurons": "mlp_post",
     "final": "ln_final",
     "ln_final": "ln_final",
+    "final_out": "ln_final_out",
 }
 
 _CANON_BLOCK = re.compile(r"^blocks\.(\d+)\.(hook_resid_pre|hook_resid_mid|hook_resid_post|hook_attn_out|hook_mlp_out|attn\.hook_z|mlp\.hook_post)$")

@@ -35,7 +35,7 @@ def test_tl_capture_equals_run_with_cache_and_hf(tl_pair):
     """Mixed-length padded batch through the adapter == TL's own cache per prompt == our HF capture."""
     m, tl, a = tl_pair
     acts = capture(a, PROMPTS, sites=SITES + ["ln_final"], positions="all", progress=False)
-    ours = capture(m, PROMPTS, sites=SITES, positions="all", progress=False)
+    ours = capture(m, PROMPTS, sites=SITES + ["ln_final"], positions="all", progress=False)
     neurons = capture(a, PROMPTS, sites="mlp_post", positions="all", progress=False)
     for i, p in enumerate(PROMPTS):
         ids = _ids(m, p)
@@ -47,6 +47,8 @@ def test_tl_capture_equals_run_with_cache_and_hf(tl_pair):
             torch.testing.assert_close(got, cache[s][0], atol=1e-5, rtol=0)
     for s in ours.sites:
         torch.testing.assert_close(acts.site(s), ours.site(s), atol=1e-5, rtol=0)
+    out_tl, out_hf = (capture(x, PROMPTS, sites="ln_final_out", positions="all", progress=False) for x in (a, m))
+    torch.testing.assert_close(out_tl.tensor, out_hf.tensor, atol=1e-5, rtol=0)  # after the gain, both routes
 
 
 def test_tl_steering_changes_tl_output_as_on_hf(tl_pair):
