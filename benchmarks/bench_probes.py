@@ -97,7 +97,7 @@ def sk_cv(X, y, folds, l2, tol):
     accs = []
     for f in folds:
         tr, te = f.train.numpy(), f.test.numpy()
-        a, _ = sk_logistic(X[tr], y[tr], X[te], y[te], probes.sklearn_C(l2, len(tr)), tol)
+        a, _ = sk_logistic(X[tr], y[tr], X[te], y[te], probes.logistic.sklearn_C(l2, len(tr)), tol)
         accs.append(a)
     return np.stack(accs)
 
@@ -147,7 +147,7 @@ def main() -> None:
     Xtr, ytr, Xte, yte = X[tr], y[tr], X[te], y[te]
     Xnp, ynp = X.numpy(), y.numpy()
     Xtr_np, ytr_np, Xte_np, yte_np = Xtr.numpy(), ytr.numpy(), Xte.numpy(), yte.numpy()
-    C = probes.sklearn_C(args.l2, len(tr))
+    C = probes.logistic.sklearn_C(args.l2, len(tr))
     rows: list[tuple[str, list[float], list[float], str]] = []
     # warm-up (imports, thread pools, first-call allocations) on a small slice, untimed
     small = slice(0, 400)
@@ -174,7 +174,7 @@ def main() -> None:
     if args.cv_rounds > 0:
         keep = torch.linspace(0, args.layers - 1, min(args.cv_layers, args.layers)).round().long().unique()
         Xcv, Xcv_np = X[:, keep], Xnp[:, keep.numpy()]
-        folds = probes.make_folds(y, 5, seed=0)
+        folds = probes.folds.make_folds(y, 5, seed=0)
         t_ours, t_sk = [], []
         for _ in range(args.cv_rounds):
             dt, cv = timed(lambda: probes.cross_validate(Xcv, y, n_folds=5, control=False, l2=args.l2, tol=args.tol))

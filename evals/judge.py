@@ -75,7 +75,7 @@ def is_refusal(text: str, phrases: Sequence[str] = REFUSAL_PHRASES) -> bool:
 def refusal_openings(phrases: Sequence[str] = REFUSAL_PHRASES) -> tuple[str, ...]:
     """The phrases of ``phrases`` that can open an answer, capitalised as an answer starts ("I'm sorry").
 
-    Refusal-token metrics (``patching.refusal_token_ids``) read the first token of these, so the judge and
+    Refusal-token metrics (``patching.measures.refusal_token_ids``) read the first token of these, so the judge and
     the logit metrics share one phrase list."""
     out = [p[:1].upper() + p[1:] for p in phrases if p.split()[0] in _OPENING_WORDS]
     if not out:

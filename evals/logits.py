@@ -28,7 +28,7 @@ def refusal_score(logits: Float[torch.Tensor, "... vocab"],
     ``tokens``. Both terms are log-sum-exps over disjoint parts of the vocabulary, so no clamp is needed."""
     ids = torch.as_tensor(list(tokens) if not isinstance(tokens, torch.Tensor) else tokens, dtype=torch.long)
     if ids.numel() == 0:
-        raise ValueError("refusal_score needs at least one refusal token id (see patching.refusal_token_ids)")
+        raise ValueError("refusal_score needs at least one refusal token id (see patching.measures.refusal_token_ids)")
     lp = F.log_softmax(logits.float(), dim=-1)
     ids = ids.to(lp.device)
     inside = torch.zeros(lp.shape[-1], dtype=torch.bool, device=lp.device)

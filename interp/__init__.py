@@ -10,17 +10,14 @@ from __future__ import annotations
 
 from interp.activations import Activations
 from interp.adapters import from_nnsight, from_transformer_lens
-from interp.arch import ArchSpec, register_spec, spec_for
 from interp.capture import capture
 from interp.chat import format_prompts
 from interp.hooks import hooks
 from interp.models import Model, from_hf, load_model
-from interp.scoring import TokenLogprobs, logits, token_logprobs
-from interp.sites import Site, expand_sites, parse_site
+from interp.scoring import logits, token_logprobs
 from interp.store import ActivationStore
 
 __version__ = "0.1.0"
 
-__all__ = ["ActivationStore", "Activations", "ArchSpec", "Model", "Site", "TokenLogprobs", "capture", "expand_sites",
-           "format_prompts", "from_hf", "from_nnsight", "from_transformer_lens", "hooks", "load_model", "logits",
-           "parse_site", "register_spec", "spec_for", "token_logprobs"]
+__all__ = ["Activations", "ActivationStore", "capture", "format_prompts", "from_hf", "from_nnsight",
+           "from_transformer_lens", "hooks", "load_model", "logits", "Model", "token_logprobs"]

@@ -66,7 +66,7 @@ def make_metric(args: argparse.Namespace, tokenizer: Any) -> tuple[Any, dict[str
                                            "wrong": args.wrong, "wrong_id": w}
     if args.answer is not None or args.wrong is not None:
         raise ValueError("--answer/--wrong only apply to --metric logit_diff; drop them or pass --metric logit_diff")
-    ids = patching.refusal_token_ids(tokenizer)
+    ids = patching.measures.refusal_token_ids(tokenizer)
     return patching.refusal_score(ids), {"metric": kind, "refusal_token_ids": ids}
 
 

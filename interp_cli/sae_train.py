@@ -75,7 +75,7 @@ def sae_train_job(args: argparse.Namespace, folder: JobFolder) -> dict[str, Any]
     eval_acts = acts if args.eval_prompts is None else interp.capture(model, eval_prompts, sites=site,
                                                                       positions="all", chat=not args.raw)
     metrics = sae.evaluate(res.sae, eval_acts, site=site)
-    ce = sae.ce_loss_recovered(model, res.sae, eval_prompts, site=site, chat=not args.raw)
+    ce = sae.quality.ce_loss_recovered(model, res.sae, eval_prompts, site=site, chat=not args.raw)
     result = sae_result(res, metrics, ce, site, held_out=args.eval_prompts is not None)
     folder.write_json("result.json", result)
     figures = _figures(res, metrics)

@@ -157,7 +157,7 @@ def test_sae_train_end_to_end_matches_library(files, model, tmp_path) -> None:
     m = sae.evaluate(trained, acts, site=site)
     assert res["metrics"]["fvu"] == pytest.approx(m.fvu, rel=1e-5) and res["metrics"]["l0"] == pytest.approx(m.l0)
     assert sae.evaluate(lens, acts, site=site).fvu == pytest.approx(m.fvu, rel=1e-4)
-    ce = sae.ce_loss_recovered(model, trained, HARMFUL[:3], site=site, chat=True)
+    ce = sae.quality.ce_loss_recovered(model, trained, HARMFUL[:3], site=site, chat=True)
     assert res["ce_loss"]["recovered_zero"] == pytest.approx(ce.recovered_zero, rel=1e-5)
     assert res["steps"] == 20 and res["d_sae"] == 64
     page = (out / "report.html").read_text()
@@ -172,7 +172,7 @@ def test_patch_end_to_end_matches_library(files, model, tmp_path) -> None:
                  "--out", str(out)]) == 0
     res = json.loads((out / "result.json").read_text())
     pairs = patching.make_pairs(model, HARMFUL[:3], HARMLESS[:3])
-    metric = patching.refusal_score(patching.refusal_token_ids(model.tokenizer))
+    metric = patching.refusal_score(patching.measures.refusal_token_ids(model.tokenizer))
     sweep = patching.sweep_positions(model, pairs, metric)
     assert res["metric"] == "refusal" and res["n_pairs"] == 3
     torch.testing.assert_close(torch.tensor(res["positions"]["values"]), sweep.values.float(), atol=1e-4, rtol=1e-4)

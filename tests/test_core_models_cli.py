@@ -90,8 +90,8 @@ def test_bad_sites_and_prompts(tiny_models):
     with pytest.raises(ValueError, match="unknown position rule"):
         capture(m, PROMPTS, positions="middle", progress=False)
     with pytest.raises(ValueError, match="resid_post.3"):
-        interp.parse_site("resid_post")
-    assert interp.parse_site("resid_post.-1", n_layers=2).layer == 1
+        interp.sites.parse_site("resid_post")
+    assert interp.sites.parse_site("resid_post.-1", n_layers=2).layer == 1
     neox = tiny_models("gpt_neox")
     with pytest.raises(ValueError, match="parallel residual"):
         capture(neox, PROMPTS, sites="resid_mid.0", progress=False)

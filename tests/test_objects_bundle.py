@@ -10,7 +10,9 @@ import probes
 from interp.activations import Activations
 from interp.io import save_bundle
 from interp.objects import PACKAGE_VERSION, Provenance, read_kind
-from probes import Direction, INLPEraser, LeaceEraser, LogisticProbe, Subspace
+from probes import Direction, Subspace
+from probes.erasure import INLPEraser, LeaceEraser
+from probes.logistic import LogisticProbe
 from sae.model import SAE, SAEConfig
 
 SITES = ["blocks.0.hook_resid_post", "blocks.1.hook_resid_post"]
@@ -27,7 +29,7 @@ def objects():
     acts = data()
     sae = SAE(SAEConfig(d_in=6, d_sae=12, arch="topk", k=3, site="blocks.1.hook_resid_post", model_id="tiny",
                         meta={"data_hash": "abc", "fitted_on": ["0", "1"]}), seed=1)
-    return {"Activations": acts, "Direction": probes.diff_of_means(acts), "Subspace": probes.pca_subspace(acts, k=2),
+    return {"Activations": acts, "Direction": probes.diff_of_means(acts), "Subspace": probes.subspace.pca_subspace(acts, k=2),
             "LeaceEraser": probes.fit_leace(acts), "INLPEraser": probes.fit_inlp(acts, n_iter=2),
             "LogisticProbe": probes.fit_logistic(acts), "SAE": sae}
 

@@ -9,7 +9,8 @@ import torch
 from interp.forward import last_logits
 from interp.hooks import hooks
 from interp.testing.tiny import tiny_model
-from patching import Patch, logit_diff, make_pairs, patch, sweep_heads, sweep_layers, sweep_positions
+from patching import logit_diff, make_pairs, patch, sweep_layers, sweep_positions
+from patching.activation import Patch, sweep_heads
 
 CLEAN = ["the man is big", "a man can go home", "you are here now"]
 CORRUPT = ["the boy is small", "a boy can see home", "we are there now"]

@@ -9,14 +9,10 @@ import torch
 from interp.forward import batch_of, last_logits
 from interp.sites import Site
 from interp.testing.tiny import FAMILIES, tiny_model
-from patching import (
-    ablate_heads,
-    ablate_neurons,
-    head_ablation_sweep,
-    head_means,
-    head_outputs,
+from patching import ablate_heads, ablate_neurons, logit_diff
+from patching.heads import head_ablation_sweep, head_means, head_outputs
+from patching.neurons import (
     intersect_neurons,
-    logit_diff,
     neuron_ablation_effect,
     neuron_acts,
     neuron_contrast,

@@ -8,7 +8,8 @@ from transformers import AutoTokenizer
 
 import evals
 from evals.judge import REFUSAL_PHRASES, refusal_openings
-from patching import kl_div, logit_diff, refusal_score, refusal_token_ids, token_logprob
+from patching import logit_diff, refusal_score
+from patching.measures import kl_div, refusal_token_ids, token_logprob
 
 from .conftest import REPO
 

@@ -9,18 +9,18 @@ import torch
 from interp.testing.tiny import tiny_model
 from patching import (
     attribute,
-    compare_attribution,
     greedy_transplant,
-    head_ablation_sweep,
     learn_mask,
     logit_diff,
     make_pairs,
-    neuron_ablation_effect,
-    path_patch_sweep,
-    sweep_heads,
     sweep_layers,
     sweep_positions,
 )
+from patching.activation import sweep_heads
+from patching.attribution import compare_attribution
+from patching.heads import head_ablation_sweep
+from patching.neurons import neuron_ablation_effect
+from patching.path import path_patch_sweep
 
 CLEAN = ["the man is big", "a man can go home"]
 CORRUPT = ["the boy is small", "a boy can see home"]

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from interp.testing.tiny import tiny_model
-from patching import check_compatible, greedy_transplant, transplant, transplanted
+from patching import greedy_transplant
+from patching.transplant import check_compatible, transplant, transplanted
 
 ALL = ["block", "embed", "final_norm", "unembed"]
 

@@ -34,7 +34,7 @@ def test_grouped_control_on_contrastive_pairs(one_first, method):
 
 def test_control_labels_keep_groups_and_fold_counts():
     X, y, groups = pairs()
-    folds = probes.make_folds(y, 5, groups, seed=0)
+    folds = probes.folds.make_folds(y, 5, groups, seed=0)
     from probes.validation import shuffled_labels
 
     ctrl = shuffled_labels(y, folds, groups, seed=0)
@@ -46,7 +46,7 @@ def test_control_labels_keep_groups_and_fold_counts():
         assert sorted(ctrl[idx].tolist()) == [0, 1]
     pure = [i // 4 for i in range(80)]                                   # groups holding one label: labels swap
     yp = torch.tensor([(i // 4) % 2 for i in range(80)])
-    fp = probes.make_folds(yp, 4, pure, seed=0)
+    fp = probes.folds.make_folds(yp, 4, pure, seed=0)
     cp = shuffled_labels(yp, fp, pure, seed=1)
     for gid in set(pure):
         assert cp[[i for i, k in enumerate(pure) if k == gid]].unique().numel() == 1
@@ -54,10 +54,10 @@ def test_control_labels_keep_groups_and_fold_counts():
 
 def test_make_folds_counts_classes_present():
     y = torch.tensor([1, 2] * 20)                                        # no class 0: y.max() + 1 would say 3
-    folds = probes.make_folds(y, 5)
+    folds = probes.folds.make_folds(y, 5)
     assert len(folds) == 5
     with pytest.raises(ValueError, match="lacks a class"):
-        probes.make_folds(torch.tensor([1] * 38 + [2] * 2), 5)
+        probes.folds.make_folds(torch.tensor([1] * 38 + [2] * 2), 5)
 
 
 @pytest.mark.parametrize("method", ["logistic", "mean_diff"])
@@ -109,7 +109,7 @@ def test_undefined_d_in_a_fold_is_nan_not_a_crash():
     y = torch.tensor([0] * 6 + [1] * 6 + [0] * 6 + [1] + [0] * 5 + [1] * 6)
     groups = [i // 6 for i in range(30)]
     X = torch.randn(30, 2, 8, generator=g) + (y.float() - 0.5)[:, None, None] * 4
-    assert [int(y[f.test].sum()) for f in probes.make_folds(y, 2, groups, seed=0)] == [12, 1]
+    assert [int(y[f.test].sum()) for f in probes.folds.make_folds(y, 2, groups, seed=0)] == [12, 1]
     for res in (probes.cross_validate(X, y, groups=groups, n_folds=2, control=False),
                 probes.erasure_cv(X, y, groups=groups, n_folds=2).before):
         assert torch.isnan(res.cohens_d[1]).all() and torch.isfinite(res.cohens_d[0]).all()

@@ -79,10 +79,10 @@ def test_pca_diff_with_explicit_pairs():
     X = torch.cat([pos, neg])
     y = torch.cat([torch.ones(n), torch.zeros(n)]).long()
     pairs = [(i, n + i) for i in range(n)]
-    dirn = probes.pca_diff(X, y, pairs=pairs)
+    dirn = probes.directions.pca_diff(X, y, pairs=pairs)
     assert (dirn.vectors[0] @ u) > 0.99
     # the centred PCA is dominated by the shared content and misses u
-    assert abs(probes.pca_centered(X, y).vectors[0] @ u) < 0.5
+    assert abs(probes.directions.pca_centered(X, y).vectors[0] @ u) < 0.5
 
 
 def test_lda_whitens_correlated_noise():
@@ -95,7 +95,7 @@ def test_lda_whitens_correlated_noise():
     X = (torch.randn(n, 1, d, generator=g) * scales) + (y.float() - 0.5)[:, None, None] * 2 * u
     target = u / scales ** 2
     target /= target.norm()
-    assert probes.lda(X, y, shrinkage=0.0).vectors[0] @ target > 0.99
+    assert probes.directions.lda(X, y, shrinkage=0.0).vectors[0] @ target > 0.99
     assert probes.diff_of_means(X, y).vectors[0] @ target < 0.8
 
 
@@ -107,7 +107,7 @@ def test_random_controls():
     gaps = torch.stack([(probes.evaluate_direction(X, y, r).auroc - 0.5).abs() for r in rand])
     assert gaps.median() < 0.08 and gaps.max() < 0.25, gaps      # a random unit vector has cos ~ 1/16 with u
     d = probes.diff_of_means(X, y)
-    orth = probes.random_orthogonal(d, n=4, seed=1)
+    orth = probes.directions.random_orthogonal(d, n=4, seed=1)
     for o in orth:
         assert (o.vectors * d.vectors).sum(-1).abs().max() < 1e-5
         s = probes.evaluate_direction(X, y, o)

@@ -96,7 +96,7 @@ def test_leace_on_activations_and_save_load(tmp_path):
     out = er(acts)
     assert isinstance(out, Activations) and out.sites == acts.sites and torch.equal(out.tensor, er(X.float()))
     er.save(tmp_path / "e")
-    back = probes.LeaceEraser.load(tmp_path / "e")
+    back = probes.erasure.LeaceEraser.load(tmp_path / "e")
     assert torch.equal(back.left, er.left) and back.fitted_on == er.fitted_on and back.meta == er.meta
     P, bias = er.at(4)
     assert P.shape == (20, 20) and bias.shape == (20,)

@@ -12,7 +12,7 @@ def data(n=40, L=2, d=8, seed=0):
     return torch.randn(n, L, d, generator=g), (torch.arange(n) % 2)
 
 
-@pytest.mark.parametrize("fn", [probes.diff_of_means, probes.pca_diff, probes.pca_centered, probes.lda,
+@pytest.mark.parametrize("fn", [probes.diff_of_means, probes.directions.pca_diff, probes.directions.pca_centered, probes.directions.lda,
                                 probes.fit_logistic, probes.fit_leace, probes.fit_inlp, probes.cross_validate])
 def test_one_class_only(fn):
     X, _ = data()
@@ -61,7 +61,7 @@ def test_wrong_width_direction():
     with pytest.raises(ValueError, match="width 16 but the activations have width 8"):
         probes.evaluate_direction(X, y, d16)
     with pytest.raises(ValueError, match="width"):
-        probes.project(X, d16)
+        probes.compare.project(X, d16)
     er = probes.fit_leace(torch.randn(40, 2, 16), y)
     with pytest.raises(ValueError, match="width"):
         er(X)

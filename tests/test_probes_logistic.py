@@ -28,7 +28,7 @@ def test_matches_sklearn_objective(l2):
     for layer in range(X.shape[1]):
         xs = X[:, layer].double().numpy()
         scaler = StandardScaler().fit(xs)
-        ref = LogisticRegression(C=probes.sklearn_C(l2, len(y)), tol=1e-10, max_iter=10_000)
+        ref = LogisticRegression(C=probes.logistic.sklearn_C(l2, len(y)), tol=1e-10, max_iter=10_000)
         ref.fit(scaler.transform(xs), y.numpy())
         ours = probe.coef_standardized[layer].double()
         theirs = torch.tensor(ref.coef_[0])
@@ -43,7 +43,7 @@ def test_matches_sklearn_objective(l2):
 def test_C_argument_equals_l2():
     X, y = anisotropic(n=400)
     a = probes.fit_logistic(X, y, C=0.5)
-    b = probes.fit_logistic(X, y, l2=probes.l2_from_C(0.5, 400))
+    b = probes.fit_logistic(X, y, l2=probes.logistic.l2_from_C(0.5, 400))
     assert torch.allclose(a.coef, b.coef) and abs(a.l2 - 1 / (0.5 * 400)) < 1e-12
 
 
@@ -94,7 +94,7 @@ def test_sklearn_on_float32_inputs_handles_large_offsets():
     probe = probes.fit_logistic(X, y, l2=1e-2, tol=1e-7)
     xs = X[:, 0].double().numpy()
     scaler = StandardScaler().fit(xs)
-    ref = LogisticRegression(C=probes.sklearn_C(1e-2, 600), tol=1e-10, max_iter=10_000).fit(scaler.transform(xs), y.numpy())
+    ref = LogisticRegression(C=probes.logistic.sklearn_C(1e-2, 600), tol=1e-10, max_iter=10_000).fit(scaler.transform(xs), y.numpy())
     theirs = torch.tensor(ref.coef_[0])
     assert (probe.coef_standardized[0].double() - theirs).norm() / theirs.norm() < 5e-3
     assert np.isfinite(probe.intercept.numpy()).all()

@@ -52,7 +52,7 @@ def test_subspace_category_and_truncate(tmp_path):
     labels = [["harmless", "weapons", "fraud"][c] for c in cats.tolist()]
     axes = torch.linalg.qr(torch.randn(d, 3, generator=g))[0].T * torch.tensor([[0.0], [6.0], [4.0]])
     X = torch.randn(n, 2, d, generator=g) + axes[cats][:, None]
-    sub = probes.category_subspace(X, labels, reference="harmless")
+    sub = probes.subspace.category_subspace(X, labels, reference="harmless")
     assert sub.rank == 2 and sub.names == ["weapons", "fraud"]         # largest first
     Q = sub.bases
     assert torch.allclose(torch.einsum("lkd,ljd->lkj", Q, Q), torch.eye(2).expand(2, 2, 2), atol=1e-5)
@@ -78,13 +78,13 @@ def test_mean_diff_subspace_ranks_and_pca_subspace():
     y = (torch.rand(n, generator=g) < 0.5).long()
     axes = torch.linalg.qr(torch.randn(d, 6, generator=g))[0].T
     X = torch.randn(n, 1, d, generator=g) + ((y.float() - 0.5) * 5)[:, None, None] * axes[groups][:, None]
-    sub = probes.mean_diff_subspace(X, y, groups=groups.tolist())
+    sub = probes.subspace.mean_diff_subspace(X, y, groups=groups.tolist())
     assert sub.rank == 6 and (sub.strengths[0, :-1] >= sub.strengths[0, 1:]).all()
     inside = torch.einsum("kd,jd->kj", sub.bases[0], axes).pow(2).sum(0)
     assert (inside > 0.9).all()                                          # every group's axis is captured
-    ps = probes.pca_subspace(X, y, k=3)
+    ps = probes.subspace.pca_subspace(X, y, k=3)
     assert ps.rank == 3
-    mc = probes.mean_diff_subspace(X, groups.tolist())                   # multi-class, no groups: rank k-1
+    mc = probes.subspace.mean_diff_subspace(X, groups.tolist())                   # multi-class, no groups: rank k-1
     assert mc.rank == 5
 
 
@@ -113,22 +113,22 @@ def test_cosine_comparisons_and_signature():
     X, y, u = planted(n=2000, L=3, d=24, signal=4.0)
     a = probes.diff_of_means(X, y)
     b = probes.fit_logistic(X, y).direction()
-    m = probes.cosine_matrix(a)
+    m = probes.compare.cosine_matrix(a)
     assert m.shape == (3, 3) and torch.allclose(torch.diagonal(m), torch.ones(3), atol=1e-5)
-    cross = probes.cosine_by_layer(a, b)
+    cross = probes.compare.cosine_by_layer(a, b)
     assert (cross > 0.95).all()
-    frame = probes.compare_directions({"mean_diff": a, "logistic": b, "pca": probes.pca_centered(X, y)})
+    frame = probes.compare.compare_directions({"mean_diff": a, "logistic": b, "pca": probes.directions.pca_centered(X, y)})
     assert len(frame) == 3 * 3 and frame["cosine"].min() > 0.9
     other = Direction.from_vectors(torch.randn(3, 16), a.sites)
     with pytest.raises(ValueError, match="width"):
-        probes.cosine_matrix(a, other)
-    sig = probes.signature(X, {"trait": a, "neg": -a}, groups=["pos" if v else "neg" for v in y.tolist()])
+        probes.compare.cosine_matrix(a, other)
+    sig = probes.compare.signature(X, {"trait": a, "neg": -a}, groups=["pos" if v else "neg" for v in y.tolist()])
     assert sig.stats.shape == (2, 2, 3, 5)
     i_pos, i_neg = sig.groups.index("pos"), sig.groups.index("neg")
     assert (sig.stats[0, i_pos, :, 0] > sig.stats[0, i_neg, :, 0] + 2).all()
     assert torch.allclose(sig.stats[1, :, :, 0], -sig.stats[0, :, :, 0], atol=1e-5)
     assert len(sig.to_frame()) == 2 * 2 * 3 and isinstance(sig.plot(), go.Figure)
-    p = probes.project(X, a)
+    p = probes.compare.project(X, a)
     assert p.shape == (2000, 3)
 
 

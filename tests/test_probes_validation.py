@@ -39,7 +39,7 @@ def test_metrics_match_sklearn_and_scipy():
 def test_grouped_folds_never_straddle():
     y = torch.tensor([0, 1] * 60)
     groups = [f"q{i // 4}" for i in range(120)]                        # 30 questions, 4 paraphrases each
-    folds = probes.make_folds(y, 5, groups, seed=1)
+    folds = probes.folds.make_folds(y, 5, groups, seed=1)
     seen = set()
     for f in folds:
         train_g = {groups[i] for i in f.train.tolist()}
@@ -118,9 +118,9 @@ def test_rank_ablation_inside_folds():
     X = torch.randn(n, 1, d, generator=g) + ((y.float() - 0.5) * 4)[:, None, None] * axes[cats][:, None]
 
     def fit(train_idx):
-        return probes.mean_diff_subspace(X[train_idx], y[train_idx], groups=cats[train_idx].tolist())
+        return probes.subspace.mean_diff_subspace(X[train_idx], y[train_idx], groups=cats[train_idx].tolist())
 
-    res = probes.rank_ablation(X, y, fit, ranks=[0, 1, 2, 4], n_folds=4)
+    res = probes.transfer.rank_ablation(X, y, fit, ranks=[0, 1, 2, 4], n_folds=4)
     acc = res.accuracy.mean(1)[:, 0]
     assert acc[0] > 0.75 and acc[1] < acc[0] - 0.03 and acc[2] < acc[1] - 0.03, acc
     assert (acc[3] - 0.5).abs() < 0.08                                   # rank 4 removes every axis
@@ -132,9 +132,9 @@ def test_rank_ablation_refuses_leaky_subspace():
 
     X, y = planted(n=200, L=1)
     acts = Activations(tensor=X, sites=["blocks.0.hook_resid_post"], labels=y.tolist(), model_id="m")
-    sub = probes.pca_subspace(acts, k=2)
+    sub = probes.subspace.pca_subspace(acts, k=2)
     with pytest.raises(ValueError, match="fit this object"):
-        probes.rank_ablation(acts, subspace=sub, ranks=[1])
+        probes.transfer.rank_ablation(acts, subspace=sub, ranks=[1])
     with pytest.raises(ValueError, match="fit this object"):
         probes.evaluate_direction(acts, direction=sub.component(0))
-    assert probes.rank_ablation(acts, subspace=sub, ranks=[1], allow_overlap=True).accuracy.shape == (1, 5, 1)
+    assert probes.transfer.rank_ablation(acts, subspace=sub, ranks=[1], allow_overlap=True).accuracy.shape == (1, 5, 1)

@@ -10,18 +10,16 @@ import torch
 from interp.testing.tiny import tiny_model
 from patching import (
     attribute,
-    compare_attribution,
     greedy_transplant,
-    head_outputs,
-    intersect_neurons,
     learn_mask,
     logit_diff,
     make_pairs,
-    neuron_ablation_effect,
-    neuron_contrast,
     sweep_layers,
     sweep_positions,
 )
+from patching.attribution import compare_attribution
+from patching.heads import head_outputs
+from patching.neurons import intersect_neurons, neuron_ablation_effect, neuron_contrast
 
 CLEAN = ["the man is big", "a man can go home", "you are here now"]
 CORRUPT = ["the boy is small", "a boy can see home", "we are there now"]

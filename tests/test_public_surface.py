@@ -1,0 +1,35 @@
+"""The public surface is deliberate: a short ``__all__`` per package, every name real and documented, and the
+rest reachable from the submodules (``probes.folds.make_folds``, ``sae.quality.ce_loss_recovered``, ...)."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+PACKAGES = ("interp", "evals", "probes", "sae", "steering", "patching")
+
+
+def test_about_sixty_deliberate_names():
+    total = sum(len(importlib.import_module(p).__all__) for p in PACKAGES)
+    assert total <= 75, f"{total} public names; keep __all__ to the deliberate API (the rest lives in submodules)"
+
+
+@pytest.mark.parametrize("pkg", PACKAGES)
+def test_every_public_name_exists_and_says_what_it_is(pkg):
+    mod = importlib.import_module(pkg)
+    assert len(set(mod.__all__)) == len(mod.__all__)
+    for name in mod.__all__:
+        obj = getattr(mod, name)
+        if callable(obj):
+            assert (obj.__doc__ or "").strip(), f"{pkg}.{name} has no docstring"
+
+
+def test_the_rest_stays_reachable_from_submodules():
+    import probes
+    import sae
+
+    assert callable(probes.folds.make_folds) and callable(probes.compare.cosine_matrix)
+    assert callable(sae.quality.ce_loss_recovered) and callable(sae.analysis.separating_latents)
+    with pytest.raises(AttributeError):
+        sae.no_such_thing  # noqa: B018
