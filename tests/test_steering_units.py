@@ -63,6 +63,11 @@ def test_full_table_rows_are_layers_and_one_row_is_shared():
     assert steering.AddVector(full[:2], layers=[-1, 0]).resolved_layers(m) == [0, 2]
     with pytest.raises(ValueError, match="repeat"):
         steering.AddVector(full[:2], layers=[1, 1]).site_edits(m)
+    gated = steering.AddVector(full[0], layers=[0, 2]).when(full[1:], 0.0)  # condition rows follow layers=
+    edits = gated.site_edits(m)
+    torch.testing.assert_close(edits["blocks.2.hook_resid_post"].cond, full[2] / full[2].norm())
+    with pytest.raises(ValueError, match="condition direction"):
+        steering.AddVector(full[0], layers="all").when(full[1:], 0.0).site_edits(m)
 
 
 def test_subspace_stack_is_labelled_and_defaults_match_directional_ablation():
