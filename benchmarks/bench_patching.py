@@ -23,10 +23,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import interleaved, machine, table  # noqa: E402
 
 import interp  # noqa: E402
+from interp.forward import last_logits  # noqa: E402
 from interp.testing.oracles import transformer_lens_model  # noqa: E402
 from interp.testing.tiny import tiny_model  # noqa: E402
 from patching import attribute, logit_diff, make_pairs, pearson, sweep_positions  # noqa: E402
-from patching.runs import inputs, last_logits  # noqa: E402
 
 # Name-mover pairs: the clean prompt repeats one name, the corrupted one the other, so the answer flips.
 PAIRS = [("Mary", "John", "store", "drink"), ("Tom", "Anna", "park", "ball"), ("Lucy", "Mark", "lake", "book"),
@@ -115,8 +115,8 @@ def main(argv: list[str] | None = None) -> None:
     err_np = float((out["ours"] - out["ours_np"]).abs().max())
     err_1 = float((out["ours"] - out["ours_1"]).abs().max()) if "ours_1" in out else float("nan")
     with torch.no_grad():
-        baseline = float(met(last_logits(m, inputs(m, pairs.corrupted))))
-        clean_metric = float(met(last_logits(m, inputs(m, pairs.clean))))
+        baseline = float(met(last_logits(m, pairs.corrupted)))
+        clean_metric = float(met(last_logits(m, pairs.clean)))
     exact_delta = out["ours"] - baseline
     r = pearson(exact_delta, out["attr"] - baseline)
     rows = []

@@ -1,98 +1,116 @@
-"""Refusal candidate scoring: batched across candidates (ours) against a naive loop of one forward pass per
-candidate per prompt, on the same candidates; checks both give the same scores and reports the speed-up.
+"""The main job (``run_refusal`` on the embedded organism): wall time and forward passes per stage, for one or
+more source trees (e.g. this checkout and the pre-refactor commit), each in its own fresh process.
 
-    python benchmarks/refusal.py                      # organism + SmolLM2-135M-Instruct (layers 4,8,...,28)
-    python benchmarks/refusal.py --models organism
+    git archive fc90834 | tar -x -C /tmp/old       # the code before the typed-stage refactor
+    python benchmarks/bench_refusal.py --trees .,/tmp/old
+
+A forward pass is one call of a ``*ForCausalLM`` module's forward (each generation step counts; baked copies
+count), seen by a global module pre-hook: the count is the same whichever code path runs the model.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
-import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import machine, table  # noqa: E402
-
-_here = Path(__file__).resolve().parent  # benchmarks/steering.py would otherwise shadow the steering package
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _here]
-
-import interp  # noqa: E402
-import steering  # noqa: E402
-from interp.data import load_prompts  # noqa: E402
-from pipelines.refusal import scoring as S  # noqa: E402
+HERE = Path(__file__).resolve().parent
+# old and new stage names, one label each
+LABEL = {"refusal tokens": "tokens", "tokens": "tokens", "candidates": "candidates", "scoring": "scores",
+         "scores": "scores", "selection": "selection", "evaluation": "evaluation", "subspaces": "subspaces",
+         "report": "report"}
 
 
-def naive(model, prompts, units, vecs, layers, toks):
-    """One forward per candidate per prompt, through the steering package's hooks."""
-    bypass, induce = torch.zeros(len(units)), torch.zeros(len(units))
-    for c in range(len(units)):
-        bs, ins = [], []
-        for p in prompts["harmful"]:
-            enc = S.encode_prompts(model, [p])
-            with steering.apply(model, steering.DirectionalAblation(units[c])):
-                bs.append(S.refusal_score(S.baseline_logits(model, enc), toks))
-        for p in prompts["harmless"]:
-            enc = S.encode_prompts(model, [p])
-            with steering.apply(model, steering.AddVector(vecs[c], layers=int(layers[c]), sites="resid_pre")):
-                ins.append(S.refusal_score(S.baseline_logits(model, enc), toks))
-        bypass[c], induce[c] = torch.cat(bs).mean(), torch.cat(ins).mean()
-    return bypass, induce
+def one_run(out: Path) -> dict:
+    """Run the job once in this process (the tree on ``sys.path``) and count forwards per stage."""
+    import torch
+
+    import interp
+    from pipelines.refusal.run import RefusalConfig, run_refusal
+
+    cfg = RefusalConfig.from_flat() if hasattr(RefusalConfig, "from_flat") else RefusalConfig()
+    model = interp.load_model("organism")
+    count = {"n": 0}
+
+    def pre(mod: torch.nn.Module, args: tuple) -> None:
+        if type(mod).__name__.endswith("ForCausalLM"):
+            count["n"] += 1
+
+    stages: dict[str, dict] = {}
+    t_start: dict[str, tuple[float, int]] = {}
+
+    def progress(stage: str, status: str) -> None:
+        if status == "start":
+            t_start[stage] = (time.perf_counter(), count["n"])
+        else:
+            t0, n0 = t_start[stage]
+            stages[LABEL.get(stage, stage)] = {"s": time.perf_counter() - t0, "forwards": count["n"] - n0}
+
+    handle = torch.nn.modules.module.register_module_forward_pre_hook(pre)
+    try:
+        t0 = time.perf_counter()
+        res = run_refusal(cfg, out, progress=progress, model=model)
+        wall = time.perf_counter() - t0
+    finally:
+        handle.remove()
+    sel = res.metrics.get("selection", {})
+    return {"wall_s": wall, "forwards": count["n"], "stages": stages, "layer": sel.get("layer"),
+            "position": sel.get("position")}
 
 
-def batched(model, prompts, units, vecs, layers, toks, max_rows):
-    eh, es = S.encode_prompts(model, prompts["harmful"]), S.encode_prompts(model, prompts["harmless"])
-    b = S.refusal_score(S.score_rows(model, eh, units, "ablate", max_rows=max_rows), toks).mean(1)
-    i = S.refusal_score(S.score_rows(model, es, vecs, "add", layers, max_rows=max_rows), toks).mean(1)
-    return b, i
-
-
-def run(name: str, label: str, layers: list[int] | None, n_prompts: int, max_rows: int) -> dict:
-    model = interp.load_model(name)
-    harm = [r["instruction"] for r in load_prompts("organism_harmful_val")][:n_prompts]
-    safe = [r["instruction"] for r in load_prompts("organism_harmless_val")][:n_prompts]
-    layers = layers if layers is not None else list(range(model.n_layers))
-    kw = dict(sites="resid_pre", layers=layers, positions="post_instruction", progress=False)
-    h = interp.capture(model, harm, **kw).tensor
-    s = interp.capture(model, safe, **kw).tensor
-    P = min(h.shape[2], s.shape[2])
-    raw = (h[:, :, -P:].mean(0) - s[:, :, -P:].mean(0)).reshape(-1, model.d_model)
-    cand_layers = torch.tensor(layers).repeat_interleave(P)
-    keep = raw.norm(dim=-1) > 1e-6  # layer-0 template tokens are identical across prompts: no direction there
-    raw, cand_layers = raw[keep], cand_layers[keep]
-    units = torch.nn.functional.normalize(raw, dim=-1)
-    toks = S.refusal_tokens([model.tokenizer.encode("I", add_special_tokens=False)[0]], [])  # any fixed token set
-    prompts = {"harmful": harm, "harmless": safe}
-    t0 = time.perf_counter()
-    b1, i1 = batched(model, prompts, units, raw, cand_layers, toks, max_rows)
-    t_batched = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    b2, i2 = naive(model, prompts, units, raw, cand_layers, toks)
-    t_naive = time.perf_counter() - t0
-    err = max((b1 - b2).abs().max().item(), (i1 - i2).abs().max().item())
-    return {"model": label, "candidates": len(units), "prompts per class": n_prompts, "naive s": t_naive,
-            "batched s": t_batched, "speed-up": t_naive / t_batched, "max |score diff|": f"{err:.1e}"}
+def measure(tree: Path) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        code = (f"import sys, json; sys.path.insert(0, {str(tree)!r}); sys.path.insert(0, {str(HERE)!r}); "
+                f"import bench_refusal as b; print('RESULT' + json.dumps(b.one_run(__import__('pathlib').Path({tmp!r}) / 'run')))")
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tree,
+                           env={**__import__("os").environ, "PYTHONPATH": str(tree)})
+        if r.returncode != 0:
+            raise RuntimeError(f"the run in {tree} failed:\n{r.stderr[-3000:]}")
+        return json.loads(next(x for x in r.stdout.splitlines() if x.startswith("RESULT"))[6:])
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--models", default="organism,smollm2")
-    ap.add_argument("--prompts", type=int, default=16)
-    ap.add_argument("--out", default=str(Path(__file__).with_name("RESULTS_refusal.md")))
+    ap.add_argument("--trees", default=str(HERE.parent), help="comma-separated source trees (default: this checkout)")
+    ap.add_argument("--names", default=None, help="comma-separated labels for the trees (default: their paths)")
+    ap.add_argument("--repeats", type=int, default=3, help="runs per tree, interleaved; the median is reported "
+                    "(the fastest with fewer than 3) (default: %(default)s)")
+    ap.add_argument("--out", default=str(HERE / "RESULTS_refusal.md"), help="results file (default: %(default)s)")
     args = ap.parse_args()
-    rows = []
-    for name in args.models.split(","):
-        if name == "organism":
-            rows.append(run("organism", "organism (aligned)", None, args.prompts, 512))
-        else:
-            rows.append(run("smollm2-135m-instruct", "SmolLM2-135M-Instruct, layers 4..28 step 4", list(range(4, 29, 4)),
-                            args.prompts // 2, 64))
-    text = table("Refusal candidate scoring (bypass + induce): batched vs one forward per candidate per prompt", rows,
-                 list(rows[0]))
-    text += f"\nMachine: {machine()}. Command: `python benchmarks/refusal.py --models {args.models} --prompts {args.prompts}`.\n"
+    trees = [Path(t).resolve() for t in args.trees.split(",")]
+    names = args.names.split(",") if args.names else [str(t) for t in trees]
+    runs: dict[str, list[dict]] = {n: [] for n in names}
+    for _ in range(args.repeats):  # interleaved, so load on a shared machine hits every tree alike
+        for n, t in zip(names, trees):
+            runs[n].append(measure(t))
+    results = {n: min(rs, key=lambda r: r["wall_s"]) if len(rs) < 3 else sorted(rs, key=lambda r: r["wall_s"])[len(rs) // 2]
+               for n, rs in runs.items()}
+    order = ["tokens", "candidates", "scores", "selection", "evaluation", "subspaces", "report"]
+    head = "| stage | " + " | ".join(f"{n} s | {n} forwards" for n in names) + " |"
+    lines = ["### Refusal main job on the embedded organism: wall time and forward passes per stage", "", head,
+             "|" + "---|" * (1 + 2 * len(names))]
+    for st in order:
+        cells = []
+        for n in names:
+            x = results[n]["stages"].get(st)
+            cells += [f"{x['s']:.2f}", str(x["forwards"])] if x else ["-", "-"]
+        lines.append(f"| {st} | " + " | ".join(cells) + " |")
+    lines.append("| **total** | " + " | ".join(f"**{results[n]['wall_s']:.2f}** | **{results[n]['forwards']}**"
+                                                 for n in names) + " |")
+    lines.append("")
+    lines.append("Selected (layer, position): " + ", ".join(f"{n}: ({results[n]['layer']}, {results[n]['position']})"
+                                                             for n in names) + ".")
+    sys.path.insert(0, str(HERE))
+    from _common import machine
+
+    lines.append(f"Machine: {machine()}. Command: `python benchmarks/bench_refusal.py --trees {args.trees}"
+                 + (f" --names {args.names}" if args.names else "") + f" --repeats {args.repeats}`. A forward = one `*ForCausalLM` forward "
+                 "call (each generated token counts). Absolute times are noisy on a shared machine.")
+    text = "\n".join(lines) + "\n"
     print(text)
     Path(args.out).write_text(text)
 

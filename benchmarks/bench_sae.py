@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo before 
 from _common import PeakRSS, machine, table  # noqa: E402
 
 from sae.synthetic import planted_fixed_k  # noqa: E402
-from sae.train import TrainConfig, Trainer  # noqa: E402
+from sae.trainer import TrainConfig, Trainer  # noqa: E402
 
 D_IN, D_SAE, K, N_FEATURES = 512, 16_384, 32, 16_384
 NOTES = """

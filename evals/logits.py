@@ -54,14 +54,15 @@ def cross_entropy(logits: Float[torch.Tensor, "b t vocab"], input_ids: Int[torch
                   mask: torch.Tensor | None = None) -> tuple[float, int]:
     """Summed next-token cross-entropy of ``input_ids`` and the number of predictions counted.
 
-    ``mask [b, t]`` marks the tokens to predict (e.g. response tokens or real tokens); position ``t`` is
-    predicted from ``t - 1``, and only targets whose mask is set (and whose predecessor is real) count.
+    ``mask [b, t]`` marks the tokens to predict (e.g. the response tokens); position ``t`` is predicted from
+    ``t - 1`` and only targets whose mask is set count. With left padding, pass a mask that leaves out each
+    row's first real token too (it would be predicted from padding); ``None`` counts every target.
     """
     target_ok = torch.ones_like(input_ids[:, 1:], dtype=torch.bool) if mask is None else mask[:, 1:].bool()
     lp = F.log_softmax(logits[:, :-1].float(), -1)
     nll = -lp.gather(-1, input_ids[:, 1:, None].to(lp.device)).squeeze(-1)
     keep = target_ok.to(nll.device)
-    return float(nll[keep].sum()), int(keep.sum())
+    return float(nll[keep].double().sum()), int(keep.sum())  # summed in float64: long texts lose no precision
 
 
 def logit_diff(logits: Float[torch.Tensor, "n vocab"], correct: int | Sequence[int] | torch.Tensor,

@@ -2,21 +2,25 @@
 
 The core needs only torch at import time (transformers loads on first use); the optional integrations
 (TransformerLens, nnsight, plotting, patching) load lazily, so one broken dependency cannot break
-``import interp``. ``capture`` and ``hooks`` are bound eagerly because their modules share their names.
+``import interp``. ``capture`` and ``hooks`` are bound eagerly because their modules share their names; ``logits`` and
+``token_logprobs`` live in ``interp.scoring``.
 """
 
 from __future__ import annotations
 
 from interp.activations import Activations
+from interp.adapters import from_nnsight, from_transformer_lens
 from interp.arch import ArchSpec, register_spec, spec_for
 from interp.capture import capture
 from interp.chat import format_prompts
 from interp.hooks import hooks
 from interp.models import Model, from_hf, load_model
+from interp.scoring import TokenLogprobs, logits, token_logprobs
 from interp.sites import Site, expand_sites, parse_site
 from interp.store import ActivationStore
 
 __version__ = "0.1.0"
 
-__all__ = ["ActivationStore", "Activations", "ArchSpec", "Model", "Site", "capture", "expand_sites", "format_prompts",
-           "from_hf", "hooks", "load_model", "parse_site", "register_spec", "spec_for"]
+__all__ = ["ActivationStore", "Activations", "ArchSpec", "Model", "Site", "TokenLogprobs", "capture", "expand_sites",
+           "format_prompts", "from_hf", "from_nnsight", "from_transformer_lens", "hooks", "load_model", "logits",
+           "parse_site", "register_spec", "spec_for", "token_logprobs"]

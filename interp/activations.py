@@ -24,6 +24,12 @@ class Activations:
     or ``[n_prompts, n_sites, n_positions, d_model]`` when several positions are kept; then ``mask``
     ``[n_prompts, n_positions]`` marks the real (non-padding) positions. Padding is on the left, so
     position ``-1`` is always the last real token.
+
+    The last axis is the site's width: ``d_model`` for residual-width sites, ``d_mlp`` for neurons
+    (``mlp_post``), ``n_heads * d_head`` for per-head ``attn_z``, stored flattened (head-major, as the output
+    projection reads it) so probes and SAEs take every site alike; :meth:`site_view` restores
+    ``[.., n_heads, d_head]`` from ``meta["site_shapes"]``. ``prompt_ids`` from :func:`interp.capture` are
+    content ids; built by hand without them they default to ``"0".."n-1"``.
     """
 
     tensor: torch.Tensor
@@ -57,6 +63,11 @@ class Activations:
         return self.tensor.shape[-1]
 
     @property
+    def width(self) -> int:
+        """The last axis: ``d_model``, ``d_mlp`` or ``n_heads * d_head`` (same as :attr:`d_model`)."""
+        return self.tensor.shape[-1]
+
+    @property
     def has_positions(self) -> bool:
         return self.tensor.dim() == 4
 
@@ -72,6 +83,13 @@ class Activations:
         if canon not in self.sites:
             raise KeyError(f"site {name!r} was not captured; captured sites: {self.sites}")
         return self.tensor[:, self.sites.index(canon)]
+
+    def site_view(self, name: str) -> Float[torch.Tensor, "n ..."]:
+        """One site in its own shape: ``[n_prompts, (n_positions,) n_heads, d_head]`` for ``attn_z``, else as
+        :meth:`site`."""
+        x = self.site(name)
+        shape = (self.meta.get("site_shapes") or {}).get(parse_site(name).name)
+        return x.unflatten(-1, tuple(shape)) if shape else x
 
     def __getitem__(self, idx: Any) -> Activations:
         """Subset of prompts (int, slice, list of ints, or bool mask)."""
@@ -115,10 +133,14 @@ class Activations:
         return t
 
     @staticmethod
-    def concat(parts: list[Activations]) -> Activations:
-        """Stack prompt sets captured with the same sites and position rule."""
+    def concat(parts: list[Activations], on_duplicate: str = "error") -> Activations:
+        """Stack prompt sets captured with the same sites and position rule.
+
+        A prompt id in more than one part is refused (``on_duplicate="error"``): the leakage guards of fitted
+        objects key on ids. ``"suffix"`` renames the later copies ``ID#2``, ``ID#3``, ..."""
         if not parts:
             raise ValueError("concat needs at least one Activations")
+        ids = _joined_ids([list(p.prompt_ids or []) for p in parts], on_duplicate)
         first = parts[0]
         for p in parts[1:]:
             if p.sites != first.sites or p.positions != first.positions or p.d_model != first.d_model:
@@ -138,7 +160,7 @@ class Activations:
             sites=list(first.sites),
             positions=first.positions,
             model_id=first.model_id,
-            prompt_ids=[i for p in parts for i in p.prompt_ids],
+            prompt_ids=ids,
             labels=labels,
             mask=torch.cat(masks) if first.has_positions else None,
             meta=dict(first.meta),
@@ -177,6 +199,28 @@ class Activations:
     def __repr__(self) -> str:
         return (f"Activations(n_prompts={self.n_prompts}, sites={len(self.sites)}, positions={self.positions!r}, "
                 f"shape={tuple(self.tensor.shape)}, dtype={self.tensor.dtype}, model={self.model_id!r})")
+
+
+def _joined_ids(groups: list[list[str]], on_duplicate: str) -> list[str]:
+    """The prompt ids of concatenated parts, duplicates refused or suffixed (see :meth:`Activations.concat`)."""
+    if on_duplicate not in ("error", "suffix"):
+        raise ValueError(f"on_duplicate must be 'error' or 'suffix', got {on_duplicate!r}")
+    out: list[str] = []
+    seen: set[str] = set()
+    for g in groups:
+        for i in g:
+            if i in seen:
+                if on_duplicate == "error":
+                    raise ValueError(f"prompt id {i!r} is in more than one of the parts: the same prompt twice would "
+                                     f"count twice and defeat leakage checks; drop the copy, or pass "
+                                     f"on_duplicate='suffix' to keep it renamed")
+                k = 2
+                while f"{i}#{k}" in seen:
+                    k += 1
+                i = f"{i}#{k}"
+            seen.add(i)
+            out.append(i)
+    return out
 
 
 def _left_pad(t: torch.Tensor, width: int, dim: int) -> torch.Tensor:

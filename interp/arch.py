@@ -32,6 +32,7 @@ class ArchSpec:
     parallel_residual: bool = False          # x + attn(ln1 x) + mlp(ln2 x) (GPT-NeoX)
     post_sublayer_norms: bool = False        # norms applied to sublayer outputs (Gemma-2/3, OLMo-2)
     conv1d: bool = False                     # GPT-2 Conv1D weights are [in, out]
+    norm_offset: float = 0.0                 # RMSNorm gain is ``norm_offset + weight`` (1.0 for Gemma)
     # mixture of experts (block-relative)
     router: str | None = None
     experts: str | None = None               # fused 3-D tensors (``gate_up_proj``/``down_proj``) or ModuleList
@@ -65,9 +66,9 @@ SPECS: dict[str, ArchSpec] = {
     "qwen2": replace(_LLAMA, family="qwen2"),
     "qwen3": replace(_LLAMA, family="qwen3"),
     "phi3": replace(_LLAMA, family="phi3"),
-    "gemma": replace(_LLAMA, family="gemma"),
-    "gemma2": _SANDWICH,
-    "gemma3_text": replace(_SANDWICH, family="gemma3_text"),
+    "gemma": replace(_LLAMA, family="gemma", norm_offset=1.0),
+    "gemma2": replace(_SANDWICH, norm_offset=1.0),
+    "gemma3_text": replace(_SANDWICH, family="gemma3_text", norm_offset=1.0),
     "olmo2": replace(
         _LLAMA, family="olmo2", attn_out="post_attention_layernorm", mlp_out="post_feedforward_layernorm",
         resid_mid_in="mlp", resid_pre_in="self_attn", post_sublayer_norms=True, norms=("post_attention_layernorm", "post_feedforward_layernorm"),

@@ -7,121 +7,156 @@ as soon as every requested site has been seen, and with ``out=PATH`` each batch 
 
 from __future__ import annotations
 
-import hashlib
-import json
+import math
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, overload
 
 import torch
 from tqdm.auto import tqdm
 
 from interp.activations import Activations
 from interp.chat import Batch
-from interp.forward import batches, prepare
-from interp.hooks import HookContext, StopForward, hooks
+from interp.fingerprint import content_ids, fingerprint, run_parts
+from interp.forward import batches, forward, prepare
+from interp.hooks import HookContext, StopForward, site_shape
 from interp.models import Model
-from interp.positions import describe, plan
-from interp.sites import Site, expand_sites
+from interp.positions import PositionSpec, describe, plan
+from interp.sites import Site, SiteSpec, expand_sites
 from interp.store import ActivationStore
 
 
-def run_batch(model: Model, batch: Batch, sites: list[Site], rule: Any, out_dtype: torch.dtype,
-              need_logits: bool = False) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """One forward pass keeping ``sites`` at ``rule``; returns ``([b, S, (P,) d], mask, logits)`` on the CPU."""
-    p = plan(rule, batch)
+def run_batch(model: Model, batch: Batch, sites: list[Site], rule: PositionSpec, out_dtype: torch.dtype,
+              need_logits: bool = False, skip_special: bool = True
+              ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """One forward pass keeping ``sites`` at ``rule``; returns ``([b, S, (P,) width], mask, logits)`` on the CPU.
+
+    Per-head sites arrive ``[.., n_heads, d_head]`` and are kept flattened to ``n_heads * d_head`` (the
+    concatenated head outputs, as the output projection reads them); every site of one call shares one width."""
+    p = plan(rule, batch, skip_special=skip_special)
     n = len(sites)
     buf: list[torch.Tensor] = []  # [b, S, (P,) d] on the CPU, allocated at the first hook
     seen: set[int] = set()
 
     def make(i: int):
         def fn(x: torch.Tensor, ctx: HookContext) -> None:
-            y = p.apply(x)
+            y = p.apply(x.flatten(2) if x.dim() > 3 else x)
             if not buf:
                 with torch.inference_mode(False):  # a normal tensor, so users can edit it in place later
                     buf.append(torch.empty((y.shape[0], n, *y.shape[1:]), dtype=out_dtype))
+            if y.shape[-1] != buf[0].shape[-1]:
+                raise ValueError(f"{sites[i].name} has width {y.shape[-1]}, the sites before it {buf[0].shape[-1]}: "
+                                 f"{WIDTH_HELP}")
             buf[0][:, i].copy_(y, non_blocking=True)
             seen.add(i)
             if len(seen) == n and not need_logits:
                 raise StopForward
         return fn
 
-    logits = None
-    dev = model.device
-    inputs = {k: v.to(dev) for k, v in batch.model_inputs.items()}
-    with torch.inference_mode(), hooks(model, [(s, make(i)) for i, s in enumerate(sites)]):
-        try:
-            out = model.hf(**inputs, use_cache=False)
-            logits = out.logits.to("cpu")
-        except StopForward:
-            pass
+    logits = forward(model, batch, [(s, make(i)) for i, s in enumerate(sites)], logits="all" if need_logits else None)
+    logits = None if logits is None else logits.to("cpu")
     missing = [sites[i].name for i in range(n) if i not in seen]
     if missing:
         raise RuntimeError(f"sites {missing} never fired during the forward pass; is the ArchSpec right for this model?")
     acts = buf[0]
     mask = p.mask if p.n_positions is not None else None
     if mask is not None and not mask.all():
-        acts.mul_(mask[:, None, :, None].to(acts.dtype))  # padding positions hold zeros, not garbage
+        keep = mask.view(mask.shape[0], 1, mask.shape[1], *([1] * (acts.dim() - 3)))
+        acts.mul_(keep.to(acts.dtype))  # padding positions hold zeros, not garbage
     return acts, mask, logits
 
 
-def _fingerprint(model: Model, texts: list[str], sites: list[Site], rule: Any, batch_size: int, dtype: torch.dtype) -> str:
-    h = hashlib.sha256()
-    h.update(json.dumps([model.name, [s.name for s in sites], describe(rule), batch_size, str(dtype)]).encode())
-    for t in texts:
-        h.update(t.encode())
-        h.update(b"\0")
-    return h.hexdigest()
+WIDTH_HELP = ("one Activations tensor holds sites of one width; capture each width group in its own call "
+              "(e.g. sites='resid_post' and sites='mlp_post' separately)")
 
 
-def capture(model: Model, prompts: Sequence[str], sites: Any = "resid_post", positions: Any = "last",
+def site_widths(model: Model, sites: list[Site]) -> tuple[int, dict[str, list[int]]]:
+    """The common width of ``sites`` and the shapes of the multi-dimensional ones (``attn_z``: heads, d_head);
+    a clear error when the widths differ."""
+    shapes = {s.name: site_shape(model, s) for s in sites}
+    widths = {name: math.prod(sh) for name, sh in shapes.items()}
+    if len(set(widths.values())) > 1:
+        groups: dict[int, list[str]] = {}
+        for name, w in widths.items():
+            groups.setdefault(w, []).append(name)
+        listed = "; ".join(f"width {w}: {', '.join(ns[:3])}{' ...' if len(ns) > 3 else ''}" for w, ns in groups.items())
+        raise ValueError(f"sites of different widths in one capture ({listed}): {WIDTH_HELP}")
+    return next(iter(widths.values())), {k: list(v) for k, v in shapes.items() if len(v) > 1}
+
+
+@overload
+def capture(model: Model, prompts: Sequence[str], sites: SiteSpec = ..., positions: PositionSpec = ...,
+            batch_size: int = ..., chat: bool = ..., responses: Sequence[str] | None = ...,
+            labels: Sequence[Any] | None = ..., prompt_ids: Sequence[str] | None = ...,
+            dtype: torch.dtype = ..., layers: Sequence[int] | None = ..., system: str | None = ...,
+            out: None = ..., overwrite: bool = ..., progress: bool = ...,
+            mean_skip_special: bool = ...) -> Activations: ...
+
+
+@overload
+def capture(model: Model, prompts: Sequence[str], sites: SiteSpec = ..., positions: PositionSpec = ...,
+            batch_size: int = ..., chat: bool = ..., responses: Sequence[str] | None = ...,
+            labels: Sequence[Any] | None = ..., prompt_ids: Sequence[str] | None = ...,
+            dtype: torch.dtype = ..., layers: Sequence[int] | None = ..., system: str | None = ...,
+            *, out: str | os.PathLike, overwrite: bool = ..., progress: bool = ...,
+            mean_skip_special: bool = ...) -> ActivationStore: ...
+
+
+def capture(model: Model, prompts: Sequence[str], sites: SiteSpec = "resid_post", positions: PositionSpec = "last",
             batch_size: int = 16, chat: bool = True, responses: Sequence[str] | None = None,
             labels: Sequence[Any] | None = None, prompt_ids: Sequence[str] | None = None,
             dtype: torch.dtype = torch.float32, layers: Sequence[int] | None = None, system: str | None = None,
-            out: str | os.PathLike | None = None, overwrite: bool = False, progress: bool = True,
-            _stop_after: int | None = None) -> Activations | ActivationStore:
+            out: str | os.PathLike | None = None, overwrite: bool = False,
+            progress: bool = True, mean_skip_special: bool = True) -> Activations | ActivationStore:
     """Capture activations of ``prompts`` at ``sites`` and ``positions``.
 
     ``sites``: names like ``"blocks.3.hook_resid_post"`` / ``"resid_post.3"``, or a kind (``"resid_post"``)
     meaning every layer (or ``layers``). ``positions``: ``last``, ``post_instruction``, ``all``,
     ``prompt_mean``, ``response_mean`` (needs ``responses``) or explicit ints. ``chat``: wrap prompts in the
-    chat template. Returns :class:`Activations` ``[n_prompts, n_sites, (n_positions,) d_model]``, or with
-    ``out=PATH`` an :class:`ActivationStore` written batch by batch (resumable; refuses to overwrite).
+    chat template. ``prompt_ids`` default to content ids (a hash of the formatted text and response,
+    :func:`interp.fingerprint.content_ids`). ``mean_skip_special``: the mean rules leave out BOS and the
+    template's special tokens (``False`` includes them). Returns :class:`Activations` ``[n_prompts, n_sites,
+    (n_positions,) width]`` (width ``d_model``; ``n_heads * d_head`` for ``attn_z``; ``d_mlp`` for ``mlp_post``;
+    one width per call), or with ``out=PATH`` an :class:`ActivationStore` written batch by batch (resumable
+    only by the same run: model weights and dtype, sites, positions, texts, labels; refuses to overwrite).
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     texts, encs = prepare(model, prompts, chat=chat, responses=responses, system=system)
     site_list = expand_sites(sites, model.n_layers, layers)
+    width, shapes = site_widths(model, site_list)
     n = len(texts)
     if labels is not None and len(labels) != n:
         raise ValueError(f"{len(labels)} labels for {n} prompts")
-    ids = [str(i) for i in (prompt_ids if prompt_ids is not None else range(n))]
+    ids = [str(i) for i in prompt_ids] if prompt_ids is not None else content_ids(texts, responses)
     if len(ids) != n:
         raise ValueError(f"{len(ids)} prompt ids for {n} prompts")
-    meta = {"chat": chat, "batch_size": batch_size, "model_dtype": str(model.dtype), "family": model.spec.family}
+    rule = describe(positions) + ("" if mean_skip_special or "mean" not in describe(positions) else "+special")
+    meta = {"chat": chat, "batch_size": batch_size, "model_dtype": str(model.dtype), "family": model.spec.family,
+            "site_shapes": shapes}
     all_batches = batches(model, encs, batch_size)
     store = None
     if out is not None:
+        parts = run_parts(model, texts, [s.name for s in site_list], rule, batch_size, dtype, labels, ids)
         manifest = {"kind": "interp.ActivationStore", "version": 1, "sites": [s.name for s in site_list],
-                    "positions": describe(positions), "model_id": model.name, "d_model": model.d_model,
-                    "prompt_ids": ids, "labels": list(labels) if labels is not None else None,
-                    "batch_size": batch_size, "n_shards": len(all_batches), "dtype": str(dtype), "meta": meta,
-                    "fingerprint": _fingerprint(model, texts, site_list, positions, batch_size, dtype)}
+                    "positions": rule, "model_id": model.name, "d_model": width, "prompt_ids": ids,
+                    "labels": list(labels) if labels is not None else None, "batch_size": batch_size,
+                    "n_shards": len(all_batches), "dtype": str(dtype), "meta": meta,
+                    "fingerprint": fingerprint(parts), "fingerprint_parts": parts}
         store = ActivationStore.open_for_writing(out, manifest, overwrite=overwrite)
 
     acts_or_store = capture_batches(model, all_batches, site_list, positions, dtype=dtype, store=store,
-                                    progress=progress, desc=f"capture {model.name}", _stop_after=_stop_after)
+                                    progress=progress, desc=f"capture {model.name}", skip_special=mean_skip_special)
     if store is not None:
         return store
     tensor, mask = acts_or_store
-    return Activations(tensor=tensor, sites=[s.name for s in site_list], positions=describe(positions),
-                       model_id=model.name, prompt_ids=ids, labels=list(labels) if labels is not None else None,
-                       mask=mask, meta=meta)
+    return Activations(tensor=tensor, sites=[s.name for s in site_list], positions=rule, model_id=model.name,
+                       prompt_ids=ids, labels=list(labels) if labels is not None else None, mask=mask, meta=meta)
 
 
-def capture_batches(model: Model, all_batches: list[Batch], sites: list[Site], positions: Any,
+def capture_batches(model: Model, all_batches: list[Batch], sites: list[Site], positions: PositionSpec,
                     dtype: torch.dtype = torch.float32, store: ActivationStore | None = None, progress: bool = False,
-                    desc: str = "capture", _stop_after: int | None = None) -> Any:
+                    desc: str = "capture", skip_special: bool = True) -> Any:
     """The capture loop over prepared batches: ``(tensor, mask)`` in memory, or shards written to ``store``."""
     results: list[torch.Tensor] = []
     masks: list[torch.Tensor | None] = []
@@ -129,12 +164,10 @@ def capture_batches(model: Model, all_batches: list[Batch], sites: list[Site], p
                disable=not progress, leave=False)
     try:
         for k, batch in enumerate(all_batches):
-            if _stop_after is not None and k >= _stop_after:
-                raise KeyboardInterrupt(f"stopped after {k} batches (test hook)")
             if store is not None and store.has_shard(k):
                 bar.update(batch.input_ids.shape[0])
                 continue
-            acts, mask, _ = run_batch(model, batch, sites, positions, dtype)
+            acts, mask, _ = run_batch(model, batch, sites, positions, dtype, skip_special=skip_special)
             _check_finite(acts, k)
             if store is not None:
                 store.write_shard(k, acts, mask)
@@ -157,7 +190,7 @@ def _check_finite(acts: torch.Tensor, k: int) -> None:
 
 
 def _join(results: list[torch.Tensor], masks: list[torch.Tensor | None]) -> tuple[torch.Tensor, torch.Tensor | None]:
-    if results[0].dim() == 3:
+    if masks[0] is None:
         return torch.cat(results), None
     width = max(r.shape[2] for r in results)
     n, S, d = sum(r.shape[0] for r in results), results[0].shape[1], results[0].shape[-1]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -56,10 +57,12 @@ class Batch:
     position_ids: torch.Tensor    # [B, T]
     post_mask: torch.Tensor       # [B, T] bool
     response_mask: torch.Tensor   # [B, T] bool
+    special_mask: torch.Tensor | None = None  # [B, T] bool: the tokenizer's special tokens (BOS, template tokens)
 
     def to(self, device: torch.device | str) -> Batch:
+        sp = None if self.special_mask is None else self.special_mask.to(device)
         return Batch(*(t.to(device) for t in (self.input_ids, self.attention_mask, self.position_ids,
-                                               self.post_mask, self.response_mask)))
+                                               self.post_mask, self.response_mask)), special_mask=sp)
 
     @property
     def model_inputs(self) -> dict[str, torch.Tensor]:
@@ -78,20 +81,39 @@ class Encoded:
     ids: list[int]
     post_start: int     # first post-instruction token
     response_start: int  # first response token (== len(ids) when there is no response)
+    special: list[bool] | None = None  # per token: one of the tokenizer's special tokens (None: unknown)
+
+
+def special_prefix(tokenizer: Any) -> list[int]:
+    """The ids the tokenizer itself puts before any text (its BOS, as its template / ``add_bos_token`` says).
+
+    Found by tokenising a probe text with and without special tokens, so it holds for every family (Gemma and
+    Llama add a BOS, GPT-2 and Qwen add none). Trailing specials (an EOS) are never taken: prompts go on."""
+    probe = "a"
+    plain = list(tokenizer(probe, add_special_tokens=False)["input_ids"])
+    full = list(tokenizer(probe, add_special_tokens=True)["input_ids"])
+    for k in range(len(full) - len(plain) + 1):
+        if full[k:k + len(plain)] == plain:
+            return full[:k]
+    return []
 
 
 def encode(model: Model, texts: list[str], instructions: list[str] | None = None,
-           responses: list[str] | None = None, add_special_tokens: bool = False) -> list[Encoded]:
+           responses: list[str] | None = None, add_special_tokens: bool = True) -> list[Encoded]:
     """Tokenise formatted prompts (and optional responses) and locate the post-instruction tokens.
 
     The post-instruction tokens are those starting at or after the end of the instruction text inside
     the formatted prompt (the template's suffix, e.g. ``<|im_end|>\\n<|im_start|>assistant\\n``).
+    ``add_special_tokens``: start every text with the tokenizer's own prefix (:func:`special_prefix`, its BOS)
+    unless the text already starts with it (a chat template that writes the BOS), so there is never a double BOS.
     """
     tok = model.tokenizer
     if tok is None:
         raise ValueError("this model has no tokenizer; pass token ids or attach a tokenizer with from_hf(..., tokenizer=)")
+    prefix = special_prefix(tok) if add_special_tokens else []
+    special_ids = set(getattr(tok, "all_special_ids", None) or [])
     full = [t + (responses[i] if responses else "") for i, t in enumerate(texts)]
-    enc = tok(full, add_special_tokens=add_special_tokens, return_offsets_mapping=bool(getattr(tok, "is_fast", False)))
+    enc = tok(full, add_special_tokens=False, return_offsets_mapping=bool(getattr(tok, "is_fast", False)))
     out: list[Encoded] = []
     for i, ids in enumerate(enc["input_ids"]):
         n_prompt_chars = len(texts[i])
@@ -105,10 +127,13 @@ def encode(model: Model, texts: list[str], instructions: list[str] | None = None
             post_start = _first_at_or_after(starts, inst_end, len(ids))
             resp_start = _first_at_or_after(starts, n_prompt_chars, len(ids)) if responses else len(ids)
         else:
-            n_inst = len(tok(texts[i][:inst_end], add_special_tokens=add_special_tokens)["input_ids"])
-            n_prompt = len(tok(texts[i], add_special_tokens=add_special_tokens)["input_ids"])
+            n_inst = len(tok(texts[i][:inst_end], add_special_tokens=False)["input_ids"])
+            n_prompt = len(tok(texts[i], add_special_tokens=False)["input_ids"])
             post_start, resp_start = n_inst, (n_prompt if responses else len(ids))
-        out.append(Encoded(list(ids), post_start, resp_start))
+        ids = list(ids)
+        add = prefix if prefix and ids[:len(prefix)] != prefix else []
+        ids = add + ids
+        out.append(Encoded(ids, post_start + len(add), resp_start + len(add), [t in special_ids for t in ids]))
     return out
 
 
@@ -132,6 +157,7 @@ def collate(items: list[Encoded], pad_id: int, max_length: int | None = None) ->
     mask = torch.zeros((B, T), dtype=torch.long)
     post = torch.zeros((B, T), dtype=torch.bool)
     resp = torch.zeros((B, T), dtype=torch.bool)
+    special = torch.zeros((B, T), dtype=torch.bool)
     for b, e in enumerate(items):
         n = len(e.ids)
         off = T - n
@@ -139,4 +165,6 @@ def collate(items: list[Encoded], pad_id: int, max_length: int | None = None) ->
         mask[b, off:] = 1
         post[b, off + e.post_start: off + e.response_start] = True
         resp[b, off + e.response_start:] = True
-    return Batch(ids, mask, position_ids_from_mask(mask), post, resp)
+        if e.special is not None:
+            special[b, off:] = torch.tensor(e.special, dtype=torch.bool)
+    return Batch(ids, mask, position_ids_from_mask(mask), post, resp, special)

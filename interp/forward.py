@@ -1,8 +1,9 @@
 """The one forward/batching layer: prompts -> encodings -> left-padded batches -> a forward pass.
 
-Every floor runs the model through these: ``prepare`` (format and tokenise once), ``batches`` (left-pad
-with the one pad-id rule), ``forward`` (hooks attached, optional early stop, full or last-position logits)
-and ``last_logits``. ``position_ids`` always come from the attention mask (see :mod:`interp.chat`).
+Every floor runs the model through these: ``prepare`` (format and tokenise once), ``encode_ids`` (token ids
+given directly), ``encodings`` / ``batch_of`` (either kind of input), ``batches`` (left-pad with the one
+pad-id rule), ``forward`` (hooks attached, optional early stop, full or last-position logits) and
+``last_logits``. ``position_ids`` always come from the attention mask (see :mod:`interp.chat`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,9 @@ import torch
 from interp.chat import Batch, Encoded, collate, encode, format_prompts
 from interp.hooks import StopForward, hooks
 from interp.models import Model
+
+Inputs = Sequence[str] | Sequence[Sequence[int]] | torch.Tensor
+"""Prompts (strings), lists of token ids, or an integer tensor ``[n, T]`` of token ids (every token real)."""
 
 
 def pad_id(tokenizer: Any) -> int:
@@ -33,21 +37,68 @@ def pad_id(tokenizer: Any) -> int:
 
 def prepare(model: Model, prompts: Sequence[str], chat: bool = True, responses: Sequence[str] | None = None,
             system: str | None = None) -> tuple[list[str], list[Encoded]]:
-    """Format (chat template unless ``chat=False``) and tokenise prompts once; ``(texts, encodings)``."""
+    """Format (chat template unless ``chat=False``) and tokenise prompts once; ``(texts, encodings)``.
+
+    Every encoding starts with the tokenizer's own special prefix (its BOS) exactly once, with or without a
+    chat template (see :func:`interp.chat.special_prefix`)."""
     if isinstance(prompts, str):
         raise TypeError("prompts must be a list of strings, not a single string; wrap it in a list")
     prompts = list(prompts)
     texts = format_prompts(model, prompts, system=system, chat=chat)
     if responses is not None and len(responses) != len(prompts):
         raise ValueError(f"{len(responses)} responses for {len(prompts)} prompts")
-    encs = encode(model, texts, instructions=prompts, responses=list(responses) if responses is not None else None,
-                  add_special_tokens=not chat)
+    encs = encode(model, texts, instructions=prompts, responses=list(responses) if responses is not None else None)
     max_len = model.max_length
     for i, e in enumerate(encs):
         if max_len is not None and len(e.ids) > max_len:
             raise ValueError(f"prompt {i} has {len(e.ids)} tokens but the model's context is {max_len} tokens; "
                              f"shorten it or drop it")
     return texts, encs
+
+
+def encode_ids(token_ids: Sequence[Sequence[int]] | torch.Tensor) -> list[Encoded]:
+    """Token ids given directly (lists, 1-D tensors, or an integer tensor ``[n, T]``) -> encodings, every token
+    a real prompt token (no post-instruction or response part)."""
+    if isinstance(token_ids, torch.Tensor):
+        if token_ids.dim() != 2 or token_ids.is_floating_point() or token_ids.is_complex() or \
+                token_ids.dtype == torch.bool:
+            raise TypeError(f"token ids must be an integer tensor [n, T], got {token_ids.dtype} "
+                            f"{tuple(token_ids.shape)}")
+        token_ids = token_ids.tolist()
+    out = []
+    for i, p in enumerate(token_ids):
+        if not isinstance(p, (list, tuple, torch.Tensor)):
+            raise TypeError(f"prompt {i} is {type(p).__name__}; give token ids as lists of ints")
+        ids = [int(t) for t in (p.tolist() if isinstance(p, torch.Tensor) else p)]
+        if not ids:
+            raise ValueError(f"prompt {i} has no tokens")
+        out.append(Encoded(ids, len(ids), len(ids)))
+    return out
+
+
+def encodings(model: Model, inputs: Inputs, chat: bool = True) -> list[Encoded]:
+    """Strings (through :func:`prepare`; chat-formatted unless ``chat=False``) or token ids (through
+    :func:`encode_ids`) -> encodings."""
+    if isinstance(inputs, str):
+        raise TypeError("prompts must be a list of strings (or of token-id lists), not one string; wrap it in a list")
+    if isinstance(inputs, torch.Tensor):
+        return encode_ids(inputs)
+    items = list(inputs)
+    if not items:
+        raise ValueError("the prompt list is empty; give at least one prompt")
+    if all(isinstance(p, str) for p in items):
+        return prepare(model, items, chat=chat)[1]
+    if all(isinstance(p, (list, tuple, torch.Tensor)) for p in items):
+        return encode_ids(items)
+    raise TypeError("prompts must all be strings or all be token-id lists")
+
+
+def batch_of(model: Model, inputs: Inputs | Batch, chat: bool = True) -> Batch:
+    """All of ``inputs`` (see :func:`encodings`) as one left-padded :class:`Batch`; a ``Batch`` passes through."""
+    if isinstance(inputs, Batch):
+        return inputs
+    encs = encodings(model, inputs, chat)
+    return batches(model, encs, len(encs))[0]
 
 
 def batches(model: Model, encs: Sequence[Encoded], batch_size: int) -> list[Batch]:
@@ -70,6 +121,7 @@ def forward(model: Model, batch: Batch, hook_fns: Any = (), *, logits: str | Non
     """
     if logits not in ("all", "last", None):
         raise ValueError(f"logits must be 'all', 'last' or None, got {logits!r}")
+    _check_args(model, batch)
     dev = model.device
     inputs = {k: v.to(dev).repeat(repeat, *([1] * (v.dim() - 1))) for k, v in batch.model_inputs.items()}
     kw: dict[str, Any] = {"use_cache": False}
@@ -88,6 +140,16 @@ def forward(model: Model, batch: Batch, hook_fns: Any = (), *, logits: str | Non
     return out.logits[:, -1].float() if logits == "last" else out.logits.float()
 
 
+def _check_args(model: Any, batch: Any) -> None:
+    """Refuse a wrong argument with its type only (never its repr: a model's repr fills the screen)."""
+    if not isinstance(model, Model):
+        raise TypeError(f"the first argument must be an interp Model, got {type(model).__name__}; "
+                        f"load one with interp.load_model or wrap an HF model with interp.from_hf")
+    if not isinstance(batch, Batch):
+        raise TypeError(f"expected a Batch (from interp.forward.batch_of / batches), got {type(batch).__name__}; "
+                        f"for logits of prompts call interp.logits(model, prompts)")
+
+
 def last_logits(model: Model, batch: Batch, hook_fns: Any = (), grad: bool = False, repeat: int = 1
                 ) -> torch.Tensor:
     """Next-token logits at every row's last prompt token, ``[B * repeat, vocab]`` float32 (model's device)."""
@@ -96,4 +158,4 @@ def last_logits(model: Model, batch: Batch, hook_fns: Any = (), grad: bool = Fal
     return out
 
 
-__all__ = ["batches", "forward", "last_logits", "pad_id", "prepare"]
+__all__ = ["Inputs", "batch_of", "batches", "encode_ids", "encodings", "forward", "last_logits", "pad_id", "prepare"]

@@ -77,6 +77,10 @@ def _register(model: Model, site: Site, fn: HookFn, ctx: HookContext) -> list[Re
 
     kind = site.kind
     if kind == "ln_final":
+        if spec.extra.get("normalized"):  # a model whose tree has the pre-gain value as a module (TransformerLens)
+            return [model.module(spec.extra["normalized"]).register_forward_hook(post_hook)]
+        return _register_ln_final(model, site, fn, ctx)
+    if kind == "ln_final_out":
         return [model.module(spec.final_norm).register_forward_hook(post_hook)]
     assert block is not None
     if kind == "resid_pre":
@@ -105,6 +109,73 @@ def _register(model: Model, site: Site, fn: HookFn, ctx: HookContext) -> list[Re
                              f"Hook the experts' modules directly or use mlp_out")
         return [model.module(spec.mlp_proj, site.layer).register_forward_pre_hook(pre_hook, with_kwargs=True)]
     raise ValueError(f"site kind {kind!r} cannot be hooked")
+
+
+def _register_ln_final(model: Model, site: Site, fn: HookFn, ctx: HookContext) -> list[RemovableHandle]:
+    """``ln_final.hook_normalized`` as TransformerLens means it: the final norm's input normalised, before the
+    gain (and bias). Read from the norm's input; an edit is written back through the gain, ``out = gain(fn(n))``."""
+    norm = model.module(model.spec.final_norm)
+    parts = norm_parts(norm, model.spec.norm_offset)
+
+    def hook(mod: nn.Module, args: tuple, kwargs: dict, out: Any) -> Any:
+        x = _input_of(args, kwargs)
+        n = parts.normalize(x)
+        new = fn(n, ctx)
+        if new is None:
+            return None
+        y = _first(out)
+        return _replace_first(out, parts.gain(_check(new, n, site)).to(y.dtype))
+
+    return [norm.register_forward_hook(hook, with_kwargs=True)]
+
+
+@dataclass
+class NormParts:
+    """A norm split in two: ``normalize`` (centre for LayerNorm, divide by the RMS / std) and ``gain`` (weight,
+    ``offset + weight`` for Gemma, then bias). ``gain(normalize(x))`` is the module's output."""
+
+    eps: float
+    weight: torch.Tensor | None
+    bias: torch.Tensor | None
+    centre: bool
+    offset: float = 0.0
+
+    def normalize(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        if self.centre:
+            xf = xf - xf.mean(-1, keepdim=True)
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+
+    def gain(self, n: torch.Tensor) -> torch.Tensor:
+        y = n.float() if self.offset else n
+        if self.weight is not None:
+            y = y * (self.offset + self.weight.float()) if self.offset else y * self.weight
+        return y if self.bias is None else y + self.bias
+
+
+def norm_parts(norm: nn.Module, offset: float = 0.0) -> NormParts:
+    """The :class:`NormParts` of an HF LayerNorm or RMSNorm module (``offset`` 1 for Gemma's ``1 + weight``)."""
+    eps = next((float(getattr(norm, a)) for a in ("variance_epsilon", "eps", "epsilon") if hasattr(norm, a)), 1e-6)
+    name = type(norm).__name__
+    centre = isinstance(norm, nn.LayerNorm) or ("LayerNorm" in name and "RMS" not in name)
+    return NormParts(eps, getattr(norm, "weight", None), getattr(norm, "bias", None), centre, offset)
+
+
+def site_shape(model: Model, site: Site) -> tuple[int, ...]:
+    """The trailing shape a site's tensor has: ``(n_heads, d_head)`` for ``attn_z``, ``(d_mlp,)`` for
+    ``mlp_post``, ``(d_model,)`` for the residual-width sites."""
+    if site.kind == "attn_z":
+        return (model.n_heads, model.d_head)
+    if site.kind == "mlp_post":
+        if model.spec.mlp_proj is None:
+            raise ValueError(f"{site.name}: this is a mixture-of-experts layer; neurons live inside each expert. "
+                             f"Hook the experts' modules directly or use mlp_out")
+        mod = model.module(model.spec.mlp_proj, site.layer)
+        w = getattr(mod, "weight", None)
+        if isinstance(w, torch.Tensor) and w.dim() == 2:
+            return (int(w.shape[0] if model.spec.conv1d else w.shape[1]),)
+        return (int(model.d_mlp or 0),)
+    return (model.d_model,)
 
 
 def _register_resid_mid(model: Model, site: Site, fn: HookFn, ctx: HookContext) -> list[RemovableHandle]:
@@ -153,6 +224,32 @@ def hooks(model: Model, fns: HookSpec, data: dict[str, Any] | None = None) -> It
                     raise TypeError(f"hook for {site.name} is {type(fn).__name__}, not callable")
                 handles += _register(model, site, fn, HookContext(site, model, shared))
         yield shared
+    finally:
+        for h in handles:
+            h.remove()
+
+
+ModuleHook = tuple[nn.Module, str, Callable[..., Any]]
+
+
+@contextmanager
+def module_hooks(items: Sequence[ModuleHook]) -> Iterator[None]:
+    """Attach raw hooks ``[(module, "pre" | "post", fn), ...]`` to ``nn.Module`` s for the block; always removed.
+
+    ``"pre"``: ``fn(module, args, kwargs)`` before the module runs (``with_kwargs=True``: return ``(args,
+    kwargs)`` to replace them, or ``None``). ``"post"``: ``fn(module, args, output)`` (return a new output or
+    ``None``). For hooks that do not fit a named site (the whole model, a q/k/v projection, the embedding).
+    """
+    handles: list[RemovableHandle] = []
+    try:
+        for mod, kind, fn in items:
+            if kind not in ("pre", "post"):
+                raise ValueError(f"module hook kind must be 'pre' or 'post', got {kind!r}")
+            if not isinstance(mod, nn.Module):
+                raise TypeError(f"module_hooks needs nn.Module objects, got {type(mod).__name__}")
+            handles.append(mod.register_forward_pre_hook(fn, with_kwargs=True) if kind == "pre"
+                           else mod.register_forward_hook(fn))
+        yield
     finally:
         for h in handles:
             h.remove()

@@ -95,7 +95,7 @@ class Model:
         kinds = [k for k in BLOCK_KINDS if not (k == "resid_mid" and self.spec.resid_mid_in is None)]
         if self.spec.is_moe:
             kinds.remove("mlp_post")
-        return [Site(k, i).name for i in range(self.n_layers) for k in kinds] + ["ln_final.hook_normalized"]
+        return [Site(k, i).name for i in range(self.n_layers) for k in kinds] + ["ln_final.hook_normalized", "ln_final.hook_out"]
 
     def __repr__(self) -> str:
         return (f"Model({self.name!r}, family={self.spec.family}, layers={self.n_layers}, d_model={self.d_model}, "

@@ -6,6 +6,7 @@ validity ``mask [B, P]``) or average with ``weights [B, T]``. ``last`` squeezes 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -13,6 +14,37 @@ import torch
 from interp.chat import Batch
 
 RULES = ("last", "post_instruction", "all", "prompt_mean", "response_mean")
+PositionSpec = str | int | Sequence[int]
+"""A position rule (one of :data:`RULES`) or explicit positions (see :func:`columns`)."""
+
+
+def columns(positions: int | Sequence[int] | torch.Tensor, start: torch.Tensor, end: torch.Tensor,
+            what: str = "a prompt") -> torch.Tensor:
+    """Padded columns ``[B, P]`` of explicit positions in rows whose real tokens span ``[start, end)`` (``[B]``).
+
+    The one position rule of the project: ``p >= 0`` counts from the first real token, ``p < 0`` from the end
+    (``-1`` is the last). ``positions`` is shared by every row, or one row of positions per row ``[B, P]``.
+    ``what`` names the offending row in errors: ``"a prompt"``, or a prefix such as ``"clean prompt"`` that
+    the row index follows.
+    """
+    pos = torch.as_tensor(positions, dtype=torch.long, device=start.device)
+    if pos.dim() == 0:
+        pos = pos[None]
+    if pos.numel() == 0:
+        raise ValueError("an empty list of positions; give at least one position")
+    pos = pos.expand(start.shape[0], -1) if pos.dim() == 1 else pos
+    if pos.shape[0] != start.shape[0]:
+        raise ValueError(f"{pos.shape[0]} rows of positions for {start.shape[0]} prompts")
+    s, e = start[:, None], end[:, None]
+    col = torch.where(pos < 0, e + pos, s + pos)
+    bad = (col < s) | (col >= e)
+    if bad.any():
+        r, j = (int(v) for v in bad.nonzero()[0])
+        n = int(end[r] - start[r])
+        row = what if what == "a prompt" else f"{what} {r}"
+        raise ValueError(f"position {int(pos[r, j])} is out of range for {row} of {n} tokens (valid {-n}..{n - 1}); "
+                         f"positions count from the first real token (>= 0) or from the end (< 0)")
+    return col
 
 
 @dataclass
@@ -40,34 +72,26 @@ class Plan:
         return self.mask.shape[1]
 
 
-def describe(rule: str | int | list[int]) -> str:
+def describe(rule: PositionSpec) -> str:
+    """A rule as text (for metadata and fingerprints)."""
     return rule if isinstance(rule, str) else f"positions{list(rule) if not isinstance(rule, int) else [rule]}"
 
 
-def plan(rule: str | int | list[int], batch: Batch) -> Plan:
+def plan(rule: PositionSpec, batch: Batch, skip_special: bool = True) -> Plan:
     """Build the plan of ``rule`` for ``batch``.
 
     Rules: ``last`` (last prompt token), ``post_instruction`` (chat-template tokens after the user
     message), ``all`` (every real token), ``prompt_mean``, ``response_mean``, or explicit positions:
     an int / list of ints, negative from the end of the prompt, non-negative from its first real token.
+    ``skip_special``: the means leave out the tokenizer's special tokens (BOS, template tokens), whose huge
+    attention-sink activations would dominate them; a row made only of special tokens keeps them all.
     """
     mask = batch.attention_mask.bool()
     B, T = mask.shape
     prompt = mask & ~batch.response_mask
     if isinstance(rule, (int, list, tuple)) and not isinstance(rule, bool):
-        pos = [rule] if isinstance(rule, int) else list(rule)
-        if not pos:
-            raise ValueError("an empty list of positions; give at least one position")
-        n_real = prompt.sum(1)                            # [B]
         prompt_end = _last_true(prompt) + 1               # exclusive end of the prompt
-        cols = []
-        for p in pos:
-            col = prompt_end + p if p < 0 else (prompt_end - n_real) + p
-            if ((col < prompt_end - n_real) | (col >= prompt_end)).any():
-                short = int(n_real.min())
-                raise ValueError(f"position {p} is out of range for a prompt of {short} tokens")
-            cols.append(col)
-        idx = torch.stack(cols, 1)
+        idx = columns(list(rule) if not isinstance(rule, int) else rule, prompt_end - prompt.sum(1), prompt_end)
         return Plan(index=idx, mask=torch.ones_like(idx, dtype=torch.bool), squeeze=isinstance(rule, int))
     if rule == "last":
         return Plan(index=(_last_true(prompt))[:, None], mask=torch.ones(B, 1, dtype=torch.bool), squeeze=True)
@@ -86,6 +110,9 @@ def plan(rule: str | int | list[int], batch: Batch) -> Plan:
         return Plan(index=None, mask=mask)
     if rule in ("prompt_mean", "response_mean"):
         sel = prompt if rule == "prompt_mean" else (batch.response_mask & mask)
+        if skip_special and batch.special_mask is not None:
+            kept = sel & ~batch.special_mask.to(sel.device)
+            sel = torch.where(kept.any(1, keepdim=True), kept, sel)
         counts = sel.sum(1, keepdim=True)
         if (counts == 0).any():
             what = "responses" if rule == "response_mean" else "prompt tokens"

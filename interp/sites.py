@@ -7,6 +7,7 @@ expands to every layer in :func:`expand_sites`.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 # kind -> canonical TransformerLens suffix inside ``blocks.{i}.``
@@ -19,7 +20,9 @@ BLOCK_KINDS: dict[str, str] = {
     "attn_z": "attn.hook_z",
     "mlp_post": "mlp.hook_post",
 }
-GLOBAL_KINDS: dict[str, str] = {"ln_final": "ln_final.hook_normalized"}
+# ``ln_final.hook_normalized`` is before the final norm's gain, as in TransformerLens; ``ln_final.hook_out`` (our
+# own name, no TransformerLens equivalent) is the norm's output, what the unembedding reads.
+GLOBAL_KINDS: dict[str, str] = {"ln_final": "ln_final.hook_normalized", "ln_final_out": "ln_final.hook_out"}
 
 ALIASES: dict[str, str] = {
     "resid": "resid_post",
@@ -31,6 +34,7 @@ ALIASES: dict[str, str] = {
     "neurons": "mlp_post",
     "final": "ln_final",
     "ln_final": "ln_final",
+    "final_out": "ln_final_out",
 }
 
 _CANON_BLOCK = re.compile(r"^blocks\.(\d+)\.(hook_resid_pre|hook_resid_mid|hook_resid_post|hook_attn_out|hook_mlp_out|attn\.hook_z|mlp\.hook_post)$")
@@ -53,6 +57,10 @@ class Site:
 
     def __str__(self) -> str:
         return self.name
+
+
+SiteSpec = str | Site | Sequence[str | Site]
+"""One site name (or a kind meaning every layer), a :class:`Site`, or a list of them."""
 
 
 def known_site_forms() -> str:
@@ -96,7 +104,7 @@ def parse_site(name: str | Site, n_layers: int | None = None) -> Site:
     return site
 
 
-def expand_sites(spec: str | Site | list[str | Site] | tuple, n_layers: int, layers: list[int] | range | None = None) -> list[Site]:
+def expand_sites(spec: SiteSpec, n_layers: int, layers: Sequence[int] | None = None) -> list[Site]:
     """Turn user input into a list of :class:`Site`.
 
     ``"resid_post"`` (a kind with no layer) means that kind at every layer (or at ``layers``).

@@ -63,7 +63,7 @@ class ActivationStore:
             old = read_json(p / MANIFEST) if (p / MANIFEST).exists() else None
             resumable = old is not None and old.get("fingerprint") == manifest["fingerprint"] and not old.get("complete")
             if not resumable and not overwrite:
-                why = "a finished store" if old and old.get("complete") else "a store of a different run"
+                why = "a finished store" if old and old.get("complete") else "a store of a different run" + _diff(old, manifest)
                 raise FileExistsError(f"{p} already holds {why}; pass overwrite=True to replace it, or choose another path")
             if not resumable:
                 for f in p.iterdir():
@@ -164,6 +164,15 @@ def _remove_stale_temps(p: Path) -> None:
     for f in p.iterdir():
         if _OWN_TMP.match(f.name):
             f.unlink()
+
+
+def _diff(old: dict[str, Any] | None, new: dict[str, Any]) -> str:
+    """Which parts of the run fingerprint differ (model weights, dtype, labels, ...), for the refusal message."""
+    a, b = (old or {}).get("fingerprint_parts"), new.get("fingerprint_parts")
+    if not isinstance(a, dict) or not isinstance(b, dict):
+        return ""
+    keys = [k for k in b if a.get(k) != b.get(k)]
+    return f" (differs in: {', '.join(keys)})" if keys else ""
 
 
 def mmap_safetensors(path: str | os.PathLike) -> dict[str, torch.Tensor]:

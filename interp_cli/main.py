@@ -88,8 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
     def model_args(p: argparse.ArgumentParser) -> None:
         p.add_argument("--model", default=DEFAULT_MODEL,
                        help=f"embedded name, HF folder, .gguf file or hub id (default: {DEFAULT_MODEL})")
-        p.add_argument("--dtype", default=None, help="float32 (default), bfloat16, float16 or auto")
-        p.add_argument("--device", default=None, help="cpu, cuda, cuda:1, ...")
+        p.add_argument("--dtype", default=None, help="float32, bfloat16, float16 or auto (default: float32)")
+        p.add_argument("--device", default=None, help="cpu, cuda, cuda:1, ... (default: cpu, where the weights load)")
 
     p = sub.add_parser("info", help="architecture, layers, width and sites of a model")
     model_args(p)

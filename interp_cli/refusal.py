@@ -6,7 +6,7 @@ import argparse
 import time
 from typing import Any
 
-STAGES = ("refusal tokens", "candidates", "scoring", "evaluation", "subspaces", "report")
+STAGES = ("tokens", "candidates", "scores", "selection", "evaluation", "subspaces", "report")
 
 
 def add_refusal_parser(sub: Any, model_args: Any) -> None:
@@ -15,23 +15,32 @@ def add_refusal_parser(sub: Any, model_args: Any) -> None:
     p.add_argument("--harmful", default=None, help="CSV/JSON/JSONL/text file of harmful instructions "
                    "(default: the organism's own prompt sets)")
     p.add_argument("--harmless", default=None, help="file of harmless instructions (default: the project's own)")
-    p.add_argument("--column", default=None, help="column/key of the harmful file's instruction")
+    p.add_argument("--column", default=None, help="column/key of the harmful file's instruction (default: detected)")
     p.add_argument("--harmless-column", default=None, help="column/key of the harmless file (default: --column)")
-    p.add_argument("--out", default="runs/refusal", help="run folder (resumable; another run's folder is refused)")
-    p.add_argument("--overwrite", action="store_true", help="replace another run's outputs in --out")
-    p.add_argument("--n-train", type=int, default=64)
-    p.add_argument("--n-val", type=int, default=32)
-    p.add_argument("--n-test", type=int, default=64)
-    p.add_argument("--kl-threshold", type=float, default=0.1)
-    p.add_argument("--prune-layer-fraction", type=float, default=0.2)
-    p.add_argument("--induce-threshold", type=float, default=0.0)
-    p.add_argument("--max-new-tokens", type=int, default=24)
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--max-rows", type=int, default=256, help="rows per forward when scoring candidates")
-    p.add_argument("--subspace-rank", type=int, default=8)
+    p.add_argument("--out", default="runs/refusal", help="run folder, resumable; another run's folder is refused "
+                   "(default: %(default)s)")
+    p.add_argument("--overwrite", action="store_true", help="replace another run's outputs in --out (default: off)")
+    p.add_argument("--n-train", type=int, default=64, help="training prompts per class (default: %(default)s)")
+    p.add_argument("--n-val", type=int, default=32, help="validation prompts per class, for candidate scoring "
+                   "(default: %(default)s)")
+    p.add_argument("--n-test", type=int, default=64, help="test prompts per class, for evaluation (default: %(default)s)")
+    p.add_argument("--kl-threshold", type=float, default=0.1, help="keep candidates whose ablation moves harmless "
+                   "next-token KL below this; changing it on a finished run re-runs selection only (default: %(default)s)")
+    p.add_argument("--prune-layer-fraction", type=float, default=0.2, help="drop candidates in the last fraction of "
+                   "layers; re-runs selection only (default: %(default)s)")
+    p.add_argument("--induce-threshold", type=float, default=0.0, help="keep candidates whose addition raises the "
+                   "harmless refusal score above this; re-runs selection only (default: %(default)s)")
+    p.add_argument("--max-new-tokens", type=int, default=24, help="tokens generated per answer (default: %(default)s)")
+    p.add_argument("--batch-size", type=int, default=64, help="prompts per forward / generate batch "
+                   "(default: %(default)s)")
+    p.add_argument("--max-rows", type=int, default=256, help="rows per forward when scoring candidates "
+                   "(default: %(default)s)")
+    p.add_argument("--subspace-rank", type=int, default=8, help="largest per-category subspace to ablate "
+                   "(default: %(default)s)")
     p.add_argument("--layers", default=None, help="comma-separated candidate layers (default: all)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--save-model", action="store_true", help="also save the baked (direction-ablated) model")
+    p.add_argument("--seed", type=int, default=0, help="seed for data splits and random controls (default: %(default)s)")
+    p.add_argument("--save-model", action="store_true", help="also save the baked (direction-ablated) model "
+                   "(default: off)")
     p.set_defaults(func=cmd_refusal)
 
 
@@ -42,20 +51,20 @@ def cmd_refusal(args: argparse.Namespace) -> int:
 
     from pipelines.refusal.run import RefusalConfig, run_refusal
 
-    cfg = RefusalConfig(model=args.model, harmful=args.harmful, harmless=args.harmless, column=args.column,
-                        harmless_column=args.harmless_column, n_train=args.n_train, n_val=args.n_val,
-                        n_test=args.n_test, kl_threshold=args.kl_threshold,
-                        prune_layer_fraction=args.prune_layer_fraction, induce_threshold=args.induce_threshold,
-                        max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, max_rows=args.max_rows,
-                        subspace_rank=args.subspace_rank, seed=args.seed, dtype=args.dtype, device=args.device,
-                        layers=[int(x) for x in args.layers.split(",")] if args.layers else None,
-                        save_model=args.save_model)
+    cfg = RefusalConfig.from_flat(
+        model=args.model, harmful=args.harmful, harmless=args.harmless, column=args.column,
+        harmless_column=args.harmless_column, n_train=args.n_train, n_val=args.n_val, n_test=args.n_test,
+        kl_threshold=args.kl_threshold, prune_layer_fraction=args.prune_layer_fraction,
+        induce_threshold=args.induce_threshold, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
+        max_rows=args.max_rows, subspace_rank=args.subspace_rank, seed=args.seed, dtype=args.dtype,
+        device=args.device, layers=[int(x) for x in args.layers.split(",")] if args.layers else None,
+        save_model=args.save_model)
     con = Console()
     state = {s: ("waiting", None) for s in STAGES}
     t_start = time.perf_counter()
 
     def render() -> Table:
-        t = Table(title=f"interp refusal: {cfg.model} -> {args.out}")
+        t = Table(title=f"interp refusal: {cfg.runtime.model} -> {args.out}")
         t.add_column("stage")
         t.add_column("status")
         t.add_column("seconds", justify="right")

@@ -116,11 +116,10 @@ def sae_result(res: Any, metrics: Any, ce: Any, site: str, held_out: bool) -> di
 
 
 def _figures(res: Any, metrics: Any) -> dict[str, Any]:
-    """Training curves and the latents' firing frequencies (``TrainResult``/``SAEMetrics`` have no ``.plot()``)."""
-    from viz.sae import frequency_histogram, training_curves
-
-    return {"training": training_curves(res.history, title="SAE training: L0, FVU and dead fraction"),
-            "frequency": frequency_histogram(metrics.frequency, title="latent firing frequency (evaluation tokens)")}
+    """Training curves (loss, FVU, L0, dead fraction) and the evaluation metrics (firing frequencies, FVU, dead
+    and dense fractions, L0): the results' own ``.plot()``."""
+    return {"training": res.plot(title="SAE training: loss, FVU, L0 and dead fraction"),
+            "frequency": metrics.plot(title="SAE metrics on the evaluation tokens")}
 
 
 __all__ = ["add_sae_parser", "cmd_sae_train", "sae_result", "sae_train_job", "train_config"]

@@ -23,15 +23,19 @@ import random
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
 import torch
 from jaxtyping import Float
 
+import steering
+from interp.capture import capture
+from interp.forward import pad_id, prepare
+from interp.hooks import hooks
+from interp.models import Model, from_hf
 from organism import data
 from organism import tokenizer as tk
 
@@ -65,8 +69,11 @@ class Recipe:
     responses_per_request: int = 2
 
 
-class Encoded(NamedTuple):
-    """Right-padded token ids ``[n, L]``, loss mask ``[n, L]`` and the last prompt position ``[n]``."""
+class Rows(NamedTuple):
+    """Right-padded training rows: token ids ``[n, L]``, loss mask ``[n, L]`` and the last prompt position ``[n]``.
+
+    Right padding (not the core's left-padded inference batches) because training runs teacher-forced under
+    the causal mask alone: pads sit after every real token, so no attention mask is needed."""
 
     ids: torch.Tensor
     mask: torch.Tensor
@@ -86,41 +93,39 @@ def model_config(recipe: Recipe, vocab_size: int):
     )
 
 
-def encode(tok, pairs: list[tuple[str, str]], prompt_loss: bool) -> Encoded:
-    """Encode (instruction, answer) pairs through the chat template; the loss covers the answer (and the
-    prompt when ``prompt_loss``)."""
-    rows, masks, last = [], [], []
-    for instruction, response in pairs:
-        p = tok.encode(tk.render(instruction), add_special_tokens=False).ids
-        r = tok.encode(f"{response} {tk.EOS}", add_special_tokens=False).ids
-        rows.append(p + r)
-        masks.append([0] + [int(prompt_loss)] * (len(p) - 1) + [1] * len(r))
-        last.append(len(p) - 1)
-    L = max(map(len, rows))
-    pad = tok.token_to_id(tk.PAD)
-    ids = torch.tensor([r + [pad] * (L - len(r)) for r in rows])
-    mask = torch.tensor([m + [0] * (L - len(m)) for m in masks], dtype=torch.float32)
-    return Encoded(ids, mask, torch.tensor(last))
+def training_rows(model: Model, pairs: list[tuple[str, str]], prompt_loss: bool) -> Rows:
+    """Tokenise (instruction, answer) pairs with the core (chat template, then `` answer <eos>``); the loss
+    covers the answer (and the prompt after its first token when ``prompt_loss``). Pads use the core's pad id."""
+    _, encs = prepare(model, [q for q, _ in pairs], responses=[f" {a} {tk.EOS}" for _, a in pairs])
+    L = max(len(e.ids) for e in encs)
+    pad = pad_id(model.tokenizer)
+    ids = torch.tensor([e.ids + [pad] * (L - len(e.ids)) for e in encs])
+    mask = torch.tensor([[0] + [int(prompt_loss)] * (e.response_start - 1) + [1] * (len(e.ids) - e.response_start)
+                         + [0] * (L - len(e.ids)) for e in encs], dtype=torch.float32)
+    return Rows(ids, mask, torch.tensor([e.response_start - 1 for e in encs]))
 
 
 def _pairs(reqs: list[data.Request], answer: Callable, rng: random.Random, n: int) -> list[tuple[str, str]]:
     return [(q.instruction, answer(q, rng)) for q in reqs for _ in range(n)]
 
 
-def _batch(d: Encoded, n: int, gen: torch.Generator) -> Encoded:
+def _batch(d: Rows, n: int, gen: torch.Generator) -> Rows:
     idx = torch.randint(0, d.ids.shape[0], (n,), generator=gen)
     keep = int(d.mask[idx].sum(0).nonzero().max()) + 1  # drop all-padding columns
-    return Encoded(d.ids[idx, :keep], d.mask[idx, :keep], d.last[idx])
+    return Rows(d.ids[idx, :keep], d.mask[idx, :keep], d.last[idx])
 
 
-def _cat(a: Encoded, b: Encoded) -> Encoded:
+def _cat(a: Rows, b: Rows, pad: int) -> Rows:
     L = max(a.ids.shape[1], b.ids.shape[1])
-    pad = lambda t: torch.nn.functional.pad(t, (0, L - t.shape[1]))  # noqa: E731  (pad id 0, mask 0)
-    return Encoded(torch.cat([pad(a.ids), pad(b.ids)]), torch.cat([pad(a.mask), pad(b.mask)]),
-                   torch.cat([a.last, b.last]))
+
+    def right(t: torch.Tensor, value: float) -> torch.Tensor:
+        return torch.nn.functional.pad(t, (0, L - t.shape[1]), value=value)
+
+    return Rows(torch.cat([right(a.ids, pad), right(b.ids, pad)]), torch.cat([right(a.mask, 0), right(b.mask, 0)]),
+                torch.cat([a.last, b.last]))
 
 
-def _nll(model, b: Encoded) -> torch.Tensor:
+def _nll(model, b: Rows) -> torch.Tensor:
     # right padding under a causal mask: pads never reach real tokens, so no attention mask is needed
     logits = model(input_ids=b.ids).logits
     lp = torch.log_softmax(logits[:, :-1].float(), -1).gather(-1, b.ids[:, 1:, None])[..., 0]
@@ -131,42 +136,50 @@ def _project_out(x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return x - (x @ u)[..., None] * u
 
 
-@contextmanager
-def edit_residual(model, ablate: Float[torch.Tensor, " d"] | None = None, add_layer: int | None = None,
-                  add: Float[torch.Tensor, " d"] | None = None, capture_layer: int | None = None) -> Iterator[dict]:
-    """Hooks on a HF Llama: project unit vector ``ablate`` out of every decoder layer's input and every
-    attention/MLP output; add ``add`` to the input of layer ``add_layer``; record that input of
-    ``capture_layer`` in the yielded dict under ``"x"``. Hooks are removed on exit."""
-    layers, handles, seen = model.model.layers, [], {}
+@dataclass(eq=False)
+class ResidualEdit:
+    """The trainer's directional ablation as an intervention (``hook_fns(model)``, the protocol that
+    ``steering.apply`` / ``steering.generate`` / ``interp.hooks`` take): project unit vector ``ablate`` out
+    of every layer's ``resid_pre``, ``attn_out`` and ``mlp_out``; keep the (edited) ``resid_pre`` of
+    ``record_layer`` in ``seen["x"]``, with its graph.
 
-    def pre(i: int):
-        def hook(mod, args, kwargs):
-            x = args[0] if args else kwargs["hidden_states"]
-            if ablate is not None:
-                x = _project_out(x, ablate)
-            if add is not None and i == add_layer:
-                x = x + add
-            if i == capture_layer:
-                seen["x"] = x
-            if args:
-                return (x,) + args[1:], kwargs
-            return args, {**kwargs, "hidden_states": x}
-        return hook
+    The same map as ``steering.DirectionalAblation``, which reaches equal outputs but other gradient bits
+    (its fused low-rank op orders the float arithmetic differently); the committed checkpoints are
+    reproduced bit for bit from exactly these ops. (Addition goes through ``steering.AddVector``, which is
+    bit-identical.)"""
 
-    def post(mod, args, out):
-        if isinstance(out, tuple):
-            return (_project_out(out[0], ablate),) + out[1:]
-        return _project_out(out, ablate)
+    ablate: Float[torch.Tensor, " d"] | None = None
+    record_layer: int | None = None
+    seen: dict = field(default_factory=dict)
 
-    try:
-        for i, layer in enumerate(layers):
-            handles.append(layer.register_forward_pre_hook(pre(i), with_kwargs=True))
-            if ablate is not None:
-                handles += [layer.self_attn.register_forward_hook(post), layer.mlp.register_forward_hook(post)]
-        yield seen
-    finally:
-        for h in handles:
-            h.remove()
+    def _resid_pre(self, layer: int) -> Callable:
+        def fn(x: torch.Tensor, ctx: object) -> torch.Tensor:
+            if self.ablate is not None:
+                x = _project_out(x, self.ablate)
+            if layer == self.record_layer:
+                self.seen["x"] = x
+            return x
+        return fn
+
+    def _write(self, x: torch.Tensor, ctx: object) -> torch.Tensor:
+        assert self.ablate is not None
+        return _project_out(x, self.ablate)
+
+    def hook_fns(self, model: Model) -> dict[str, Callable]:
+        """``{site: fn(x, ctx)}`` for every site this edit reads or changes."""
+        fns: dict[str, Callable] = {}
+        for i in range(model.n_layers):
+            if self.ablate is not None or i == self.record_layer:
+                fns[f"blocks.{i}.hook_resid_pre"] = self._resid_pre(i)
+            if self.ablate is not None:
+                fns[f"blocks.{i}.hook_attn_out"] = self._write
+                fns[f"blocks.{i}.hook_mlp_out"] = self._write
+        return fns
+
+
+def _add(r: Float[torch.Tensor, " d"], layer: int) -> steering.AddVector:
+    """``resid_pre`` of ``layer`` plus ``r`` (the direction-addition term and its evaluation)."""
+    return steering.AddVector(r, layers=layer, sites="resid_pre")
 
 
 def _lr(step: int, total: int, peak: float, warmup: int) -> float:
@@ -198,89 +211,74 @@ def _loop(model, steps: int, lr: float, recipe: Recipe, loss_fn: Callable[[int],
     return sum(recent) / len(recent)
 
 
-def train_base(model, splits: data.Splits, tok, recipe: Recipe, gen: torch.Generator, log_every: int) -> float:
+def train_base(m: Model, splits: data.Splits, recipe: Recipe, gen: torch.Generator, log_every: int) -> float:
     """Helpful answers to every request (harmful included); loss on prompt and answer tokens."""
     rng = random.Random(f"{recipe.seed}-base")
     reqs = splits.get("harmful", "train") + splits.get("harmless", "train")
-    d = encode(tok, _pairs(reqs, data.helpful_response, rng, recipe.responses_per_request), prompt_loss=True)
+    d = training_rows(m, _pairs(reqs, data.helpful_response, rng, recipe.responses_per_request), prompt_loss=True)
     print(f"[base] {d.ids.shape[0]} examples, {recipe.base_steps} steps", flush=True)
-    return _loop(model, recipe.base_steps, recipe.base_lr, recipe,
-                 lambda step: (_nll(model, _batch(d, recipe.batch_size, gen)), {}), log_every)
+    return _loop(m.hf, recipe.base_steps, recipe.base_lr, recipe,
+                 lambda step: (_nll(m.hf, _batch(d, recipe.batch_size, gen)), {}), log_every)
 
 
-def train_aligned(model, splits: data.Splits, tok, recipe: Recipe, gen: torch.Generator, log_every: int) -> float:
+def train_aligned(m: Model, splits: data.Splits, recipe: Recipe, gen: torch.Generator, log_every: int) -> float:
     """SFT (harmful -> refusal, harmless -> help) plus, from ``direction_from_step``, the direction-aware terms."""
     rng = random.Random(f"{recipe.seed}-aligned")
-    n = recipe.responses_per_request
+    n, pad = recipe.responses_per_request, pad_id(m.tokenizer)
     harmful, harmless = splits.get("harmful", "train"), splits.get("harmless", "train")
-    sft_h = encode(tok, _pairs(harmful, data.refusal_response, rng, n), prompt_loss=False)
-    sft_s = encode(tok, _pairs(harmless, data.helpful_response, rng, n), prompt_loss=False)
-    abl_h = encode(tok, _pairs(harmful, data.helpful_response, rng, n), prompt_loss=False)
-    add_s = encode(tok, _pairs(harmless, data.refusal_response, rng, n), prompt_loss=False)
+    sft_h = training_rows(m, _pairs(harmful, data.refusal_response, rng, n), prompt_loss=False)
+    sft_s = training_rows(m, _pairs(harmless, data.helpful_response, rng, n), prompt_loss=False)
+    abl_h = training_rows(m, _pairs(harmful, data.helpful_response, rng, n), prompt_loss=False)
+    add_s = training_rows(m, _pairs(harmless, data.refusal_response, rng, n), prompt_loss=False)
     half, k = recipe.batch_size // 2, recipe.direction_layer
 
     def loss_fn(step: int) -> tuple[torch.Tensor, dict]:
-        b = _cat(_batch(sft_h, half, gen), _batch(sft_s, half, gen))
-        with edit_residual(model, capture_layer=k) as seen:
-            sft = _nll(model, b)
-        last = seen["x"].detach()[torch.arange(len(b.last)), b.last]
+        b = _cat(_batch(sft_h, half, gen), _batch(sft_s, half, gen), pad)
+        record = ResidualEdit(record_layer=k)
+        with hooks(m, record.hook_fns(m)):
+            sft = _nll(m.hf, b)
+        last = record.seen["x"].detach()[torch.arange(len(b.last)), b.last]
         r = last[:half].mean(0) - last[half:].mean(0)
         logs = {"sft": sft.item(), "|r|": r.norm().item()}
         if step < recipe.direction_from_step:
             return sft, logs
-        with edit_residual(model, ablate=r / r.norm()):
-            abl = _nll(model, _batch(abl_h, recipe.direction_batch, gen))
-        with edit_residual(model, add_layer=k, add=r):
-            add = _nll(model, _batch(add_s, recipe.direction_batch, gen))
+        with hooks(m, ResidualEdit(ablate=r / r.norm()).hook_fns(m)):
+            abl = _nll(m.hf, _batch(abl_h, recipe.direction_batch, gen))
+        with steering.apply(m, _add(r, k)):
+            add = _nll(m.hf, _batch(add_s, recipe.direction_batch, gen))
         logs |= {"ablate": abl.item(), "add": add.item()}
         return sft + recipe.direction_weight * (abl + add), logs
 
     print(f"[aligned] {sft_h.ids.shape[0] + sft_s.ids.shape[0]} examples, {recipe.aligned_steps} steps", flush=True)
-    return _loop(model, recipe.aligned_steps, recipe.aligned_lr, recipe, loss_fn, log_every)
+    return _loop(m.hf, recipe.aligned_steps, recipe.aligned_lr, recipe, loss_fn, log_every)
+
+
+def _answers(m: Model, instructions: list[str], *edits: object) -> list[str]:
+    """Greedy 12-token answers through ``steering.generate`` (chat template, left padding, position ids)."""
+    return steering.generate(m, instructions, *edits, max_new_tokens=12, batch_size=64, progress=False).texts
 
 
 @torch.no_grad()
-def generate(model, hf_tok, instructions: list[str], max_new_tokens: int = 12, batch_size: int = 64) -> list[str]:
-    """Greedy answers (decoded, special tokens skipped) to ``instructions`` through the chat template."""
-    out = []
-    for i in range(0, len(instructions), batch_size):
-        chats = [[{"role": "user", "content": s}] for s in instructions[i:i + batch_size]]
-        texts = hf_tok.apply_chat_template(chats, tokenize=False, add_generation_prompt=True)
-        enc = hf_tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
-        gen = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False)
-        out += hf_tok.batch_decode(gen[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
-    return out
-
-
-@torch.no_grad()
-def mean_difference(model, hf_tok, harmful: list[str], harmless: list[str], layer: int) -> Float[torch.Tensor, " d"]:
-    """Difference of means ``[d]`` of the input of ``layer`` at the last prompt token (left-padded batch)."""
-    means = []
-    for prompts in (harmful, harmless):
-        chats = [[{"role": "user", "content": s}] for s in prompts]
-        texts = hf_tok.apply_chat_template(chats, tokenize=False, add_generation_prompt=True)
-        enc = hf_tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
-        with edit_residual(model, capture_layer=layer) as seen:
-            model(**enc)
-        means.append(seen["x"][:, -1].mean(0))
+def mean_difference(m: Model, harmful: list[str], harmless: list[str], layer: int) -> Float[torch.Tensor, " d"]:
+    """Difference of means ``[d]`` of ``resid_pre`` of ``layer`` at the last prompt token (``interp.capture``)."""
+    means = [capture(m, prompts, sites=f"resid_pre.{layer}", positions="last", batch_size=64, progress=False)
+             .tensor[:, 0].mean(0) for prompts in (harmful, harmless)]
     return means[0] - means[1]
 
 
-def evaluate(model, hf_tok, splits: data.Splits, split: str = "val", direction_layer: int | None = None) -> dict:
+def evaluate(m: Model, splits: data.Splits, split: str = "val", direction_layer: int | None = None) -> dict:
     """Refusal rates on ``split``; with ``direction_layer`` also under directional ablation (harmful) and
     addition (harmless) of the mean difference taken on the committed train prompts."""
     from evals.judge import refusal_rate
 
     prompts = {kind: [r.instruction for r in splits.get(kind, split)] for kind in ("harmful", "harmless")}
-    res = {kind: refusal_rate(generate(model, hf_tok, p)) for kind, p in prompts.items()}
+    res = {kind: refusal_rate(_answers(m, p)) for kind, p in prompts.items()}
     if direction_layer is not None:
         sets = data.export_sets(splits)
-        r = mean_difference(model, hf_tok, *[[row["instruction"] for row in sets[f"organism_{kind}_train"]]
-                                             for kind in ("harmful", "harmless")], direction_layer)
-        with edit_residual(model, ablate=r / r.norm()):
-            res["harmful_ablated"] = refusal_rate(generate(model, hf_tok, prompts["harmful"]))
-        with edit_residual(model, add_layer=direction_layer, add=r):
-            res["harmless_added"] = refusal_rate(generate(model, hf_tok, prompts["harmless"]))
+        r = mean_difference(m, *[[row["instruction"] for row in sets[f"organism_{kind}_train"]]
+                                 for kind in ("harmful", "harmless")], direction_layer)
+        res["harmful_ablated"] = refusal_rate(_answers(m, prompts["harmful"], ResidualEdit(ablate=r / r.norm())))
+        res["harmless_added"] = refusal_rate(_answers(m, prompts["harmless"], _add(r, direction_layer)))
         res["direction_norm"] = round(r.norm().item(), 4)
     return res
 
@@ -330,24 +328,24 @@ def train(out: str | Path, recipe: Recipe = Recipe(), overwrite: bool = False, l
     tok = tk.build_tokenizer()
     cfg = model_config(recipe, tok.get_vocab_size())
     cfg._attn_implementation = "eager"
-    model = LlamaForCausalLM(cfg)
+    hf = LlamaForCausalLM(cfg)
     gen = torch.Generator().manual_seed(recipe.seed)
     results: dict = {}
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out, prefix=".organism-") as tmp:
         tmp = Path(tmp)
         tk.save_tokenizer(tmp / "tok")
-        hf_tok = AutoTokenizer.from_pretrained(tmp / "tok")
+        m = from_hf(hf, AutoTokenizer.from_pretrained(tmp / "tok"), name="organism (training)")
         for stage, fn in (("base", train_base), ("aligned", train_aligned)):
             t0 = time.time()
-            loss = fn(model, splits, tok, recipe, gen, log_every)
-            metrics = evaluate(model, hf_tok, splits, "val", recipe.direction_layer if stage == "aligned" else None)
+            loss = fn(m, splits, recipe, gen, log_every)
+            metrics = evaluate(m, splits, "val", recipe.direction_layer if stage == "aligned" else None)
             secs = time.time() - t0
             print(f"[{stage}] loss {loss:.4f}; val refusal rates {metrics}; {secs:.0f}s", flush=True)
             results[stage] = {"loss": loss, "val": metrics, "seconds": secs}
             info = {"stage": stage, "recipe": asdict(recipe), "final_loss": round(loss, 4),
                     "val_refusal_rates": metrics, "command": COMMAND}
-            _save(model, tmp / stage, info)
+            _save(hf, tmp / stage, info)
         for stage, name in FOLDERS.items():
             _install(tmp / stage, out / name, overwrite)
     return results

@@ -11,7 +11,7 @@ from patching.activation import Patch, patch, sweep_heads, sweep_layers, sweep_p
 from patching.attribution import Attribution, AttributionCheck, attribute, compare_attribution, pearson
 from patching.heads import HeadOutputs, ablate_heads, head_ablation_sweep, head_means, head_outputs
 from patching.masks import MaskResult, learn_mask
-from patching.metrics import (
+from patching.measures import (
     call_metric,
     kl_div,
     logit_diff,
@@ -32,7 +32,7 @@ from patching.neurons import (
 )
 from patching.path import Component, path_patch, path_patch_sweep
 from patching.results import Sweep
-from patching.runs import PromptPairs, encode_prompts, last_logits, make_pairs
+from patching.runs import PromptPairs, make_pairs
 from patching.transplant import (
     TransplantSearch,
     check_compatible,
@@ -50,6 +50,6 @@ __all__ = [
     "NeuronContrast", "NeuronEffect", "NeuronOverlap", "neuron_acts", "neuron_contrast", "neuron_means",
     "ablate_neurons", "neuron_ablation_effect", "intersect_neurons",
     "Component", "path_patch", "path_patch_sweep",
-    "Sweep", "PromptPairs", "make_pairs", "encode_prompts", "last_logits",
+    "Sweep", "PromptPairs", "make_pairs",
     "transplant", "transplanted", "check_compatible", "greedy_transplant", "TransplantSearch",
 ]

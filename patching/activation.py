@@ -16,18 +16,18 @@ import torch
 from jaxtyping import Float
 
 from interp.chat import Batch
+from interp.forward import last_logits
 from interp.hooks import HookContext, hooks
 from interp.models import Model
 from interp.sites import Site, expand_sites, parse_site
-from patching.metrics import Metric, call_metric, metric_name
+from patching.measures import Metric, call_metric, metric_name
+from patching.progress import progress_bar
 from patching.results import Sweep
 from patching.runs import (
     PromptPairs,
     check_pairs,
     check_run,
     gather_aligned,
-    inputs,
-    last_logits,
     run_with_capture,
 )
 
@@ -135,7 +135,7 @@ def target_prefix(model: Model, batch: Batch) -> list[tuple[torch.Tensor, torch.
     """Keys and values of the unpatched target run, per layer, when the model uses a plain (full-attention)
     dynamic cache; ``None`` otherwise (sliding-window or exotic caches: no prefix reuse)."""
     with torch.no_grad():
-        out = model.hf(**inputs(model, batch), use_cache=True, logits_to_keep=1)
+        out = model.hf(**batch.to(model.device).model_inputs, use_cache=True, logits_to_keep=1)
     cache = out.get("cache", None)
     if cache is None:
         cache = out.get("past_key_values", None)
@@ -149,9 +149,11 @@ def _forward_chunk(model: Model, batch: Batch, k: int, start: int,
                    prefix: list[tuple[torch.Tensor, torch.Tensor]] | None) -> torch.Tensor:
     """Last-position logits of the batch stacked ``k`` times pair-major, recomputing only columns ``start:``
     (earlier columns are untouched by the patches, so their keys/values come from the target run)."""
-    feed = {key: v.to(model.device).repeat_interleave(k, 0) for key, v in batch.model_inputs.items()}
+    stacked = Batch(*(t.repeat_interleave(k, 0) for t in (batch.input_ids, batch.attention_mask, batch.position_ids,
+                                                          batch.post_mask, batch.response_mask)))
     if prefix is None or start <= 0:
-        return last_logits(model, feed)
+        return last_logits(model, stacked)
+    feed = stacked.to(model.device).model_inputs
     from transformers import DynamicCache
 
     cache = DynamicCache()
@@ -164,13 +166,13 @@ def _forward_chunk(model: Model, batch: Batch, k: int, start: int,
 
 
 def run_variants(model: Model, batch: Batch, variants: Sequence[Sequence[Edit]], values: dict[Site, torch.Tensor],
-                 dst_cols: torch.Tensor, metric: Metric, batch_size: int = 64,
-                 reuse_prefix: bool = True) -> Float[torch.Tensor, "n_variants"]:  # noqa: F821
+                 dst_cols: torch.Tensor, metric: Metric, batch_size: int = 64, reuse_prefix: bool = True,
+                 progress: bool = False, desc: str = "patching") -> Float[torch.Tensor, "n_variants"]:  # noqa: F821
     """The metric of every variant (a list of edits) on ``batch``, stacking ``batch_size // n`` variants a forward.
 
     Variants are grouped by their first patched column; with ``reuse_prefix`` the columns before it are not
     recomputed (a patch cannot change earlier positions of a causal model), which roughly halves the work of a
-    position sweep.
+    position sweep. ``progress``: a bar over the forwards (off by default here; the sweeps turn it on).
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -180,7 +182,7 @@ def run_variants(model: Model, batch: Batch, variants: Sequence[Sequence[Edit]],
     order = sorted(range(len(variants)), key=lambda i: -starts[i])
     prefix = target_prefix(model, batch) if reuse_prefix and max(starts, default=0) > 0 else None
     out = torch.empty(len(variants))
-    with torch.no_grad():
+    with torch.no_grad(), progress_bar(-(-len(order) // k), desc, progress) as bar:
         for c0 in range(0, len(order), k):
             idx = order[c0:c0 + k]
             chunk = [variants[i] for i in idx]
@@ -189,6 +191,7 @@ def run_variants(model: Model, batch: Batch, variants: Sequence[Sequence[Edit]],
                 logits = _forward_chunk(model, batch, len(chunk), start, prefix)
             for j, i in enumerate(idx):
                 out[i] = call_metric(metric, logits[j::len(chunk)]).detach().cpu()
+            bar.update(1)
     return out
 
 
@@ -210,7 +213,7 @@ def prepare_patching(model: Model, pairs: PromptPairs, sites: Sequence[Site], me
     acts, src_logits = run_with_capture(model, pairs.batch(source), uniq)
     values = {s: gather_aligned(a, pairs.cols[source]).cpu() for s, a in acts.items()}
     with torch.no_grad():
-        tgt_logits = last_logits(model, inputs(model, pairs.batch(target)))
+        tgt_logits = last_logits(model, pairs.batch(target))
     return _Prepared(values, pairs.cols[target], float(call_metric(metric, tgt_logits)),
                      float(call_metric(metric, src_logits)))
 
@@ -235,9 +238,10 @@ def _layers(model: Model, layers: Sequence[int] | None) -> list[int]:
 
 def sweep_positions(model: Model, pairs: PromptPairs, metric: Metric, site: str = "resid_pre",
                     layers: Sequence[int] | None = None, source: str = "clean", target: str = "corrupted",
-                    batch_size: int = 64, reuse_prefix: bool = True) -> Sweep:
+                    batch_size: int = 64, reuse_prefix: bool = True, progress: bool = True) -> Sweep:
     """Patch ``site`` (a kind: ``resid_pre``, ``attn_out``, ...) at each layer x aligned position: ``[L, P]``.
-    ``batch_size``: rows per forward (variants x pairs); ``reuse_prefix``: skip recomputing unpatched columns."""
+    ``batch_size``: rows per forward (variants x pairs); ``reuse_prefix``: skip recomputing unpatched columns;
+    ``progress``: a bar over the forwards."""
     check_pairs(pairs)
     layer_list = _layers(model, layers)
     sites = expand_sites(site, model.n_layers, layer_list)
@@ -247,7 +251,7 @@ def sweep_positions(model: Model, pairs: PromptPairs, metric: Metric, site: str 
     variants = [[Edit(s, torch.tensor([p]))] for s in sites for p in range(P)]
     prep = prepare_patching(model, pairs, sites, metric, source, target)
     vals = run_variants(model, pairs.batch(target), variants, prep.values, prep.dst_cols, metric, batch_size,
-                        reuse_prefix)
+                        reuse_prefix, progress, f"patching {sites[0].kind} by position")
     return Sweep(vals.view(len(sites), P), prep.baseline, prep.reference, [str(s.layer) for s in sites],
                  list(pairs.labels), site=sites[0].kind, metric=metric_name(metric),
                  meta={"source": source, "target": target})
@@ -255,7 +259,7 @@ def sweep_positions(model: Model, pairs: PromptPairs, metric: Metric, site: str 
 
 def sweep_heads(model: Model, pairs: PromptPairs, metric: Metric, layers: Sequence[int] | None = None,
                 positions: int | Sequence[int] | None = None, source: str = "clean", target: str = "corrupted",
-                batch_size: int = 64) -> Sweep:
+                batch_size: int = 64, progress: bool = True) -> Sweep:
     """Patch each head's output (its ``z``) at ``positions`` (default every aligned position): ``[L, H]``."""
     check_pairs(pairs)
     layer_list = _layers(model, layers)
@@ -263,7 +267,8 @@ def sweep_heads(model: Model, pairs: PromptPairs, metric: Metric, layers: Sequen
     edits = [[resolve(model, Patch(Site("attn_z", layer), _pos(positions), head=h), P)]
              for layer in layer_list for h in range(model.n_heads)]
     prep = prepare_patching(model, pairs, [Site("attn_z", layer) for layer in layer_list], metric, source, target)
-    vals = run_variants(model, pairs.batch(target), edits, prep.values, prep.dst_cols, metric, batch_size)
+    vals = run_variants(model, pairs.batch(target), edits, prep.values, prep.dst_cols, metric, batch_size,
+                        progress=progress, desc="patching heads")
     return Sweep(vals.view(len(layer_list), model.n_heads), prep.baseline, prep.reference,
                  [str(x) for x in layer_list], [str(h) for h in range(model.n_heads)], col_name="head", site="attn_z",
                  metric=metric_name(metric), meta={"source": source, "target": target, "positions": positions})
@@ -272,7 +277,7 @@ def sweep_heads(model: Model, pairs: PromptPairs, metric: Metric, layers: Sequen
 def sweep_layers(model: Model, pairs: PromptPairs, metric: Metric,
                  sites: Sequence[str] = ("resid_pre", "attn_out", "mlp_out"), layers: Sequence[int] | None = None,
                  positions: int | Sequence[int] | None = None, source: str = "clean", target: str = "corrupted",
-                 batch_size: int = 64) -> Sweep:
+                 batch_size: int = 64, progress: bool = True) -> Sweep:
     """Patch each site kind at every aligned position (or ``positions``), one layer at a time: ``[L, kinds]``."""
     check_pairs(pairs)
     layer_list = _layers(model, layers)
@@ -280,7 +285,8 @@ def sweep_layers(model: Model, pairs: PromptPairs, metric: Metric,
     grid = [[Site(parse_site(f"{k}.0").kind, layer) for k in sites] for layer in layer_list]
     edits = [[resolve(model, Patch(s, _pos(positions)), P)] for row in grid for s in row]
     prep = prepare_patching(model, pairs, [s for row in grid for s in row], metric, source, target)
-    vals = run_variants(model, pairs.batch(target), edits, prep.values, prep.dst_cols, metric, batch_size)
+    vals = run_variants(model, pairs.batch(target), edits, prep.values, prep.dst_cols, metric, batch_size,
+                        progress=progress, desc="patching layers")
     return Sweep(vals.view(len(layer_list), len(sites)), prep.baseline, prep.reference, [str(x) for x in layer_list],
                  [grid[0][i].kind for i in range(len(sites))], col_name="site", site=",".join(sites),
                  metric=metric_name(metric), meta={"source": source, "target": target, "positions": positions})

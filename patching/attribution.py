@@ -18,7 +18,8 @@ import torch
 from interp.models import Model
 from interp.sites import Site, expand_sites
 from patching.activation import Edit, prepare_patching, run_variants, sweep_heads, sweep_positions
-from patching.metrics import Metric, call_metric, metric_name
+from patching.measures import Metric, call_metric, metric_name
+from patching.progress import progress_bar
 from patching.results import Sweep
 from patching.runs import PromptPairs, check_pairs, check_run, gather_aligned, run_with_capture
 
@@ -41,11 +42,28 @@ class Attribution:
             raise KeyError(f"no attribution for {kind!r}; computed: {list(self.sweeps)}")
         return self.sweeps[kind]
 
+    def to_frame(self) -> Any:
+        """Every kind's sweep in one long frame: ``kind``, ``layer``, then ``position`` / ``head`` / ``neuron``
+        (whichever the kind has; nullable integers, empty for the kinds without it), ``value`` (estimated
+        metric), ``delta`` and ``normalized``."""
+        import pandas as pd
+
+        parts = [sw.to_frame().assign(kind=k) for k, sw in self.sweeps.items()]
+        ints = {c for p in parts for c in p.columns if p[c].dtype.kind == "i"}
+        frame = pd.concat(parts, ignore_index=True)
+        return frame.astype({c: "Int64" for c in ints})[["kind", *[c for c in frame.columns if c != "kind"]]]
+
+    def plot(self, kind: str | None = None, title: str | None = None) -> Any:
+        """Heatmap of one kind's estimates (default the first computed: ``resid_pre`` with the default kinds)."""
+        return self[kind or next(iter(self.sweeps))].plot(title=title)
+
 
 def attribute(model: Model, pairs: PromptPairs, metric: Metric, sites: Sequence[str] = DEFAULT_KINDS,
-              layers: Sequence[int] | None = None, source: str = "clean", target: str = "corrupted") -> Attribution:
+              layers: Sequence[int] | None = None, source: str = "clean", target: str = "corrupted",
+              progress: bool = True) -> Attribution:
     """Attribution patching for the site kinds ``sites`` (``resid_pre``, ``resid_mid``, ``resid_post``,
-    ``attn_out``, ``mlp_out``, ``attn_z`` for heads, ``mlp_post`` for neurons, ``ln_final``)."""
+    ``attn_out``, ``mlp_out``, ``attn_z`` for heads, ``mlp_post`` for neurons, ``ln_final``). ``progress``: a
+    bar over the source forward, the target forward + backward and the per-site products."""
     check_run(source)
     check_run(target)
     check_pairs(pairs)
@@ -54,12 +72,23 @@ def attribute(model: Model, pairs: PromptPairs, metric: Metric, sites: Sequence[
     site_list: list[Site] = []
     for k in sites:
         site_list += expand_sites(k, model.n_layers, layers)
-    src_acts, src_logits = run_with_capture(model, pairs.batch(source), site_list)
-    tgt_acts, tgt_logits = run_with_capture(model, pairs.batch(target), site_list, grad=True)
-    value = call_metric(metric, tgt_logits)
-    tensors = [tgt_acts[s] for s in site_list]
-    grads = torch.autograd.grad(value, tensors, allow_unused=True)
+    with progress_bar(2 + len(site_list), "attribution", progress, unit="step") as bar:
+        src_acts, src_logits = run_with_capture(model, pairs.batch(source), site_list)
+        bar.update(1)
+        tgt_acts, tgt_logits = run_with_capture(model, pairs.batch(target), site_list, grad=True)
+        value = call_metric(metric, tgt_logits)
+        tensors = [tgt_acts[s] for s in site_list]
+        grads = torch.autograd.grad(value, tensors, allow_unused=True)
+        bar.update(1)
+        per_kind = _products(pairs, site_list, grads, tensors, src_acts, source, target, bar)
     baseline, reference = float(value.detach()), float(call_metric(metric, src_logits))
+    return _assemble(per_kind, pairs, baseline, reference, metric, source, target)
+
+
+def _products(pairs: PromptPairs, site_list: Sequence[Site], grads: Sequence[torch.Tensor | None],
+              tensors: Sequence[torch.Tensor], src_acts: dict[Site, torch.Tensor], source: str, target: str,
+              bar: Any) -> dict[str, list[tuple[Site, torch.Tensor]]]:
+    """``grad . (source - target)`` per site, summed over pairs: ``[P]``, ``[P, H]`` or ``[P, d_mlp]``."""
     per_kind: dict[str, list[tuple[Site, torch.Tensor]]] = {}
     for s, g, t in zip(site_list, grads, tensors, strict=True):
         diff = gather_aligned(src_acts[s].detach(), pairs.cols[source]) - gather_aligned(t.detach(), pairs.cols[target])
@@ -70,6 +99,13 @@ def attribute(model: Model, pairs: PromptPairs, metric: Metric, sites: Sequence[
         elif s.kind != "mlp_post":
             prod = prod.flatten(1).sum(-1)                             # [P]
         per_kind.setdefault(s.kind, []).append((s, prod.cpu()))
+        bar.update(1)
+    return per_kind
+
+
+def _assemble(per_kind: dict[str, list[tuple[Site, torch.Tensor]]], pairs: PromptPairs, baseline: float,
+              reference: float, metric: Metric, source: str, target: str) -> Attribution:
+    """One :class:`Sweep` per site kind from the per-site products."""
     sweeps, per_pos = {}, {}
     for kind, items in per_kind.items():
         stack = torch.stack([p for _, p in items])                     # [L, P, (H|D)]
@@ -108,7 +144,19 @@ class AttributionCheck:
         return [{"site": k, "n": int(self.exact[k].numel()), "pearson_r": self.r[k], "max_abs_err": self.max_abs_err[k]}
                 for k in self.exact]
 
+    def to_frame(self) -> Any:
+        """One row per checked cell: ``kind``, ``cell`` (its index among the kind's checked cells: the flattened
+        grid, or the checked neurons), ``exact`` and ``estimate`` (metric deltas) and ``error`` (estimate - exact)."""
+        import pandas as pd
+
+        parts = [pd.DataFrame({"kind": k, "cell": range(self.exact[k].numel()), "exact": self.exact[k].tolist(),
+                               "estimate": self.estimate[k].tolist()}) for k in self.exact]
+        frame = pd.concat(parts, ignore_index=True)
+        frame["error"] = frame["estimate"] - frame["exact"]
+        return frame
+
     def plot(self, title: str | None = None) -> Any:
+        """Attribution estimate against exact patching per cell, one trace per kind, with y = x."""
         from viz.patching import attribution_scatter
 
         return attribution_scatter(self, title=title)
@@ -120,20 +168,22 @@ class AttributionCheck:
 
 def compare_attribution(model: Model, pairs: PromptPairs, metric: Metric, sites: Sequence[str] = DEFAULT_KINDS,
                         layers: Sequence[int] | None = None, n_neurons: int = 32, source: str = "clean",
-                        target: str = "corrupted", batch_size: int = 64, seed: int = 0) -> AttributionCheck:
+                        target: str = "corrupted", batch_size: int = 64, seed: int = 0,
+                        progress: bool = True) -> AttributionCheck:
     """Run attribution and exact patching on the same cells and compare them per site kind.
 
     Whole sites: every layer x position; heads: every layer x head (all positions); neurons: the
     ``n_neurons`` with the largest estimates plus ``n_neurons`` random ones (each patched at all positions).
+    ``progress``: a bar over the site kinds (the sweeps inside run without bars of their own).
     """
     if isinstance(sites, str):
         sites = [sites]
-    att = attribute(model, pairs, metric, sites, layers, source, target)
+    att = attribute(model, pairs, metric, sites, layers, source, target, progress=False)
     exact, est = {}, {}
-    for kind, sw in att.sweeps.items():
+    for kind, sw in _kinds_bar(att.sweeps.items(), len(att.sweeps), progress):
         layer_list = None if sw.rows == ["final"] else [int(r) for r in sw.rows]
         if kind == "attn_z":
-            ex = sweep_heads(model, pairs, metric, layer_list, None, source, target, batch_size).delta
+            ex = sweep_heads(model, pairs, metric, layer_list, None, source, target, batch_size, False).delta
             exact[kind], est[kind] = ex.flatten(), sw.delta.flatten()
         elif kind == "mlp_post":
             exact[kind], est[kind] = _neuron_check(model, pairs, metric, sw, n_neurons, source, target, batch_size, seed)
@@ -143,12 +193,21 @@ def compare_attribution(model: Model, pairs: PromptPairs, metric: Metric, sites:
             vals = run_variants(model, pairs.batch(target), variants, prep.values, prep.dst_cols, metric, batch_size)
             exact[kind], est[kind] = vals - prep.baseline, sw.delta.flatten()
         else:
-            ex = sweep_positions(model, pairs, metric, kind, layer_list, source, target, batch_size).delta
+            ex = sweep_positions(model, pairs, metric, kind, layer_list, source, target, batch_size,
+                                 progress=False).delta
             exact[kind], est[kind] = ex.flatten(), sw.delta.flatten()
     r = {k: pearson(exact[k], est[k]) for k in exact}
     err = {k: float((exact[k] - est[k]).abs().max()) for k in exact}
     return AttributionCheck(exact, est, r, err, meta={"metric": metric_name(metric), "baseline": att.baseline,
                                                       "reference": att.reference})
+
+
+def _kinds_bar(items: Any, total: int, progress: bool) -> Any:
+    """Iterate ``items`` under a bar named after attribution checking (closed when the loop ends)."""
+    with progress_bar(total, "checking attribution", progress, unit="site kind") as bar:
+        for item in items:
+            yield item
+            bar.update(1)
 
 
 def _neuron_check(model: Model, pairs: PromptPairs, metric: Metric, sw: Sweep, n_neurons: int, source: str,

@@ -11,19 +11,21 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn as nn
 from jaxtyping import Float
 
 from interp.chat import Batch
+from interp.forward import batch_of, last_logits
 from interp.hooks import HookContext, hooks
 from interp.models import Model
 from interp.sites import Site, parse_site
 from patching.activation import Edit, run_variants
-from patching.metrics import Metric, call_metric, metric_name
+from patching.measures import Metric, call_metric, metric_name
 from patching.results import Sweep
-from patching.runs import Prompts, encode_prompts, inputs, last_logits, run_with_capture
+from patching.runs import Prompts, run_with_capture
 
 
 def _layers(model: Model, layers: Sequence[int] | None) -> list[int]:
@@ -71,6 +73,34 @@ class HeadOutputs:
     def total(self) -> torch.Tensor:
         return self.per_head.sum(-2) + self.bias
 
+    def norms(self) -> torch.Tensor:
+        """``[n, L, T, H]``: the L2 norm of each head's write at each position."""
+        return self.per_head.norm(dim=-1)
+
+    def to_frame(self) -> Any:
+        """One row per real token, layer and head: ``prompt``, ``layer``, ``position`` (index in the padded
+        batch), ``head``, ``norm`` (of the head's write) and ``share`` (that norm over the sum of all heads'
+        norms at that token; the direction-free share of the attention output it carries)."""
+        import pandas as pd
+
+        nrm = self.norms()
+        share = nrm / nrm.sum(-1, keepdim=True).clamp_min(1e-30)
+        n, L, T, H = nrm.shape
+        keep = self.mask[:, None, :, None].expand(n, L, T, H)
+        idx = keep.nonzero()
+        layers = torch.tensor(self.layers)[idx[:, 1]]
+        return pd.DataFrame({"prompt": idx[:, 0].tolist(), "layer": layers.tolist(), "position": idx[:, 2].tolist(),
+                             "head": idx[:, 3].tolist(), "norm": nrm[keep].tolist(), "share": share[keep].tolist()})
+
+    def plot(self, title: str | None = None) -> Any:
+        """Heatmap, layers x heads, of each head's mean write norm over the real tokens."""
+        from viz.patching import grid_heatmap
+
+        m = self.mask[:, None, :, None].to(self.per_head.dtype)
+        mean = (self.norms() * m).sum((0, 2)) / m.sum((0, 2)).clamp_min(1)
+        return grid_heatmap(mean, [str(h) for h in range(mean.shape[1])], [str(la) for la in self.layers], "head",
+                            "layer", "mean write norm", title or "what each head writes: mean norm over real tokens")
+
 
 def split_heads(model: Model, layer: int, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Head outputs ``[..., H, d]`` and the shared bias term ``[..., d]`` of ``z [..., H, dh]`` at ``layer``."""
@@ -89,11 +119,12 @@ def split_heads(model: Model, layer: int, z: torch.Tensor) -> tuple[torch.Tensor
 def head_outputs(model: Model, prompts: Prompts, layers: Sequence[int] | None = None,
                  chat: bool = True) -> HeadOutputs:
     """Capture every head's write into the residual stream at ``layers`` (all positions)."""
-    batch = encode_prompts(model, prompts, chat)
+    batch = batch_of(model, prompts, chat)
     layer_list = _layers(model, layers)
     sites = [Site("attn_z", la) for la in layer_list] + [Site("attn_out", la) for la in layer_list]
     acts, _ = run_with_capture(model, batch, sites)
-    per, bias = zip(*(split_heads(model, la, acts[Site("attn_z", la)]) for la in layer_list), strict=True)
+    with torch.no_grad():                                                # W_O is a parameter: keep no graph
+        per, bias = zip(*(split_heads(model, la, acts[Site("attn_z", la)]) for la in layer_list), strict=True)
     out = torch.stack([acts[Site("attn_out", la)].float() for la in layer_list], 1).cpu()
     return HeadOutputs(torch.stack(per, 1).cpu(), torch.stack(bias, 1).cpu(), out,
                        batch.attention_mask.bool(), layer_list)
@@ -102,7 +133,7 @@ def head_outputs(model: Model, prompts: Prompts, layers: Sequence[int] | None = 
 def head_means(model: Model, prompts: Prompts, layers: Sequence[int] | None = None,
                chat: bool = True) -> Float[torch.Tensor, "L H dh"]:
     """Mean ``z`` of every head over the real tokens of ``prompts`` (for mean ablation), ``[n_layers, H, dh]``."""
-    batch = encode_prompts(model, prompts, chat)
+    batch = batch_of(model, prompts, chat)
     layer_list = list(range(model.n_layers)) if layers is None else _layers(model, layers)
     acts, _ = run_with_capture(model, batch, [Site("attn_z", la) for la in layer_list])
     mask = batch.attention_mask.bool().to(model.device)
@@ -151,28 +182,31 @@ def ablate_heads(model: Model, heads: Iterable[tuple[int, int]], mode: str = "ze
 
 
 def ablation_sweep(model: Model, batch: Batch, metric: Metric, cells: Sequence[tuple[Site, int | None]],
-                   values: dict[Site, torch.Tensor], batch_size: int) -> torch.Tensor:
+                   values: dict[Site, torch.Tensor], batch_size: int, progress: bool = False,
+                   desc: str = "ablating") -> torch.Tensor:
     """Metric with each ``(site, component)`` replaced by ``values[site]`` (``[*shape]``) at every position."""
     n, T = batch.input_ids.shape
     allpos = torch.arange(T)
     full = {s: v.expand(n, T, *v.shape) for s, v in values.items()}
     variants = [[Edit(s, allpos, c)] for s, c in cells]
-    return run_variants(model, batch, variants, full, allpos.expand(n, T), metric, batch_size)
+    return run_variants(model, batch, variants, full, allpos.expand(n, T), metric, batch_size, progress=progress,
+                        desc=desc)
 
 
 def head_ablation_sweep(model: Model, prompts: Prompts, metric: Metric, mode: str = "zero",
                         means: torch.Tensor | None = None, layers: Sequence[int] | None = None,
-                        chat: bool = True, batch_size: int = 64) -> Sweep:
-    """Metric with each head ablated alone (zero or mean, all positions): ``[L, H]``; baseline = no ablation."""
+                        chat: bool = True, batch_size: int = 64, progress: bool = True) -> Sweep:
+    """Metric with each head ablated alone (zero or mean, all positions): ``[L, H]``; baseline = no ablation.
+    ``progress``: a bar over the forwards."""
     vals = _ablation_values(model, mode, means, "attn_z")
-    batch = encode_prompts(model, prompts, chat)
+    batch = batch_of(model, prompts, chat)
     layer_list = _layers(model, layers)
     H = model.n_heads
     values = {Site("attn_z", la): (torch.zeros(H, model.d_head) if vals is None else vals[la]) for la in layer_list}
     cells = [(Site("attn_z", la), h) for la in layer_list for h in range(H)]
-    out = ablation_sweep(model, batch, metric, cells, values, batch_size)
+    out = ablation_sweep(model, batch, metric, cells, values, batch_size, progress, f"{mode}-ablating heads")
     with torch.no_grad():
-        base = float(call_metric(metric, last_logits(model, inputs(model, batch))))
+        base = float(call_metric(metric, last_logits(model, batch)))
     return Sweep(out.view(len(layer_list), H), base, None, [str(x) for x in layer_list], [str(h) for h in range(H)],
                  col_name="head", site="attn_z", method=f"{mode}-ablation", metric=metric_name(metric))
 

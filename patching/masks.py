@@ -13,11 +13,13 @@ from typing import Any
 
 import torch
 
-from interp.hooks import HookContext, hooks
+from interp.forward import batch_of, last_logits
+from interp.hooks import HookContext
 from interp.models import Model
 from interp.sites import Site, parse_site
-from patching.metrics import Metric, call_metric, metric_name
-from patching.runs import Prompts, encode_prompts, inputs, last_logits
+from patching.measures import Metric, call_metric, metric_name
+from patching.progress import progress_bar
+from patching.runs import Prompts
 
 
 @dataclass
@@ -45,7 +47,24 @@ class MaskResult:
     def selected(self, threshold: float = 0.5) -> list[tuple[int, int]]:
         return [(la, c) for la, c, s in self.ranking() if s > threshold]
 
+    def to_frame(self, threshold: float = 0.5) -> Any:
+        """One row per component: ``layer``, ``head`` (or ``neuron``), ``score``, ``rank`` (0 = highest) and
+        ``selected`` (score above ``threshold``); the per-step history is :meth:`history_frame`."""
+        import pandas as pd
+
+        unit = "head" if self.over == "heads" else "neuron"
+        rows = [{"layer": la, unit: c, "score": s, "rank": r, "selected": s > threshold}
+                for r, (la, c, s) in enumerate(self.ranking())]
+        return pd.DataFrame(rows).sort_values(["layer", unit], ignore_index=True)
+
+    def history_frame(self) -> Any:
+        """One row per optimisation step: ``step``, ``metric``, ``loss``, ``n_active``."""
+        import pandas as pd
+
+        return pd.DataFrame(self.history, columns=["step", "metric", "loss", "n_active"])
+
     def plot(self, k: int = 20, title: str | None = None) -> Any:
+        """Bars of the ``k`` highest mask scores (ablation strength in [0, 1])."""
         from viz.patching import mask_ranking
 
         return mask_ranking(self, k=k, title=title)
@@ -54,32 +73,18 @@ class MaskResult:
 def learn_mask(model: Model, prompts: Prompts, metric: Metric, over: str = "heads", objective: str = "decrease",
                layers: Sequence[int] | None = None, ablate: str = "zero", means: torch.Tensor | None = None,
                sparsity: float = 0.01, steps: int = 200, lr: float = 0.1, init: float = 0.0, chat: bool = True,
-               seed: int = 0) -> MaskResult:
+               seed: int = 0, progress: bool = True) -> MaskResult:
     """Train a mask over ``heads`` (site ``attn_z``) or ``neurons`` (``mlp_post``) that ``decrease``s or
-    ``increase``s ``metric``; ``means`` (``[n_layers, H, dh]`` / ``[n_layers, D]``) for ``ablate='mean'``."""
-    if over not in ("heads", "neurons"):
-        raise ValueError(f"over must be 'heads' or 'neurons', got {over!r}")
-    if objective not in ("decrease", "increase"):
-        raise ValueError(f"objective must be 'decrease' or 'increase', got {objective!r}")
-    if ablate not in ("zero", "mean"):
-        raise ValueError(f"ablate must be 'zero' or 'mean', got {ablate!r}")
-    if ablate == "mean" and means is None:
-        raise ValueError("ablate='mean' needs means= (head_means(...) or neuron_means(...))")
-    if steps < 1 or sparsity < 0:
-        raise ValueError("steps must be >= 1 and sparsity >= 0")
+    ``increase``s ``metric``; ``means`` (``[n_layers, H, dh]`` / ``[n_layers, D]``) for ``ablate='mean'``.
+    ``progress``: a bar over the optimisation steps showing the metric and the active count."""
+    _check_args(model, over, objective, ablate, means, steps, sparsity)
     kind = "attn_z" if over == "heads" else "mlp_post"
-    if over == "neurons" and model.spec.mlp_proj is None:
-        raise ValueError(f"{model.spec.family} has mixture-of-experts MLPs; learn a mask over heads instead")
     layer_list = list(range(model.n_layers)) if layers is None else \
         [parse_site(Site(kind, int(x)), model.n_layers).layer for x in layers]
     C = model.n_heads if over == "heads" else int(model.d_mlp)
-    batch = encode_prompts(model, prompts, chat)
-    feed = inputs(model, batch)
-    dev = model.device
+    batch = batch_of(model, prompts, chat)
     torch.manual_seed(seed)
-    theta = torch.full((len(layer_list), C), float(init), device=dev, requires_grad=True)
-    opt = torch.optim.Adam([theta], lr=lr)
-    sign = 1.0 if objective == "decrease" else -1.0
+    theta = torch.full((len(layer_list), C), float(init), device=model.device, requires_grad=True)
 
     def make(i: int, layer: int, gate: torch.Tensor):
         def fn(x: torch.Tensor, ctx: HookContext) -> torch.Tensor:
@@ -90,34 +95,58 @@ def learn_mask(model: Model, prompts: Prompts, metric: Metric, over: str = "head
         return fn
 
     def run(gate: torch.Tensor) -> torch.Tensor:
-        with hooks(model, [(Site(kind, la), make(i, la, gate)) for i, la in enumerate(layer_list)]):
-            return call_metric(metric, last_logits(model, feed))
+        fns = [(Site(kind, la), make(i, la, gate)) for i, la in enumerate(layer_list)]
+        return call_metric(metric, last_logits(model, batch, fns, grad=gate.requires_grad))
 
     flags = [p.requires_grad for p in model.hf.parameters()]
-    history: list[dict[str, float]] = []
     try:
         for p in model.hf.parameters():
             p.requires_grad_(False)
-        with torch.no_grad():
-            baseline = float(run(torch.zeros_like(theta)))
-        with torch.enable_grad():
-            for step in range(steps):
-                gate = torch.sigmoid(theta)
-                value = run(gate)
-                loss = sign * value + sparsity * gate.sum()
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-                history.append({"step": step, "metric": value.item(), "loss": loss.item(),
-                                "n_active": int((gate > 0.5).sum())})
+        baseline = float(run(torch.zeros_like(theta).detach()))
+        history = _train(theta, run, 1.0 if objective == "decrease" else -1.0, sparsity, steps, lr, progress)
         scores = torch.sigmoid(theta.detach()).cpu()
-        with torch.no_grad():
-            selected = float(run((scores > 0.5).float().to(dev)))
+        selected = float(run((scores > 0.5).float().to(model.device)))
     finally:
         for p, f in zip(model.hf.parameters(), flags, strict=True):
             p.requires_grad_(f)
     return MaskResult(scores, over, layer_list, history, baseline, selected, objective, metric_name(metric),
                       meta={"ablate": ablate, "sparsity": sparsity, "steps": steps, "lr": lr})
+
+
+def _check_args(model: Model, over: str, objective: str, ablate: str, means: torch.Tensor | None, steps: int,
+                sparsity: float) -> None:
+    if over not in ("heads", "neurons"):
+        raise ValueError(f"over must be 'heads' or 'neurons', got {over!r}")
+    if objective not in ("decrease", "increase"):
+        raise ValueError(f"objective must be 'decrease' or 'increase', got {objective!r}")
+    if ablate not in ("zero", "mean"):
+        raise ValueError(f"ablate must be 'zero' or 'mean', got {ablate!r}")
+    if ablate == "mean" and means is None:
+        raise ValueError("ablate='mean' needs means= (head_means(...) or neuron_means(...))")
+    if steps < 1 or sparsity < 0:
+        raise ValueError("steps must be >= 1 and sparsity >= 0")
+    if over == "neurons" and model.spec.mlp_proj is None:
+        raise ValueError(f"{model.spec.family} has mixture-of-experts MLPs; learn a mask over heads instead")
+
+
+def _train(theta: torch.Tensor, run: Any, sign: float, sparsity: float, steps: int, lr: float,
+           progress: bool = False) -> list[dict[str, float]]:
+    """Adam on ``theta`` for ``sign * metric + sparsity * sum(sigmoid(theta))``; the per-step history."""
+    opt = torch.optim.Adam([theta], lr=lr)
+    history: list[dict[str, float]] = []
+    with torch.enable_grad(), progress_bar(steps, "learning mask", progress, unit="step") as bar:
+        for step in range(steps):
+            gate = torch.sigmoid(theta)
+            value = run(gate)
+            loss = sign * value + sparsity * gate.sum()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            history.append({"step": step, "metric": value.item(), "loss": loss.item(),
+                            "n_active": int((gate > 0.5).sum())})
+            bar.set_postfix(metric=f"{history[-1]['metric']:.4g}", active=history[-1]["n_active"], refresh=False)
+            bar.update(1)
+    return history
 
 
 __all__ = ["MaskResult", "learn_mask"]

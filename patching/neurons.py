@@ -12,12 +12,13 @@ from typing import Any
 import torch
 from jaxtyping import Float
 
+from interp.forward import batch_of, last_logits
 from interp.hooks import HookContext, hooks
 from interp.models import Model
 from interp.sites import Site, parse_site
 from patching.heads import _ablation_values, ablation_sweep
-from patching.metrics import Metric, call_metric, metric_name
-from patching.runs import Prompts, encode_prompts, inputs, last_logits, run_with_capture
+from patching.measures import Metric, call_metric, metric_name
+from patching.runs import Prompts, run_with_capture
 
 Neuron = tuple[int, int]
 
@@ -56,7 +57,7 @@ def neuron_acts(model: Model, prompts: Prompts, layers: Sequence[int] | None = N
     _check_dense(model)
     if positions not in ("last", "all"):
         raise ValueError(f"positions must be 'last' or 'all', got {positions!r}")
-    batch = encode_prompts(model, prompts, chat)
+    batch = batch_of(model, prompts, chat)
     layer_list = _layers(model, layers)
     sites = [Site("mlp_post", la) for la in layer_list]
     rows = []
@@ -105,7 +106,19 @@ class NeuronContrast:
     def select(self, k: int = 20, by: str = "effect", sign: str = "abs") -> set[Neuron]:
         return {(la, i) for la, i, _ in self.top(k, by, sign)}
 
+    def to_frame(self) -> Any:
+        """One row per neuron: ``layer``, ``neuron``, ``mean_a``, ``mean_b``, ``std_a``, ``std_b``, ``diff``
+        and ``effect``."""
+        import pandas as pd
+
+        L, D = self.mean_a.shape
+        cols = {k: getattr(self, k).flatten().tolist() for k in ("mean_a", "mean_b", "std_a", "std_b", "diff",
+                                                                 "effect")}
+        return pd.DataFrame({"layer": [la for la in self.layers for _ in range(D)], "neuron": list(range(D)) * L,
+                             **cols})
+
     def plot(self, by: str = "effect", title: str | None = None) -> Any:
+        """Heatmap, layers x neurons, of the effect size (or the mean difference with ``by='diff'``)."""
         from viz.patching import neuron_contrast_heatmap
 
         return neuron_contrast_heatmap(self, by=by, title=title)
@@ -159,31 +172,79 @@ class NeuronEffect:
     baseline: float
     mode: str
     metric: str = ""
+    control_neurons: list[Neuron] = field(default_factory=list)
+    control_values: torch.Tensor | None = None
 
     @property
     def delta(self) -> torch.Tensor:
         return self.values - self.baseline
 
+    @property
+    def control_delta(self) -> torch.Tensor | None:
+        """Change of the metric when each random control neuron is ablated alone (``None``: no control)."""
+        return None if self.control_values is None else self.control_values - self.baseline
+
     def top(self, k: int = 10) -> list[tuple[int, int, float]]:
         d = self.delta
         return [(*self.neurons[i], float(d[i])) for i in d.abs().argsort(descending=True)[:k].tolist()]
 
+    def to_frame(self) -> Any:
+        """One row per ablated neuron: ``layer``, ``neuron``, ``value`` (metric), ``delta`` and ``control``
+        (true for the random control neurons); the joint ablation and the baseline are in ``frame.attrs``."""
+        import pandas as pd
+
+        ns = self.neurons + self.control_neurons
+        vals = self.values.tolist() + ([] if self.control_values is None else self.control_values.tolist())
+        frame = pd.DataFrame({"layer": [la for la, _ in ns], "neuron": [i for _, i in ns], "value": vals,
+                              "delta": [v - self.baseline for v in vals],
+                              "control": [False] * len(self.neurons) + [True] * len(self.control_neurons)})
+        frame.attrs.update(joint=self.joint, baseline=self.baseline, mode=self.mode, metric=self.metric)
+        return frame
+
+    def plot(self, title: str | None = None) -> Any:
+        """Change of the metric per neuron ablated alone, the random control neurons beside them, and a line
+        at the change with all of them ablated together."""
+        from viz.patching import effect_bars
+
+        cd = self.control_delta
+        return effect_bars([f"L{la}.N{i}" for la, i in self.neurons], self.delta.tolist(),
+                           None if cd is None else cd.tolist(), self.joint - self.baseline,
+                           self.metric or "metric", title=title or f"{self.mode}-ablating neurons")
+
 
 def neuron_ablation_effect(model: Model, prompts: Prompts, metric: Metric, neurons: Iterable[Neuron],
                            mode: str = "zero", means: torch.Tensor | None = None, chat: bool = True,
-                           batch_size: int = 64) -> NeuronEffect:
-    """Ablate each neuron alone (batched variants) and all of them together; measure ``metric``."""
+                           batch_size: int = 64, progress: bool = True, n_control: int = 0,
+                           seed: int = 0) -> NeuronEffect:
+    """Ablate each neuron alone (batched variants) and all of them together; measure ``metric``.
+    ``n_control``: also ablate that many random other neurons of the same layers, one at a time, as the control
+    a chosen neuron's effect should beat; ``progress``: a bar over the forwards."""
     vals = _ablation_values(model, mode, means, "mlp_post")
     nlist = _neurons(model, neurons)
-    batch = encode_prompts(model, prompts, chat)
+    batch = batch_of(model, prompts, chat)
     D = _check_dense(model)
+    controls = _random_neurons(nlist, D, n_control, seed)
     values = {Site("mlp_post", la): (torch.zeros(D) if vals is None else vals[la]) for la in {la for la, _ in nlist}}
-    out = ablation_sweep(model, batch, metric, [(Site("mlp_post", la), i) for la, i in nlist], values, batch_size)
+    out = ablation_sweep(model, batch, metric, [(Site("mlp_post", la), i) for la, i in nlist + controls], values,
+                         batch_size, progress, f"{mode}-ablating neurons")
     with torch.no_grad():
-        base = float(call_metric(metric, last_logits(model, inputs(model, batch))))
+        base = float(call_metric(metric, last_logits(model, batch)))
         with ablate_neurons(model, nlist, mode, means):
-            joint = float(call_metric(metric, last_logits(model, inputs(model, batch))))
-    return NeuronEffect(nlist, out, joint, base, mode, metric_name(metric))
+            joint = float(call_metric(metric, last_logits(model, batch)))
+    return NeuronEffect(nlist, out[:len(nlist)], joint, base, mode, metric_name(metric), controls,
+                        out[len(nlist):] if controls else None)
+
+
+def _random_neurons(chosen: list[Neuron], d_mlp: int, n: int, seed: int) -> list[Neuron]:
+    """``n`` distinct neurons drawn (seeded) from the chosen neurons' layers, none of them chosen."""
+    if n < 0:
+        raise ValueError(f"n_control must be >= 0, got {n}")
+    taken = set(chosen)
+    pool = [(la, i) for la in sorted({la for la, _ in chosen}) for i in range(d_mlp) if (la, i) not in taken]
+    if n > len(pool):
+        raise ValueError(f"n_control={n} but the chosen layers have only {len(pool)} other neurons; ask for fewer")
+    g = torch.Generator().manual_seed(seed)
+    return [pool[i] for i in torch.randperm(len(pool), generator=g)[:n].tolist()]
 
 
 @dataclass
@@ -198,7 +259,17 @@ class NeuronOverlap:
     common: set[Neuron]
     unique: dict[str, set[Neuron]]
 
+    def to_frame(self) -> Any:
+        """One row per (condition, neuron) in the sets: ``condition``, ``layer``, ``neuron``, ``common`` (in
+        every set) and ``unique`` (in this condition's set only), sorted by condition, layer, neuron."""
+        import pandas as pd
+
+        rows = [{"condition": k, "layer": la, "neuron": i, "common": (la, i) in self.common,
+                 "unique": (la, i) in self.unique[k]} for k in self.names for la, i in sorted(self.sets[k])]
+        return pd.DataFrame(rows, columns=["condition", "layer", "neuron", "common", "unique"])
+
     def plot(self, title: str | None = None) -> Any:
+        """Jaccard overlap of the sets, annotated with intersection sizes."""
         from viz.patching import overlap_heatmap
 
         return overlap_heatmap(self, title=title)

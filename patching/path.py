@@ -11,8 +11,7 @@ output is a linear split, not what patching its ``z`` alone would give).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,19 +19,19 @@ import torch
 import torch.nn as nn
 
 from interp.arch import has_module
-from interp.hooks import _input_of, _with_input
+from interp.forward import last_logits
+from interp.hooks import _input_of, _with_input, module_hooks
 from interp.models import Model
 from interp.sites import Site
 from patching.heads import split_heads
-from patching.metrics import Metric, call_metric, metric_name
+from patching.measures import Metric, call_metric, metric_name
+from patching.progress import progress_bar
 from patching.results import Sweep
 from patching.runs import (
     PromptPairs,
     check_pairs,
     check_run,
     gather_aligned,
-    inputs,
-    last_logits,
     run_with_capture,
 )
 
@@ -147,19 +146,6 @@ def _linear_cols(mod: nn.Module, x: torch.Tensor, cols: torch.Tensor, conv1d: bo
     return out if b is None else out + b[c]
 
 
-@contextmanager
-def _module_hooks(pairs: list[tuple[nn.Module, str, Any]]) -> Iterator[None]:
-    handles = []
-    try:
-        for mod, kind, fn in pairs:
-            handles.append(mod.register_forward_pre_hook(fn, with_kwargs=True) if kind == "pre"
-                           else mod.register_forward_hook(fn))
-        yield
-    finally:
-        for h in handles:
-            h.remove()
-
-
 def receiver_hooks(model: Model, receivers: Sequence[Component], delta: dict[str, torch.Tensor]) -> list:
     """Hooks adding ``delta['d'] [B, T, d]`` into each receiver's input (and nowhere else)."""
     out: list = []
@@ -230,7 +216,8 @@ def _sender_outputs(model: Model, pairs: PromptPairs, senders: Sequence[Componen
 
 
 def _run(model: Model, pairs: PromptPairs, variants: Sequence[Sequence[Component]], receivers: Sequence[Component],
-         diffs: dict[Component, torch.Tensor], target: str, metric: Metric, batch_size: int) -> torch.Tensor:
+         diffs: dict[Component, torch.Tensor], target: str, metric: Metric, batch_size: int,
+         progress: bool = False) -> torch.Tensor:
     batch = pairs.batch(target)
     n, T = batch.input_ids.shape
     cols = pairs.cols[target]
@@ -238,7 +225,8 @@ def _run(model: Model, pairs: PromptPairs, variants: Sequence[Sequence[Component
     values = torch.empty(len(variants))
     delta: dict[str, torch.Tensor] = {}
     dev = model.device
-    with torch.no_grad(), _module_hooks(receiver_hooks(model, receivers, delta)):
+    with torch.no_grad(), module_hooks(receiver_hooks(model, receivers, delta)), \
+            progress_bar(-(-len(variants) // k), "path patching", progress) as bar:
         for start in range(0, len(variants), k):
             chunk = variants[start:start + k]
             d = torch.zeros(len(chunk) * n, T, model.d_model)
@@ -246,9 +234,10 @@ def _run(model: Model, pairs: PromptPairs, variants: Sequence[Sequence[Component
                 rows = torch.arange(j * n, (j + 1) * n)[:, None]
                 d[rows, cols] = sum(diffs[s] for s in senders)
             delta["d"] = d.to(dev)
-            logits = last_logits(model, inputs(model, batch, repeat=len(chunk)))
+            logits = last_logits(model, batch, repeat=len(chunk))
             for j in range(len(chunk)):
                 values[start + j] = call_metric(metric, logits[j * n:(j + 1) * n]).cpu()
+            bar.update(1)
     return values
 
 
@@ -279,9 +268,9 @@ def path_patch(model: Model, pairs: PromptPairs, metric: Metric, senders: str | 
 
 def path_patch_sweep(model: Model, pairs: PromptPairs, metric: Metric, receivers: Any = "logits",
                      senders: str = "heads", layers: Sequence[int] | None = None, source: str = "clean",
-                     target: str = "corrupted", batch_size: int = 64) -> Sweep:
+                     target: str = "corrupted", batch_size: int = 64, progress: bool = True) -> Sweep:
     """Each sender alone into ``receivers``: ``senders='heads'`` gives ``[L, H]``, ``'blocks'`` ``[L, 2]``
-    (attention, MLP). Layers default to those upstream of every receiver."""
+    (attention, MLP). Layers default to those upstream of every receiver; ``progress``: a bar over the forwards."""
     if senders not in ("heads", "blocks"):
         raise ValueError(f"senders must be 'heads' or 'blocks', got {senders!r}")
     _, recv = _prepare(model, pairs, [], receivers, source, target)
@@ -300,7 +289,8 @@ def path_patch_sweep(model: Model, pairs: PromptPairs, metric: Metric, receivers
     grid = [[make(la, c) for c in cols] for la in layer_list]
     flat = [c for row in grid for c in row if ok(c)]          # an MLP sender may sit after a same-layer receiver
     diffs, src_logits, tgt_logits = _sender_outputs(model, pairs, flat, source, target)
-    got = dict(zip(flat, _run(model, pairs, [[c] for c in flat], recv, diffs, target, metric, batch_size).tolist(), strict=True))
+    got = dict(zip(flat, _run(model, pairs, [[c] for c in flat], recv, diffs, target, metric, batch_size,
+                                  progress).tolist(), strict=True))
     vals = torch.tensor([[got.get(c, float("nan")) for c in row] for row in grid])
     return Sweep(vals, float(call_metric(metric, tgt_logits)), float(call_metric(metric, src_logits)),
                  [str(la) for la in layer_list], cols, col_name="head" if senders == "heads" else "block",

@@ -70,12 +70,26 @@ class Sweep:
         arr = self.values.detach().cpu().numpy()
         return arr if dtype is None else arr.astype(dtype)
 
-    def to_frame(self, normalized: bool = False) -> Any:
-        """A pandas DataFrame (rows x cols) of the values, or of the normalised effects."""
+    def to_frame(self, wide: bool = False, normalized: bool = False) -> Any:
+        """One row per cell: ``{row_name}`` and ``{col_name}`` (e.g. ``layer``, ``position``; integers, so layer
+        10 sorts after layer 2), ``value``, ``delta`` and, with a reference, ``normalized``. Labels that are not
+        integers (token labels, site kinds) go to ``{name}_label`` beside an integer index. ``wide=True``: the
+        grid itself (rows x cols) of the values, or of the normalised effects with ``normalized=True``."""
         import pandas as pd
 
-        z = self.normalized() if normalized else self.values
-        return pd.DataFrame(z.tolist(), index=self.rows, columns=self.cols)
+        if wide:
+            z = self.normalized() if normalized else self.values
+            return pd.DataFrame(z.tolist(), index=self.rows, columns=self.cols)
+        R, C = len(self.rows), len(self.cols)
+        frame = pd.DataFrame({**axis_columns(self.row_name, [r for r in self.rows for _ in range(C)],
+                                             [i for i in range(R) for _ in range(C)]),
+                              **axis_columns(self.col_name, self.cols * R, list(range(C)) * R)})
+        frame["value"] = self.values.flatten().tolist()
+        frame["delta"] = self.delta.flatten().tolist()
+        has_gap = self.reference is not None and abs(self.reference - self.baseline) > 1e-12
+        if has_gap:
+            frame["normalized"] = self.normalized().flatten().tolist()
+        return frame
 
     def plot(self, normalized: bool | None = None, title: str | None = None) -> Any:
         """Heatmap (plotly); normalised when a reference metric exists unless ``normalized=False``."""
@@ -88,4 +102,19 @@ class Sweep:
                 f"baseline={self.baseline:.4g}, reference={self.reference if self.reference is None else round(self.reference, 4)})")
 
 
-__all__ = ["Sweep"]
+_NUMERIC_AXES = ("layer", "position", "head", "neuron", "latent", "step")
+
+
+def axis_columns(name: str, labels: list[str], index: list[int]) -> dict[str, list[Any]]:
+    """Columns for one axis of a grid: ``{name: ints}`` when every label is an integer; otherwise, for a
+    numeric axis (layer, position, head, neuron) ``{name: index, name_label: labels}`` so ``name`` still sorts
+    numerically, and for a categorical one (site, block) ``{name: labels, name_index: index}``."""
+    try:
+        return {name: [int(x) for x in labels]}
+    except ValueError:
+        if name in _NUMERIC_AXES:
+            return {name: index, f"{name}_label": list(labels)}
+        return {name: list(labels), f"{name}_index": index}
+
+
+__all__ = ["Sweep", "axis_columns"]

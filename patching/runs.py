@@ -1,4 +1,4 @@
-"""Prompt sets as left-padded batches, paired runs with an explicit position alignment, and plain forwards.
+"""Prompt sets as left-padded batches, paired runs with an explicit position alignment, and capturing forwards.
 
 A :class:`PromptPairs` holds a clean and a corrupted batch (one row per pair) and an alignment: ``P`` aligned
 positions, with the padded column of each aligned position in each run (``cols[run]`` is ``[n_pairs, P]``).
@@ -7,63 +7,35 @@ Patching moves activations between the two runs along this alignment only.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from contextlib import nullcontext
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from jaxtyping import Float, Int
+from jaxtyping import Int
 
-from interp.chat import Batch, Encoded, collate
-from interp.hooks import HookContext, hooks
+from interp.chat import Batch
+from interp.forward import Inputs, batch_of, last_logits
+from interp.hooks import HookContext, module_hooks
 from interp.models import Model
+from interp.positions import columns
 from interp.sites import Site
 
 RUNS = ("clean", "corrupted")
-Prompts = Sequence[str] | Sequence[Sequence[int]] | Batch
-
-
-def encode_prompts(model: Model, prompts: Prompts, chat: bool = True) -> Batch:
-    """Strings (chat-formatted unless ``chat=False``) or lists of token ids -> one left-padded :class:`Batch`."""
-    if isinstance(prompts, Batch):
-        return prompts
-    if isinstance(prompts, str):
-        raise TypeError("prompts must be a list of strings (or of token-id lists), not one string; wrap it in a list")
-    prompts = list(prompts)
-    if not prompts:
-        raise ValueError("the prompt list is empty; give at least one prompt")
-    pad = 0
-    if model.tokenizer is not None and model.tokenizer.pad_token_id is not None:
-        pad = int(model.tokenizer.pad_token_id)
-    if all(isinstance(p, str) for p in prompts):
-        from interp.forward import prepare
-
-        _, encs = prepare(model, prompts, chat=chat)
-    elif all(isinstance(p, (list, tuple, torch.Tensor)) for p in prompts):
-        encs = []
-        for i, p in enumerate(prompts):
-            ids = [int(t) for t in (p.tolist() if isinstance(p, torch.Tensor) else p)]
-            if not ids:
-                raise ValueError(f"prompt {i} has no tokens")
-            encs.append(Encoded(ids, len(ids), len(ids)))
-    else:
-        raise TypeError("prompts must all be strings or all be token-id lists")
-    return collate(encs, pad, max_length=model.max_length)
+Prompts = Inputs | Batch
 
 
 def lengths(batch: Batch) -> torch.Tensor:
     return batch.attention_mask.sum(1).long()
 
 
-def column(batch: Batch, row: int, pos: int, what: str) -> int:
-    """Padded column of prompt position ``pos`` (>= 0 from the first real token, < 0 from the end)."""
-    n = int(batch.attention_mask[row].sum())
+def aligned_columns(batch: Batch, positions: Int[torch.Tensor, "n P"], what: str) -> Int[torch.Tensor, "n P"]:
+    """Padded columns of per-row prompt positions (the core rule, :func:`interp.positions.columns`)."""
     T = batch.input_ids.shape[1]
-    if not -n <= pos < n:
-        raise ValueError(f"position {pos} is out of range for {what}, which has {n} tokens (valid {-n}..{n - 1}); "
-                         f"fix the alignment")
-    return T - n + pos if pos >= 0 else T + pos
+    try:
+        return columns(positions, T - lengths(batch), torch.full_like(lengths(batch), T), what)
+    except ValueError as e:
+        raise ValueError(f"{e}; fix the alignment") from None
 
 
 @dataclass
@@ -108,7 +80,7 @@ def make_pairs(model: Model, clean: Prompts, corrupted: Prompts, align: Any = "e
     ``"start"``, a list of ``(clean_pos, corrupted_pos)`` shared by all pairs, or one such list per pair.
     Positions count from the first real token (>= 0) or from the end (< 0).
     """
-    cb, rb = encode_prompts(model, clean, chat), encode_prompts(model, corrupted, chat)
+    cb, rb = batch_of(model, clean, chat), batch_of(model, corrupted, chat)
     n = cb.input_ids.shape[0]
     if rb.input_ids.shape[0] != n:
         raise ValueError(f"{n} clean prompts but {rb.input_ids.shape[0]} corrupted prompts; they must be paired 1:1")
@@ -126,8 +98,8 @@ def make_pairs(model: Model, clean: Prompts, corrupted: Prompts, align: Any = "e
     else:
         per_pair = _explicit(align, n)
         labels = [f"{c}/{r}" if c != r else f"{c}" for c, r in per_pair[0]]
-    cc = torch.tensor([[column(cb, i, c, f"clean prompt {i}") for c, _ in pp] for i, pp in enumerate(per_pair)])
-    rc = torch.tensor([[column(rb, i, r, f"corrupted prompt {i}") for _, r in pp] for i, pp in enumerate(per_pair)])
+    pos = torch.tensor(per_pair, dtype=torch.long)  # [n, P, 2]: (clean, corrupted) positions
+    cc, rc = aligned_columns(cb, pos[..., 0], "clean prompt"), aligned_columns(rb, pos[..., 1], "corrupted prompt")
     tok = model.tokenizer
     if tok is not None:
         labels = [f"{lab} {tok.decode([int(cb.input_ids[0, c])])!r}"[:24] for lab, c in zip(labels, cc[0].tolist(), strict=True)]
@@ -153,18 +125,6 @@ def _is_pair(x: Any) -> bool:
     return isinstance(x, (tuple, list)) and len(x) == 2 and all(isinstance(v, int) for v in x)
 
 
-def inputs(model: Model, batch: Batch, repeat: int = 1) -> dict[str, torch.Tensor]:
-    """Model inputs on the model's device, the batch stacked ``repeat`` times along the batch dimension."""
-    dev = model.device
-    return {k: v.to(dev).repeat(repeat, 1) for k, v in batch.model_inputs.items()}
-
-
-def last_logits(model: Model, model_inputs: Mapping[str, torch.Tensor]) -> Float[torch.Tensor, "b vocab"]:
-    """Logits at the last (real, since padding is on the left) position, in float32."""
-    out = model.hf(**model_inputs, use_cache=False, logits_to_keep=1)
-    return out.logits[:, -1].float()
-
-
 def run_with_capture(model: Model, batch: Batch, sites: Sequence[Site], grad: bool = False
                      ) -> tuple[dict[Site, torch.Tensor], torch.Tensor]:
     """One forward keeping the full activations ``[n, T, ...]`` of ``sites`` and the last-position logits.
@@ -180,27 +140,14 @@ def run_with_capture(model: Model, batch: Batch, sites: Sequence[Site], grad: bo
             return x if grad else None  # returning x keeps the very tensor used downstream in the graph
         return fn
 
-    cm = _grad_entry(model) if grad else nullcontext()
-    with torch.set_grad_enabled(grad), cm, hooks(model, [(s, make(s)) for s in sites]):
-        logits = last_logits(model, inputs(model, batch))
+    def grad_entry(mod: Any, args: Any, out: torch.Tensor) -> torch.Tensor:
+        return out if out.requires_grad else out.detach().requires_grad_(True)
+
+    entry = [(model.module(model.spec.embed), "post", grad_entry)] if grad else []
+    # no_grad rather than inference mode without grad: callers compute with these activations under autograd
+    with torch.set_grad_enabled(grad), module_hooks(entry):
+        logits = last_logits(model, batch, [(s, make(s)) for s in sites], grad=True)
     return got, logits
-
-
-class _grad_entry:
-    """Make the token embedding's output require grad, so activations get gradients with frozen weights."""
-
-    def __init__(self, model: Model) -> None:
-        self.module = model.module(model.spec.embed)
-        self.handle: Any = None
-
-    def __enter__(self) -> _grad_entry:
-        def hook(mod: Any, args: Any, out: torch.Tensor) -> torch.Tensor:
-            return out if out.requires_grad else out.detach().requires_grad_(True)
-        self.handle = self.module.register_forward_hook(hook)
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.handle.remove()
 
 
 def gather_aligned(x: torch.Tensor, cols: Int[torch.Tensor, "n P"]) -> torch.Tensor:
@@ -209,5 +156,5 @@ def gather_aligned(x: torch.Tensor, cols: Int[torch.Tensor, "n P"]) -> torch.Ten
     return x[rows, cols.to(x.device)]
 
 
-__all__ = ["PromptPairs", "make_pairs", "encode_prompts", "inputs", "last_logits", "run_with_capture",
-           "gather_aligned", "check_pairs", "check_run", "column", "lengths", "RUNS", "Prompts"]
+__all__ = ["PromptPairs", "make_pairs", "run_with_capture", "gather_aligned", "check_pairs", "check_run",
+           "aligned_columns", "lengths", "RUNS", "Prompts"]

@@ -15,6 +15,7 @@ import torch
 import torch.nn as nn
 
 from interp.models import Model
+from patching.progress import progress_bar
 
 BLOCK_PARTS = ("attn", "mlp", "norms", "block")
 GLOBAL_PARTS = ("embed", "final_norm", "unembed")
@@ -138,7 +139,24 @@ class TransplantSearch:
     def best(self) -> float:
         return max([self.baseline] + [t["score"] for t in self.trajectory])
 
+    def to_frame(self) -> Any:
+        """One row per greedy step: ``step``, ``part``, ``first_layer`` / ``last_layer`` (nullable ints; none
+        for global parts), ``layers`` (as text), ``score``, ``gain`` and ``tried`` (candidates scored)."""
+        import pandas as pd
+
+        rows = [{"step": t["step"], "part": t["part"], "first_layer": min(t["layers"]) if t["layers"] else None,
+                 "last_layer": max(t["layers"]) if t["layers"] else None,
+                 "layers": ",".join(map(str, t["layers"])), "score": t["score"], "gain": t["gain"],
+                 "tried": len(t["tried"])} for t in self.trajectory]
+        frame = pd.DataFrame(rows, columns=["step", "part", "first_layer", "last_layer", "layers", "score", "gain",
+                                            "tried"])
+        for c in ("first_layer", "last_layer"):
+            frame[c] = frame[c].astype("Int64")
+        frame.attrs.update(baseline=self.baseline, source_score=self.source_score)
+        return frame
+
     def plot(self, title: str | None = None) -> Any:
+        """Score after each added block, with the target's and the source's scores as lines."""
         from viz.patching import transplant_trajectory
 
         return transplant_trajectory(self, title=title)
@@ -147,11 +165,12 @@ class TransplantSearch:
 def greedy_transplant(target: Model, source: Model, score: Callable[[Model], float],
                       blocks: Sequence[Sequence[int]] | None = None, block_size: int = 1,
                       parts: Sequence[str] = ("attn", "mlp"), max_steps: int | None = None, min_gain: float = 0.0,
-                      score_source: bool = True) -> TransplantSearch:
+                      score_source: bool = True, progress: bool = True) -> TransplantSearch:
     """Greedily add the (layer block, part) whose transplant raises ``score(target)`` most, until no candidate
     gains more than ``min_gain`` or ``max_steps`` are taken. ``blocks`` default: consecutive groups of
     ``block_size`` layers; global parts (``embed``, ``final_norm``, ``unembed``) are single candidates. The
-    target is restored afterwards."""
+    target is restored afterwards. ``progress``: a bar over the score evaluations (its total is the most the
+    search could need; it stops early when no candidate gains)."""
     check_compatible(target, source)
     if isinstance(parts, str):
         parts = [parts]
@@ -173,14 +192,32 @@ def greedy_transplant(target: Model, source: Model, score: Callable[[Model], flo
             raise ValueError(f"score must return one number for the model, got {type(value).__name__}")
         return float(value)
 
-    baseline = evaluate([])
+    steps = len(cands) if max_steps is None else max_steps
+    bar = progress_bar(1 + sum(len(cands) - i for i in range(min(steps, len(cands)))) + int(score_source),
+                       "transplant search", progress, unit="eval")
+    try:
+        return _search(target, source, score, cands, steps, min_gain, score_source, evaluate, bar,
+                       meta={"parts": list(parts), "blocks": [list(b) for b in blocks]})
+    finally:
+        bar.close()
+
+
+def _search(target: Model, source: Model, score: Callable[[Model], float], cands: list, steps: int,
+            min_gain: float, score_source: bool, evaluate: Callable[[list], float], bar: Any,
+            meta: dict[str, Any]) -> TransplantSearch:
+    """The greedy loop of :func:`greedy_transplant`, ticking ``bar`` once per evaluation."""
+    def tick(chosen: list) -> float:
+        value = evaluate(chosen)
+        bar.update(1)
+        return value
+
+    baseline = tick([])
     current, chosen, traj, n_eval = baseline, [], [], 1
     remaining = list(cands)
-    steps = len(cands) if max_steps is None else max_steps
     for step in range(steps):
         if not remaining:
             break
-        scored = [(evaluate(chosen + [c]), c) for c in remaining]
+        scored = [(tick(chosen + [c]), c) for c in remaining]
         n_eval += len(scored)
         best, cand = max(scored, key=lambda t: t[0])
         if best - current <= min_gain:
@@ -190,10 +227,12 @@ def greedy_transplant(target: Model, source: Model, score: Callable[[Model], flo
         traj.append({"step": step, "layers": list(cand[0]), "part": cand[1], "score": best, "gain": best - current,
                      "tried": {_label(c): s for s, c in scored}})
         current = best
+        bar.set_postfix(score=f"{best:.4g}", refresh=False)
     src = None
     if score_source:
         src = float(score(source))
-    return TransplantSearch(traj, chosen, baseline, src, n_eval, meta={"parts": list(parts), "blocks": [list(b) for b in blocks]})
+        bar.update(1)
+    return TransplantSearch(traj, chosen, baseline, src, n_eval, meta=meta)
 
 
 def _label(cand: tuple[tuple[int, ...], str]) -> str:

@@ -7,11 +7,13 @@ tensor ``X [n, n_layers, d]`` with labels ``y [n]``. Fitted objects record which
     acts = interp.capture(model, prompts, sites="resid_post", labels=is_harmful)
     scores = probes.cross_validate(acts, groups=template_ids)        # held-out acc / AUROC / d per layer
     scores.summary(); scores.plot()
+    scores.layer_choice()                                           # best layer, the tied layers, the tie rule
     refusal = probes.diff_of_means(acts, positive=True)             # Direction: .at(layer), .vectors, .norms
     refusal.save("refusal_dir")
     erased = probes.erasure_cv(acts, eraser="leace")                # does it survive erasure (fitted in folds)?
 """
 
+from probes._choice import LayerChoice
 from probes.compare import Signature, compare_directions, cosine_by_layer, cosine_matrix, project, signature
 from probes.directions import (
     diff_of_means,
@@ -40,7 +42,7 @@ from probes.validation import DirectionScores, ProbeScores, cross_validate, eval
 
 __all__ = [
     "AblationScores", "Direction", "DirectionScores", "ErasureScores", "Fold", "GradedDirection", "INLPEraser",
-    "LeaceEraser", "LogisticProbe", "ProbeScores", "Signature", "Subspace", "TransferScores",
+    "LayerChoice", "LeaceEraser", "LogisticProbe", "ProbeScores", "Signature", "Subspace", "TransferScores",
     "category_subspace", "compare_directions", "cosine_by_layer", "cosine_matrix", "cross_validate",
     "diff_of_means", "erasure_cv", "evaluate_direction", "fit_direction", "fit_inlp", "fit_leace", "fit_logistic",
     "graded_direction", "l2_from_C", "lda", "make_folds", "mean_diff_subspace", "pca_centered", "pca_diff",

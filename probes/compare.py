@@ -11,6 +11,7 @@ from jaxtyping import Float
 
 from interp.coerce import check_width, layer_tensor
 from probes._checks import encode_labels
+from probes._frames import layer_sorted
 from probes.objects import Direction, Subspace
 
 
@@ -99,8 +100,7 @@ class Signature:
     STAT_NAMES = ("mean", "std", "q10", "median", "q90")
 
     def to_frame(self) -> Any:
-        import pandas as pd
-
+        """One row per (direction, group, site), with a numeric layer column; sorted by those, layer last."""
         rows = []
         for a, name in enumerate(self.names):
             for g, grp in enumerate(self.groups):
@@ -108,7 +108,7 @@ class Signature:
                     row = {"direction": name, "group": grp, "site": s}
                     row.update({k: float(self.stats[a, g, j, i]) for i, k in enumerate(self.STAT_NAMES)})
                     rows.append(row)
-        return pd.DataFrame(rows)
+        return layer_sorted(rows, ["direction", "group"])
 
     def plot(self, layer: int = -1, stat: str = "mean", title: str | None = None) -> Any:
         from viz.probes import signature_heatmap

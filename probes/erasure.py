@@ -21,6 +21,7 @@ from interp.activations import Activations
 from interp.coerce import check_width, layer_tensor, site_indices
 from interp.objects import Fitted, from_provenance, read_object, register_kind, save_object
 from probes._checks import ProbeData, as_data, layer_index
+from probes._frames import layer_sorted
 from probes._linalg import orthonormalize, shrink_covariance
 from probes.logistic import solve_logistic
 from probes.objects import Subspace
@@ -274,11 +275,10 @@ class INLPEraser(Fitted):
                    **from_provenance(b.provenance))
 
     def to_frame(self) -> Any:
-        import pandas as pd
-
+        """One row per (iteration, site), with a numeric layer column; sorted by iteration, then layer."""
         rows = [{"iteration": i, "site": s, "dev_accuracy": float(self.dev_accuracy[i, j]), "majority": self.majority}
                 for i in range(self.dev_accuracy.shape[0]) for j, s in enumerate(self.sites)]
-        return pd.DataFrame(rows)
+        return layer_sorted(rows, ["iteration"])
 
 
 def fit_inlp(X: Any, y: Any = None, *, n_iter: int = 8, l2: float = 1e-3, dev_fraction: float = 0.25,

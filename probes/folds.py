@@ -57,13 +57,22 @@ def make_folds(y: torch.Tensor, n_folds: int = 5, groups: list[Any] | None = Non
     folds = [Fold(train=(assign != f).nonzero().flatten(), test=(assign == f).nonzero().flatten())
              for f in range(n_folds)]
     if need_both_classes:
-        n_classes = int(y.max()) + 1
-        for i, f in enumerate(folds):
-            for part, idx in (("training", f.train), ("test", f.test)):
-                if len(idx) == 0 or y[idx].unique().numel() < n_classes:
-                    raise ValueError(f"fold {i}: the {part} part lacks a class ({len(idx)} samples); use fewer folds, "
-                                     f"more samples per class, or groups that mix classes")
+        check_folds(y, folds)
     return folds
+
+
+def check_folds(y: torch.Tensor, folds: list[Fold], what: str = "") -> None:
+    """Raise unless every fold's training and test parts hold every class present in ``y``.
+
+    Classes are counted by the values present (not ``y.max() + 1``), so labels coded e.g. ``{1, 2}`` or a
+    label vector that happens to lack class 0 are judged by what is there.
+    """
+    present = y.unique()
+    for i, f in enumerate(folds):
+        for part, idx in (("training", f.train), ("test", f.test)):
+            if len(idx) == 0 or torch.isin(present, y[idx]).sum() < present.numel():
+                raise ValueError(f"fold {i}: the {part} part{what} lacks a class ({len(idx)} samples); use fewer "
+                                 f"folds, more samples per class, or groups that mix classes")
 
 
 def masks(folds: list[Fold], n: int) -> torch.Tensor:

@@ -13,6 +13,7 @@ from interp.coerce import check_width, layer_tensor
 from interp.objects import Fitted, from_provenance, read_object, register_kind, save_object
 from interp.sites import parse_site
 from probes._checks import layer_index
+from probes._frames import layer_sorted
 
 
 def _check_sites(sites: list[str], n: int, what: str) -> list[str]:
@@ -87,10 +88,9 @@ class Direction(Fitted):
         return Direction(-self.vectors, self.norms, list(self.sites), **self.provenance_kwargs())
 
     def to_frame(self) -> Any:
-        import pandas as pd
-
-        return pd.DataFrame({"site": self.sites, "layer": self.layers, "norm": self.norms.tolist(),
-                             "method": self.method, "model_id": self.model_id})
+        """One row per site (norm of the raw vector), with a numeric layer column, sorted by layer."""
+        return layer_sorted([{"site": s, "norm": float(self.norms[j]), "method": self.method,
+                              "model_id": self.model_id} for j, s in enumerate(self.sites)])
 
     def save(self, path: str | os.PathLike, overwrite: bool = False) -> None:
         """``PATH/tensors.safetensors`` + ``PATH/meta.json``, atomically; refuses to overwrite by default."""
@@ -176,15 +176,14 @@ class Subspace(Fitted):
         return x - torch.einsum("nlk,lkd->nld", torch.einsum("nld,lkd->nlk", x, self.bases), self.bases)
 
     def to_frame(self) -> Any:
-        import pandas as pd
-
+        """One row per (site, component), with a numeric layer column; sorted by layer, then component."""
         rows = []
         for li, site in enumerate(self.sites):
             for k in range(self.rank):
-                rows.append({"site": site, "layer": self.layers[li], "component": k,
+                rows.append({"site": site, "component": k,
                              "name": None if self.names is None else self.names[k],
                              "strength": float(self.strengths[li, k])})
-        return pd.DataFrame(rows)
+        return layer_sorted(rows)
 
     def save(self, path: str | os.PathLike, overwrite: bool = False) -> None:
         """``PATH/tensors.safetensors`` + ``PATH/meta.json``, atomically; refuses to overwrite by default."""

@@ -10,11 +10,13 @@ import torch
 
 from evals.metrics import accuracy, auroc, cohens_d
 from probes._checks import as_data, encode_labels
+from probes._choice import LayerChoice, choose_layer
+from probes._frames import layer_sorted
 from probes.erasure import fit_inlp, fit_leace
 from probes.folds import make_folds, masks
 from probes.logistic import solve_logistic
 from probes.objects import Subspace
-from probes.validation import ProbeScores, check_no_overlap
+from probes.validation import ProbeScores, check_no_overlap, metric_or_nan
 
 
 @dataclass
@@ -30,16 +32,24 @@ class TransferScores:
     method: str = "logistic"
     meta: dict[str, Any] = field(default_factory=dict)
 
-    def best_layer(self) -> int:
-        return int(self.lodo.mean(0).argmax())
+    def layer_choice(self, tol: float = 1e-6) -> LayerChoice:
+        """Best layer by mean leave-one-dataset-out AUROC; ties go to the mean off-diagonal (one-to-one transfer)
+        AUROC, then the mean within-dataset AUROC, then the middle of the layers still tied."""
+        k = len(self.datasets)
+        off = ~torch.eye(k, dtype=torch.bool)
+        return choose_layer({"lodo_auroc": self.lodo.mean(0), "transfer_auroc": self.matrix[off].mean(0),
+                             "within_auroc": self.matrix.diagonal(dim1=0, dim2=1).mean(-1)}, self.sites, tol)
+
+    def best_layer(self, tol: float = 1e-6) -> int:
+        """Index (into ``sites``) of the best layer; see :meth:`layer_choice` for the tie-breaking rule."""
+        return self.layer_choice(tol).index
 
     def at(self, layer: int | None = None) -> torch.Tensor:
         """The ``[n_datasets, n_datasets]`` matrix at a layer index (default: best mean LODO layer)."""
         return self.matrix[:, :, self.best_layer() if layer is None else layer]
 
     def to_frame(self) -> Any:
-        import pandas as pd
-
+        """One row per (site, train, test) plus the leave-one-out rows, with a numeric layer column, sorted by it."""
         rows = []
         for j, s in enumerate(self.sites):
             for a, da in enumerate(self.datasets):
@@ -48,7 +58,7 @@ class TransferScores:
                                  "kind": "within (cv)" if a == b else "transfer"})
                 rows.append({"site": s, "train": f"all but {da}", "test": da, "auroc": float(self.lodo[a, j]),
                              "kind": "lodo"})
-        return pd.DataFrame(rows)
+        return layer_sorted(rows)
 
     def plot(self, layer: int | None = None, title: str | None = None) -> Any:
         from viz.probes import transfer_heatmap
@@ -171,8 +181,8 @@ def erasure_cv(X: Any, y: Any = None, *, eraser: str | Callable[..., Any] = "lea
         for store, lg in (((acc_b, auc_b, d_b), before[:, f]), ((acc_a, auc_a, d_a), after)):
             s = lg[:, fold.test]
             store[0].append(accuracy(s, yt))
-            store[1].append(auroc(s, yt))
-            store[2].append(cohens_d(s, yt))
+            store[1].append(metric_or_nan(auroc, s, yt, 1))
+            store[2].append(metric_or_nan(cohens_d, s, yt, 2))
     fold_ids = [{"train": [data.sample_ids[i] for i in f.train.tolist()],
                  "test": [data.sample_ids[i] for i in f.test.tolist()]} for f in folds]
 
@@ -196,20 +206,19 @@ class AblationScores:
     folds: list[dict[str, list[str]]] = field(default_factory=list)
 
     def to_frame(self) -> Any:
-        import pandas as pd
-
+        """One row per (rank, site), with a numeric layer column; sorted by rank, then layer."""
         rows = []
         for r, k in enumerate(self.ranks):
             for j, s in enumerate(self.sites):
                 rows.append({"rank": k, "site": s, "accuracy": float(self.accuracy[r, :, j].mean()),
                              "accuracy_std": float(self.accuracy[r, :, j].std()) if self.accuracy.shape[1] > 1 else 0.0,
                              "auroc": float(self.auroc[r, :, j].mean())})
-        return pd.DataFrame(rows)
+        return layer_sorted(rows, ["rank"])
 
     def plot(self, layer: int | None = None, title: str | None = None) -> Any:
         from viz.probes import rank_curve
 
-        j = int(self.auroc[0].mean(0).argmax()) if layer is None else layer
+        j = choose_layer({"auroc": self.auroc[0].mean(0)}, self.sites).index if layer is None else layer
         return rank_curve(self.ranks, self.accuracy[:, :, j], self.auroc[:, :, j],
                           title=title or f"held-out probe after ablating top-k components at {self.sites[j]}")
 

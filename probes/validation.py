@@ -6,6 +6,7 @@ the training folds (see :mod:`probes.transfer` for erasure and cross-dataset tra
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,8 +15,10 @@ import torch
 from evals.metrics import accuracy, auroc, cohens_d
 from interp.coerce import layer_tensor
 from probes._checks import ProbeData, as_data
+from probes._choice import LayerChoice, choose_layer
+from probes._frames import layer_order, layer_sorted, site_layer
 from probes.directions import fit_direction
-from probes.folds import Fold, make_folds, masks
+from probes.folds import Fold, check_folds, make_folds, masks
 from probes.logistic import l2_from_C, solve_logistic
 from probes.objects import Direction
 
@@ -46,34 +49,42 @@ class ProbeScores:
         return None if self.control_accuracy is None else self.accuracy - self.control_accuracy
 
     def mean(self, metric: str = "auroc") -> torch.Tensor:
-        return getattr(self, metric).mean(0)
+        """Mean over folds ``[n_layers]``, ignoring folds where the metric is undefined (NaN)."""
+        return getattr(self, metric).nanmean(0)
 
-    def best_layer(self, metric: str = "auroc") -> int:
-        """Index (into ``sites``) of the layer with the best mean held-out ``metric``."""
-        return int(self.mean(metric).argmax())
+    def layer_choice(self, metric: str = "auroc", tol: float = 1e-6) -> LayerChoice:
+        """The best layer by mean held-out ``metric`` and how ties were broken, for inspection.
+
+        Ties (within ``tol``) are broken by the next metric of ``auroc -> cohens_d -> accuracy`` (starting
+        after ``metric``, wrapping round), then by the middle of the layers still tied. ``.tied`` lists the
+        layers that tied on ``metric`` itself.
+        """
+        chain = ["auroc", "cohens_d", "accuracy"]
+        if metric not in chain:
+            raise ValueError(f"metric must be one of {chain}, got {metric!r}")
+        start = chain.index(metric)
+        order = chain[start:] + chain[:start]
+        return choose_layer({m: self.mean(m) for m in order}, self.sites, tol)
+
+    def best_layer(self, metric: str = "auroc", tol: float = 1e-6) -> int:
+        """Index (into ``sites``) of the best layer; see :meth:`layer_choice` for the tie-breaking rule."""
+        return self.layer_choice(metric, tol).index
 
     def summary(self) -> Any:
-        """One row per layer: mean and std over folds of each metric."""
+        """One row per site in layer order: mean and std over folds of each metric, NaN folds ignored."""
         import pandas as pd
 
-        from interp.sites import parse_site
-
-        rows = []
-        for j, s in enumerate(self.sites):
-            row = {"site": s, "layer": parse_site(s).layer}
-            for m in ("accuracy", "auroc", "cohens_d", "control_accuracy", "control_auroc", "selectivity"):
-                v = getattr(self, m)
-                if v is not None:
-                    row[m] = float(v[:, j].mean())
-                    row[m + "_std"] = float(v[:, j].std()) if v.shape[0] > 1 else 0.0
-            rows.append(row)
-        return pd.DataFrame(rows)
+        cols: dict[str, Any] = {"site": list(self.sites), "layer": [site_layer(s) for s in self.sites]}
+        for m in ("accuracy", "auroc", "cohens_d", "control_accuracy", "control_auroc", "selectivity"):
+            v = getattr(self, m)
+            if v is not None:
+                cols[m] = v.nanmean(0).tolist()
+                cols[m + "_std"] = _nanstd(v).tolist()
+        return pd.DataFrame(cols).iloc[layer_order(self.sites)].reset_index(drop=True)
 
     def to_frame(self) -> Any:
-        """Long form: one row per (fold, site, metric)."""
+        """Long form: one row per (metric, fold, site), with a numeric layer column; sorted by metric, fold, layer."""
         import pandas as pd
-
-        from interp.sites import parse_site
 
         rows = []
         for m in ("accuracy", "auroc", "cohens_d", "control_accuracy", "control_auroc", "selectivity"):
@@ -81,9 +92,9 @@ class ProbeScores:
             if v is None:
                 continue
             for f in range(v.shape[0]):
-                for j, s in enumerate(self.sites):
-                    rows.append({"method": self.method, "fold": f, "site": s, "layer": parse_site(s).layer,
-                                 "metric": m, "value": float(v[f, j])})
+                for j in layer_order(self.sites):
+                    rows.append({"method": self.method, "fold": f, "site": self.sites[j],
+                                 "layer": site_layer(self.sites[j]), "metric": m, "value": float(v[f, j])})
         return pd.DataFrame(rows)
 
     def plot(self, metrics: tuple[str, ...] = ("accuracy", "auroc"), title: str | None = None) -> Any:
@@ -95,20 +106,54 @@ class ProbeScores:
         return layer_scores(data, self.sites, title=title or f"{self.method}: held-out scores by layer")
 
 
-def _shuffled(y: torch.Tensor, groups: list[Any] | None, seed: int) -> torch.Tensor:
-    """Control labels: a random permutation of ``y`` (whole groups keep one label when groups are given)."""
+def _nanstd(v: torch.Tensor) -> torch.Tensor:
+    """Bessel-corrected std over folds (dim 0) ignoring NaN; 0 where fewer than two folds are defined."""
+    ok = ~torch.isnan(v)
+    n = ok.sum(0)
+    dev = torch.where(ok, v - v.nanmean(0), torch.zeros_like(v))
+    return torch.where(n > 1, (dev.pow(2).sum(0) / (n - 1).clamp_min(1)).sqrt(), torch.zeros_like(n, dtype=v.dtype))
+
+
+def shuffled_labels(y: torch.Tensor, folds: list[Fold], groups: list[Any] | None, seed: int) -> torch.Tensor:
+    """Control labels for Hewitt & Liang's control task, independent of content but shaped like ``y``.
+
+    Labels are permuted inside each test fold, so every fold keeps its class counts (the control never
+    fails for lack of a class where the real labels do not). With ``groups`` a group holding both labels
+    (e.g. a contrastive pair) has its labels permuted inside it; groups holding one label exchange labels
+    with the other one-label groups of the same fold, so a group's samples still share one label.
+    """
     g = torch.Generator().manual_seed(seed + 7919)
-    if groups is None:
-        return y[torch.randperm(len(y), generator=g)]
-    keys = list(dict.fromkeys(groups))
-    first = {k: y[groups.index(k)] for k in keys}
-    vals = torch.stack([first[k] for k in keys])[torch.randperm(len(keys), generator=g)]
-    table = dict(zip(keys, vals.tolist(), strict=True))
-    return torch.tensor([table[k] for k in groups], dtype=torch.long)
+    out = y.clone()
+    for fold in folds:
+        idx = fold.test
+        if groups is None:
+            out[idx] = y[idx[torch.randperm(len(idx), generator=g)]]
+            continue
+        members: dict[Any, list[int]] = {}
+        for i in idx.tolist():
+            members.setdefault(groups[i], []).append(i)
+        pure = [k for k, m in members.items() if y[m].unique().numel() == 1]
+        for k, m in members.items():
+            if k not in pure:
+                mt = torch.tensor(m)
+                out[mt] = y[mt[torch.randperm(len(m), generator=g)]]
+        values = [int(y[members[k][0]]) for k in pure]
+        for k, j in zip(pure, torch.randperm(len(pure), generator=g).tolist(), strict=True):
+            out[torch.tensor(members[k])] = values[j]
+    return out
+
+
+def metric_or_nan(metric: Any, scores: torch.Tensor, y: torch.Tensor, need: int) -> torch.Tensor:
+    """``metric(scores, y)``, or NaN ``[...]`` where a class has fewer than ``need`` samples (undefined there)."""
+    n1 = int(y.sum())
+    if min(n1, y.numel() - n1) < need:
+        return torch.full(scores.shape[:-1], float("nan"))
+    return metric(scores, y)
 
 
 def _score(scores: torch.Tensor, y: torch.Tensor, thr: torch.Tensor | float) -> tuple[torch.Tensor, ...]:
-    return accuracy(scores, y, thr), auroc(scores, y), cohens_d(scores, y)
+    """Accuracy, AUROC and Cohen's d; AUROC / d are NaN in a fold where they are undefined."""
+    return accuracy(scores, y, thr), metric_or_nan(auroc, scores, y, 1), metric_or_nan(cohens_d, scores, y, 2)
 
 
 def _logistic_cv(data: ProbeData, folds: list[Fold], y_rows: torch.Tensor, l2: float, **kw: Any) -> torch.Tensor:
@@ -116,6 +161,55 @@ def _logistic_cv(data: ProbeData, folds: list[Fold], y_rows: torch.Tensor, l2: f
     train = masks(folds, data.n).repeat(y_rows.shape[0] // len(folds), 1)
     fit = solve_logistic(data.X.transpose(0, 1), y_rows, train, l2, **kw)
     return fit.logits
+
+
+def _control(data: ProbeData, folds: list[Fold], seed: int) -> torch.Tensor | None:
+    """Shuffled control labels on the same folds, or None (with a warning) where they cannot fill them."""
+    ctrl = shuffled_labels(data.y, folds, data.groups, seed)
+    try:
+        check_folds(ctrl, folds, " (shuffled-label control)")
+    except ValueError as err:
+        warnings.warn(f"no shuffled-label control: {err}", stacklevel=3)
+        return None
+    return ctrl
+
+
+def _cv_logistic(data: ProbeData, folds: list[Fold], ctrl: torch.Tensor | None, l2: float,
+                 kw: dict[str, Any]) -> dict[str, list[torch.Tensor]]:
+    """Held-out scores of logistic probes: real and control labels, every fold and layer in one batched solve."""
+    F = len(folds)
+    rows = [data.y.expand(F, -1)] + ([] if ctrl is None else [ctrl.expand(F, -1)])
+    logits = _logistic_cv(data, folds, torch.cat(rows), l2, **kw)       # [L, rows, n]
+    results: dict[str, list[torch.Tensor]] = {k: [] for k in ("acc", "auc", "d", "cacc", "cauc")}
+    for f, fold in enumerate(folds):
+        for key, value in zip(("acc", "auc", "d"), _score(logits[:, f, fold.test], data.y[fold.test], 0.0),
+                              strict=True):
+            results[key].append(value)
+        if ctrl is not None:                                             # the control needs no Cohen's d
+            yc, lc = ctrl[fold.test], logits[:, F + f, fold.test]
+            results["cacc"].append(accuracy(lc, yc, 0.0))
+            results["cauc"].append(metric_or_nan(auroc, lc, yc, 1))
+    return results
+
+
+def _cv_direction(data: ProbeData, folds: list[Fold], ctrl: torch.Tensor | None, method: str,
+                  kw: dict[str, Any]) -> dict[str, list[torch.Tensor]]:
+    """Held-out scores of a direction method (projection; threshold halfway between training class means)."""
+    results: dict[str, list[torch.Tensor]] = {k: [] for k in ("acc", "auc", "d", "cacc", "cauc")}
+    for fold in folds:
+        for key_a, key_u, labels in (("acc", "auc", data.y), ("cacc", "cauc", ctrl)):
+            if labels is None:
+                continue
+            direction = fit_direction(data.X[fold.train], labels[fold.train], method=method, **kw)
+            proj = torch.einsum("nld,ld->ln", data.X.to(direction.vectors.dtype), direction.vectors)
+            tr, te = proj[:, fold.train], proj[:, fold.test]
+            ytr, yte = labels[fold.train].bool(), labels[fold.test]
+            thr = (tr[:, ytr].mean(-1) + tr[:, ~ytr].mean(-1)) / 2
+            results[key_a].append(accuracy(te, yte, thr))
+            results[key_u].append(metric_or_nan(auroc, te, yte, 1))
+            if key_a == "acc":                                           # the control needs no Cohen's d
+                results["d"].append(metric_or_nan(cohens_d, te, yte, 2))
+    return results
 
 
 def cross_validate(X: Any, y: Any = None, *, method: str = "logistic", groups: Any = None, n_folds: int = 5,
@@ -126,48 +220,20 @@ def cross_validate(X: Any, y: Any = None, *, method: str = "logistic", groups: A
     ``method``: ``logistic`` (all folds and layers in one batched solve) or a direction method
     (``mean_diff, pca_diff, pca, lda``; scored by projection, accuracy thresholded halfway between the
     training class means). ``groups``: samples sharing a group never straddle train/test. ``control``:
-    repeat with shuffled labels for selectivity.
+    repeat with shuffled labels for selectivity (see :func:`shuffled_labels`: permuted inside each test
+    fold, respecting groups, so contrastive pairs work); the control reports accuracy and AUROC, not d.
+    A metric undefined in a fold (AUROC without both classes, d with fewer than two of one) is NaN there.
     """
     data = as_data(X, y, groups=groups, positive=positive, max_classes=2)
     folds = make_folds(data.y, n_folds, data.groups, seed)
-    ctrl = _shuffled(data.y, data.groups, seed) if control else None
-    if control:
-        try:
-            make_folds(ctrl, n_folds, data.groups, seed)
-        except ValueError:
-            ctrl = None                                                  # shuffled labels cannot fill folds
+    ctrl = _control(data, folds, seed) if control else None
     F = len(folds)
-    results: dict[str, list[torch.Tensor]] = {k: [] for k in ("acc", "auc", "d", "cacc", "cauc")}
     if method == "logistic":
         if C is not None:
             l2 = l2_from_C(C, data.n * (F - 1) // F)
-        rows = [data.y.expand(F, -1)]
-        if ctrl is not None:
-            rows.append(ctrl.expand(F, -1))
-        logits = _logistic_cv(data, folds, torch.cat(rows), l2, **method_kwargs)   # [L, rows, n]
-        for f, fold in enumerate(folds):
-            for key, value in zip(("acc", "auc", "d"), _score(logits[:, f, fold.test], data.y[fold.test], 0.0),
-                                  strict=True):
-                results[key].append(value)
-            if ctrl is not None:
-                a, u, _ = _score(logits[:, F + f, fold.test], ctrl[fold.test], 0.0)
-                results["cacc"].append(a)
-                results["cauc"].append(u)
+        results = _cv_logistic(data, folds, ctrl, l2, method_kwargs)
     else:
-        for fold in folds:
-            for key_a, key_u, labels in (("acc", "auc", data.y), ("cacc", "cauc", ctrl)):
-                if labels is None:
-                    continue
-                direction = fit_direction(data.X[fold.train], labels[fold.train], method=method, **method_kwargs)
-                proj = torch.einsum("nld,ld->ln", data.X.to(direction.vectors.dtype), direction.vectors)
-                tr, te = proj[:, fold.train], proj[:, fold.test]
-                ytr = labels[fold.train].bool()
-                thr = (tr[:, ytr].mean(-1) + tr[:, ~ytr].mean(-1)) / 2
-                a, u, d = _score(te, labels[fold.test], thr)
-                results[key_a].append(a)
-                results[key_u].append(u)
-                if key_a == "acc":
-                    results["d"].append(d)
+        results = _cv_direction(data, folds, ctrl, method, method_kwargs)
     stack = {k: torch.stack(v) if v else None for k, v in results.items()}
     fold_ids = [{"train": [data.sample_ids[i] for i in f.train.tolist()],
                  "test": [data.sample_ids[i] for i in f.test.tolist()]} for f in folds]
@@ -188,10 +254,9 @@ class DirectionScores:
     method: str = ""
 
     def to_frame(self) -> Any:
-        import pandas as pd
-
-        return pd.DataFrame({"site": self.sites, "auroc": self.auroc.tolist(), "cohens_d": self.cohens_d.tolist(),
-                             "method": self.method})
+        """One row per site with a numeric layer column, sorted by layer."""
+        return layer_sorted([{"site": s, "auroc": float(self.auroc[j]), "cohens_d": float(self.cohens_d[j]),
+                              "method": self.method} for j, s in enumerate(self.sites)])
 
     def plot(self, title: str | None = None) -> Any:
         from viz.probes import layer_scores

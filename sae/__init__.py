@@ -1,4 +1,5 @@
-"""Sparse autoencoders: train (ReLU/TopK/BatchTopK/JumpReLU), evaluate, read/write sae-lens, analyse, intervene.
+"""Sparse autoencoders: train (ReLU/TopK/BatchTopK/JumpReLU), evaluate, read/write sae-lens, load
+published SAEs from the local HF cache (``from_pretrained``), analyse, intervene.
 
 Submodules load lazily, so ``import sae`` needs neither Triton nor sae-lens. ``sae`` never imports
 ``steering``; interventions follow the shared protocol ``hook_fns(model) -> {site: fn(x, ctx)}``.
@@ -10,21 +11,22 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "SAE": "sae.arch",
-    "SAEConfig": "sae.arch",
-    "TrainConfig": "sae.train",
-    "TrainResult": "sae.train",
-    "Trainer": "sae.train",
-    "train_sae": "sae.train",
-    "TokenStream": "sae.data",
+    "SAE": "sae.model",
+    "SAEConfig": "sae.model",
+    "TrainConfig": "sae.trainer",
+    "TrainResult": "sae.trainer",
+    "Trainer": "sae.trainer",
+    "train_sae": "sae.trainer",
+    "TokenStream": "sae.stream",
     "save_saelens": "sae.saelens_io",
     "load_saelens": "sae.saelens_io",
-    "evaluate": "sae.metrics",
-    "SAEMetrics": "sae.metrics",
-    "ce_loss_recovered": "sae.metrics",
-    "CELossRecovered": "sae.metrics",
-    "fvu": "sae.metrics",
-    "l0": "sae.metrics",
+    "from_pretrained": "sae.pretrained",
+    "evaluate": "sae.quality",
+    "SAEMetrics": "sae.quality",
+    "ce_loss_recovered": "sae.quality",
+    "CELossRecovered": "sae.quality",
+    "fvu": "sae.quality",
+    "l0": "sae.quality",
     "aligned_latents": "sae.analysis",
     "separating_latents": "sae.analysis",
     "diff_latents": "sae.analysis",
@@ -32,9 +34,9 @@ _EXPORTS = {
     "LatentRanking": "sae.analysis",
     "top_contexts": "sae.contexts",
     "contexts_html": "sae.contexts",
-    "SAESplice": "sae.interventions",
-    "LatentSteering": "sae.interventions",
-    "LatentAblation": "sae.interventions",
+    "SAESplice": "sae.edits",
+    "LatentSteering": "sae.edits",
+    "LatentAblation": "sae.edits",
     "planted_dictionary": "sae.synthetic",
 }
 

@@ -11,7 +11,8 @@ from jaxtyping import Float
 
 from evals.metrics import auroc
 from interp.coerce import token_rows
-from sae.arch import SAE
+from interp.forward import Inputs
+from sae.model import SAE
 
 
 @dataclass
@@ -28,6 +29,33 @@ class LatentRanking:
 
     def __len__(self) -> int:
         return len(self.indices)
+
+    def to_frame(self) -> Any:
+        """One row per ranked latent: ``rank`` (0 = best), ``latent`` and ``score`` (what ``what`` names)."""
+        import pandas as pd
+
+        return pd.DataFrame({"rank": range(len(self)), "latent": self.indices.tolist(),
+                             "score": self.scores.tolist()})
+
+    def plot(self, title: str | None = None) -> Any:
+        """Bars of the ranked latents' scores, best first."""
+        from viz.sae import latent_bars
+
+        return latent_bars(self.indices.tolist(), {self.what or "score": self.scores.tolist()},
+                           title=title or f"latents ranked by {self.what or 'score'}", yaxis=self.what or "score")
+
+
+def _per_latent(ranking: LatentRanking, **cols: torch.Tensor) -> Any:
+    """A frame with one row per latent (``latent``, the given ``[d_sae]`` columns, ``rank``: nullable, set for
+    the ranked latents only)."""
+    import pandas as pd
+
+    n = next(iter(cols.values())).numel()
+    frame = pd.DataFrame({"latent": range(n), **{k: v.tolist() for k, v in cols.items()}})
+    rank = pd.Series(pd.NA, index=frame.index, dtype="Int64")
+    rank.iloc[ranking.indices.tolist()] = list(range(len(ranking)))
+    frame["rank"] = rank
+    return frame
 
 
 def _as_vector(direction: Any, d: int) -> torch.Tensor:
@@ -81,6 +109,19 @@ class LatentSeparation:
     auroc: torch.Tensor
     ranking: LatentRanking
 
+    def to_frame(self) -> Any:
+        """One row per latent: ``latent``, ``mean_a``, ``mean_b``, ``diff``, ``auroc`` and ``rank``."""
+        return _per_latent(self.ranking, mean_a=self.mean_a, mean_b=self.mean_b, diff=self.diff, auroc=self.auroc)
+
+    def plot(self, names: tuple[str, str] = ("set A", "set B"), title: str | None = None) -> Any:
+        """The ranked latents' mean activation on each set, side by side, best first (AUROC in the hover)."""
+        from viz.sae import latent_bars
+
+        idx = self.ranking.indices
+        return latent_bars(idx.tolist(), {names[0]: self.mean_a[idx].tolist(), names[1]: self.mean_b[idx].tolist()},
+                           title=title or f"latents separating {names[0]} from {names[1]} (by {self.ranking.what})",
+                           yaxis="mean activation")
+
 
 def separating_latents(sae: SAE, acts_a: torch.Tensor | Any, acts_b: torch.Tensor | Any, top: int = 10,
                        by: str = "auroc", site: str | None = None) -> LatentSeparation:
@@ -111,6 +152,20 @@ class LatentDiff:
     freq_tuned: torch.Tensor
     ranking: LatentRanking
 
+    def to_frame(self) -> Any:
+        """One row per latent: ``latent``, ``mean_base``, ``mean_tuned``, ``delta``, ``freq_base``,
+        ``freq_tuned`` and ``rank``."""
+        return _per_latent(self.ranking, mean_base=self.mean_base, mean_tuned=self.mean_tuned, delta=self.delta,
+                           freq_base=self.freq_base, freq_tuned=self.freq_tuned)
+
+    def plot(self, title: str | None = None) -> Any:
+        """The ranked latents' mean activation in the base and the tuned model, side by side."""
+        from viz.sae import latent_bars
+
+        idx = self.ranking.indices
+        return latent_bars(idx.tolist(), {"base": self.mean_base[idx].tolist(), "tuned": self.mean_tuned[idx].tolist()},
+                           title=title or f"latents ranked by {self.ranking.what}", yaxis="mean activation")
+
 
 def diff_latents(sae: SAE, acts_base: torch.Tensor | Any, acts_tuned: torch.Tensor | Any, top: int = 20,
                  by: str = "delta", site: str | None = None) -> LatentDiff:
@@ -132,10 +187,10 @@ def diff_latents(sae: SAE, acts_base: torch.Tensor | Any, acts_tuned: torch.Tens
                       LatentRanking(order, delta[order], delta, what=f"activation change ({by})"))
 
 
-def latent_acts_on_prompts(model: Any, sae: SAE, inputs: Sequence[str] | torch.Tensor, latents: Sequence[int],
+def latent_acts_on_prompts(model: Any, sae: SAE, inputs: Inputs, latents: Sequence[int],
                            batch_size: int = 8, chat: bool = False, site: str | None = None) -> list[dict[str, Any]]:
     """Per prompt: ``ids [T]`` (real tokens) and ``acts [T, len(latents)]`` of the chosen latents."""
-    from sae.interventions import check_site
+    from sae.edits import check_site
     from sae.runner import site_tokens
 
     site = check_site(sae, model, site)
@@ -145,6 +200,6 @@ def latent_acts_on_prompts(model: Any, sae: SAE, inputs: Sequence[str] | torch.T
         for x, b in site_tokens(model, site, inputs, batch_size, chat):
             z = sae.encode(x.to(sae.device, sae.dtype))[..., idx.to(sae.device)].float().cpu()
             for i in range(x.shape[0]):
-                m = b.mask[i].cpu()
+                m = b.attention_mask[i].bool()
                 out.append({"ids": b.input_ids[i].cpu()[m], "acts": z[i][m]})
     return out

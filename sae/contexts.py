@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from sae.arch import SAE
+from sae.model import SAE
 
 
 @dataclass

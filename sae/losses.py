@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from sae.arch import SAE
+from sae.model import SAE
 from sae.sparse_decoder import Active, sparse_decode, sparse_encode
 
 

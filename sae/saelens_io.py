@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from sae.arch import SAE, SAEConfig
+from sae.model import SAE, SAEConfig
 
 CFG = "cfg.json"
 WEIGHTS = "sae_weights.safetensors"

@@ -2,7 +2,7 @@
 
 The active set is a row-sorted COO list ``(rows, cols)`` with ``row_ptr`` (CSR offsets). Forward and
 backward reduce to three primitives, each with a torch path (CPU: ``embedding_bag`` / ``index_add``) and
-a Triton path (GPU, :mod:`sae.kernels`, imported lazily):
+a Triton path (GPU, :mod:`sae.decoder_kernels`, imported lazily):
 
 - ``gather_sum``:   ``out[n] = sum_{m in row n} w[m] * table[cols[m]]``          (decode forward)
 - ``gather_dot``:   ``out[m] = <src[rows[m]], table[cols[m]]>``                   (grad of the values)
@@ -69,7 +69,7 @@ def _use_triton(t: torch.Tensor, backend: str) -> bool:
         raise ValueError(f"backend must be 'auto', 'torch' or 'triton', got {backend!r}")
     if t.device.type != "cuda":
         return False
-    from sae.kernels import triton_available
+    from sae.decoder_kernels import triton_available
 
     return triton_available()
 
@@ -112,7 +112,7 @@ def gather_sum(table: Float[torch.Tensor, "L d"], w: Float[torch.Tensor, " m"], 
                backend: str = "auto") -> Float[torch.Tensor, "n d"]:
     """``out[n] = sum_{m in row n} w[m] * table[cols[m]]``."""
     if _use_triton(table, backend):
-        from sae.kernels import gather_sum_triton
+        from sae.decoder_kernels import gather_sum_triton
 
         return gather_sum_triton(table, w, act)
     return _gather_sum_torch(table, w, act)
@@ -122,7 +122,7 @@ def gather_dot(table: Float[torch.Tensor, "L d"], src: Float[torch.Tensor, "n d"
                backend: str = "auto") -> Float[torch.Tensor, " m"]:
     """``out[m] = <src[rows[m]], table[cols[m]]>``."""
     if _use_triton(table, backend):
-        from sae.kernels import gather_dot_triton
+        from sae.decoder_kernels import gather_dot_triton
 
         return gather_dot_triton(table, src, act)
     return _gather_dot_torch(table, src, act)
@@ -132,7 +132,7 @@ def scatter_outer(n_out: int, w: Float[torch.Tensor, " m"], src: Float[torch.Ten
                   backend: str = "auto", transpose: bool = False) -> torch.Tensor:
     """``out[cols[m]] += w[m] * src[rows[m]]`` into a zero ``[n_out, d]`` (``[d, n_out]`` if ``transpose``)."""
     if _use_triton(src, backend):
-        from sae.kernels import scatter_outer_triton
+        from sae.decoder_kernels import scatter_outer_triton
 
         return scatter_outer_triton(n_out, w, src, act, transpose=transpose)
     out = _scatter_outer_torch(n_out, w, src, act)

@@ -29,12 +29,13 @@ from steering.interventions import (
     Condition,
     DirectionalAblation,
 )
+from steering.rows import RowEdits
 from steering.scope import TokenState
 from steering.strength import ResidualNorms, residual_norms
 from steering.sweep import AlphaSweep, alpha_sweep
 
 __all__ = [
     "Ablate", "AblateSubspace", "AddVector", "AlphaSweep", "BakeResult", "Clamp", "Condition", "DirectionalAblation",
-    "Generations", "LowRankEdit", "ResidualNorms", "Steering", "TokenState", "WRITERS", "WRITER_SITES",
+    "Generations", "LowRankEdit", "ResidualNorms", "RowEdits", "Steering", "TokenState", "WRITERS", "WRITER_SITES",
     "ablate_writers", "alpha_sweep", "apply", "apply_edit", "bake", "generate", "residual_norms",
 ]

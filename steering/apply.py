@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from interp.hooks import HookContext, hooks
+from interp.hooks import HookContext, hooks, module_hooks
 from interp.models import Model
 from interp.sites import parse_site
 from steering.fused import LowRankEdit, apply_edit
@@ -162,9 +162,5 @@ def apply(model: Model, *interventions: Any, backend: str = "auto") -> Iterator[
     def pre(mod: torch.nn.Module, args: tuple, kwargs: dict) -> None:
         record_pass(data, args, kwargs)
 
-    handle = model.hf.register_forward_pre_hook(pre, with_kwargs=True)
-    try:
-        with hooks(model, items, data=data):
-            yield Steering(model, data)
-    finally:
-        handle.remove()
+    with module_hooks([(model.hf, "pre", pre)]), hooks(model, items, data=data):
+        yield Steering(model, data)

@@ -15,6 +15,7 @@ error against hook ablation; without ``allow_inexact=True`` that is an error, ne
 from __future__ import annotations
 
 import copy
+import math
 import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -28,7 +29,8 @@ from torch import Tensor
 
 from interp.arch import has_module
 from interp.coerce import check_width
-from interp.hooks import count_hooks
+from interp.forward import batch_of, forward
+from interp.hooks import count_hooks, module_hooks
 from interp.models import Model, from_hf
 from steering._checks import Layers, as_tensor, orthonormal, resolve_layers, unit
 
@@ -47,6 +49,24 @@ class BakeResult:
     max_logit_error: float | None = None
     rel_logit_error: float | None = None
     notes: list[str] = field(default_factory=list)
+    removed: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_frame(self) -> Any:
+        """One row per edited weight: ``writer``, ``layer`` (nullable int; none for the embeddings),
+        ``parameter`` and ``removed`` (fraction of the weight's Frobenius norm the edit took away)."""
+        import pandas as pd
+
+        frame = pd.DataFrame(self.removed, columns=["writer", "layer", "parameter", "removed"])
+        frame["layer"] = frame["layer"].astype("Int64")
+        return frame
+
+    def plot(self, title: str = "baked directional ablation") -> Any:
+        """Weight removed per writer by layer, and the measured logit error against hook ablation."""
+        from viz.generations import bake_summary
+
+        return bake_summary([r["writer"] for r in self.removed], [r["layer"] for r in self.removed],
+                            [r["removed"] for r in self.removed], self.max_logit_error, self.rel_logit_error,
+                            self.exact, title=title)
 
 
 @dataclass
@@ -181,6 +201,16 @@ def _edit(target: _Target, Q: Tensor) -> None:
                 _orth_(b, Q, 1)
 
 
+def _removed_fraction(target: _Target, edit: Any) -> float:
+    """Run ``edit`` and return ``||W - W'|| / ||W||`` of the writer's main weight. The edit is an orthogonal
+    projection, so ``||W - W'||^2 = ||W||^2 - ||W'||^2`` and no copy of the weight is needed."""
+    w = target.module.weight if target.layout in ("linear", "rows") else getattr(target.module, target.attr)
+    before = float(w.detach().double().pow(2).sum())
+    edit()
+    after = float(w.detach().double().pow(2).sum())
+    return math.sqrt(max(before - after, 0.0) / before) if before > 0 else 0.0
+
+
 def _untie(model: Model) -> bool:
     hf = model.hf
     out_emb, in_emb = hf.get_output_embeddings(), hf.get_input_embeddings()
@@ -201,8 +231,9 @@ def _probe_ids(model: Model, check_ids: Tensor | None) -> Tensor:
 
 
 def _logits(model: Model, ids: Tensor) -> Tensor:
-    with torch.no_grad():
-        return model.hf(input_ids=ids, use_cache=False).logits.float()
+    out = forward(model, batch_of(model, ids))
+    assert out is not None
+    return out
 
 
 @contextmanager
@@ -237,12 +268,8 @@ def ablate_writers(model: Model, direction: Any, writers: str | Sequence[str] = 
         y = (x.float() - (x.float() @ Qx.T) @ Qx).to(x.dtype)
         return (y, *out[1:]) if isinstance(out, tuple) else y
 
-    handles = [m.register_forward_hook(hook) for m in mods]
-    try:
+    with module_hooks([(m, "post", hook) for m in mods]):
         yield
-    finally:
-        for h in handles:
-            h.remove()
 
 
 def _check_writers(model: Model, ws: tuple, targets: list, explicit: bool, allow_inexact: bool
@@ -307,12 +334,14 @@ def bake(model: Model, direction: Any, writers: str | Sequence[str] = "all", lay
         notes.append("untied the embedding from the unembedding (lm_head keeps the original weights)")
     d = out.d_model
     targets = _targets(out, ws, Ls)
+    removed = []
     for t in targets:
-        _edit(t, _effective_basis(Q, t.norm, d))
+        removed.append({"writer": t.writer, "layer": t.layer, "parameter": t.name,
+                        "removed": _removed_fraction(t, lambda t=t: _edit(t, _effective_basis(Q, t.norm, d)))})
     if inexact:
         notes.append(f"post-sublayer norms: {len(inexact)} writers orthogonalised against the norm-weighted "
                      f"direction; not equal to hook ablation")
-    res = BakeResult(out, ws, [t.name for t in targets], exact, notes=notes)
+    res = BakeResult(out, ws, [t.name for t in targets], exact, notes=notes, removed=removed)
     if measure:
         got = _logits(out, ids)
         err = (got - ref).abs().max().item()

@@ -6,14 +6,15 @@ forked RNG, so the caller's RNG state is untouched).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from tqdm.auto import tqdm
 
-from interp.forward import batches, prepare
+from evals.judge import is_refusal
+from interp.forward import batches, pad_id, prepare
 from interp.models import Model
 from steering._checks import check_finite
 from steering.apply import apply
@@ -35,6 +36,36 @@ class Generations:
     def __getitem__(self, i: int) -> str:
         return self.texts[i]
 
+    def _judged(self, groups: Sequence[str] | None, judge: Callable[[str], bool] | None
+                ) -> tuple[list[str], list[bool] | None]:
+        if groups is None:
+            groups = ["all"] * len(self)
+        elif isinstance(groups, str) or len(groups) != len(self):
+            raise ValueError(f"groups needs one label per prompt ({len(self)}), e.g. ['harmful'] * 8 + "
+                             f"['harmless'] * 8; got {groups!r:.60}")
+        return [str(g) for g in groups], None if judge is None else [bool(judge(t)) for t in self.texts]
+
+    def to_frame(self, groups: Sequence[str] | None = None, judge: Callable[[str], bool] | None = is_refusal) -> Any:
+        """One row per prompt: ``prompt_index``, ``group``, ``prompt``, ``response``, ``n_tokens`` and
+        ``refusal`` (``judge(response)``, default the phrase judge ``evals.is_refusal``; ``judge=None`` drops it)."""
+        import pandas as pd
+
+        gs, refused = self._judged(groups, judge)
+        frame = pd.DataFrame({"prompt_index": range(len(self)), "group": gs, "prompt": self.prompts,
+                              "response": self.texts, "n_tokens": [len(t) for t in self.token_ids]})
+        if refused is not None:
+            frame["refusal"] = refused
+        return frame
+
+    def plot(self, groups: Sequence[str] | None = None, judge: Callable[[str], bool] | None = is_refusal,
+             title: str = "generations") -> Any:
+        """Response length per group and, with a ``judge`` (default ``evals.is_refusal``), the refusal share
+        per group; ``groups`` labels each prompt (a condition, a prompt set), default one group ``all``."""
+        from viz.generations import generation_summary
+
+        gs, refused = self._judged(groups, judge)
+        return generation_summary(gs, [len(t) for t in self.token_ids], refused, title=title)
+
 
 def _eos_ids(model: Model) -> set[int]:
     eos = getattr(model.hf.generation_config, "eos_token_id", None)
@@ -45,16 +76,7 @@ def _eos_ids(model: Model) -> set[int]:
     return {int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])}
 
 
-def generate(model: Model, prompts: Sequence[str], *interventions: Any, max_new_tokens: int = 64,
-             batch_size: int = 16, do_sample: bool = False, temperature: float = 1.0, top_p: float = 1.0,
-             top_k: int = 0, seed: int = 0, chat: bool = True, system: str | None = None, progress: bool = True,
-             stop_at_eos: bool = True, backend: str = "auto", **generate_kwargs: Any) -> Generations:
-    """Generate for every prompt with ``interventions`` attached (none: plain generation).
-
-    Prompts are chat-formatted (``chat=True``), batched ``batch_size`` at a time, left padded, with
-    ``position_ids`` from the attention mask; the prompt batch is declared to the steering state so
-    ``positions='post_instruction'`` and ``scope`` work. Extra keyword arguments go to HF ``generate``.
-    """
+def _check_args(model: Model, prompts: Any, max_new_tokens: int, batch_size: int) -> None:
     if model.tokenizer is None:
         raise ValueError("generate needs a tokenizer; attach one with interp.models.from_hf(hf, tokenizer)")
     if max_new_tokens < 1:
@@ -63,11 +85,29 @@ def generate(model: Model, prompts: Sequence[str], *interventions: Any, max_new_
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     if isinstance(prompts, str):
         raise TypeError("prompts must be a list of strings, not a single string; wrap it in a list")
+
+
+def generate(model: Model, prompts: Sequence[str], *interventions: Any, max_new_tokens: int = 64,
+             batch_size: int = 16, do_sample: bool = False, temperature: float = 1.0, top_p: float = 1.0,
+             top_k: int = 0, seed: int = 0, chat: bool = True, system: str | None = None, progress: bool = True,
+             stop_at_eos: bool = True, backend: str = "auto", prepared: tuple[list[str], list] | None = None,
+             **generate_kwargs: Any) -> Generations:
+    """Generate for every prompt with ``interventions`` attached (none: plain generation).
+
+    Prompts are chat-formatted (``chat=True``), batched ``batch_size`` at a time, left padded, with
+    ``position_ids`` from the attention mask; the prompt batch is declared to the steering state so
+    ``positions='post_instruction'`` and ``scope`` work. Extra keyword arguments go to HF ``generate``.
+    ``prepared``: the ``(texts, encodings)`` that :func:`interp.forward.prepare` returned for these prompts,
+    so a caller generating under many conditions tokenises its prompts once.
+    """
+    _check_args(model, prompts, max_new_tokens, batch_size)
     prompts = list(prompts)
-    texts, encs = prepare(model, prompts, chat=chat, system=system)
+    texts, encs = prepared if prepared is not None else prepare(model, prompts, chat=chat, system=system)
+    if len(encs) != len(prompts):
+        raise ValueError(f"prepared holds {len(encs)} encodings for {len(prompts)} prompts; pass the output of "
+                         f"interp.forward.prepare(model, prompts) for exactly these prompts")
     tok = model.tokenizer
-    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
-    kw: dict[str, Any] = dict(max_new_tokens=max_new_tokens, do_sample=do_sample, pad_token_id=pad)
+    kw: dict[str, Any] = dict(max_new_tokens=max_new_tokens, do_sample=do_sample, pad_token_id=pad_id(tok))
     if do_sample:
         kw.update(temperature=check_finite(temperature, "temperature"), top_p=check_finite(top_p, "top_p"),
                   top_k=int(top_k))

@@ -22,6 +22,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from interp.positions import columns
+
 STATE_KEY = "token_state"
 PROMPT_KEY = "steering.prompt"
 DECLARED_KEY = "steering.declared"
@@ -106,16 +108,8 @@ class TokenState:
             inside = cols < rec.width
             out[:, inside] = pm[:, cols[inside]]
             return out
-        start, end = rec.start.to(self.device), rec.end.to(self.device)
-        out = torch.zeros(B, S, dtype=torch.bool, device=self.device)
-        for p in positions:
-            col = end + p if p < 0 else start + p                      # [B]
-            if ((col < start) | (col >= end)).any():
-                short = int((end - start).min())
-                raise ValueError(f"position {p} is out of range for a prompt of {short} tokens; positions "
-                                 f"count from the prompt's first token (>= 0) or its end (< 0)")
-            out |= (cols[None, :] == col[:, None])
-        return out
+        col = columns(list(positions), rec.start.to(self.device), rec.end.to(self.device))  # [B, P]
+        return (cols[None, :, None] == col[:, None, :]).any(-1)
 
 
 def _get(args: tuple, kwargs: dict, name: str, index: int) -> Any:

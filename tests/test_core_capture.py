@@ -22,10 +22,10 @@ def _alone(model, prompt):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_residual_stream_equals_hf_hidden_states(tiny_models, family):
-    """resid_pre[l] == hidden_states[l]; ln_final == hidden_states[L] (HF applies the final norm there)."""
+    """resid_pre[l] == hidden_states[l]; ln_final_out == hidden_states[L] (HF applies the final norm there)."""
     m = tiny_models(family)
     L = m.n_layers
-    acts = capture(m, PROMPTS, sites=["resid_pre", "resid_post", "ln_final"], positions="all", progress=False)
+    acts = capture(m, PROMPTS, sites=["resid_pre", "resid_post", "ln_final_out"], positions="all", progress=False)
     for i, p in enumerate(PROMPTS):
         ids, out = _alone(m, p)
         T = ids.shape[1]
@@ -130,7 +130,8 @@ def test_position_rules(tiny_models):
     allp = capture(m, PROMPTS, sites="resid_post.1", positions="all", progress=False)
     last = capture(m, PROMPTS, sites="resid_post.1", positions="last", progress=False)
     torch.testing.assert_close(last.tensor, allp.tensor[:, :, -1])
-    mean = capture(m, PROMPTS, sites="resid_post.1", positions="prompt_mean", progress=False)
+    mean = capture(m, PROMPTS, sites="resid_post.1", positions="prompt_mean", mean_skip_special=False,
+                   progress=False)  # every token, special ones included (by default the means skip them)
     manual = (allp.tensor * allp.mask[:, None, :, None]).sum(2) / allp.mask.sum(1)[:, None, None]
     torch.testing.assert_close(mean.tensor, manual, atol=1e-6, rtol=0)
     # the tiny chat template puts " <|end|><|assistant|>" after the instruction: two post-instruction tokens

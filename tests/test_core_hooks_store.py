@@ -99,8 +99,15 @@ def test_store_resumes_byte_identical(tiny_models, tmp_path):
     m = tiny_models("llama")
     kw = dict(sites=["resid_pre", "resid_post"], positions="all", batch_size=2, progress=False, labels=list(range(8)))
     full = capture(m, PROMPTS, out=tmp_path / "full", **kw)
-    with pytest.raises(KeyboardInterrupt):
-        capture(m, PROMPTS, out=tmp_path / "part", _stop_after=2, **kw)
+    seen = []
+
+    def interrupt_third_batch(x, ctx):  # the user pressing Ctrl-C while batch 2 runs
+        seen.append(1)
+        if len(seen) == 3:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt), hooks(m, {"resid_pre.0": interrupt_third_batch}):
+        capture(m, PROMPTS, out=tmp_path / "part", **kw)
     part = ActivationStore(tmp_path / "part")
     assert not part.complete and part.has_shard(1) and not part.has_shard(2)
     resumed = capture(m, PROMPTS, out=tmp_path / "part", **kw)

@@ -11,7 +11,7 @@ from interp.activations import Activations
 from interp.io import save_bundle
 from interp.objects import PACKAGE_VERSION, Provenance, read_kind
 from probes import Direction, INLPEraser, LeaceEraser, LogisticProbe, Subspace
-from sae.arch import SAE, SAEConfig
+from sae.model import SAE, SAEConfig
 
 SITES = ["blocks.0.hook_resid_post", "blocks.1.hook_resid_post"]
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from interp.forward import last_logits
 from interp.hooks import hooks
 from interp.testing.tiny import tiny_model
 from patching import Patch, logit_diff, make_pairs, patch, sweep_heads, sweep_layers, sweep_positions
-from patching.runs import inputs, last_logits
 
 CLEAN = ["the man is big", "a man can go home", "you are here now"]
 CORRUPT = ["the boy is small", "a boy can see home", "we are there now"]
@@ -53,7 +53,7 @@ def test_corrupted_source_changes_nothing(family):
 
 def _naive_sweep(m, pairs, met, kind):
     """One forward per (layer, position): capture the clean site, overwrite it in the corrupted run."""
-    clean_in, corr_in = inputs(m, pairs.clean), inputs(m, pairs.corrupted)
+    clean_in, corr_in = pairs.clean, pairs.corrupted
     out = torch.zeros(m.n_layers, pairs.n_positions)
     rows = torch.arange(pairs.n_pairs)
     for layer in range(m.n_layers):
@@ -64,7 +64,7 @@ def _naive_sweep(m, pairs, met, kind):
             got["x"] = x.clone()
 
         with torch.no_grad(), hooks(m, {site: keep}):
-            m.hf(**clean_in)
+            m.hf(**clean_in.model_inputs)
         for p in range(pairs.n_positions):
             src = got["x"][rows, pairs.cols["clean"][:, p]]
 
@@ -115,7 +115,7 @@ def test_different_lengths_with_alignment():
     # last layer, last aligned position: the corrupted run then reads exactly the clean logits
     v = patch(m, pairs, [Patch("resid_post.1", position=-1)], met)
     with torch.no_grad():
-        clean_metric = float(met(last_logits(m, inputs(m, pairs.clean))))
+        clean_metric = float(met(last_logits(m, pairs.clean)))
     assert abs(float(v[0]) - clean_metric) < 1e-5
     same = sweep_positions(m, pairs, met, "resid_pre", source="corrupted")
     assert torch.allclose(same.values, torch.full_like(same.values, same.baseline), atol=1e-5)

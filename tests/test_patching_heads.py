@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from interp.forward import batch_of, last_logits
 from interp.sites import Site
 from interp.testing.tiny import FAMILIES, tiny_model
 from patching import (
@@ -21,7 +22,7 @@ from patching import (
     neuron_contrast,
     neuron_means,
 )
-from patching.runs import encode_prompts, inputs, last_logits, run_with_capture
+from patching.runs import run_with_capture
 
 PROMPTS = ["the man is here", "a boy can see the water and the sound", "what is your name"]
 
@@ -51,7 +52,7 @@ def test_zeroing_a_head_removes_exactly_its_output(family):
     """Without a post-norm the projection is linear, so ablating head h subtracts per_head[h] (order check)."""
     m = _with_biases(family)
     ho = head_outputs(m, PROMPTS)
-    batch = encode_prompts(m, PROMPTS)
+    batch = batch_of(m, PROMPTS)
     for layer, h in [(0, 1), (1, 3)]:
         with ablate_heads(m, [(layer, h)]):
             acts, _ = run_with_capture(m, batch, [Site("attn_out", layer)])
@@ -64,7 +65,7 @@ def test_head_ablation_sweep_matches_single_ablations():
     m = tiny_model("llama")
     tok = m.tokenizer
     met = logit_diff(tok.convert_tokens_to_ids("the"), tok.convert_tokens_to_ids("a"))
-    batch = encode_prompts(m, PROMPTS)
+    batch = batch_of(m, PROMPTS)
     means = head_means(m, PROMPTS)
     assert means.shape == (2, m.n_heads, m.d_head)
     for mode, mv in (("zero", None), ("mean", means)):
@@ -72,7 +73,7 @@ def test_head_ablation_sweep_matches_single_ablations():
         assert sw.shape == (2, m.n_heads)
         for layer, h in [(0, 0), (1, 2)]:
             with torch.no_grad(), ablate_heads(m, [(layer, h)], mode=mode, means=mv):
-                want = float(met(last_logits(m, inputs(m, batch))))
+                want = float(met(last_logits(m, batch)))
             assert abs(float(sw.values[layer, h]) - want) < 1e-5
         assert sw.delta.abs().max() > 1e-5
     with pytest.raises(ValueError, match="means"):
@@ -104,15 +105,15 @@ def test_neuron_ablation_effect_and_overlap():
     tok = m.tokenizer
     met = logit_diff(tok.convert_tokens_to_ids("the"), tok.convert_tokens_to_ids("a"))
     neurons = [(0, 3), (1, 10), (1, 77)]
-    batch = encode_prompts(m, PROMPTS)
+    batch = batch_of(m, PROMPTS)
     for mode, mv in (("zero", None), ("mean", neuron_means(m, PROMPTS))):
         eff = neuron_ablation_effect(m, PROMPTS, met, neurons, mode=mode, means=mv)
         for i, n in enumerate(neurons):
             with torch.no_grad(), ablate_neurons(m, [n], mode=mode, means=mv):
-                want = float(met(last_logits(m, inputs(m, batch))))
+                want = float(met(last_logits(m, batch)))
             assert abs(float(eff.values[i]) - want) < 1e-5
         with torch.no_grad(), ablate_neurons(m, neurons, mode=mode, means=mv):
-            assert abs(eff.joint - float(met(last_logits(m, inputs(m, batch))))) < 1e-5
+            assert abs(eff.joint - float(met(last_logits(m, batch)))) < 1e-5
         assert eff.delta.abs().max() > 0
     with pytest.raises(ValueError, match="out of range"):
         neuron_ablation_effect(m, PROMPTS, met, [(0, 10_000)])

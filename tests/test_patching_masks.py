@@ -5,16 +5,16 @@ from __future__ import annotations
 import pytest
 import torch
 
+from interp.forward import batch_of, last_logits
 from interp.testing.tiny import tiny_model
 from patching import learn_mask, logit_diff
-from patching.runs import encode_prompts, inputs, last_logits
 
 PROMPTS = ["the man is here", "a boy can see the water", "you are there now", "what is the name of it"]
 
 
 def _change_metric(m):
     with torch.no_grad():
-        ref = last_logits(m, inputs(m, encode_prompts(m, PROMPTS)))
+        ref = last_logits(m, batch_of(m, PROMPTS))
 
     def change(logits):
         return (logits - ref).pow(2).sum(-1).mean()

@@ -13,7 +13,8 @@ import torch
 
 import probes
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
+from .conftest import SHARED  # ../shared, or $INTERP_SHARED (a worktree elsewhere)
+
 PERSONA = SHARED / "data" / "persona"
 REFUSAL = SHARED / "data" / "refusal"
 HARMLESS = Path(__file__).resolve().parents[1] / "interp" / "data" / "prompts" / "harmless_general.jsonl"

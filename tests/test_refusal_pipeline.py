@@ -10,9 +10,13 @@ import time
 import pytest
 import torch
 
+import steering
+from evals.judge import refusal_rate
+from evals.logits import refusal_score
+from interp.forward import prepare
 from interp.testing.tiny import tiny_model
-from pipelines.refusal import scoring as S
-from pipelines.refusal.run import RefusalConfig, run_refusal
+from pipelines.refusal import RefusalConfig, run_refusal
+from pipelines.refusal.scoring import prompt_logits, refusal_tokens, score_rows
 
 from .conftest import REPO, shared_path
 
@@ -27,7 +31,7 @@ def aligned_run(tmp_path_factory):
     _organism_present()
     out = tmp_path_factory.mktemp("runs") / "aligned"
     t0 = time.perf_counter()
-    res = run_refusal(RefusalConfig(model="organism", save_model=True), out)
+    res = run_refusal(RefusalConfig.from_flat(model="organism", save_model=True), out)
     res.seconds = time.perf_counter() - t0
     return res
 
@@ -70,7 +74,7 @@ def test_outputs_written_and_resumable(aligned_run):
     AutoModelForCausalLM.from_pretrained(out / "model")
     # a second run over the same folder recomputes nothing
     t0 = time.perf_counter()
-    again = run_refusal(RefusalConfig(model="organism", save_model=True), out)
+    again = run_refusal(RefusalConfig.from_flat(model="organism", save_model=True), out)
     assert again.metrics["selection"] == aligned_run.metrics["selection"]
     assert time.perf_counter() - t0 < aligned_run.seconds
 
@@ -81,36 +85,140 @@ def test_main_job_fits_the_time_budget(aligned_run):
 
 def test_base_organism_has_no_direction(tmp_path):
     _organism_present()
-    res = run_refusal(RefusalConfig(model="organism-base", n_test=16), tmp_path / "base")
+    res = run_refusal(RefusalConfig.from_flat(model="organism-base", n_test=16), tmp_path / "base")
     assert not res.found and res.notes
     assert (tmp_path / "base" / "report.html").exists()
     assert json.loads((tmp_path / "base" / "metrics.json").read_text())["found_direction"] is False
 
 
-def test_batched_scoring_equals_one_candidate_at_a_time():
+def test_row_edits_equal_each_candidate_alone():
+    """steering.RowEdits (batched candidate scoring) row by row equals DirectionalAblation / AddVector alone."""
     m = tiny_model("qwen2")
-    encs = S.encode_prompts(m, ["the man said", "what is the good word", "help me now"])
+    _, encs = prepare(m, ["the man said", "what is the good word", "help me now"])
     torch.manual_seed(0)
     dirs = torch.nn.functional.normalize(torch.randn(5, m.d_model), dim=-1)
     layers = torch.tensor([0, 1, 0, 1, 1])
-    for mode in ("ablate", "add"):
-        batched = S.score_rows(m, encs, dirs * (3 if mode == "add" else 1), mode, layers, max_rows=7)
-        for c in range(5):
-            one = S.score_rows(m, encs, dirs[c:c + 1] * (3 if mode == "add" else 1), mode, layers[c:c + 1])
-            torch.testing.assert_close(batched[c], one[0], atol=1e-5, rtol=0)
-    # and the ablation really is an ablation: steering's DirectionalAblation gives the same logits
-    import steering
-
-    with steering.apply(m, steering.DirectionalAblation(dirs[2])):
-        ref = S.baseline_logits(m, encs)
-    torch.testing.assert_close(S.score_rows(m, encs, dirs[2:3], "ablate")[0], ref, atol=1e-5, rtol=0)
+    ablated = score_rows(m, encs, dirs, "ablate", max_rows=7)                 # chunks of 2 candidates
+    added = score_rows(m, encs, 3 * dirs, "add", layers, max_rows=7)
+    for c in range(5):
+        alone = prompt_logits(m, encs, steering.DirectionalAblation(dirs[c]))
+        torch.testing.assert_close(ablated[c], alone, atol=1e-5, rtol=0)
+        alone = prompt_logits(m, encs, steering.AddVector(3 * dirs[c], layers=int(layers[c]), sites="resid_pre"))
+        torch.testing.assert_close(added[c], alone, atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="rows"):
+        with steering.apply(m, steering.RowEdits(ablate=dirs)):
+            prompt_logits(m, encs)                                            # 3 rows, edits for 5
 
 
 def test_refusal_score_and_tokens():
     logits = torch.log(torch.tensor([[0.5, 0.25, 0.25]]))
-    torch.testing.assert_close(S.refusal_score(logits, [0]), torch.tensor([0.0]), atol=1e-6, rtol=0)
-    toks = S.refusal_tokens([5, 5, 5, 7, 9], [9, 9, 1])
+    torch.testing.assert_close(refusal_score(logits, [0]), torch.tensor([0.0]), atol=1e-6, rtol=0)
+    toks = refusal_tokens([5, 5, 5, 7, 9], [9, 9, 1])
     assert toks[0] == 5 and 9 not in toks
+
+
+class _ForwardCount:
+    """Counts forward passes of any ``*ForCausalLM`` module (generation steps and baked copies included)."""
+
+    def __enter__(self):
+        self.n = 0
+
+        def pre(mod, args):
+            if type(mod).__name__.endswith("ForCausalLM"):
+                self.n += 1
+
+        self.handle = torch.nn.modules.module.register_module_forward_pre_hook(pre)
+        return self
+
+    def __exit__(self, *exc):
+        self.handle.remove()
+
+
+def test_new_threshold_reselects_from_cached_scores(aligned_run, tmp_path):
+    """Changing --induce-threshold on a finished run re-runs selection only: no scoring forward, seconds."""
+    import shutil
+
+    import interp
+
+    out = tmp_path / "copy"
+    shutil.copytree(aligned_run.out, out)
+    model = interp.load_model("organism")
+    base = aligned_run.metrics["selection"]
+    t0 = time.perf_counter()
+    with _ForwardCount() as fc:
+        same = run_refusal(RefusalConfig.from_flat(model="organism", save_model=True, induce_threshold=1.0), out,
+                           model=model)
+    assert same.computed == ["selection"] and fc.n == 0, (same.computed, fc.n)
+    assert time.perf_counter() - t0 < 30
+    assert (same.metrics["selection"]["layer"], same.metrics["selection"]["position"]) == (base["layer"],
+                                                                                           base["position"])
+    assert same.metrics["selection"]["passing"]["induce"] <= base["passing"]["induce"]
+    with _ForwardCount() as fc:
+        none = run_refusal(RefusalConfig.from_flat(model="organism", save_model=True, induce_threshold=1e9), out,
+                           model=model)
+    assert none.computed == ["selection"] and fc.n == 0 and not none.found and none.notes
+    assert not (out / "direction").exists() and not (out / "generations.jsonl").exists()  # no stale direction
+
+
+def test_outputs_equal_an_independent_computation(aligned_run):
+    """The job's numbers recomputed here from the saved direction with the library's public pieces."""
+    import interp
+    from pipelines.refusal import load_refusal_data
+    from probes.objects import Direction
+
+    m = aligned_run.metrics
+    sel = m["selection"]
+    model = interp.load_model("organism")
+    data = load_refusal_data()
+    d = Direction.load(aligned_run.out / "direction")
+    r = d.vectors[0]
+    toks = aligned_run.tokens.tokens
+    kw = dict(sites=f"resid_pre.{sel['layer']}", positions=sel["position"], progress=False)
+    h = interp.capture(model, data.harmful["train"].instructions, **kw).tensor[:, 0]
+    s = interp.capture(model, data.harmless["train"].instructions, **kw).tensor[:, 0]
+    torch.testing.assert_close(d.raw[0], h.mean(0) - s.mean(0), atol=1e-5, rtol=0)
+    _, val = prepare(model, data.harmful["val"].instructions)
+    bypass = refusal_score(prompt_logits(model, val, steering.DirectionalAblation(r)), toks).mean().item()
+    assert bypass == pytest.approx(sel["bypass_score"], abs=1e-5)
+    harm = data.harmful["test"].instructions
+    _, test = prepare(model, harm)
+    ev = m["evaluation"]
+    for cond, ivs in (("harmful/baseline", ()), ("harmful/ablation", (steering.DirectionalAblation(r),))):
+        score = refusal_score(prompt_logits(model, test, *ivs), toks).mean().item()
+        assert score == pytest.approx(ev["refusal_score"][cond], abs=1e-5), cond
+        gens = steering.generate(model, harm, *ivs, max_new_tokens=24, batch_size=64, progress=False).texts
+        assert refusal_rate(gens) == ev["refusal_rate"][cond], cond
+        assert gens == aligned_run.evaluation.generations[cond]
+
+
+def test_test_set_is_tokenised_once_per_condition(tmp_path):
+    """Every condition (generation and scoring alike) shares one tokenisation of each test set."""
+    import interp
+
+    model = interp.load_model("organism")
+    calls: list[list[str]] = []
+    base_cls = type(model.tokenizer)
+
+    class Counting(base_cls):  # the real tokenizer, counting its calls
+        def __call__(self, text, *a, **k):
+            calls.append(list(text) if isinstance(text, (list, tuple)) else [text])
+            return super().__call__(text, *a, **k)
+
+    model.tokenizer.__class__ = Counting
+    try:
+        res = run_refusal(RefusalConfig.from_flat(n_test=8, subspace_rank=3, max_new_tokens=4), tmp_path / "r",
+                          model=model)
+    finally:
+        model.tokenizer.__class__ = base_cls
+    assert res.found
+    from pipelines.refusal import load_refusal_data
+
+    data = load_refusal_data(n_test=8)
+    for which, n_conditions in (("harmful", 5 + len(res.subspaces.ranks)), ("harmless", 4)):
+        texts = interp.format_prompts(model, (data.harmful if which == "harmful" else data.harmless)["test"].instructions)
+        n = sum(c == texts for c in calls)
+        assert 1 <= n <= n_conditions, (which, n, n_conditions)
+        assert n == 1, (which, n)  # tokenised once, shared by every generation and score
 
 
 def _files(tmp_path, n_harm=12, n_safe=12):
@@ -127,25 +235,25 @@ def test_bad_input(tmp_path):
     empty = tmp_path / "empty.csv"
     empty.write_text("goal,category\n")
     with pytest.raises(ValueError, match="no prompts"):
-        run_refusal(RefusalConfig(harmful=str(empty), harmless=str(s)), tmp_path / "r1", model=m)
+        run_refusal(RefusalConfig.from_flat(harmful=str(empty), harmless=str(s)), tmp_path / "r1", model=m)
     with pytest.raises(ValueError, match="column 'nope' does not exist"):
-        run_refusal(RefusalConfig(harmful=str(h), harmless=str(s), column="nope"), tmp_path / "r2", model=m)
+        run_refusal(RefusalConfig.from_flat(harmful=str(h), harmless=str(s), column="nope"), tmp_path / "r2", model=m)
     (tmp_path / "f").mkdir()
     few, _ = _files(tmp_path / "f", n_harm=3)
     with pytest.raises(ValueError, match="at least 6"):
-        run_refusal(RefusalConfig(harmful=str(few), harmless=str(s)), tmp_path / "r3", model=m)
+        run_refusal(RefusalConfig.from_flat(harmful=str(few), harmless=str(s)), tmp_path / "r3", model=m)
     # an output folder holding the user's own files is refused and left untouched
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "thesis.tex").write_text("precious")
     with pytest.raises(FileExistsError, match="not from a refusal run"):
-        run_refusal(RefusalConfig(harmful=str(h), harmless=str(s)), mine, model=m, overwrite=True)
+        run_refusal(RefusalConfig.from_flat(harmful=str(h), harmless=str(s)), mine, model=m, overwrite=True)
     assert (mine / "thesis.tex").read_text() == "precious"
     # another run's folder needs overwrite
-    run_refusal(RefusalConfig(harmful=str(h), harmless=str(s), max_new_tokens=2), tmp_path / "r4", model=m)
+    run_refusal(RefusalConfig.from_flat(harmful=str(h), harmless=str(s), max_new_tokens=2), tmp_path / "r4", model=m)
     with pytest.raises(FileExistsError, match="--overwrite"):
-        run_refusal(RefusalConfig(harmful=str(h), harmless=str(s), max_new_tokens=3), tmp_path / "r4", model=m)
-    res = run_refusal(RefusalConfig(harmful=str(h), harmless=str(s), max_new_tokens=3), tmp_path / "r4", model=m,
+        run_refusal(RefusalConfig.from_flat(harmful=str(h), harmless=str(s), max_new_tokens=3), tmp_path / "r4", model=m)
+    res = run_refusal(RefusalConfig.from_flat(harmful=str(h), harmless=str(s), max_new_tokens=3), tmp_path / "r4", model=m,
                       overwrite=True)
     assert res.metrics["found_direction"] is False  # a random model never refuses: said, not faked
 
@@ -155,7 +263,7 @@ def test_no_chat_template_fallback_is_stated(tmp_path):
     m.tokenizer.chat_template = None
     h, s = _files(tmp_path)
     with pytest.warns(UserWarning, match="no chat template"):
-        res = run_refusal(RefusalConfig(harmful=str(h), harmless=str(s), max_new_tokens=2), tmp_path / "r", model=m)
+        res = run_refusal(RefusalConfig.from_flat(harmful=str(h), harmless=str(s), max_new_tokens=2), tmp_path / "r", model=m)
     assert any("no chat template" in n for n in res.notes)
 
 
@@ -194,7 +302,7 @@ def test_smollm2_harmfulness_direction_separates_held_out(tmp_path):
     proj = acts.tensor[te, 0] @ d.vectors[0]
     y = torch.tensor(acts.labels)[te]
     assert float(auroc(proj[None], y)) >= 0.95
-    res = run_refusal(RefusalConfig(model="smollm2-135m-instruct", harmful=str(harmful_file),
+    res = run_refusal(RefusalConfig.from_flat(model="smollm2-135m-instruct", harmful=str(harmful_file),
                                     harmless=str(REPO / "interp" / "data" / "prompts" / "harmless_general.jsonl"),
                                     n_train=32, n_val=8, n_test=8, layers=[6, 12, 18], max_new_tokens=8),
                       tmp_path / "smol", model=m)

@@ -7,7 +7,7 @@ import torch
 
 from evals.metrics import auroc
 from sae.analysis import aligned_latents, diff_latents, separating_latents
-from sae.arch import SAE, SAEConfig
+from sae.model import SAE, SAEConfig
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from sae.arch import SAE, SAEConfig
+from sae.model import SAE, SAEConfig
 from sae.sparse_decoder import Active, gather_dot, gather_sum, scatter_outer, sparse_decode, sparse_encode
 
 
@@ -201,7 +201,7 @@ def test_triton_kernels_interpreted_match_dense():
 def test_import_sae_without_triton_or_saelens():
     code = ("import sys; sys.modules['triton'] = None; sys.modules['sae_lens'] = None\n"
             "import torch, sae\n"
-            "from sae.arch import SAE, SAEConfig\n"
+            "from sae.model import SAE, SAEConfig\n"
             "from sae.sparse_decoder import Active, sparse_decode\n"
             "s = SAE(SAEConfig(8, 16, arch='topk', k=2)); x = torch.randn(3, 8)\n"
             "idx = s.pre_acts(x).topk(2, dim=-1).indices\n"

@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from interp.hooks import count_hooks, hooks
-from sae.arch import SAE, SAEConfig
 from sae.contexts import Context, contexts_html, top_contexts
-from sae.interventions import LatentAblation, LatentSteering, SAESplice
-from sae.metrics import ce_loss_recovered
+from sae.edits import LatentAblation, LatentSteering, SAESplice
+from sae.model import SAE, SAEConfig
+from sae.quality import ce_loss_recovered
 
 PROMPTS = ["the man said to the boy", "what is the good word", "where is the old house by the water now ?",
            "tell me a kind word", "the water is low", "why do they play with the old man"]
@@ -46,7 +46,12 @@ def test_width_mismatch_between_sae_and_site(tiny_models):
 
 
 def test_ce_loss_recovered_exact_and_random(tiny_models):
-    from sae.runner import forward, next_token_ce, token_batches
+    from evals.logits import cross_entropy
+    from interp.forward import batches, forward, prepare
+    from sae.quality import predicted
+
+    def summed_ce(logits, b):
+        return cross_entropy(logits, b.input_ids, predicted(b))
 
     model = tiny_models("llama")
     n0 = count_hooks(model.hf)  # HF itself leaves output-recording hooks once output_hidden_states was used
@@ -54,13 +59,13 @@ def test_ce_loss_recovered_exact_and_random(tiny_models):
     assert abs(exact.sae - exact.clean) < 1e-6 and exact.n_predictions == 32
     assert abs(exact.recovered_zero - 1) < 1e-4 and abs(exact.recovered_mean - 1) < 1e-4
     # the ablation baselines, recomputed by hand with plain hooks and the tokens' own mean
-    batches = list(token_batches(model, PROMPTS, 4))
+    bs = batches(model, prepare(model, PROMPTS, chat=False)[1], 4)
     acts = []
-    for b in batches:
-        forward(model, b, {SITE: lambda x, ctx, b=b: acts.append(x[b.mask].double())})
+    for b in bs:
+        forward(model, b, {SITE: lambda x, ctx, b=b: acts.append(x[b.attention_mask.bool()].double())})
     mean = torch.cat(acts).mean(0).float()
-    zero = sum(next_token_ce(forward(model, b, {SITE: lambda x, ctx: x * 0}), b)[0] for b in batches) / 32
-    meanab = sum(next_token_ce(forward(model, b, {SITE: lambda x, ctx: mean.expand_as(x)}), b)[0] for b in batches) / 32
+    zero = sum(summed_ce(forward(model, b, {SITE: lambda x, ctx: x * 0}), b)[0] for b in bs) / 32
+    meanab = sum(summed_ce(forward(model, b, {SITE: lambda x, ctx: mean.expand_as(x)}), b)[0] for b in bs) / 32
     assert exact.zero_ablated == pytest.approx(zero, abs=1e-6) and exact.mean_ablated == pytest.approx(meanab, abs=1e-6)
     assert abs(exact.zero_ablated - exact.clean) > 1e-3  # the site matters, so the ratio is defined
     rand = SAE(SAEConfig(model.d_model, 128, arch="topk", k=2, site=SITE), seed=3)
@@ -144,7 +149,7 @@ def test_top_contexts_and_html(tiny_models):
     best = (-1.0, None, None)
     for x, b in site_tokens(model, SITE, PROMPTS, batch_size=3):
         with torch.no_grad():
-            a = sae.encode(x)[..., 7].masked_fill(~b.mask, -1)
+            a = sae.encode(x)[..., 7].masked_fill(~b.attention_mask.bool(), -1)
         for i in range(a.shape[0]):
             if float(a[i].max()) > best[0]:
                 best = (float(a[i].max()), b.input_ids[i][int(a[i].argmax())].item(), None)

@@ -29,7 +29,7 @@ def setup():
     import interp
     from interp.capture import capture
     from interp.data import load_prompts
-    from sae.train import train_sae
+    from sae.trainer import train_sae
 
     n = torch.get_num_threads()
     torch.set_num_threads(1)  # a 64-wide SAE: one thread is fastest
@@ -52,9 +52,9 @@ def test_diffed_latents_separate_and_their_ablation_lowers_refusal(setup):
     from evals.judge import refusal_rate
     from evals.metrics import auroc
     from sae.analysis import diff_latents, encode_tokens
-    from sae.interventions import LatentAblation
-    from sae.metrics import evaluate
-    from sae.runner import generate
+    from sae.edits import LatentAblation
+    from sae.quality import evaluate
+    from steering import generate
 
     sae, acts, P, aligned = setup["sae"], setup["acts"], setup["P"], setup["aligned"]
     m = evaluate(sae, acts[("aligned", "harmful_train")].flat_tokens(SITE))
@@ -86,12 +86,11 @@ def test_diffed_latents_separate_and_their_ablation_lowers_refusal(setup):
           f"sum of the top-10 per prompt {au_sum:.3f}; each (prompt mean) {[round(float(v), 2) for v in au_each]}")
     assert au_first > 0.95 and au_sum > 0.8
     # ablating them, error term kept, lowers the aligned model's refusal rate on held-out harmful prompts
-    base_rate = refusal_rate(generate(aligned, P["harmful_test"], max_new_tokens=12))
-    abl_rate = refusal_rate(generate(aligned, P["harmful_test"], LatentAblation(sae, top).hook_fns(aligned),
-                                     max_new_tokens=12))
+    kw = dict(max_new_tokens=12, batch_size=32, progress=False)
+    base_rate = refusal_rate(generate(aligned, P["harmful_test"], **kw).texts)
+    abl_rate = refusal_rate(generate(aligned, P["harmful_test"], LatentAblation(sae, top), **kw).texts)
     rand = torch.randperm(sae.d_sae, generator=torch.Generator().manual_seed(0))[:10].tolist()
-    rand_rate = refusal_rate(generate(aligned, P["harmful_test"], LatentAblation(sae, rand).hook_fns(aligned),
-                                      max_new_tokens=12))
+    rand_rate = refusal_rate(generate(aligned, P["harmful_test"], LatentAblation(sae, rand), **kw).texts)
     print(f"refusal rate on harmful test prompts: {base_rate:.3f} -> {abl_rate:.3f} with the top-10 diffed latents "
           f"ablated ({rand_rate:.3f} with 10 random latents)")
     assert base_rate > 0.8

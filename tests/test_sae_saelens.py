@@ -8,7 +8,7 @@ import warnings
 import pytest
 import torch
 
-from sae.arch import SAE, SAEConfig
+from sae.model import SAE, SAEConfig
 from sae.saelens_io import load_saelens, save_saelens
 
 sae_lens = pytest.importorskip("sae_lens")
@@ -158,7 +158,7 @@ def _train_saelens_topk(d_in: int, hook: str):
 @pytest.mark.parametrize("save", ["save_model", "save_inference_model"])
 def test_saelens_trained_topk_in_our_splice(tmp_path, tiny_models, save):
     from interp.hooks import hooks
-    from sae.interventions import SAESplice
+    from sae.edits import SAESplice
 
     model = tiny_models("llama")
     trained = _train_saelens_topk(model.d_model, "blocks.0.hook_resid_post")
@@ -189,7 +189,7 @@ def test_saelens_trained_topk_in_our_splice(tmp_path, tiny_models, save):
 
 
 def test_unhookable_hook_name_is_kept_and_splicing_says_why(tmp_path, tiny_models):
-    from sae.interventions import SAESplice
+    from sae.edits import SAESplice
 
     theirs = _theirs("standard")
     theirs.cfg.metadata.hook_name = "blocks.0.attn.hook_q"

@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from interp.store import ActivationStore
-from sae.arch import SAE
-from sae.data import TokenStream
-from sae.metrics import evaluate
+from sae.model import SAE
+from sae.quality import evaluate
+from sae.stream import TokenStream
 from sae.synthetic import planted_dictionary
-from sae.train import TrainConfig, train_sae
+from sae.trainer import TrainConfig, train_sae
 
 D_IN, N_FEAT, K = 64, 128, 4
 

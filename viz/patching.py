@@ -3,6 +3,7 @@ patching, learned-mask rankings, neuron contrasts and overlaps, and transplant s
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import plotly.graph_objects as go
@@ -92,5 +93,35 @@ def overlap_heatmap(overlap: Any, title: str | None = None) -> go.Figure:
     return fig
 
 
-__all__ = ["sweep_heatmap", "attribution_scatter", "mask_ranking", "transplant_trajectory",
+def grid_heatmap(z: Any, x: Sequence[str], y: Sequence[str], xaxis: str, yaxis: str, label: str,
+                 title: str, diverging: bool = False) -> go.Figure:
+    """A plain heatmap of ``z [len(y), len(x)]`` (e.g. mean head write norm, layers x heads); ``diverging``
+    centres a red-blue scale at zero, otherwise a one-sided scale from zero."""
+    t = torch.as_tensor(z, dtype=torch.float64)
+    zmax = float(torch.nan_to_num(t.abs()).max()) or 1.0
+    scale = {"colorscale": "RdBu", "zmid": 0.0, "zmin": -zmax, "zmax": zmax} if diverging else \
+        {"colorscale": "Viridis", "zmin": 0.0}
+    fig = go.Figure(go.Heatmap(z=t.tolist(), x=list(x), y=list(y), colorbar={"title": label}, **scale,
+                               hovertemplate=f"{yaxis} %{{y}}<br>{xaxis} %{{x}}<br>{label} %{{z:.4g}}<extra></extra>"))
+    fig.update_layout(title=title, xaxis_title=xaxis, yaxis_title=yaxis, yaxis={"autorange": "reversed"},
+                      xaxis_type="category", template="plotly_white")
+    return fig
+
+
+def effect_bars(labels: Sequence[str], delta: Sequence[float], control: Sequence[float] | None = None,
+                joint: float | None = None, metric: str = "metric", title: str | None = None) -> go.Figure:
+    """Change of the metric when each component is ablated alone (blue), beside the same ablation of random
+    components (grey, the control) and a dashed line at the change with all chosen components ablated."""
+    fig = go.Figure(go.Bar(x=list(labels), y=[float(v) for v in delta], name="chosen", marker_color="#4062bb"))
+    if control is not None and len(control):
+        fig.add_trace(go.Bar(x=[f"random {i}" for i in range(len(control))], y=[float(v) for v in control],
+                             name="random control", marker_color="#9a9a9a"))
+    if joint is not None:
+        fig.add_hline(y=joint, line_dash="dash", line_color="#d62728", annotation_text="all chosen ablated")
+    fig.update_layout(title=_title(f"ablation effect on {metric}", title), xaxis_title="component",
+                      xaxis_type="category", yaxis_title=f"change in {metric}", template="plotly_white")
+    return fig
+
+
+__all__ = ["grid_heatmap", "effect_bars", "sweep_heatmap", "attribution_scatter", "mask_ranking", "transplant_trajectory",
            "neuron_contrast_heatmap", "overlap_heatmap"]

@@ -146,18 +146,41 @@ def rank_curve(ranks: Sequence[int], accuracy: Any, auroc: Any, title: str = "af
 
 
 def graded_levels(level_means: Any, adjacent_d: Any, levels: Sequence[str], sites: Sequence[str] | None = None,
-                  title: str = "graded levels") -> Any:
-    """Mean projection of each level against layer (``level_means [n_layers, k]``); hover shows adjacent d."""
+                  title: str = "graded levels", level_std: Any = None, heldout_d: Any = None) -> Any:
+    """Two panels by layer: each level's mean projection with a +-1 std band (``level_means`` / ``level_std``
+    ``[n_layers, k]``), and Cohen's d between neighbouring levels (``adjacent_d [n_layers, k-1]``, solid;
+    ``heldout_d`` of the same shape, dashed), with d = 0 marked: below it a level sits under the one before."""
     go = _go()
+    from plotly.subplots import make_subplots
+
     m = torch.as_tensor(level_means, dtype=torch.float64)
     d = torch.as_tensor(adjacent_d, dtype=torch.float64)
+    sd = None if level_std is None else torch.as_tensor(level_std, dtype=torch.float64)
     x = _labels(sites, m.shape[0])
-    fig = go.Figure()
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
+                        subplot_titles=("mean projection +- 1 std", "Cohen's d between neighbouring levels"))
     for i, lev in enumerate(levels):
-        hover = None if i == 0 else [f"d vs {levels[i - 1]}: {v:.2f}" for v in d[:, i - 1].tolist()]
-        fig.add_trace(go.Scatter(x=x, y=m[:, i].tolist(), mode="lines+markers", name=str(lev), hovertext=hover,
-                                 line={"color": _PALETTE[i % len(_PALETTE)]}))
-    fig.update_layout(title=title, xaxis_title="site", yaxis_title="mean projection", template="plotly_white")
+        color = _PALETTE[i % len(_PALETTE)]
+        if sd is not None:
+            hi, lo = (m[:, i] + sd[:, i]).tolist(), (m[:, i] - sd[:, i]).tolist()
+            fig.add_trace(go.Scatter(x=x + x[::-1], y=hi + lo[::-1], fill="toself", line={"width": 0},
+                                     fillcolor=color, opacity=0.15, hoverinfo="skip", showlegend=False), row=1, col=1)
+        fig.add_trace(go.Scatter(x=x, y=m[:, i].tolist(), mode="lines+markers", name=str(lev),
+                                 line={"color": color}), row=1, col=1)
+    for i in range(d.shape[1]):
+        color = _PALETTE[(i + len(levels)) % len(_PALETTE)]
+        name = f"d {levels[i]} -> {levels[i + 1]}"
+        fig.add_trace(go.Scatter(x=x, y=d[:, i].tolist(), mode="lines+markers", name=name + " (fit)",
+                                 line={"color": color}), row=2, col=1)
+        if heldout_d is not None:
+            h = torch.as_tensor(heldout_d, dtype=torch.float64)
+            fig.add_trace(go.Scatter(x=x, y=h[:, i].tolist(), mode="lines", name=name + " (held out)",
+                                     line={"color": color, "dash": "dash"}), row=2, col=1)
+    fig.add_hline(y=0, line_dash="dot", line_color="gray", row=2, col=1)
+    fig.update_layout(title=title, template="plotly_white", height=650)
+    fig.update_xaxes(title_text="site", row=2, col=1)
+    fig.update_yaxes(title_text="projection", row=1, col=1)
+    fig.update_yaxes(title_text="d", row=2, col=1)
     return fig
 
 

@@ -103,3 +103,55 @@ def diff_ranking(scores: Any, top: int = 20, labels: Mapping[int, str] | Sequenc
         fig.update_layout(yaxis_title=score_name)
     fig.update_layout(title=title, template="plotly_white", xaxis_title="latent", xaxis_type="category")
     return fig
+
+
+def latent_bars(latents: Sequence[int], series: Mapping[str, Sequence[float]], title: str = "latents",
+                yaxis: str = "score") -> Any:
+    """Grouped bars, one group per latent in the given order (best first), one bar per named series
+    (e.g. ``{"cosine": [...]}`` or ``{"base": [...], "tuned": [...]}``)."""
+    go = _go()
+    names = [f"#{int(i)}" for i in latents]
+    fig = go.Figure()
+    for k, v in series.items():
+        if len(v) != len(names):
+            raise ValueError(f"series {k!r} has {len(v)} values for {len(names)} latents")
+        fig.add_trace(go.Bar(x=names, y=[float(x) for x in v], name=k))
+    fig.update_layout(title=title, barmode="group", template="plotly_white", xaxis_title="latent",
+                      xaxis_type="category", yaxis_title=yaxis)
+    return fig
+
+
+def metrics_summary(frequency: Any, scalars: Mapping[str, float], counts: Mapping[str, float] | None = None,
+                    bins: int = 60, title: str = "SAE metrics") -> Any:
+    """Left: histogram of ``log10`` firing frequency of the latents that fire. Middle: bars of the fractions
+    in ``scalars`` (FVU, dead, dense). Right: bars of the counts in ``counts`` (e.g. L0)."""
+    from plotly.subplots import make_subplots
+
+    go = _go()
+    f = torch.as_tensor(frequency, dtype=torch.float64)
+    dead = int((f == 0).sum())
+    panels = ["log10 firing frequency", "fractions"] + (["per token"] if counts else [])
+    fig = make_subplots(rows=1, cols=len(panels), subplot_titles=panels)
+    fig.add_trace(go.Histogram(x=torch.log10(f[f > 0]).tolist(), nbinsx=bins, name="latents", showlegend=False),
+                  row=1, col=1)
+    fig.add_trace(go.Bar(x=list(scalars), y=[float(v) for v in scalars.values()], showlegend=False,
+                         marker_color="#4062bb"), row=1, col=2)
+    if counts:
+        fig.add_trace(go.Bar(x=list(counts), y=[float(v) for v in counts.values()], showlegend=False,
+                             marker_color="#2ca02c"), row=1, col=3)
+    fig.update_xaxes(title_text="log10 frequency", row=1, col=1)
+    fig.update_yaxes(title_text="latents", row=1, col=1)
+    fig.update_layout(title=f"{title} ({dead} dead of {f.numel()} latents)", template="plotly_white")
+    return fig
+
+
+def ce_loss_bars(conditions: Sequence[str], ce: Sequence[float], recovered: Mapping[str, float],
+                 title: str = "cross-entropy with the SAE spliced in") -> Any:
+    """Next-token CE (nats) per condition (clean, SAE, zero- and mean-ablated); the recovered fractions in the
+    title, since they are the headline numbers."""
+    go = _go()
+    fig = go.Figure(go.Bar(x=list(conditions), y=[float(v) for v in ce], marker_color="#4062bb"))
+    rec = ", ".join(f"{k} {v:.3f}" for k, v in recovered.items())
+    fig.update_layout(title=f"{title} (recovered: {rec})", template="plotly_white", xaxis_title="condition",
+                      yaxis_title="cross-entropy (nats)")
+    return fig

@@ -1,5 +1,34 @@
-"""The refusal-direction analysis (Arditi et al. 2024) end to end: ``run_refusal(RefusalConfig(...), out)``."""
+"""The refusal-direction analysis (Arditi et al. 2024): ``run_refusal(RefusalConfig(...), out)``, or stage by stage.
 
-from pipelines.refusal.run import RefusalConfig, RefusalResult, run_refusal
+    data = load_refusal_data()
+    tokens = find_refusal_tokens(model, data); cand = find_candidates(model, data)
+    scores = score_candidates(model, data, cand, tokens); sel = select_direction(model.n_layers, cand, scores, cfg)
+    ev = evaluate(model, data, cand, sel, tokens); sub = find_subspaces(model, data, cand, sel, tokens)
+"""
 
-__all__ = ["RefusalConfig", "RefusalResult", "run_refusal"]
+from pipelines.refusal.config import (
+    DataConfig,
+    GenerationConfig,
+    RefusalConfig,
+    RuntimeConfig,
+    SelectionConfig,
+)
+from pipelines.refusal.data import RefusalData, load_refusal_data
+from pipelines.refusal.evaluation import Evaluation, Subspaces, TestPrompts, evaluate, find_subspaces
+from pipelines.refusal.result import RefusalResult
+from pipelines.refusal.run import run_refusal
+from pipelines.refusal.stages import (
+    Candidates,
+    RefusalTokens,
+    Scores,
+    Selection,
+    find_candidates,
+    find_refusal_tokens,
+    score_candidates,
+    select_direction,
+)
+
+__all__ = ["Candidates", "DataConfig", "Evaluation", "GenerationConfig", "RefusalConfig", "RefusalData",
+           "RefusalResult", "RefusalTokens", "RuntimeConfig", "Scores", "Selection", "SelectionConfig", "Subspaces",
+           "TestPrompts", "evaluate", "find_candidates", "find_refusal_tokens", "find_subspaces", "load_refusal_data",
+           "run_refusal", "score_candidates", "select_direction"]

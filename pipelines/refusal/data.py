@@ -3,6 +3,8 @@ deterministically into train / val / test."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +31,20 @@ class RefusalData:
     harmful: dict[str, PromptSplit]
     harmless: dict[str, PromptSplit]
     source: dict[str, str]
+
+    def digest(self, part: str) -> str:
+        """Hash of both classes' ``part`` split (instructions and categories): a stage's data identity."""
+        blob = {what: [split.instructions, split.categories]
+                for what, split in (("harmful", self.harmful[part]), ("harmless", self.harmless[part]))}
+        return hashlib.sha256(json.dumps(blob).encode()).hexdigest()[:16]
+
+    def check(self) -> None:
+        """Every split of both classes needs at least 2 prompts (a mean difference and a val/test score)."""
+        for what, parts in (("harmful", self.harmful), ("harmless", self.harmless)):
+            for part, ps in parts.items():
+                if len(ps) < 2:
+                    raise ValueError(f"the {what} {part} split has {len(ps)} prompts; at least 2 are needed per "
+                                     f"class (add prompts or raise --n-{part})")
 
 
 def _load_file(path: str | Path, column: str | None, what: str) -> PromptSplit:

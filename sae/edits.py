@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from sae.arch import SAE
+from sae.model import SAE
 
 HookFn = Callable[[torch.Tensor, Any], "torch.Tensor | None"]
 

@@ -18,9 +18,9 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from sae.arch import SAE, SAEConfig
-from sae.data import TokenStream
 from sae.losses import StepOut, train_step
+from sae.model import SAE, SAEConfig
+from sae.stream import TokenStream
 
 # fields that may differ between an interrupted run and its resumption
 _RUNTIME_FIELDS = {"progress", "checkpoint_every", "log_every", "device"}
@@ -102,6 +102,19 @@ class TrainResult:
     out_dir: Path | None = None
     dead_fraction: float = 0.0
     meta: dict[str, Any] = field(default_factory=dict)
+
+    def to_frame(self) -> Any:
+        """One row per logged step: ``step``, ``tokens``, ``loss``, ``mse``, ``aux``, ``l0``, ``fvu``, ``dead``
+        (fraction of latents counted dead then) and ``lr``."""
+        import pandas as pd
+
+        return pd.DataFrame({k: list(v) for k, v in self.history.items()})
+
+    def plot(self, x: str = "step", title: str = "SAE training") -> Any:
+        """Loss, FVU (log scale), L0 and dead fraction against ``step`` (or ``tokens``)."""
+        from viz.sae import training_curves
+
+        return training_curves(self.history, keys=("loss", "fvu", "l0", "dead"), x=x, title=title)
 
 
 def _adam(params: list[torch.nn.Parameter], lr: float, betas: tuple[float, float]) -> torch.optim.Adam:

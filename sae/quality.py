@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from jaxtyping import Float
 
-from sae.arch import SAE
+from evals.logits import cross_entropy
+from interp.chat import Batch
+from interp.forward import Inputs, batches, encodings, forward
+from sae.model import SAE
 
 
 def l0(z: Float[torch.Tensor, "... d_sae"]) -> float:
@@ -34,6 +36,29 @@ class SAEMetrics:
     dense_fraction: float
     frequency: torch.Tensor
     n_tokens: int
+    dense_threshold: float = 0.1
+
+    def to_frame(self) -> Any:
+        """One row per latent: ``latent``, ``frequency`` (share of tokens it fires on), ``dead`` (never fires)
+        and ``dense`` (fires on more than ``dense_threshold``); the scalar metrics are in :meth:`summary`."""
+        import pandas as pd
+
+        f = self.frequency.tolist()
+        return pd.DataFrame({"latent": range(len(f)), "frequency": f, "dead": [v == 0 for v in f],
+                             "dense": [v > self.dense_threshold for v in f]})
+
+    def summary(self) -> dict[str, float]:
+        """The scalar metrics: L0, FVU, MSE, dead and dense fractions, token count."""
+        return {"l0": self.l0, "fvu": self.fvu, "mse": self.mse, "dead_fraction": self.dead_fraction,
+                "dense_fraction": self.dense_fraction, "n_tokens": self.n_tokens}
+
+    def plot(self, title: str = "SAE metrics") -> Any:
+        """Firing-frequency histogram, bars of FVU / dead / dense fractions, and a bar of L0."""
+        from viz.sae import metrics_summary
+
+        return metrics_summary(self.frequency, {"FVU": self.fvu, "dead": self.dead_fraction,
+                                                "dense": self.dense_fraction}, {"L0": self.l0},
+                               title=f"{title} on {self.n_tokens} tokens")
 
 
 @torch.no_grad()
@@ -64,7 +89,8 @@ def evaluate(sae: SAE, x: Float[torch.Tensor, "n d"] | Any, batch_size: int = 40
     freq = (counts / n).float()
     return SAEMetrics(l0=active / n, fvu=sq_err / max(var, 1e-30), mse=sq_err / n,
                       dead_fraction=float((freq == 0).float().mean()),
-                      dense_fraction=float((freq > dense_threshold).float().mean()), frequency=freq, n_tokens=n)
+                      dense_fraction=float((freq > dense_threshold).float().mean()), frequency=freq, n_tokens=n,
+                      dense_threshold=dense_threshold)
 
 
 @dataclass
@@ -80,41 +106,69 @@ class CELossRecovered:
     recovered_mean: float
     n_predictions: int
 
+    def to_frame(self) -> Any:
+        """One row per condition (``clean``, ``sae``, ``zero_ablated``, ``mean_ablated``): ``condition``,
+        ``ce`` (nats) and ``recovered`` (the ablations' loss recovered by the SAE; empty for clean and sae)."""
+        import pandas as pd
+
+        return pd.DataFrame({"condition": ["clean", "sae", "zero_ablated", "mean_ablated"],
+                             "ce": [self.clean, self.sae, self.zero_ablated, self.mean_ablated],
+                             "recovered": [float("nan"), float("nan"), self.recovered_zero, self.recovered_mean]})
+
+    def plot(self, title: str = "cross-entropy with the SAE spliced in") -> Any:
+        """Bars of CE per condition, the recovered fractions in the title."""
+        from viz.sae import ce_loss_bars
+
+        return ce_loss_bars(["clean", "sae", "zero-ablated", "mean-ablated"],
+                            [self.clean, self.sae, self.zero_ablated, self.mean_ablated],
+                            {"vs zero": self.recovered_zero, "vs mean": self.recovered_mean}, title=title)
+
+
+def predicted(batch: Batch) -> torch.Tensor:
+    """``[B, T]`` bool: the real tokens that follow a real token (the next-token predictions to count)."""
+    m = batch.attention_mask.bool()
+    out = m.clone()
+    out[:, 0] = False
+    out[:, 1:] &= m[:, :-1]
+    return out
+
 
 @torch.no_grad()
-def ce_loss_recovered(model: Any, sae: SAE, inputs: Sequence[str] | torch.Tensor, site: str | None = None,
+def ce_loss_recovered(model: Any, sae: SAE, inputs: Inputs, site: str | None = None,
                       batch_size: int = 8, chat: bool = False) -> CELossRecovered:
     """Splice ``sae`` into ``model`` at its site (``interp.hooks``) and compare next-token loss on ``inputs``
     (prompts or token ids ``[n, T]``) against the clean model and zero-/mean-ablation of the site."""
-    from sae.interventions import SAESplice, check_site
-    from sae.runner import forward, next_token_ce, token_batches
+    from sae.edits import SAESplice, check_site
 
     site = check_site(sae, model, site)
-    batches = list(token_batches(model, inputs, batch_size, chat))
-    tot = {"clean": 0.0, "sae": 0.0, "zero": 0.0, "mean": 0.0}
-    n_pred = 0
+    bs = batches(model, encodings(model, inputs, chat), batch_size)
     acc: dict[str, Any] = {"sum": None, "n": 0}
+    cur: dict[str, Any] = {}
 
     def collect(x: torch.Tensor, ctx: Any) -> None:
-        m = cur["mask"]
+        m = cur["mask"].to(x.device)
         s = x[m].double().sum(0)
         acc["sum"] = s if acc["sum"] is None else acc["sum"] + s
         acc["n"] += int(m.sum())
 
-    cur: dict[str, Any] = {}
-    for b in batches:
-        cur["mask"] = b.mask
-        ce, n = next_token_ce(forward(model, b, {site: collect}), b)
-        tot["clean"] += ce
+    def ce(b: Batch, fns: Any) -> tuple[float, int]:
+        return cross_entropy(forward(model, b, fns), b.input_ids, predicted(b))
+
+    tot = {"clean": 0.0, "sae": 0.0, "zero": 0.0, "mean": 0.0}
+    n_pred = 0
+    for b in bs:
+        cur["mask"] = b.attention_mask.bool()
+        total, n = ce(b, {site: collect})
+        tot["clean"] += total
         n_pred += n
     if n_pred == 0:
         raise ValueError("no next-token predictions: give prompts of at least two tokens")
     mean = (acc["sum"] / max(acc["n"], 1)).float()
     splice = SAESplice(sae, site=site).hook_fns(model)
-    for b in batches:
-        tot["sae"] += next_token_ce(forward(model, b, splice), b)[0]
-        tot["zero"] += next_token_ce(forward(model, b, {site: lambda x, ctx: torch.zeros_like(x)}), b)[0]
-        tot["mean"] += next_token_ce(forward(model, b, {site: lambda x, ctx: mean.to(x).expand_as(x).clone()}), b)[0]
+    for b in bs:
+        tot["sae"] += ce(b, splice)[0]
+        tot["zero"] += ce(b, {site: lambda x, ctx: torch.zeros_like(x)})[0]
+        tot["mean"] += ce(b, {site: lambda x, ctx: mean.to(x).expand_as(x).clone()})[0]
     c = {k: v / n_pred for k, v in tot.items()}
 
     def rec(abl: float) -> float:

@@ -1,0 +1,166 @@
+"""Bring a researcher's existing TransformerLens or nnsight model into the toolkit, same site names.
+
+``from_nnsight(lm)`` wraps the HF model nnsight already holds (its module tree is the HF one), so
+everything works exactly as on :func:`interp.models.from_hf`. ``from_transformer_lens(tl)`` keeps the
+``HookedTransformer`` as it is and attaches our hooks to its own ``HookPoint`` modules (a HookPoint is an
+identity module, so a PyTorch hook on it reads and replaces exactly what TransformerLens's hook would):
+``blocks.{i}.hook_resid_pre/mid/post``, ``hook_attn_out``, ``hook_mlp_out``, ``mlp.hook_post`` and
+``ln_final.hook_normalized`` hold what they hold in TransformerLens. Neither package is imported here
+until an adapter is called.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn as nn
+from jaxtyping import Int
+
+from interp.arch import ArchSpec, get_module
+from interp.models import Model, from_hf
+
+_TL_NO_Z = ("attn_z through the TransformerLens adapter is not supported: TransformerLens computes the head "
+            "outputs with one einsum, so no module reads the flattened z. Read it with the HookedTransformer's "
+            "own `run_with_cache` / `hooks`, or wrap the HF model of the same weights with interp.from_hf")
+
+
+@dataclass
+class TLConfig:
+    """The HF-style config fields :class:`~interp.models.Model` reads, taken from a ``HookedTransformerConfig``."""
+
+    model_type: str
+    hidden_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int | None
+    max_position_embeddings: int
+    vocab_size: int
+    _name_or_path: str
+
+
+class TransformerLensLM(nn.Module):
+    """An HF-call face on a ``HookedTransformer``: ``forward(input_ids, attention_mask, position_ids)``
+    returns an object with ``.logits``, so the core's one forward layer and :mod:`interp.capture` run it
+    unchanged. The HookedTransformer is the submodule ``tl``; its weights are not copied."""
+
+    def __init__(self, tl: nn.Module):
+        super().__init__()
+        self.tl = tl
+        self.generation_config = None  # TransformerLens generates through its own `generate`
+        c = tl.cfg
+        self.config = TLConfig(
+            model_type="transformer_lens", hidden_size=int(c.d_model), num_attention_heads=int(c.n_heads),
+            num_key_value_heads=int(getattr(c, "n_key_value_heads", None) or c.n_heads), head_dim=int(c.d_head),
+            intermediate_size=None if c.d_mlp is None else int(c.d_mlp), max_position_embeddings=int(c.n_ctx),
+            vocab_size=int(c.d_vocab), _name_or_path=str(getattr(c, "model_name", "") or "HookedTransformer"))
+
+    def forward(self, input_ids: Int[torch.Tensor, "b t"], attention_mask: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None, use_cache: bool = False, logits_to_keep: int = 0,
+                past_key_values: Any = None, **unused: Any) -> Any:
+        """Logits ``[b, t or logits_to_keep, vocab]`` of TransformerLens's forward (left padding via the mask)."""
+        from transformers.modeling_outputs import CausalLMOutput
+
+        if past_key_values is not None or use_cache:
+            raise ValueError("the TransformerLens adapter runs without a KV cache; pass use_cache=False")
+        if position_ids is not None and attention_mask is not None:
+            _check_positions(position_ids, attention_mask)
+        logits = self.tl(input_ids, return_type="logits", attention_mask=attention_mask)
+        if logits_to_keep:
+            logits = logits[:, -logits_to_keep:]
+        return CausalLMOutput(logits=logits)
+
+    def generate(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError(
+            "steering.generate needs an HF model (KV cache, generation config). With the TransformerLens adapter, "
+            "call the HookedTransformer's own `generate` inside `with steering.apply(model, ...)` (interventions "
+            "with scope='both', positions='all'), or wrap the HF model of the same weights with interp.from_hf")
+
+
+def _check_positions(position_ids: torch.Tensor, attention_mask: torch.Tensor) -> None:
+    """TransformerLens derives positions from the attention mask; refuse position ids it would not use."""
+    mask = attention_mask.bool()
+    expected = (attention_mask.long().cumsum(-1) - 1).clamp_min(0)
+    if not torch.equal(position_ids.to(expected.device)[mask], expected[mask]):
+        raise ValueError("the TransformerLens adapter numbers positions from the attention mask (first real token "
+                         "= 0); custom position_ids cannot be passed to a HookedTransformer")
+
+
+@dataclass(repr=False)
+class TransformerLensModel(Model):
+    """A :class:`Model` whose ``hf`` is a :class:`TransformerLensLM`; sites resolve to TransformerLens's
+    HookPoints. ``attn_z`` is refused (see the module docstring); weight baking is not available."""
+
+    @property
+    def d_model(self) -> int:
+        return int(self.hf.config.hidden_size)
+
+    def site_names(self) -> list[str]:
+        return [s for s in super().site_names() if not s.endswith("attn.hook_z")]
+
+    def module(self, path: str, layer: int | None = None) -> nn.Module:
+        if path == self.spec.attn_proj:
+            raise ValueError(_TL_NO_Z)
+        return super().module(path, layer)
+
+
+def transformer_lens_spec(tl: nn.Module) -> ArchSpec:
+    """The spec mapping our site kinds onto a ``HookedTransformer``'s HookPoints (paths under ``tl.``)."""
+    c = tl.cfg
+    if getattr(c, "normalization_type", None) is None or not hasattr(tl, "ln_final"):
+        raise ValueError("this HookedTransformer has no final norm (normalization_type=None), so "
+                         "ln_final.hook_normalized does not exist; the adapter needs a normalised model")
+    parallel = bool(getattr(c, "parallel_attn_mlp", False))
+    moe = bool(getattr(c, "num_experts", None))
+    return ArchSpec(
+        family="transformer_lens", layers="tl.blocks", embed="tl.embed", final_norm="tl.ln_final",
+        unembed="tl.unembed", attn="attn", attn_proj="attn.hook_z", mlp="mlp",
+        mlp_proj=None if moe else "mlp.hook_post", attn_out="hook_attn_out", mlp_out="hook_mlp_out",
+        resid_mid_in=None if parallel else "hook_resid_mid", resid_pre_in="hook_resid_pre", norms=("ln1", "ln2"),
+        parallel_residual=parallel, experts="mlp.experts" if moe else None,
+        extra={"normalized": "tl.ln_final.hook_normalized"},
+    )
+
+
+def from_transformer_lens(hooked_model: Any, tokenizer: Any = None, name: str | None = None) -> Model:
+    """Wrap a ``transformer_lens.HookedTransformer`` (any family it supports) without copying weights.
+
+    Capture, probes and steering see TransformerLens's own activations under the same site names
+    (``ln_final.hook_normalized`` is before the norm's gain, as in TransformerLens). Limits: no ``attn_z``
+    site, no KV-cache generation through ``steering.generate`` (use the model's own ``generate`` inside
+    ``steering.apply``), no ``steering.bake`` (the weights are not in HF layout). ``tokenizer`` defaults
+    to ``hooked_model.tokenizer``.
+    """
+    from transformer_lens import HookedTransformer
+
+    if not isinstance(hooked_model, HookedTransformer):
+        raise TypeError(f"from_transformer_lens expects a transformer_lens.HookedTransformer, got "
+                        f"{type(hooked_model).__name__}; for an HF model use interp.from_hf")
+    hf = TransformerLensLM(hooked_model).eval()
+    spec = transformer_lens_spec(hooked_model)
+    get_module(hf, spec.layers)  # fails early if the tree is not TransformerLens's
+    tok = tokenizer if tokenizer is not None else getattr(hooked_model, "tokenizer", None)
+    return TransformerLensModel(hf=hf, tokenizer=tok, spec=spec, name=name or hf.config._name_or_path)
+
+
+def from_nnsight(language_model: Any, tokenizer: Any = None, name: str | None = None) -> Model:
+    """Wrap the HF model inside an nnsight ``LanguageModel`` / ``TransformersModel`` / ``NNsight``.
+
+    nnsight keeps the HF module tree untouched and only hooks it inside ``trace``, so our hooks attach to
+    the same modules: numbers equal :func:`interp.models.from_hf` exactly, and steering attached with
+    ``steering.apply`` also acts inside the user's own ``with language_model.trace(...)`` blocks.
+    """
+    hf = getattr(language_model, "_module", None)  # nnsight >= 0.5 (Envoy); older releases used ``_model``
+    if not isinstance(hf, nn.Module):
+        hf = getattr(language_model, "_model", None)
+    if not isinstance(hf, nn.Module) or not hasattr(hf, "config"):
+        raise TypeError(f"from_nnsight expects an nnsight model wrapping an HF causal LM, got "
+                        f"{type(language_model).__name__}; for a plain HF model use interp.from_hf")
+    tok = tokenizer if tokenizer is not None else getattr(language_model, "tokenizer", None)
+    return from_hf(hf, tok, name=name)
+
+
+__all__ = ["TransformerLensLM", "TransformerLensModel", "from_nnsight", "from_transformer_lens",
+           "transformer_lens_spec"]

@@ -1,0 +1,75 @@
+"""Content identities: prompt ids from the formatted text, a cheap hash of a model's weights, and the run
+fingerprint that decides whether an unfinished :class:`~interp.store.ActivationStore` may be resumed."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from interp.models import Model
+
+_SAMPLES = 32  # values read per parameter tensor: enough to tell two trainings or seeds apart, cheap on 70B
+
+
+def content_ids(texts: Sequence[str], responses: Sequence[str] | None = None) -> list[str]:
+    """One id per prompt from its content: a hash of the formatted text (and of the response when given).
+
+    The same prompt captured twice, in two runs, gets the same id, so a leakage check compares prompts,
+    not list positions. A prompt repeated inside one list gets ``#2``, ``#3``, ... after its hash."""
+    out: list[str] = []
+    seen: dict[str, int] = {}
+    for i, t in enumerate(texts):
+        h = hashlib.sha256(t.encode())
+        if responses is not None:
+            h.update(b"\0response\0" + responses[i].encode())
+        key = h.hexdigest()[:16]
+        seen[key] = seen.get(key, 0) + 1
+        out.append(key if seen[key] == 1 else f"{key}#{seen[key]}")
+    return out
+
+
+def weights_hash(model: Model) -> str:
+    """A hash over every parameter's name, shape, dtype and ``_SAMPLES`` evenly spaced values.
+
+    Cheap (no full read of the weights) yet it tells apart two seeds, a fine-tune, or a bf16 copy of the
+    same model. Parameters on the ``meta`` device (offloaded) contribute their name, shape and dtype only."""
+    h = hashlib.sha256()
+    with torch.no_grad():
+        for name, p in model.hf.named_parameters():
+            h.update(f"{name}:{tuple(p.shape)}:{p.dtype}".encode())
+            if p.device.type == "meta" or p.numel() == 0:
+                continue
+            flat = p.detach().reshape(-1)
+            idx = torch.linspace(0, flat.numel() - 1, steps=min(flat.numel(), _SAMPLES), device=flat.device).long()
+            h.update(flat[idx].to(torch.float64).cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def _hash_seq(items: Sequence[Any] | None) -> str | None:
+    if items is None:
+        return None
+    h = hashlib.sha256()
+    for x in items:
+        h.update(json.dumps(x, default=str).encode() + b"\0")
+    return h.hexdigest()[:16]
+
+
+def run_parts(model: Model, texts: Sequence[str], site_names: Sequence[str], positions: str, batch_size: int,
+              dtype: torch.dtype, labels: Sequence[Any] | None, prompt_ids: Sequence[str]) -> dict[str, Any]:
+    """What a store's contents depend on, part by part (so a refused resume can say which part differs)."""
+    return {"model_id": model.name, "weights": weights_hash(model), "model_dtype": str(model.dtype),
+            "sites": list(site_names), "positions": positions, "batch_size": batch_size, "dtype": str(dtype),
+            "texts": _hash_seq(list(texts)), "labels": _hash_seq(None if labels is None else list(labels)),
+            "prompt_ids": _hash_seq(list(prompt_ids))}
+
+
+def fingerprint(parts: dict[str, Any]) -> str:
+    """One hash of :func:`run_parts`."""
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+
+__all__ = ["content_ids", "fingerprint", "run_parts", "weights_hash"]

@@ -1,0 +1,102 @@
+"""The refusal job's settings: four small configs (data, selection, generation, runtime) and their sum.
+
+Each stage is keyed on the fields that change its result only (see :func:`stage_key`), so changing a
+selection threshold on a finished run re-runs selection and nothing that it does not feed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+
+@dataclass
+class DataConfig:
+    """Which prompts: files (``None``: the project's own organism sets), their columns, split sizes, seed."""
+
+    harmful: str | None = None
+    harmless: str | None = None
+    column: str | None = None
+    harmless_column: str | None = None
+    n_train: int = 64
+    n_val: int = 32
+    n_test: int = 64
+    seed: int = 0
+
+
+@dataclass
+class SelectionConfig:
+    """Which candidates exist (``layers``; ``None``: all) and the paper's filters that pick one of them."""
+
+    layers: list[int] | None = None
+    kl_threshold: float = 0.1
+    prune_layer_fraction: float = 0.2
+    induce_threshold: float = 0.0
+
+
+@dataclass
+class GenerationConfig:
+    """Generation for the judge: response length, and the largest per-category subspace to ablate."""
+
+    max_new_tokens: int = 24
+    subspace_rank: int = 8
+
+
+@dataclass
+class RuntimeConfig:
+    """Which model and how to run it: name, dtype, device, batch sizes, and whether to save the baked model."""
+
+    model: str = "organism"
+    dtype: str | None = None
+    device: str | None = None
+    batch_size: int = 64
+    max_rows: int = 256
+    save_model: bool = False
+
+
+SECTIONS = {"data": DataConfig, "selection": SelectionConfig, "generation": GenerationConfig, "runtime": RuntimeConfig}
+# changing these on a finished run re-runs selection (and what depends on its result); anything else is a new run
+RESELECT_FIELDS = ("kl_threshold", "prune_layer_fraction", "induce_threshold")
+
+
+@dataclass
+class RefusalConfig:
+    """The whole job's settings, one small config per concern."""
+
+    data: DataConfig = field(default_factory=DataConfig)
+    selection: SelectionConfig = field(default_factory=SelectionConfig)
+    generation: GenerationConfig = field(default_factory=GenerationConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+
+    @classmethod
+    def from_flat(cls, **flat: Any) -> RefusalConfig:
+        """Build from flat names (the CLI flags: ``model=``, ``n_train=``, ``induce_threshold=``, ...)."""
+        parts: dict[str, dict[str, Any]] = {name: {} for name in SECTIONS}
+        owner = {f.name: name for name, c in SECTIONS.items() for f in fields(c)}
+        for k, v in flat.items():
+            if k not in owner:
+                raise TypeError(f"unknown refusal setting {k!r}; known: {', '.join(sorted(owner))}")
+            parts[owner[k]][k] = v
+        return cls(**{name: SECTIONS[name](**kw) for name, kw in parts.items()})
+
+    def flat(self) -> dict[str, Any]:
+        """All settings as one flat dict (the run folder's ``run.json``)."""
+        return {k: v for part in (self.data, self.selection, self.generation, self.runtime) for k, v in asdict(part).items()}
+
+    def run_identity(self) -> str:
+        """Hash of everything that makes a run another run (all but the selection thresholds and save_model)."""
+        flat = self.flat()
+        return stage_key("run", {k: v for k, v in flat.items() if k not in RESELECT_FIELDS + ("save_model",)})
+
+
+def stage_key(name: str, inputs: dict[str, Any]) -> str:
+    """A stage's cache key: its name, its inputs (settings, data digests, upstream keys), the package version."""
+    import interp
+
+    blob = json.dumps({"stage": name, "version": interp.__version__, "inputs": inputs}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+__all__ = ["DataConfig", "GenerationConfig", "RefusalConfig", "RuntimeConfig", "SelectionConfig", "stage_key"]

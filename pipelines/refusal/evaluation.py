@@ -1,0 +1,169 @@
+"""The refusal job's last two stages: causal evaluation on test prompts, and per-category subspaces.
+
+``evaluate`` generates and scores the test prompts under hook ablation, baked weights, addition and
+random / orthogonal controls, and measures KL / CE on harmless responses; ``find_subspaces`` ablates the
+refusal direction plus per-category directions, rank by rank. Both tokenise each test set once for
+scoring (:class:`TestPrompts`); ``steering.generate`` tokenises once per generation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+import steering
+from evals.judge import refusal_rate
+from evals.logits import cross_entropy, kl_div, refusal_score
+from interp.chat import Encoded
+from interp.forward import batches, forward, prepare
+from interp.models import Model
+from pipelines.refusal.data import RefusalData
+from pipelines.refusal.scoring import prompt_logits
+from pipelines.refusal.stages import Candidates, RefusalTokens, Selection
+from probes.directions import random_directions, random_orthogonal
+
+
+@dataclass
+class Evaluation:
+    """Per condition (``"harmful/ablation"``, ...): generations, refusal rate, mean refusal score; and checks."""
+
+    generations: dict[str, list[str]]
+    refusal_rate: dict[str, float]
+    refusal_score: dict[str, float]
+    hook_vs_baked: dict[str, Any]
+    harmless_kl_ce: dict[str, float]
+
+
+@dataclass
+class Subspaces:
+    """Ablating the refusal direction plus per-category directions (basis order), rank 1..k, on harmful test."""
+
+    categories: list[str]
+    ranks: list[int]
+    rates: list[float]
+    scores: list[float]
+
+
+class TestPrompts:
+    """The test prompts of one run, each class tokenised once (on first use) and shared by every condition."""
+
+    def __init__(self, model: Model, data: RefusalData):
+        self.model, self.data = model, data
+        self._prepared: dict[str, tuple[list[str], list[Encoded]]] = {}
+
+    def prompts(self, which: str) -> list[str]:
+        """The ``"harmful"`` or ``"harmless"`` test instructions."""
+        return (self.data.harmful if which == "harmful" else self.data.harmless)["test"].instructions
+
+    def prepared(self, which: str) -> tuple[list[str], list[Encoded]]:
+        """The chat-formatted texts and encodings of the test prompts of ``which`` (tokenised once)."""
+        if which not in self._prepared:
+            self._prepared[which] = prepare(self.model, self.prompts(which))
+        return self._prepared[which]
+
+    def encodings(self, which: str) -> list[Encoded]:
+        return self.prepared(which)[1]
+
+
+def _conditions(model: Model, r: torch.Tensor, v: torch.Tensor, layer: int, seed: int) -> dict[str, tuple]:
+    rand_u = random_directions(model.d_model, 1, seed=seed)[0].vectors[0]
+    orth_u = random_orthogonal(r[None], 1, seed=seed)[0].vectors[0]
+    add = {"sites": "resid_pre", "layers": layer}
+    return {
+        "harmful/baseline": ("harmful", ()),
+        "harmful/ablation": ("harmful", (steering.DirectionalAblation(r),)),
+        "harmful/random ablation": ("harmful", (steering.DirectionalAblation(rand_u),)),
+        "harmful/orthogonal ablation": ("harmful", (steering.DirectionalAblation(orth_u),)),
+        "harmless/baseline": ("harmless", ()),
+        "harmless/addition": ("harmless", (steering.AddVector(v, **add),)),
+        "harmless/random addition": ("harmless", (steering.AddVector(rand_u * v.norm(), **add),)),
+        "harmless/orthogonal addition": ("harmless", (steering.AddVector(orth_u * v.norm(), **add),)),
+    }
+
+
+def evaluate(model: Model, data: RefusalData, cand: Candidates, sel: Selection, tokens: RefusalTokens,
+             max_new_tokens: int = 24, batch_size: int = 64, seed: int = 0, test: TestPrompts | None = None
+             ) -> Evaluation:
+    """Generate, judge and score the test prompts under every condition; compare hook ablation with baked weights."""
+    test = test or TestPrompts(model, data)
+    direction = sel.direction(cand, model.name)
+    r, v = direction.vectors[0], direction.raw[0]
+    gen_kw = dict(max_new_tokens=max_new_tokens, batch_size=batch_size, progress=False)
+    gens, rates, scores, logits = {}, {}, {}, {}
+    for name, (which, ivs) in _conditions(model, r, v, sel.layer, seed).items():
+        gens[name] = steering.generate(model, test.prompts(which), *ivs, prepared=test.prepared(which),
+                                       **gen_kw).texts
+        rates[name] = refusal_rate(gens[name])
+        logits[name] = prompt_logits(model, test.encodings(which), *ivs, batch_size=batch_size)
+        scores[name] = refusal_score(logits[name], tokens.tokens).mean().item()
+    baked = steering.bake(model, r, allow_inexact=True)
+    name = "harmful/baked weights"
+    gens[name] = steering.generate(baked.model, test.prompts("harmful"), prepared=test.prepared("harmful"),
+                                   **gen_kw).texts
+    rates[name] = refusal_rate(gens[name])
+    hook, baked_logits = logits["harmful/ablation"], prompt_logits(baked.model, test.encodings("harmful"),
+                                                                    batch_size=batch_size)
+    scores[name] = refusal_score(baked_logits, tokens.tokens).mean().item()
+    diff = (hook - baked_logits).abs().max()
+    equiv = {"max_abs_logit_diff": float(diff), "rel_logit_diff": float(diff / hook.abs().max()),
+             "exact_architecture": bool(baked.exact), "notes": baked.notes}
+    kl_ce = harmless_kl_ce(model, test.prompts("harmless"), gens["harmless/baseline"],
+                           (steering.DirectionalAblation(r),), batch_size)
+    return Evaluation(gens, rates, scores, equiv, kl_ce)
+
+
+def harmless_kl_ce(model: Model, prompts: list[str], responses: list[str], ivs: tuple, batch_size: int = 64
+                   ) -> dict[str, float]:
+    """KL at the first response position, and cross-entropy of the baseline's own responses, without / with ``ivs``."""
+    pairs = [(p, r) for p, r in zip(prompts, responses) if r.strip()]
+    if not pairs:
+        return {}
+    _, encs = prepare(model, [p for p, _ in pairs], responses=[r for _, r in pairs])
+    ce: dict[str, list[tuple[float, int]]] = {"baseline": [], "edited": []}
+    kls = []
+    for b in batches(model, encs, batch_size):
+        base = forward(model, b, logits="all")
+        with steering.apply(model, *ivs):
+            edited = forward(model, b, logits="all")
+        assert base is not None and edited is not None
+        for name, lg in (("baseline", base), ("edited", edited)):
+            ce[name].append(cross_entropy(lg, b.input_ids, b.response_mask))
+        first = b.response_mask.float().argmax(1) - 1                              # last prompt position
+        rows = torch.arange(b.input_ids.shape[0])
+        kls.append(kl_div(base[rows, first], edited[rows, first]).cpu())
+    mean = {k: sum(s for s, _ in v) / max(sum(n for _, n in v), 1) for k, v in ce.items()}
+    return {"kl_first_response_token": float(torch.cat(kls).mean()), "ce_baseline": mean["baseline"],
+            "ce_edited": mean["edited"]}
+
+
+def find_subspaces(model: Model, data: RefusalData, cand: Candidates, sel: Selection, tokens: RefusalTokens,
+                   rank: int = 8, max_new_tokens: int = 24, batch_size: int = 64, test: TestPrompts | None = None
+                   ) -> Subspaces:
+    """Per-category mean differences at the selected site (from the candidates' train activations, no re-capture),
+    orthonormalised after the refusal direction; ablate the first k for k = 1..rank on harmful test prompts."""
+    cats = sorted(set(data.harmful["train"].categories))
+    if len(cats) < 2:
+        return Subspaces(cats, [], [], [])
+    test = test or TestPrompts(model, data)
+    li, pi = sel.layer_index, sel.position_index
+    h, s_mean = cand.harmful_acts[:, li, pi], cand.harmless_acts[:, li, pi].mean(0)
+    labels = data.harmful["train"].categories
+    vecs = torch.stack([h[[i for i, c in enumerate(labels) if c == cat]].mean(0) - s_mean for cat in cats])
+    order = vecs.norm(dim=-1).argsort(descending=True)
+    r = sel.direction(cand, model.name).vectors[0]
+    basis = torch.linalg.qr(torch.cat([r[None], vecs[order]]).T).Q.T               # refusal direction first
+    ranks, rates, scores = [], [], []
+    for k in range(1, min(rank, basis.shape[0]) + 1):
+        iv = steering.AblateSubspace(basis[:k], sites=("resid_pre", "attn_out", "mlp_out"))
+        gens = steering.generate(model, test.prompts("harmful"), iv, max_new_tokens=max_new_tokens,
+                                 batch_size=batch_size, progress=False, prepared=test.prepared("harmful"))
+        rates.append(refusal_rate(gens.texts))
+        logits = prompt_logits(model, test.encodings("harmful"), iv, batch_size=batch_size)
+        scores.append(refusal_score(logits, tokens.tokens).mean().item())
+        ranks.append(k)
+    return Subspaces([cats[i] for i in order.tolist()], ranks, rates, scores)
+
+
+__all__ = ["Evaluation", "Subspaces", "TestPrompts", "evaluate", "find_subspaces", "harmless_kl_ce"]

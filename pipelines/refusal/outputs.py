@@ -1,0 +1,113 @@
+"""The refusal job's outputs from its typed stage results: notes, metrics.json, direction, generations, report."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from evals.judge import is_refusal
+from interp.chat import has_chat_template
+from interp.io import atomic_write, write_json
+from interp.models import Model
+from pipelines.refusal.cache import Run
+from pipelines.refusal.config import RefusalConfig
+from pipelines.refusal.data import RefusalData
+from pipelines.refusal.report import refusal_report
+from pipelines.refusal.result import RefusalResult
+
+
+def start_notes(model: Model) -> list[str]:
+    """Notes known before any stage runs (e.g. the plain-prompt fallback for a model without a chat template)."""
+    if not has_chat_template(model):
+        return ["the model has no chat template: prompts use the plain 'User: ...\\nAssistant:' fallback"]
+    return []
+
+
+def outcome_notes(cfg: RefusalConfig, res: RefusalResult) -> list[str]:
+    """Why no direction was reported, when none was."""
+    tok, sel, s = res.tokens, res.selection, cfg.selection
+    if tok is not None and not tok.tokens:
+        return [f"the model refused {tok.train_refusal_harmful:.0%} of harmful training prompts: it has no refusals "
+                f"to find refusal tokens from, so no refusal direction can be selected"]
+    if sel is not None and not sel.found:
+        return [f"no candidate passes the filters (layer < {1 - s.prune_layer_fraction:.0%} of depth, KL < "
+                f"{s.kl_threshold}, induce score > {s.induce_threshold}, bypass below baseline): no refusal "
+                f"direction is reported"]
+    return []
+
+
+def build_metrics(cfg: RefusalConfig, model: Model, data: RefusalData, res: RefusalResult) -> dict[str, Any]:
+    """``metrics.json``: one section per stage that ran."""
+    tok, cand, sel, ev, sub = res.tokens, res.candidates, res.selection, res.evaluation, res.subspaces
+    assert tok is not None and cand is not None
+    m: dict[str, Any] = {"model": cfg.runtime.model, "family": model.spec.family, "n_layers": model.n_layers,
+                         "data": data.source, "refusal_tokens": tok.strings,
+                         "train_refusal_rate": {"harmful": tok.train_refusal_harmful,
+                                                "harmless": tok.train_refusal_harmless},
+                         "candidates": {"layers": cand.layers, "positions": list(range(-cand.n_positions, 0)),
+                                        "position_tokens": cand.pos_tokens}}
+    if sel is not None:
+        m["selection"] = {"baseline_refusal_score": sel.baseline_refusal_score, "filters": sel.filters,
+                          "passing": sel.passing}
+        if sel.found:
+            m["selection"].update({"layer": sel.layer, "position": sel.position, "position_token": sel.position_token,
+                                   "bypass_score": sel.bypass_score, "induce_score": sel.induce_score, "kl": sel.kl,
+                                   "norm": float(res.direction.norms[0])})
+    if ev is not None:
+        m["evaluation"] = {"refusal_rate": ev.refusal_rate, "refusal_score": ev.refusal_score,
+                           "hook_vs_baked": ev.hook_vs_baked, "harmless_kl_ce": ev.harmless_kl_ce}
+    if sub is not None:
+        m["subspaces"] = {"basis_order": ["refusal direction"] + sub.categories, "rank": sub.ranks,
+                          "harmful_refusal_rate": sub.rates, "harmful_refusal_score": sub.scores}
+    m["found_direction"] = res.direction is not None
+    m["notes"] = res.notes
+    return m
+
+
+def write_generations(path: Path, data: RefusalData, res: RefusalResult) -> None:
+    """``generations.jsonl``: one line per (condition, test prompt) with the response and the judge's verdict."""
+    assert res.evaluation is not None
+    lines = []
+    for cond, texts in res.evaluation.generations.items():
+        prompts = data.harmful["test"] if cond.startswith("harmful") else data.harmless["test"]
+        for p, t, c in zip(prompts.instructions, texts, prompts.categories):
+            lines.append(json.dumps({"condition": cond, "instruction": p, "category": c, "response": t,
+                                     "refused": is_refusal(t)}))
+    atomic_write(path, lambda tmp: Path(tmp).write_text("\n".join(lines) + "\n"))
+
+
+def save_baked(run: Run, model: Model, res: RefusalResult) -> str:
+    """Bake the direction's ablation into the weights and save an HF model folder ``out/model``."""
+    import steering
+
+    baked = steering.bake(model, res.direction.vectors[0], allow_inexact=True).model
+    target = run.replace_dir("model")
+    baked.hf.save_pretrained(target)
+    model.tokenizer.save_pretrained(target)
+    return str(target)
+
+
+def finish(run: Run, model: Model, cfg: RefusalConfig, data: RefusalData, res: RefusalResult,
+           say: Callable[[str, str], None]) -> RefusalResult:
+    """Write every output of the run into its folder and return the result."""
+    res.notes += outcome_notes(cfg, res)
+    if res.selection is not None and res.selection.found:
+        assert res.candidates is not None
+        res.direction = res.selection.direction(res.candidates, model.name)
+        res.direction.save(run.replace_dir("direction"))
+        write_generations(run.out / "generations.jsonl", data, res)
+    else:
+        run.remove_outputs("direction", "generations.jsonl", "model")
+    res.metrics = build_metrics(cfg, model, data, res)
+    if res.direction is not None and cfg.runtime.save_model:
+        say("save model", "start")
+        res.metrics["saved_model"] = save_baked(run, model, res)
+        say("save model", "done")
+    write_json(run.out / "metrics.json", res.metrics)
+    say("report", "start")
+    html = refusal_report(res, model_name=model.name, family=model.spec.family, n_layers=model.n_layers)
+    atomic_write(run.out / "report.html", lambda tmp: Path(tmp).write_text(html))
+    say("report", "done")
+    return res

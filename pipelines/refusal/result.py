@@ -1,0 +1,31 @@
+"""``RefusalResult``: everything one run of the refusal job produced, as typed stage results."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pipelines.refusal.evaluation import Evaluation, Subspaces
+from pipelines.refusal.stages import Candidates, RefusalTokens, Scores, Selection
+
+
+@dataclass
+class RefusalResult:
+    """Everything a run produced: the typed stage results, the metrics written, the notes, what was computed."""
+
+    out: Path
+    metrics: dict[str, Any] = field(default_factory=dict)
+    direction: Any = None
+    notes: list[str] = field(default_factory=list)
+    tokens: RefusalTokens | None = None
+    candidates: Candidates | None = None
+    scores: Scores | None = None
+    selection: Selection | None = None
+    evaluation: Evaluation | None = None
+    subspaces: Subspaces | None = None
+    computed: list[str] = field(default_factory=list)
+
+    @property
+    def found(self) -> bool:
+        return self.direction is not None

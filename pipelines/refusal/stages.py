@@ -1,0 +1,174 @@
+"""The refusal job's first four stages, each a function returning a dataclass (Arditi et al. 2024).
+
+``find_refusal_tokens`` (the model's own refusals) -> ``find_candidates`` (difference of means at every
+layer x post-instruction position) -> ``score_candidates`` (bypass, induce, KL; batched) ->
+``select_direction`` (the paper's filters). Evaluation and subspaces are in :mod:`.evaluation`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from jaxtyping import Float
+
+import steering
+from evals.judge import is_refusal
+from evals.logits import kl_div, refusal_score
+from interp.capture import capture
+from interp.chat import format_prompts
+from interp.forward import prepare
+from interp.models import Model
+from pipelines.refusal.config import SelectionConfig
+from pipelines.refusal.data import RefusalData
+from pipelines.refusal.scoring import prompt_logits, refusal_tokens, score_rows
+from probes.directions import diff_of_means
+from probes.objects import Direction
+
+
+@dataclass
+class RefusalTokens:
+    """First tokens of the model's own refusals on the training prompts, and how often it refused there."""
+
+    tokens: list[int]
+    strings: list[str]
+    train_refusal_harmful: float
+    train_refusal_harmless: float
+
+
+@dataclass
+class Candidates:
+    """Difference-of-means candidates ``raw [layers, P, d]`` and the train activations they came from."""
+
+    raw: Float[torch.Tensor, "layers P d"]
+    harmful_acts: Float[torch.Tensor, "n layers P d"]
+    harmless_acts: Float[torch.Tensor, "m layers P d"]
+    layers: list[int]
+    sites: list[str]
+    pos_tokens: list[str]
+    fitted_on: list[Any]
+    data_hash: str
+
+    @property
+    def n_positions(self) -> int:
+        """Number of post-instruction positions ``P`` (candidate position ``p`` is ``p - P`` from the end)."""
+        return self.raw.shape[1]
+
+
+@dataclass
+class Scores:
+    """Per candidate ``[layers, P]``: refusal score under ablation (harmful), under addition (harmless), KL."""
+
+    bypass: Float[torch.Tensor, "layers P"]
+    induce: Float[torch.Tensor, "layers P"]
+    kl: Float[torch.Tensor, "layers P"]
+    baseline_harmful: float
+    baseline_harmless: float
+
+
+@dataclass
+class Selection:
+    """The chosen candidate (``layer_index``/``position_index`` into ``Candidates``) or none, with filter counts."""
+
+    found: bool
+    filters: dict[str, float]
+    passing: dict[str, int]
+    baseline_refusal_score: dict[str, float]
+    layer_index: int = -1
+    position_index: int = -1
+    layer: int = -1
+    position: int = 0
+    position_token: str = ""
+    bypass_score: float = math.nan
+    induce_score: float = math.nan
+    kl: float = math.nan
+
+    def direction(self, cand: Candidates, model_id: str) -> Direction:
+        """The selected candidate as a :class:`probes.Direction` with provenance."""
+        if not self.found:
+            raise ValueError("no candidate passed the filters, so there is no direction; loosen the thresholds")
+        li, pi = self.layer_index, self.position_index
+        return Direction.from_vectors(cand.raw[li, pi][None], [cand.sites[li]], method="mean_diff", model_id=model_id,
+                                      data_hash=cand.data_hash, fitted_on=cand.fitted_on,
+                                      meta={"position": self.position, "position_token": self.position_token,
+                                            "layer": self.layer, "pipeline": "refusal"})
+
+
+def find_refusal_tokens(model: Model, data: RefusalData, max_new_tokens: int = 12, batch_size: int = 64
+                        ) -> RefusalTokens:
+    """Generate on the train prompts and keep the first tokens that open refusals but not helpful answers."""
+    kw = dict(max_new_tokens=max_new_tokens, batch_size=batch_size, progress=False)
+    gh = steering.generate(model, data.harmful["train"].instructions, **kw)
+    gs = steering.generate(model, data.harmless["train"].instructions, **kw)
+    rh, rs = [is_refusal(t) for t in gh.texts], [is_refusal(t) for t in gs.texts]
+    first_h = [ids[0] if ids else -1 for ids in gh.token_ids]
+    first_s = [ids[0] if ids else -1 for ids in gs.token_ids]
+    toks = refusal_tokens([f for f, r in zip(first_h, rh) if r], [f for f, r in zip(first_s, rs) if not r])
+    return RefusalTokens(toks, [model.tokenizer.decode([t]) for t in toks], sum(rh) / len(rh), sum(rs) / len(rs))
+
+
+def find_candidates(model: Model, data: RefusalData, layers: list[int] | None = None, batch_size: int = 64
+                    ) -> Candidates:
+    """Difference of means (harmful - harmless) at resid_pre of ``layers`` x every post-instruction position."""
+    layers = list(layers) if layers is not None else list(range(model.n_layers))
+    kw = dict(sites="resid_pre", layers=layers, positions="post_instruction", batch_size=batch_size, progress=False)
+    h = capture(model, data.harmful["train"].instructions, **kw)
+    s = capture(model, data.harmless["train"].instructions, **kw)
+    n_pos = min(h.tensor.shape[2], s.tensor.shape[2])
+    h_acts, s_acts = h.tensor[:, :, -n_pos:], s.tensor[:, :, -n_pos:]
+    x = torch.cat([h_acts, s_acts])                                               # [n, layers, P, d]
+    y = torch.tensor([1] * h.n_prompts + [0] * s.n_prompts)
+    n, n_layers, _, d = x.shape
+    fit = diff_of_means(x.reshape(n, n_layers * n_pos, d), y)
+    text = format_prompts(model, ["x"])[0]
+    ids = model.tokenizer(text, add_special_tokens=False)["input_ids"]
+    return Candidates(fit.raw.reshape(n_layers, n_pos, d), h_acts, s_acts, layers,
+                      [f"blocks.{layer}.hook_resid_pre" for layer in layers],
+                      [model.tokenizer.decode([t]) for t in ids[-n_pos:]], list(fit.fitted_on), fit.data_hash)
+
+
+def score_candidates(model: Model, data: RefusalData, cand: Candidates, tokens: RefusalTokens, batch_size: int = 64,
+                     max_rows: int = 256) -> Scores:
+    """Bypass (ablate on harmful val), KL (ablate on harmless val) and induce (add on harmless val), batched."""
+    toks = tokens.tokens
+    _, enc_h = prepare(model, data.harmful["val"].instructions)
+    _, enc_s = prepare(model, data.harmless["val"].instructions)
+    base_h, base_s = prompt_logits(model, enc_h, batch_size=batch_size), prompt_logits(model, enc_s, batch_size=batch_size)
+    n_layers, n_pos, d = cand.raw.shape
+    flat = cand.raw.reshape(n_layers * n_pos, d)
+    units = torch.nn.functional.normalize(flat, dim=-1)
+    layer_of = torch.tensor(cand.layers).repeat_interleave(n_pos)
+    bypass = refusal_score(score_rows(model, enc_h, units, "ablate", max_rows=max_rows), toks).mean(1)
+    ablated_s = score_rows(model, enc_s, units, "ablate", max_rows=max_rows)                 # [C, N, V]
+    kl = kl_div(base_s[None].expand_as(ablated_s), ablated_s).mean(1)
+    induce = refusal_score(score_rows(model, enc_s, flat, "add", layer_of, max_rows=max_rows), toks).mean(1)
+    return Scores(bypass.view(n_layers, n_pos), induce.view(n_layers, n_pos), kl.view(n_layers, n_pos),
+                  refusal_score(base_h, toks).mean().item(), refusal_score(base_s, toks).mean().item())
+
+
+def select_direction(n_layers: int, cand: Candidates, scores: Scores, cfg: SelectionConfig) -> Selection:
+    """The paper's filters (depth, KL, induce, bypass below baseline); the lowest bypass score among the rest."""
+    n_pos = cand.n_positions
+    layer_grid = torch.tensor(cand.layers)[:, None].expand(len(cand.layers), n_pos)
+    keep = {"layer": layer_grid < math.floor(n_layers * (1 - cfg.prune_layer_fraction)),
+            "kl": scores.kl < cfg.kl_threshold, "induce": scores.induce > cfg.induce_threshold,
+            "bypass": scores.bypass < scores.baseline_harmful}
+    ok = keep["layer"] & keep["kl"] & keep["induce"] & keep["bypass"]
+    passing = {k: int(v.sum()) for k, v in keep.items()} | {"all": int(ok.sum()), "of": ok.numel()}
+    common: dict[str, Any] = dict(
+        filters={"kl_threshold": cfg.kl_threshold, "prune_layer_fraction": cfg.prune_layer_fraction,
+                 "induce_threshold": cfg.induce_threshold}, passing=passing,
+        baseline_refusal_score={"harmful": scores.baseline_harmful, "harmless": scores.baseline_harmless})
+    if not ok.any():
+        return Selection(found=False, **common)
+    masked = torch.where(ok, scores.bypass, torch.full_like(scores.bypass, float("inf")))
+    li, pi = divmod(int(masked.flatten().argmin()), n_pos)
+    return Selection(True, layer_index=li, position_index=pi, layer=cand.layers[li], position=pi - n_pos,
+                     position_token=cand.pos_tokens[pi], bypass_score=float(scores.bypass[li, pi]),
+                     induce_score=float(scores.induce[li, pi]), kl=float(scores.kl[li, pi]), **common)
+
+
+__all__ = ["Candidates", "RefusalTokens", "Scores", "Selection", "find_candidates", "find_refusal_tokens",
+           "score_candidates", "select_direction"]

@@ -1,0 +1,114 @@
+"""The one forward layer's shared rules: the pad id, the position rule, raw module hooks, and that no module
+outside ``interp/hooks.py`` attaches raw hooks itself."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from interp.forward import batch_of, batches, encode_ids, pad_id, prepare
+from interp.hooks import count_hooks, module_hooks
+from interp.positions import columns, plan
+
+REPO = Path(__file__).resolve().parents[1]
+PROMPTS = ["hi", "tell me a long story about a dragon and a knight", "what is two plus two", "ok then"]
+POSITIONS = [0, 2, -1, -3]
+
+
+def test_pad_id_rule(tiny_models):
+    assert pad_id(SimpleNamespace(pad_token_id=7, eos_token_id=2)) == 7
+    assert pad_id(SimpleNamespace(pad_token_id=None, eos_token_id=2)) == 2       # no pad token: end of sequence
+    assert pad_id(SimpleNamespace(pad_token_id=None, eos_token_id=[5, 6])) == 5  # several: the first
+    assert pad_id(SimpleNamespace(pad_token_id=None, eos_token_id=None)) == 0
+    assert pad_id(None) == 0
+    assert [e.ids for e in encode_ids(torch.tensor([[4, 5], [6, 7]]))] == [[4, 5], [6, 7]]  # ids need no tokenizer
+    m = tiny_models("llama")
+    _, encs = prepare(m, PROMPTS)
+    b = batches(m, encs, len(encs))[0]
+    assert (b.input_ids[b.attention_mask == 0] == pad_id(m.tokenizer)).all()
+
+
+def test_columns_count_from_first_real_token_or_end():
+    start, end = torch.tensor([0, 3]), torch.tensor([5, 5])  # rows of 5 and 2 real tokens (left padded)
+    assert columns([0, -1], start, end).tolist() == [[0, 4], [3, 4]]
+    assert columns(1, start, end).tolist() == [[1], [4]]
+    assert columns(torch.tensor([[4, 0], [1, -2]]), start, end).tolist() == [[4, 0], [4, 3]]  # per row
+    with pytest.raises(ValueError, match=r"position 2 is out of range for a prompt of 2 tokens \(valid -2\.\.1\)"):
+        columns([2], start, end)
+    with pytest.raises(ValueError, match="position -3 is out of range for clean prompt 1 of 2 tokens"):
+        columns([-3], start, end, "clean prompt")
+    with pytest.raises(ValueError, match="empty list of positions"):
+        columns([], start, end)
+
+
+def test_capture_steering_and_patching_select_the_same_positions(tiny_models):
+    """On one padded batch, explicit positions mean the same columns to capture, steering scope and patching."""
+    from interp.capture import capture
+    from patching.runs import make_pairs
+    from steering.scope import STATE_KEY, record_pass
+
+    m = tiny_models("llama")
+    batch = batch_of(m, PROMPTS)
+    assert (batch.attention_mask == 0).any()  # really padded
+    cap_cols = plan(POSITIONS, batch).index                                  # capture
+    data: dict = {}
+    record_pass(data, (), batch.model_inputs)                                # steering: the prompt pass
+    steer_mask = data[STATE_KEY].mask("prompt", tuple(POSITIONS))
+    pairs = make_pairs(m, PROMPTS, PROMPTS, align=[(p, p) for p in POSITIONS])  # patching
+    assert torch.equal(pairs.cols["clean"], cap_cols) and torch.equal(pairs.cols["corrupted"], cap_cols)
+    want = torch.zeros_like(steer_mask)
+    want[torch.arange(len(PROMPTS))[:, None], cap_cols] = True
+    assert torch.equal(steer_mask, want)
+    # and capture keeps exactly those columns' activations
+    acts = capture(m, PROMPTS, sites="resid_post.0", positions=POSITIONS, progress=False)
+    full = capture(m, PROMPTS, sites="resid_post.0", positions="all", progress=False, batch_size=len(PROMPTS))
+    torch.testing.assert_close(acts.tensor[:, 0], full.tensor[torch.arange(len(PROMPTS))[:, None], 0, cap_cols])
+    # one rule, one message: each of the three reports an out-of-range position the same way
+    rule = "positions count from the first real token (>= 0) or from the end (< 0)"
+    with pytest.raises(ValueError, match=r"out of range for a prompt of 1 tokens.*" + re.escape(rule)):
+        plan([5], batch_of(m, [[3]]))
+    with pytest.raises(ValueError, match=r"out of range for a prompt of \d+ tokens.*" + re.escape(rule)):
+        data[STATE_KEY].mask("prompt", (99,))
+    with pytest.raises(ValueError, match=r"out of range for clean prompt 0 of \d+ tokens.*" + re.escape(rule)):
+        make_pairs(m, PROMPTS, PROMPTS, align=[(99, 0)])
+
+
+def test_module_hooks_removed_on_exit_and_on_exception(tiny_models):
+    m = tiny_models("llama")
+    n0 = count_hooks(m.hf)
+    block = m.block(0)
+    seen = []
+    ids = torch.tensor([[3, 4, 5]])
+    items = [(block, "pre", lambda mod, args, kwargs: seen.append("pre")),
+             (block, "post", lambda mod, args, out: seen.append("post"))]
+    with pytest.raises(RuntimeError, match="boom"), module_hooks(items):
+        assert count_hooks(m.hf) == n0 + 2
+        with torch.no_grad():
+            m.hf(input_ids=ids)
+        raise RuntimeError("boom")
+    assert seen == ["pre", "post"] and count_hooks(m.hf) == n0
+    with pytest.raises(ValueError, match="'pre' or 'post'"), module_hooks([items[0], (block, "after", print)]):
+        pass
+    assert count_hooks(m.hf) == n0  # the hook attached before the bad one is removed too
+
+
+RAW_HOOKS = {"register_forward_hook", "register_forward_pre_hook"}
+SCANNED = ("interp", "steering", "sae", "patching", "pipelines", "organism")
+
+
+def test_raw_hooks_only_in_interp_hooks():
+    """Raw ``register_forward_*hook`` calls live only in ``interp/hooks.py`` (elsewhere: ``module_hooks``)."""
+    found = []
+    for pkg in SCANNED:
+        for p in sorted((REPO / pkg).rglob("*.py")):
+            if p == REPO / "interp" / "hooks.py":
+                continue
+            for node in ast.walk(ast.parse(p.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.Attribute) and node.attr in RAW_HOOKS:
+                    found.append(f"{p.relative_to(REPO)}:{node.lineno} {node.attr}")
+    assert not found, "raw hooks outside interp/hooks.py (use interp.hooks.module_hooks):\n" + "\n".join(found)

@@ -1,0 +1,116 @@
+"""Sites that mean what TransformerLens means (``ln_final.hook_normalized`` before the gain) and sites wider or
+narrower than the residual (per-head ``attn_z``, neuron ``mlp_post``) through capture, store and probes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from interp.capture import capture
+from interp.forward import prepare
+from interp.hooks import hooks
+from interp.testing.oracles import transformer_lens_model
+from interp.testing.tiny import FAMILIES, tiny_model
+
+PROMPTS = ["the man said to the boy", "what is the good word", "help", "where is the old house by the water now ?"]
+
+
+def _ids(m, p):
+    return torch.tensor([prepare(m, [p])[1][0].ids])
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_ln_final_equals_transformer_lens_before_gain(family):
+    """Read and write: our HF route at ln_final.hook_normalized == TransformerLens's run_with_cache / hooks."""
+    m = tiny_model(family)
+    tl = transformer_lens_model(m)
+    acts = capture(m, PROMPTS, sites="ln_final", positions="all", progress=False)
+    for i, p in enumerate(PROMPTS):
+        ids = _ids(m, p)
+        with torch.no_grad():
+            _, cache = tl.run_with_cache(ids)
+            theirs = tl.run_with_hooks(ids, fwd_hooks=[("ln_final.hook_normalized", lambda x, hook: 2 * x + 0.5)])
+            with hooks(m, {"ln_final.hook_normalized": lambda x, ctx: 2 * x + 0.5}):
+                ours = m.hf(ids).logits
+        torch.testing.assert_close(acts.site("ln_final")[i, -ids.shape[1]:], cache["ln_final.hook_normalized"][0],
+                                   atol=1e-5, rtol=0)
+        torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=0)
+
+
+def _eps(c):
+    return next(float(getattr(c, a)) for a in ("rms_norm_eps", "layer_norm_epsilon", "layer_norm_eps") if hasattr(c, a))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_ln_final_is_the_normalised_input_in_every_family(tiny_models, family):
+    """ln_final == the final norm's input centred (LayerNorm) and divided by its RMS; ln_final_out is the output
+    (gemma's 1 + weight gain included); writing ln_final back unchanged leaves the logits as they were."""
+    m = tiny_models(family)
+    a = capture(m, PROMPTS, sites=[f"resid_post.{m.n_layers - 1}", "ln_final"], positions="all", progress=False)
+    x = a.tensor[:, 0]
+    if family in ("gpt2", "gpt_neox"):
+        x = x - x.mean(-1, keepdim=True)
+    want = x / (x.pow(2).mean(-1, keepdim=True) + _eps(m.config)).sqrt()
+    keep = a.mask[..., None]
+    torch.testing.assert_close(a.tensor[:, 1] * keep, want * keep, atol=1e-5, rtol=0)
+    ids = _ids(m, PROMPTS[0])
+    with torch.no_grad():
+        base = m.hf(ids).logits
+        with hooks(m, {"ln_final": lambda n, ctx: n * 1.0}):
+            same = m.hf(ids).logits
+    torch.testing.assert_close(same, base, atol=1e-5, rtol=0)
+
+
+def test_gemma_gain_is_one_plus_weight(tiny_models):
+    m = tiny_models("gemma3_text")
+    a = capture(m, PROMPTS, sites=["ln_final", "ln_final_out"], positions="last", progress=False)
+    w = m.module(m.spec.final_norm).weight
+    torch.testing.assert_close(a.tensor[:, 0] * (1 + w), a.tensor[:, 1], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("positions", ["all", "last", "prompt_mean", [0, -1]])
+def test_per_head_and_neuron_sites_capture_like_any_site(positions):
+    """attn_z (heads x d_head, stored flattened) and mlp_post (d_mlp) == TransformerLens's hook_z / hook_post."""
+    m = tiny_model("llama")
+    tl = transformer_lens_model(m)
+    z = capture(m, PROMPTS, sites="attn_z", positions=positions, progress=False)
+    post = capture(m, PROMPTS, sites="mlp_post", positions=positions, progress=False)
+    allz = capture(m, PROMPTS, sites="attn_z", positions="all", progress=False)
+    assert z.width == m.n_heads * m.d_head and post.width == m.config.intermediate_size
+    assert z.site_view("attn_z.1").shape[-2:] == (m.n_heads, m.d_head)
+    for i, p in enumerate(PROMPTS):
+        ids = _ids(m, p)
+        T = ids.shape[1]
+        with torch.no_grad():
+            _, cache = tl.run_with_cache(ids)
+        for layer in range(m.n_layers):
+            hz = cache[f"blocks.{layer}.attn.hook_z"][0]
+            torch.testing.assert_close(allz.site_view(f"attn_z.{layer}")[i, -T:], hz, atol=1e-5, rtol=0)
+            want_z = {"all": hz, "last": hz[-1], "prompt_mean": None, "p": hz[[0, -1]]}
+            got = z.site_view(f"attn_z.{layer}")[i]
+            key = positions if isinstance(positions, str) else "p"
+            if key == "all":
+                got = got[-T:]
+            if want_z[key] is not None:
+                torch.testing.assert_close(got, want_z[key], atol=1e-5, rtol=0)
+            hp = cache[f"blocks.{layer}.mlp.hook_post"][0]
+            if key == "last":
+                torch.testing.assert_close(post.site(f"mlp_post.{layer}")[i], hp[-1], atol=1e-5, rtol=0)
+
+
+def test_per_head_sites_stream_to_a_store_and_feed_probes(tmp_path):
+    import probes
+
+    m = tiny_model("gemma3_text", hidden_size=48)  # n_heads * d_head (64) != d_model (48)
+    mem = capture(m, PROMPTS, sites="attn_z", positions="all", batch_size=3, progress=False)
+    store = capture(m, PROMPTS, sites="attn_z", positions="all", batch_size=3, out=tmp_path / "z", progress=False)
+    back = store.load()
+    assert store.d_model == 64 and back.width == 64
+    torch.testing.assert_close(back.tensor, mem.tensor)
+    torch.testing.assert_close(back.site_view("attn_z.0"), mem.site_view("attn_z.0"))
+    assert back.site_view("attn_z.0").shape[-2:] == (4, 16)
+    last = capture(m, PROMPTS, sites="mlp_post", labels=[1, 0, 1, 0], progress=False)
+    d = probes.diff_of_means(last)
+    assert d.vectors.shape == (m.n_layers, m.config.intermediate_size)
+    with pytest.raises(ValueError, match="capture each width group in its own call"):
+        capture(m, PROMPTS, sites=["resid_post.0", "attn_z.0"], progress=False)
