@@ -56,9 +56,30 @@ def check_finite(value: Any, name: str) -> float:
     return v
 
 
+def object_layers(obj: Any, n_rows: int, name: str) -> list[int] | None:
+    """The layers an object names for its rows (a probes Direction's ``.layers``, or its ``.sites``), else None.
+
+    A bare tensor names none: its rows are matched to layers by :func:`label_rows`."""
+    if isinstance(obj, torch.Tensor):
+        return None
+    layers = getattr(obj, "layers", None)
+    if layers is None and getattr(obj, "sites", None) is not None:
+        layers = [parse_site(s).layer for s in obj.sites]
+    if layers is None:
+        return None
+    if any(x is None for x in layers):
+        raise ValueError(f"{name}: its sites {getattr(obj, 'sites', layers)} are not all per-layer sites; steer "
+                         f"with vectors fitted at blocks.{{i}}.* sites")
+    layers = [int(x) for x in layers]
+    if len(layers) != n_rows:
+        raise ValueError(f"{name}: {len(layers)} layers named but {n_rows} vectors")
+    return layers
+
+
 def per_layer_vectors(obj: Any, name: str) -> torch.Tensor | dict[int, torch.Tensor]:
-    """``[d]`` stays one shared vector; ``[n, d]``, a ``{layer: [d]}`` dict or a Direction with ``.layers``
-    becomes ``{layer: [d]}`` (rows of ``[n, d]`` are layers 0..n-1 unless the object names its layers)."""
+    """``[d]`` stays one shared vector; a ``{layer: [d]}`` dict or an object naming its layers (a probes
+    Direction) becomes ``{layer: [d]}``; a bare ``[k, d]`` tensor stays 2-D until :func:`label_rows` knows
+    the model and the ``layers=`` asked for (its rows carry no layer labels)."""
     if isinstance(obj, Mapping):
         out = {}
         for k, v in obj.items():
@@ -77,18 +98,42 @@ def per_layer_vectors(obj: Any, name: str) -> torch.Tensor | dict[int, torch.Ten
     if t.dim() != 2:
         raise ValueError(f"{name} must be [d] (one vector) or [n_layers, d] (one per layer), got shape "
                          f"{tuple(t.shape)}; for a subspace basis use AblateSubspace")
-    layers = getattr(obj, "layers", None)
-    if layers is not None and not isinstance(obj, torch.Tensor):
-        layers = [int(x) for x in layers]
-        if len(layers) != t.shape[0]:
-            raise ValueError(f"{name}: {len(layers)} layers named but {t.shape[0]} vectors")
+    layers = object_layers(obj, t.shape[0], name)
+    if layers is not None:
         return {layer: t[i] for i, layer in enumerate(layers)}
-    return {i: t[i] for i in range(t.shape[0])}
+    return t
+
+
+def label_rows(t: torch.Tensor, layers: Layers | None, n_layers: int, name: str) -> torch.Tensor | dict[int, torch.Tensor]:
+    """Rows of a bare ``[k, ...]`` tensor -> ``{layer: row}``, without guessing.
+
+    - ``layers=`` a list of ``k`` layers: row ``i`` is for ``layers[i]`` (e.g. ``d.select([10..14]).raw``
+      with ``layers=[10, ..., 14]``);
+    - ``k == n_layers``: row ``i`` is layer ``i`` (a full per-layer table) and ``layers=`` picks among them;
+    - ``k == 1`` with no list of layers: the one row is shared by every layer asked for;
+    - anything else is an error: a ``[k, d]`` band silently mapped to layers ``0..k-1`` would steer the
+      wrong layers.
+    """
+    k = t.shape[0]
+    explicit = None if layers is None or isinstance(layers, str) else ([layers] if isinstance(layers, int)
+                                                                          else list(layers))
+    if explicit is not None and len(explicit) == k:
+        keys = resolve_layers(explicit, n_layers, None, name, keep_order=True)
+        return {layer: t[i] for i, layer in enumerate(keys)}
+    if k == n_layers:
+        return {i: t[i] for i in range(k)}
+    if k == 1 and explicit is None:
+        return t[0]
+    raise ValueError(f"{name}: a bare tensor of {k} rows does not say which layers its rows are for (this model "
+                     f"has {n_layers} layers, so they are not one per layer); pass layers=[...] with {k} layers "
+                     f"(row i is for layers[i]), or pass the probes Direction itself (e.g. d.select(band), not "
+                     f"d.select(band).raw), which carries its layers")
 
 
 def resolve_layers(layers: Layers | None, n_layers: int, available: Sequence[int] | None = None,
-                   what: str = "intervention") -> list[int]:
-    """``"all"``, an int or a list (negative from the end) -> sorted layer indices, range-checked."""
+                   what: str = "intervention", keep_order: bool = False) -> list[int]:
+    """``"all"``, an int or a list (negative from the end) -> sorted layer indices, range-checked
+    (``keep_order``: in the order given, duplicates refused, for labelling rows)."""
     if layers is None or (isinstance(layers, str) and layers == "all"):
         if available is not None:
             return sorted(resolve_layers(list(available), n_layers, None, what))
@@ -110,6 +155,10 @@ def resolve_layers(layers: Layers | None, n_layers: int, available: Sequence[int
         missing = [j for j in out if j not in set(available)]
         if missing:
             raise ValueError(f"{what}: no vector for layers {missing}; the per-layer input covers {sorted(available)}")
+    if keep_order:
+        if len(set(out)) != len(out):
+            raise ValueError(f"{what}: layers {items} repeat a layer; give each layer once")
+        return out
     return sorted(set(out))
 
 

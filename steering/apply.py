@@ -147,12 +147,15 @@ def apply(model: Model, *interventions: Any, backend: str = "auto") -> Iterator[
 
     Works around ``model.hf(...)``, ``model.hf.generate(...)`` (KV cache, left padding) and
     ``interp.capture`` (captures inside the block see the steered activations). Nested blocks compose.
+    With no interventions the block is a no-op (the handle is yielded, nothing is attached), so a
+    baseline runs through the same code as its steered conditions.
     """
     if not isinstance(model, Model):
         raise TypeError(f"apply expects an interp Model (interp.load_model / interp.models.from_hf), got "
                         f"{type(model).__name__}")
     if not interventions:
-        raise ValueError("no interventions given; pass at least one (e.g. steering.AddVector(v, layers=5))")
+        yield Steering(model, {})
+        return
     items = plan_hooks(model, interventions, backend)
     data: dict[str, Any] = {}
 

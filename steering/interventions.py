@@ -6,12 +6,20 @@ site kinds: ``resid_pre``, ``resid_mid``, ``resid_post``, ``attn_out``, ``mlp_ou
 ``scope`` (``"prompt"``, ``"generated"``, ``"both"``). ``condition=Condition(c, t)`` (or ``.when(c, t)``)
 makes it act only on tokens whose projection on unit ``c`` is above ``t`` (below with ``above=False``).
 
-Vectors are a tensor ``[d]`` (shared by all layers), ``[n_layers, d]`` / ``{layer: [d]}`` (one per layer),
-or any object with a ``.vectors`` tensor (a ``probes`` Direction; its ``.layers`` names the rows).
+Vectors are a tensor ``[d]`` (shared by all layers), ``{layer: [d]}`` (one per layer), any object with a
+``.vectors`` tensor (a ``probes`` Direction: its ``.layers`` / ``.sites`` name the rows), or a bare
+``[k, d]`` tensor: its rows are for ``layers=[...]`` (``k`` of them, row ``i`` for ``layers[i]``), or for
+layers ``0..n_layers-1`` when ``k == n_layers``; any other bare ``[k, d]`` (k > 1) is an error, since
+``d.select(band).raw`` would otherwise steer layers ``0..k-1``.
+
+Strength: ``AddVector(..., unit="residual", norms=steering.residual_norms(model, prompts))`` makes ``alpha``
+a fraction of the mean residual norm at each layer (see :mod:`steering.strength`). Every intervention has
+``random_like(model, seed)``: the same edit along random directions of the same norm (the control).
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -20,13 +28,15 @@ import torch
 
 from interp.coerce import check_width
 from interp.models import Model
-from interp.sites import Site
+from interp.sites import Site, parse_site
 from steering._checks import (
     Layers,
     as_tensor,
     check_finite,
     check_positions,
     check_scope,
+    label_rows,
+    object_layers,
     orthonormal,
     per_layer_vectors,
     resolve_kinds,
@@ -35,6 +45,10 @@ from steering._checks import (
 )
 from steering.apply import SiteEdit, _native_fn
 from steering.fused import LowRankEdit
+from steering.strength import ResidualNorms, norm_table
+
+Table = torch.Tensor | dict[int, torch.Tensor]
+UNITS = ("raw", "residual")
 
 RESIDUAL = "the model's residual stream has"  # what a steering vector's width is checked against
 
@@ -51,18 +65,36 @@ class Condition:
         self._vecs = per_layer_vectors(self.direction, "condition direction")
         self.threshold = check_finite(self.threshold, "condition threshold")
 
-    def at(self, layer: int, d_model: int) -> torch.Tensor:
-        v = self._vecs if isinstance(self._vecs, torch.Tensor) else self._vecs.get(layer)
+    def table(self, n_layers: int, layers: Layers) -> Table:
+        """The condition's vectors by layer (a bare ``[k, d]`` is labelled like the intervention's)."""
+        if isinstance(self._vecs, torch.Tensor) and self._vecs.dim() == 2:
+            return label_rows(self._vecs, layers, n_layers, "condition direction")
+        return self._vecs
+
+    def at(self, layer: int, d_model: int, table: Table | None = None) -> torch.Tensor:
+        vecs = self._vecs if table is None else table
+        v = vecs if isinstance(vecs, torch.Tensor) else vecs.get(layer)
         if v is None:
-            raise ValueError(f"the condition has no direction for layer {layer}; it covers {sorted(self._vecs)}")
+            raise ValueError(f"the condition has no direction for layer {layer}; it covers {sorted(vecs)}")
         check_width(v, d_model, "condition direction", RESIDUAL)
         return unit(v, "condition direction")
+
+
+def _random_as(t: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """A seeded random stand-in for ``t``: a vector ``[d]`` of the same norm, or an orthonormal ``[k, d]``."""
+    if t.dim() == 1:
+        r = torch.randn(t.shape[0], generator=gen, dtype=torch.float64)
+        return (r / r.norm() * t.double().norm()).to(t.dtype)
+    q = torch.linalg.qr(torch.randn(t.shape[1], t.shape[0], generator=gen, dtype=torch.float64))[0]
+    return q.T.contiguous().to(t.dtype)
 
 
 class _Intervention:
     """Shared machinery: resolve layers and sites, build one :class:`SiteEdit` per (layer, site)."""
 
-    _vecs: torch.Tensor | dict[int, torch.Tensor]
+    _vecs: Table            # a shared vector (basis), a {layer: ...} table, or a bare stack to label
+    _shared_dim: int = 1    # dims of one layer's entry: 1 for a vector, 2 for a subspace basis
+    _field: str = "direction"  # the dataclass field holding the vectors (for random_like)
     layers: Layers
     sites: Any
     positions: Any
@@ -79,25 +111,36 @@ class _Intervention:
     def _edit(self, vec: torch.Tensor, layer: int) -> LowRankEdit:
         raise NotImplementedError
 
-    def _vector(self, layer: int, d_model: int) -> torch.Tensor:
-        v = self._vecs if isinstance(self._vecs, torch.Tensor) else self._vecs[layer]
+    def _table(self, model: Model) -> Table:
+        """One entry per layer, ``{layer: vector}``, or one shared tensor; bare stacks labelled by ``layers``."""
+        what = type(self).__name__
+        if isinstance(self._vecs, torch.Tensor):
+            if self._vecs.dim() == self._shared_dim:
+                return self._vecs
+            return label_rows(self._vecs, self.layers, model.n_layers, what)
+        return {resolve_layers(k, model.n_layers, what=what)[0]: v for k, v in self._vecs.items()}
+
+    def _vector(self, table: Table, layer: int, d_model: int) -> torch.Tensor:
+        v = table if isinstance(table, torch.Tensor) else table[layer]
         check_width(v, d_model, f"{type(self).__name__} vector", RESIDUAL)
         return v
 
-    def resolved_layers(self, model: Model) -> list[int]:
-        available = None if isinstance(self._vecs, torch.Tensor) else list(self._vecs)
-        if available is not None:  # per-layer input: normalise negative keys once
-            self._vecs = {resolve_layers(k, model.n_layers, what=type(self).__name__)[0]: v
-                          for k, v in self._vecs.items()}
-            available = list(self._vecs)
+    def _layers_of(self, model: Model, table: Table) -> list[int]:
+        available = None if isinstance(table, torch.Tensor) else list(table)
         return resolve_layers(self.layers, model.n_layers, available, what=type(self).__name__)
+
+    def resolved_layers(self, model: Model) -> list[int]:
+        """The layers this intervention acts on in ``model``."""
+        return self._layers_of(model, self._table(model))
 
     def site_edits(self, model: Model) -> dict[str, SiteEdit]:
         """``{site name: SiteEdit}`` for every (layer, site kind) this intervention touches."""
         out: dict[str, SiteEdit] = {}
-        for layer in self.resolved_layers(model):
-            edit = self._edit(self._vector(layer, model.d_model), layer)
-            cond = self.condition.at(layer, model.d_model) if self.condition is not None else None
+        table = self._table(model)
+        cond_table = None if self.condition is None else self.condition.table(model.n_layers, self.layers)
+        for layer in self._layers_of(model, table):
+            edit = self._edit(self._vector(table, layer, model.d_model), layer)
+            cond = self.condition.at(layer, model.d_model, cond_table) if self.condition is not None else None
             for kind in self.kinds:
                 if kind == "resid_mid" and model.spec.resid_mid_in is None:
                     raise ValueError(f"{model.spec.family} has a parallel residual: there is no resid_mid; use "
@@ -107,6 +150,17 @@ class _Intervention:
                     self.condition.threshold if self.condition else 0.0,
                     self.condition.above if self.condition else True)
         return out
+
+    def random_like(self, model: Model, seed: int = 0) -> Any:
+        """The same intervention along seeded random directions, each of the norm of the one it replaces
+        (a random orthonormal basis of the same rank for a subspace): the control of the same strength."""
+        gen = torch.Generator().manual_seed(int(seed))
+        table = self._table(model)
+        if isinstance(table, torch.Tensor):
+            return replace(self, **{self._field: _random_as(table, gen)})
+        layers = self._layers_of(model, table)
+        return replace(self, **{self._field: {layer: _random_as(table[layer], gen) for layer in layers},
+                                "layers": layers})
 
     def hook_fns(self, model: Model) -> dict[str, Any]:
         """The shared protocol: ``{site name: fn(x, ctx)}`` for ``interp.hooks.hooks``."""
@@ -120,7 +174,13 @@ class _Intervention:
 @dataclass(eq=False)
 class AddVector(_Intervention):
     """``x + alpha * v`` at ``layers`` x ``sites``. Same convention as the steering-vectors library when
-    ``sites='resid_post'`` (a decoder block's output) and ``positions='all'``."""
+    ``sites='resid_post'`` (a decoder block's output) and ``positions='all'``.
+
+    ``unit`` says what ``alpha`` is measured in. ``"raw"`` (the default, as in 0.1.0): ``v`` is added as given,
+    so for a unit-length probes Direction ``alpha`` is an absolute norm, tiny against residual norms of
+    100+. ``"residual"``: ``alpha * norms[layer] * v / |v|``, a fraction of the mean residual norm at each
+    layer; ``norms`` is :func:`steering.residual_norms` (measured on your prompts) or one number per layer.
+    """
 
     vector: Any
     layers: Layers
@@ -129,14 +189,43 @@ class AddVector(_Intervention):
     positions: Any = "all"
     scope: str = "both"
     condition: Condition | None = None
+    unit: str = "raw"
+    norms: ResidualNorms | Any = None
+
+    _field = "vector"
 
     def __post_init__(self) -> None:
         self._vecs = per_layer_vectors(self.vector, "AddVector vector")
         self.alpha = check_finite(self.alpha, "AddVector alpha")
+        if self.unit not in UNITS:
+            raise ValueError(f"AddVector unit must be one of {UNITS}, got {self.unit!r}")
+        if self.unit == "residual" and self.norms is None:
+            raise ValueError("unit='residual' needs norms=: measure them with steering.residual_norms(model, "
+                             "prompts, site=...) or give one number per layer")
+        if self.unit == "raw" and self.norms is not None:
+            raise ValueError("norms= is only used with unit='residual' (alpha as a fraction of the residual norm); "
+                             "pass unit='residual' or drop norms=")
         self._common_checks()
+        if isinstance(self.norms, ResidualNorms) and self.norms.site not in self.kinds:
+            warnings.warn(f"AddVector adds at {self.kinds} but its norms were measured at {self.norms.site!r}; "
+                          f"measure them at the site you steer", stacklevel=3)
+        self._scale: dict[int, float] | None = None
+
+    def site_edits(self, model: Model) -> dict[str, SiteEdit]:
+        self._scale = norm_table(self.norms, model.n_layers, "AddVector norms") if self.unit == "residual" else None
+        return super().site_edits(model)
 
     def _edit(self, vec: torch.Tensor, layer: int) -> LowRankEdit:
-        return LowRankEdit.add(self.alpha * vec)
+        if self._scale is None:
+            return LowRankEdit.add(self.alpha * vec)
+        if layer not in self._scale:
+            raise ValueError(f"AddVector norms have no value for layer {layer} (they cover {sorted(self._scale)}); "
+                             f"measure it: steering.residual_norms(model, prompts, layers=[..., {layer}])")
+        return LowRankEdit.add(self.alpha * self._scale[layer] * unit(vec, "AddVector vector"))
+
+    def added_norms(self, model: Model) -> dict[int, float]:
+        """``{layer: norm of what is added}``: the strength in the residual stream's own units."""
+        return {parse_site(k).layer: float(e.edit.b.norm()) for k, e in self.site_edits(model).items()}
 
 
 @dataclass(eq=False)
@@ -158,12 +247,16 @@ class Ablate(_Intervention):
         return LowRankEdit.project_out(unit(vec, "direction")[None])
 
 
+WRITER_SITES = ("resid_pre", "attn_out", "mlp_out")  # every writer to the residual stream, layer by layer
+
+
 @dataclass(eq=False)
 class DirectionalAblation(Ablate):
     """The refusal-direction recipe's "ablate everywhere": project the direction out of every layer's
-    ``resid_pre``, ``attn_out`` and ``mlp_out`` (so ``resid_mid`` and ``resid_post`` follow)."""
+    ``resid_pre``, ``attn_out`` and ``mlp_out`` (so ``resid_mid`` and ``resid_post`` follow). Same default
+    sites as :class:`AblateSubspace`; ``sites="resid_post"`` gives the one-site edit of :class:`Ablate`."""
 
-    sites: str | Sequence[str] = ("resid_pre", "attn_out", "mlp_out")
+    sites: str | Sequence[str] = WRITER_SITES
 
 
 @dataclass(eq=False)
@@ -190,16 +283,24 @@ class Clamp(_Intervention):
 @dataclass(eq=False)
 class AblateSubspace(_Intervention):
     """Project out the span of an orthonormal basis: ``x - Q^T Q x``; ``basis [k, d]`` (all layers),
-    ``[n_layers, k, d]`` or ``{layer: [k, d]}``. A non-orthonormal basis is an error unless
-    ``orthonormalize=True`` (QR, same span, with a warning)."""
+    ``{layer: [k, d]}``, a probes Subspace (its ``.bases`` / ``.sites``), or a bare ``[m, k, d]`` (labelled like a
+    bare stack of vectors: ``layers=`` with ``m`` layers, or ``m == n_layers``). A non-orthonormal basis is an
+    error unless ``orthonormalize=True`` (QR, same span, with a warning).
+
+    By default it covers every writer, like :class:`DirectionalAblation`: ``resid_pre``, ``attn_out`` and
+    ``mlp_out`` at every layer (0.1.0 defaulted to ``resid_post`` only; pass ``sites="resid_post"`` for that).
+    """
 
     basis: Any
     layers: Layers = "all"
-    sites: str | Sequence[str] = "resid_post"
+    sites: str | Sequence[str] = WRITER_SITES
     positions: Any = "all"
     scope: str = "both"
     condition: Condition | None = None
     orthonormalize: bool = False
+
+    _shared_dim = 2
+    _field = "basis"
 
     def __post_init__(self) -> None:
         b = self.basis
@@ -207,15 +308,15 @@ class AblateSubspace(_Intervention):
             self._vecs = {int(k): orthonormal(as_tensor(v, f"basis[{k}]"), f"basis[{k}]", self.orthonormalize)
                           for k, v in b.items()}
         else:
-            t = as_tensor(b, "basis")
+            t = as_tensor(getattr(b, "bases", b), "basis")
             if t.dim() == 1:
                 t = t[None]
             if t.dim() == 2:
                 self._vecs = orthonormal(t, "basis", self.orthonormalize)
             elif t.dim() == 3:
-                layers = getattr(b, "layers", None)
-                keys = [int(x) for x in layers] if layers is not None else list(range(t.shape[0]))
-                self._vecs = {k: orthonormal(t[i], f"basis[{k}]", self.orthonormalize) for i, k in enumerate(keys)}
+                stack = torch.stack([orthonormal(t[i], f"basis[{i}]", self.orthonormalize) for i in range(t.shape[0])])
+                keys = object_layers(b, t.shape[0], "basis")
+                self._vecs = stack if keys is None else {k: stack[i] for i, k in enumerate(keys)}
             else:
                 raise ValueError(f"basis must be [k, d] or [n_layers, k, d], got shape {tuple(t.shape)}")
         self._common_checks()

@@ -70,7 +70,7 @@ def test_add_clamp_subspace_math_at_the_site():
     orth = (cl - (cl @ ru)[..., None] * ru) - (base - (base @ ru)[..., None] * ru)
     assert orth[mask].abs().max() <= 1e-5  # the rest of the vector is untouched
     Q = torch.linalg.qr(torch.randn(d, 4, generator=torch.Generator().manual_seed(4)))[0].T
-    sub = _acts(m, [site], steering.AblateSubspace(Q, layers=1)).tensor[:, 0]
+    sub = _acts(m, [site], steering.AblateSubspace(Q, layers=1, sites="resid_post")).tensor[:, 0]
     assert (sub @ Q.T)[mask].abs().max() <= 1e-5
     torch.testing.assert_close(sub[mask], (base - (base @ Q.T) @ Q)[mask], rtol=1e-5, atol=1e-5)
 
