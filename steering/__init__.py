@@ -16,26 +16,13 @@ imported only when a CUDA kernel first runs.
 
 from __future__ import annotations
 
-from steering.apply import Steering, apply
-from steering.bake import WRITERS, BakeResult, ablate_writers, bake
-from steering.fused import LowRankEdit, apply_edit
-from steering.generate import Generations, generate
-from steering.interventions import (
-    WRITER_SITES,
-    Ablate,
-    AblateSubspace,
-    AddVector,
-    Clamp,
-    Condition,
-    DirectionalAblation,
-)
+from steering.apply import apply
+from steering.bake import bake
+from steering.generate import generate
+from steering.interventions import Ablate, AblateSubspace, AddVector, Clamp, DirectionalAblation
 from steering.rows import RowEdits
-from steering.scope import TokenState
-from steering.strength import ResidualNorms, residual_norms
-from steering.sweep import AlphaSweep, alpha_sweep
+from steering.strength import residual_norms
+from steering.sweep import alpha_sweep
 
-__all__ = [
-    "Ablate", "AblateSubspace", "AddVector", "AlphaSweep", "BakeResult", "Clamp", "Condition", "DirectionalAblation",
-    "Generations", "LowRankEdit", "ResidualNorms", "RowEdits", "Steering", "TokenState", "WRITERS", "WRITER_SITES",
-    "ablate_writers", "alpha_sweep", "apply", "apply_edit", "bake", "generate", "residual_norms",
-]
+__all__ = ["Ablate", "AblateSubspace", "AddVector", "Clamp", "DirectionalAblation", "RowEdits", "alpha_sweep", "apply",
+           "bake", "generate", "residual_norms"]

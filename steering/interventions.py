@@ -106,7 +106,7 @@ class _Intervention:
         self.scope = check_scope(self.scope)
         self.positions = check_positions(self.positions, self.scope)
         if self.condition is not None and not isinstance(self.condition, Condition):
-            raise TypeError(f"condition must be a steering.Condition, got {type(self.condition).__name__}")
+            raise TypeError(f"condition must be a steering.interventions.Condition, got {type(self.condition).__name__}")
 
     def _edit(self, vec: torch.Tensor, layer: int) -> LowRankEdit:
         raise NotImplementedError

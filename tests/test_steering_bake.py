@@ -14,6 +14,7 @@ import steering
 from interp.capture import capture
 from interp.models import from_hf
 from interp.testing.tiny import FAMILIES, tiny_model
+from steering.bake import ablate_writers
 
 INEXACT = ("gemma2", "gemma3_text", "olmo2")
 IDS = torch.randint(7, 200, (2, 12), generator=torch.Generator().manual_seed(0))
@@ -60,7 +61,7 @@ def test_baked_equals_hook_ablation(family):
         with pytest.warns(UserWarning, match="max logit error"):
             res = steering.bake(m, r, allow_inexact=True)
         assert not res.exact and res.max_logit_error is not None and res.max_logit_error > 0
-        with steering.ablate_writers(m, r), torch.no_grad():  # the reported figure is a real measurement
+        with ablate_writers(m, r), torch.no_grad():  # the reported figure is a real measurement
             ref = m.hf(torch.randint(0, m.hf.config.vocab_size, (2, 16),
                                      generator=torch.Generator().manual_seed(0))).logits
         with torch.no_grad():
@@ -99,7 +100,7 @@ def test_subspace_bake_equals_subspace_hooks():
 def test_per_writer_bake_equals_writer_hooks(family, writers):
     m = _model(family)
     r = _vec(m.d_model)
-    with steering.ablate_writers(m, r, writers):
+    with ablate_writers(m, r, writers):
         ref = _logits(m)
     res = steering.bake(m, r, writers=writers)
     assert set(res.writers) == set(writers)

@@ -13,6 +13,7 @@ from interp.forward import batches, prepare
 from interp.hooks import count_hooks
 from interp.testing.tiny import tiny_model
 from probes.objects import Direction
+from steering.apply import Steering
 
 PROMPTS = ["the man is here", "a boy", "what is the time of day for the old man"]
 
@@ -93,7 +94,7 @@ def test_apply_with_nothing_is_a_no_op_and_generate_with_nothing_is_plain():
     with torch.no_grad():
         plain = m.hf(ids).logits
         with steering.apply(m) as handle:
-            assert isinstance(handle, steering.Steering) and count_hooks(m.hf) == 0
+            assert isinstance(handle, Steering) and count_hooks(m.hf) == 0
             inside = m.hf(ids).logits
     assert torch.equal(plain, inside) and count_hooks(m.hf) == 0
     gens = steering.generate(m, PROMPTS, max_new_tokens=4, progress=False)
