@@ -23,6 +23,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from jaxtyping import Float
+from tqdm.auto import tqdm
 
 from interp.coerce import check_width, layer_tensor
 from interp.objects import Fitted, from_provenance, read_object, register_kind, save_object
@@ -67,14 +68,15 @@ class LogisticFit:
 def solve_logistic(Xl: Float[torch.Tensor, "L n d"], y: torch.Tensor, train: torch.Tensor, l2: float,
                    standardize: bool = True, max_iter: int = 100, tol: float = 1e-5, memory: int = 3,
                    inner_steps: int = 3, precond: str = "auto", precond_after: int = 1, precond_rows: int | None = None,
-                   seed: int = 0) -> LogisticFit:
+                   seed: int = 0, progress: bool | str = False) -> LogisticFit:
     """Fit ``L x F`` probes: ``Xl [L, n, d]`` (layers first), ``y [n]`` or ``[F, n]`` in {0, 1} (per-fold labels,
     e.g. shuffled controls), ``train [F, n]`` bool masks.
 
     ``precond``: ``"full"`` (Cholesky of the covariance, from about ``precond_rows`` samples; default
     ``2 d``), ``"lowrank"`` (top-64 eigenpairs, for widths where ``d x d`` per layer is too big), ``"none"``
     or ``"auto"``; built only if ``precond_after`` steps have not converged. It changes the speed, never
-    the minimiser.
+    the minimiser. ``progress``: a bar over the solver's iterations (a string names it), with the share of
+    probes converged.
     """
     M, n_f, yd, pos = _check_problem(y, train, l2, precond)
     L, n, d = Xl.shape
@@ -92,7 +94,9 @@ def solve_logistic(Xl: Float[torch.Tensor, "L n d"], y: torch.Tensor, train: tor
             return LowRankPreconditioner(Xl, shift, sd_all[:, Fo], sq[:, Fo] if standardize else None, 64, seed)
         return None
 
-    w, b, it, gmax = _descend(prob, pos, max_iter, tol, memory, inner_steps, make_precond, precond_after)
+    desc = progress if isinstance(progress, str) else f"logistic probes ({L} layers x {Fo} fits)"
+    with tqdm(total=max_iter, desc=desc, unit="step", disable=not progress, leave=False) as bar:
+        w, b, it, gmax = _descend(prob, pos, max_iter, tol, memory, inner_steps, make_precond, precond_after, bar)
     z = prob.image(w) + b[..., None]
     return LogisticFit(w=w.to(prob.dt), b=b.to(prob.dt), mu=prob.centre.to(prob.dt), sd=sd, logits=z.to(prob.dt),
                        n_iter=it, grad_max=gmax.to(prob.dt))
@@ -185,7 +189,8 @@ class _Problem:
 
 
 def _descend(prob: _Problem, pos: torch.Tensor, max_iter: int, tol: float, memory: int, inner_steps: int,
-             make_precond: Any, precond_after: int) -> tuple[torch.Tensor, torch.Tensor, int, torch.Tensor]:
+             make_precond: Any, precond_after: int, bar: Any = None
+             ) -> tuple[torch.Tensor, torch.Tensor, int, torch.Tensor]:
     """The outer sequential-subspace Newton loop from the prior-only start; returns ``w, b, n_iter, grad_max``."""
     L, n, d = prob.Xl.shape
     Fo = prob.M.shape[0]
@@ -227,6 +232,9 @@ def _descend(prob: _Problem, pos: torch.Tensor, max_iter: int, tol: float, memor
         stalled = (obj - new_obj) <= 1e-13 * obj.abs()                  # at the precision floor
         active = active & (gmax > tol) & ~stalled
         obj = new_obj
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(converged=f"{int((~active).sum())}/{active.numel()}", refresh=False)
     return w, b, it, gmax
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from tqdm.auto import tqdm
 
 from evals.metrics import accuracy, auroc, cohens_d
 from interp.coerce import layer_tensor
@@ -193,10 +194,10 @@ def _cv_logistic(data: ProbeData, folds: list[Fold], ctrl: torch.Tensor | None, 
 
 
 def _cv_direction(data: ProbeData, folds: list[Fold], ctrl: torch.Tensor | None, method: str,
-                  kw: dict[str, Any]) -> dict[str, list[torch.Tensor]]:
+                  kw: dict[str, Any], progress: bool = False) -> dict[str, list[torch.Tensor]]:
     """Held-out scores of a direction method (projection; threshold halfway between training class means)."""
     results: dict[str, list[torch.Tensor]] = {k: [] for k in ("acc", "auc", "d", "cacc", "cauc")}
-    for fold in folds:
+    for fold in tqdm(folds, desc=f"cross_validate {method}", unit="fold", disable=not progress, leave=False):
         for key_a, key_u, labels in (("acc", "auc", data.y), ("cacc", "cauc", ctrl)):
             if labels is None:
                 continue
@@ -214,7 +215,7 @@ def _cv_direction(data: ProbeData, folds: list[Fold], ctrl: torch.Tensor | None,
 
 def cross_validate(X: Any, y: Any = None, *, method: str = "logistic", groups: Any = None, n_folds: int = 5,
                    control: bool = True, l2: float = 1e-3, C: float | None = None, seed: int = 0,
-                   positive: Any = None, **method_kwargs: Any) -> ProbeScores:
+                   positive: Any = None, progress: bool = True, **method_kwargs: Any) -> ProbeScores:
     """Held-out accuracy, AUROC and Cohen's d of a probe/direction method at every layer.
 
     ``method``: ``logistic`` (all folds and layers in one batched solve) or a direction method
@@ -223,6 +224,7 @@ def cross_validate(X: Any, y: Any = None, *, method: str = "logistic", groups: A
     repeat with shuffled labels for selectivity (see :func:`shuffled_labels`: permuted inside each test
     fold, respecting groups, so contrastive pairs work); the control reports accuracy and AUROC, not d.
     A metric undefined in a fold (AUROC without both classes, d with fewer than two of one) is NaN there.
+    ``progress``: a bar over the solver's steps (logistic) or the folds (direction methods).
     """
     data = as_data(X, y, groups=groups, positive=positive, max_classes=2)
     folds = make_folds(data.y, n_folds, data.groups, seed)
@@ -231,9 +233,10 @@ def cross_validate(X: Any, y: Any = None, *, method: str = "logistic", groups: A
     if method == "logistic":
         if C is not None:
             l2 = l2_from_C(C, data.n * (F - 1) // F)
-        results = _cv_logistic(data, folds, ctrl, l2, method_kwargs)
+        kw = {**method_kwargs, "progress": f"cross_validate ({len(data.sites)} layers x {F} folds)" if progress else False}
+        results = _cv_logistic(data, folds, ctrl, l2, kw)
     else:
-        results = _cv_direction(data, folds, ctrl, method, method_kwargs)
+        results = _cv_direction(data, folds, ctrl, method, method_kwargs, progress)
     stack = {k: torch.stack(v) if v else None for k, v in results.items()}
     fold_ids = [{"train": [data.sample_ids[i] for i in f.train.tolist()],
                  "test": [data.sample_ids[i] for i in f.test.tolist()]} for f in folds]

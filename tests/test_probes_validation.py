@@ -138,3 +138,20 @@ def test_rank_ablation_refuses_leaky_subspace():
     with pytest.raises(ValueError, match="fit this object"):
         probes.evaluate_direction(acts, direction=sub.component(0))
     assert probes.transfer.rank_ablation(acts, subspace=sub, ranks=[1], allow_overlap=True).accuracy.shape == (1, 5, 1)
+
+
+def test_cross_validation_progress_bar(capsys):
+    """A bar on stderr with progress=True, silence with progress=False, equal scores either way."""
+    import probes
+
+    torch.manual_seed(0)
+    X = torch.randn(60, 3, 8)
+    y = torch.tensor([0, 1] * 30)
+    X[y == 1, :, 0] += 1.5
+    for method in ("logistic", "mean_diff"):
+        quiet = probes.cross_validate(X, y, method=method, progress=False)
+        assert capsys.readouterr().err == ""
+        loud = probes.cross_validate(X, y, method=method, progress=True)
+        err = capsys.readouterr().err
+        assert "cross_validate" in err, err
+        torch.testing.assert_close(quiet.auroc, loud.auroc, rtol=0, atol=0)
