@@ -35,7 +35,11 @@ Progress = Callable[[str, str], None]
 
 def run_refusal(cfg: RefusalConfig, out: str | Path, overwrite: bool = False, progress: Progress | None = None,
                 model: Model | None = None) -> RefusalResult:
-    """Run (or resume) the analysis into ``out``. ``progress(stage, status)`` is called around each stage."""
+    """Run (or resume) the analysis into ``out``. ``progress(stage, status)`` is called around each stage.
+
+    The folder is checked first (another run's folder needs ``overwrite``) but marked as this run's only after
+    the prompt files and the model loaded: a run that fails on bad input leaves nothing that blocks its rerun.
+    """
     say: Progress = progress or (lambda stage, status: None)
     run = Run(out, cfg, overwrite)
     d, s, g, rt = cfg.data, cfg.selection, cfg.generation, cfg.runtime
@@ -43,6 +47,7 @@ def run_refusal(cfg: RefusalConfig, out: str | Path, overwrite: bool = False, pr
                                           d.n_test, d.seed)
     data.check()
     model = model or load_model(rt.model, dtype=rt.dtype, device=rt.device)
+    run.begin()  # inputs and model are valid: only now is the folder marked as this run's
     torch.manual_seed(d.seed)
     res = RefusalResult(run.out, notes=start_notes(model), computed=run.computed)
     keys = _Keys(cfg, model, data)
