@@ -6,6 +6,7 @@ import json
 import re
 
 import pytest
+import torch
 
 from interp.testing.tiny import tiny_model
 from pipelines.refusal import RefusalConfig, run_refusal
@@ -78,3 +79,88 @@ def test_harmless_column_is_detected_from_its_own_file(tmp_path):
     with pytest.raises(ValueError, match="--harmless-column"):
         run_refusal(RefusalConfig.from_flat(harmful=str(h), harmless=str(s), harmless_column="goal"),
                     tmp_path / "r3", model=m)
+
+
+def _synthetic_result(tmp_path):
+    """A typed RefusalResult for a 4-layer model with 2 positions, layer 0's candidates zero (the embedding)."""
+    from pipelines.refusal import (
+        Candidates,
+        Evaluation,
+        RefusalResult,
+        RefusalTokens,
+        Scores,
+        Selection,
+        Subspaces,
+    )
+
+    g = torch.Generator().manual_seed(0)
+    raw = torch.randn(4, 2, 8, generator=g)
+    raw[0] = 0.0
+    cand = Candidates(raw, torch.randn(5, 4, 2, 8, generator=g), torch.randn(5, 4, 2, 8, generator=g), [0, 1, 2, 3],
+                      [f"blocks.{i}.hook_resid_pre" for i in range(4)], ["<|end|>", "<|assistant|>"], [], "h")
+    scores = Scores(torch.tensor([[5.0, 5.0], [2.0, 1.0], [-4.0, -6.0], [0.0, -1.0]]),
+                    torch.tensor([[-6.0, -6.0], [-1.0, 1.0], [3.0, 5.0], [4.0, 2.0]]),
+                    torch.tensor([[0.0, 0.0], [0.05, 0.2], [0.01, 0.02], [0.5, 1.0]]), 5.0, -6.0)
+    sel = Selection(True, {"kl_threshold": 0.1, "prune_layer_fraction": 0.2, "induce_threshold": 0.0},
+                    {"layer": 6, "kl": 5, "induce": 5, "bypass": 6, "all": 2, "of": 8},
+                    {"harmful": 5.0, "harmless": -6.0}, 2, 1, 2, -1, "<|assistant|>", -6.0, 5.0, 0.02)
+    ev = Evaluation({"harmful/baseline": ["i cannot"]}, {"harmful/baseline": 1.0, "harmful/ablation": 0.0},
+                    {"harmful/baseline": 5.0, "harmful/ablation": -6.0},
+                    {"max_abs_logit_diff": 0.0, "rel_logit_diff": 0.0, "exact_architecture": True}, {})
+    sub = Subspaces(["a", "b"], [1, 2, 3], [0.0, 0.0, 0.0], [-6.0, -5.0, -5.5], [1.0, 1.0, 0.9], [5.0, 4.8, 4.1])
+    return RefusalResult(tmp_path, tokens=RefusalTokens([1], ["i"], 1.0, 0.0), candidates=cand, scores=scores,
+                         selection=sel, evaluation=ev, subspaces=sub, direction=object())
+
+
+def test_report_summary_counts_candidates_not_layers(tmp_path):
+    """The filter line reads as counts of layer x position candidates, never as a layer number."""
+    from pipelines.refusal.report import refusal_report
+
+    html = refusal_report(_synthetic_result(tmp_path), "m", "llama", 4)
+    assert "layer 6" not in html
+    assert "2 of 8 (layer x position candidates)" in html and "depth (layer &lt; 3): 6 of 8" in html
+
+
+def _colour_at(trace, value):
+    stops = trace.colorscale
+    t = (value - trace.zmin) / (trace.zmax - trace.zmin)
+    return min(stops, key=lambda s: abs(s[0] - t))[1]
+
+
+def test_candidate_heatmaps_share_one_colour_meaning(tmp_path):
+    """Better for selection is the same colour in all three maps; white sits at each filter's threshold;
+    colourbars lie under their panels (titled there), not over the next panel's axis."""
+    from pipelines.refusal.report import _candidate_sections
+    from viz.refusal import BETTER, NEUTRAL
+
+    fig = dict(_candidate_sections(_synthetic_result(tmp_path)))["Candidate scores"]
+    maps = [t for t in fig.data if t.type == "heatmap"]
+    bypass, induce, kl = maps
+    assert _colour_at(bypass, bypass.zmin) == BETTER      # low bypass is better
+    assert _colour_at(induce, induce.zmax) == BETTER      # high induce is better
+    assert _colour_at(kl, kl.zmin) == BETTER              # low KL is better
+    for trace, mid in ((bypass, 5.0), (induce, 0.0), (kl, 0.1)):
+        assert _colour_at(trace, mid) == NEUTRAL
+        assert trace.colorbar.orientation == "h" and trace.colorbar.y < 0 and trace.colorbar.title.text
+    assert fig.layout.yaxis2.title.text is None and fig.layout.yaxis3.title.text is None
+
+
+def test_cosine_map_explains_the_empty_layer_0(tmp_path):
+    from pipelines.refusal.report import _candidate_sections
+
+    fig = dict(_candidate_sections(_synthetic_result(tmp_path)))["Cosine similarity of candidates across layers"]
+    z = fig.data[0].z
+    assert all(v is None for v in z[0]) and z[1][1] == pytest.approx(1.0)
+    note = " ".join(a.text for a in fig.layout.annotations)
+    assert "layer 0" in note and "embedding" in note
+
+
+def test_subspace_plot_has_one_axis_per_panel_and_a_random_control(tmp_path):
+    from pipelines.refusal.report import _evaluation_sections
+
+    fig = dict(_evaluation_sections(_synthetic_result(tmp_path)))["Subspace ablation"]
+    assert all(getattr(fig.layout[k], "overlaying", None) is None for k in fig.layout if k.startswith("yaxis"))
+    ctrl = [t for t in fig.data if "random" in (t.name or "")]
+    real = [t for t in fig.data if "refusal direction" in (t.name or "")]
+    assert len(ctrl) == 2 and len(real) == 2 and all(list(c.x) == list(real[0].x) for c in ctrl)
+    assert fig.layout.xaxis.matches == "x2" or fig.layout.xaxis2.matches == "x"  # shared, aligned x axes

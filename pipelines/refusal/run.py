@@ -66,7 +66,7 @@ def run_refusal(cfg: RefusalConfig, out: str | Path, overwrite: bool = False, pr
             res.evaluation = run.stage("evaluation", keys.evaluation(sel), Evaluation, lambda: evaluate(
                 model, data, cand, sel, res.tokens, g.max_new_tokens, bs, d.seed, test), say)  # type: ignore[arg-type]
             res.subspaces = run.stage("subspaces", keys.subspaces(sel), Subspaces, lambda: find_subspaces(
-                model, data, cand, sel, res.tokens, g.subspace_rank, g.max_new_tokens, bs, test), say)  # type: ignore[arg-type]
+                model, data, cand, sel, res.tokens, g.subspace_rank, g.max_new_tokens, bs, test, d.seed), say)  # type: ignore[arg-type]
     return finish(run, model, cfg, data, res, say)
 
 
@@ -96,4 +96,5 @@ class _Keys:
 
     def subspaces(self, sel: Selection) -> str:
         return stage_key("subspaces", {**self.test, **self.model, "chosen": [sel.layer_index, sel.position_index],
-                                       "rank": self.cfg.generation.subspace_rank})
+                                       "rank": self.cfg.generation.subspace_rank,
+                                       "control": "random nested, same ranks"})
