@@ -32,11 +32,11 @@ def candidate_heatmaps(bypass: torch.Tensor, induce: torch.Tensor, kl: torch.Ten
     white at each filter's threshold ``(baseline harmful refusal score, induce threshold, KL threshold)``
     (default: each map's median). Colourbars sit under their panels, titled there, clear of the axes.
     """
-    panels = ((bypass, "bypass: refusal score, direction ablated (harmful)", True,
-               "refusal score; blue: lower = better<br>white: harmful baseline"),
-              (induce, "induce: refusal score, direction added (harmless)", False,
-               "refusal score; blue: higher = better<br>white: induce threshold"),
-              (kl, "KL on harmless, direction ablated", True, "KL; blue: lower = better<br>white: KL threshold"))
+    panels = ((bypass, "bypass: refusal score,<br>direction ablated (harmful)", True,
+               "blue: lower = better<br>white: harmful baseline"),
+              (induce, "induce: refusal score,<br>direction added (harmless)", False,
+               "blue: higher = better<br>white: induce threshold"),
+              (kl, "KL on harmless,<br>direction ablated", True, "blue: lower = better<br>white: KL threshold"))
     fig = make_subplots(rows=1, cols=3, subplot_titles=[t for _, t, _, _ in panels], horizontal_spacing=0.07)
     x = [f"{p} ({i - len(pos_labels)})" for i, p in enumerate(pos_labels)]
     for c, (z, _, lower_better, bar_title) in enumerate(panels, start=1):
@@ -55,7 +55,9 @@ def candidate_heatmaps(bypass: torch.Tensor, induce: torch.Tensor, kl: torch.Ten
                                      hovertemplate="selected candidate<extra></extra>"), row=1, col=c)
     fig.update_yaxes(title_text="layer", dtick=1, row=1, col=1)
     fig.update_yaxes(dtick=1)
-    fig.update_layout(height=560, margin=dict(b=190), title="Candidate directions (difference of means at resid_pre); x marks the selected candidate")
+    fig.update_layout(height=580, margin=dict(t=120, b=190),
+                      title="Candidate directions (difference of means at resid_pre)<br>"
+                            "<sup>x marks the selected candidate</sup>")
     return fig
 
 
