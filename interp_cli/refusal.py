@@ -16,7 +16,8 @@ def add_refusal_parser(sub: Any, model_args: Any) -> None:
                    "(default: the organism's own prompt sets)")
     p.add_argument("--harmless", default=None, help="file of harmless instructions (default: the project's own)")
     p.add_argument("--column", default=None, help="column/key of the harmful file's instruction (default: detected)")
-    p.add_argument("--harmless-column", default=None, help="column/key of the harmless file (default: --column)")
+    p.add_argument("--harmless-column", default=None, help="column/key of the harmless file's "
+                   "instruction (default: detected from that file, independent of --column)")
     p.add_argument("--out", default="runs/refusal", help="run folder, resumable; another run's folder is refused "
                    "(default: %(default)s)")
     p.add_argument("--overwrite", action="store_true", help="replace another run's outputs in --out (default: off)")

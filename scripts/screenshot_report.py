@@ -39,6 +39,7 @@ def rendered_figures(html: Path) -> tuple[int, int]:
 
 
 def screenshot(html: Path, png: Path, height: int = 6000) -> None:
+    """Save a ``1400 x height`` PNG of the page after its scripts ran."""
     exe = chromium()
     with tempfile.TemporaryDirectory() as prof:
         subprocess.run([exe, *FLAGS, f"--user-data-dir={prof}", f"--window-size=1400,{height}",
@@ -49,12 +50,13 @@ def screenshot(html: Path, png: Path, height: int = 6000) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("html")
-    ap.add_argument("--png", default=None)
+    ap.add_argument("--png", default=None, help="write a screenshot here (default: none)")
+    ap.add_argument("--height", type=int, default=6000, help="window height in pixels (default: %(default)s)")
     args = ap.parse_args()
     divs, drawn = rendered_figures(Path(args.html))
     print(f"{divs} figures in the page, {drawn} rendered by plotly")
     if args.png:
-        screenshot(Path(args.html), Path(args.png))
+        screenshot(Path(args.html), Path(args.png), args.height)
         print(f"screenshot: {args.png}")
     return 0 if divs and drawn >= divs else 1
 

@@ -319,3 +319,12 @@ def test_report_renders_in_headless_chromium(aligned_run, tmp_path):
     assert divs >= 5 and drawn >= divs
     screenshot(aligned_run.out / "report.html", tmp_path / "report.png")
     assert (tmp_path / "report.png").stat().st_size > 10_000
+
+
+def test_subspace_ablation_has_a_random_control_of_the_same_ranks(aligned_run):
+    """Random subspaces of the same ranks leave refusal far above the refusal subspace's rate (the control)."""
+    sub = aligned_run.metrics["subspaces"]
+    ctrl = sub["random_control"]
+    assert len(ctrl["harmful_refusal_rate"]) == len(ctrl["harmful_refusal_score"]) == len(sub["rank"])
+    assert ctrl["harmful_refusal_rate"][0] >= 0.8 and max(sub["harmful_refusal_rate"]) <= 0.2
+    assert "random subspace (control)" in (aligned_run.out / "report.html").read_text()

@@ -8,24 +8,56 @@ import plotly.graph_objects as go
 import torch
 from plotly.subplots import make_subplots
 
+BETTER, NEUTRAL, WORSE = "#2166ac", "#f7f7f7", "#b2182b"  # one meaning in every candidate map: blue = better
+
+
+def _diverging(z: torch.Tensor, mid: float, lower_is_better: bool) -> dict:
+    """Heatmap colour settings: white at ``mid`` (the filter's threshold), blue on the side that helps selection."""
+    zmin, zmax = min(float(z.min()), mid), max(float(z.max()), mid)
+    if zmax - zmin < 1e-12:
+        zmax = zmin + 1.0
+    t = (mid - zmin) / (zmax - zmin)
+    low, high = (BETTER, WORSE) if lower_is_better else (WORSE, BETTER)
+    stops = [[0.0, low], [t, NEUTRAL], [1.0, high]] if 0.0 < t < 1.0 else (
+        [[0.0, NEUTRAL], [1.0, high]] if t <= 0.0 else [[0.0, low], [1.0, NEUTRAL]])
+    return dict(colorscale=stops, zmin=zmin, zmax=zmax)
+
 
 def candidate_heatmaps(bypass: torch.Tensor, induce: torch.Tensor, kl: torch.Tensor, layers: Sequence[int],
-                       pos_labels: Sequence[str], chosen: tuple[int, int] | None) -> go.Figure:
-    """Three heatmaps over layer x post-instruction position, the chosen candidate marked."""
-    titles = ("bypass: refusal score under ablation (harmful)", "induce: refusal score with addition (harmless)",
-              "KL on harmless under ablation")
-    fig = make_subplots(rows=1, cols=3, subplot_titles=titles, horizontal_spacing=0.08)
+                       pos_labels: Sequence[str], chosen: tuple[int, int] | None,
+                       thresholds: tuple[float, float, float] | None = None) -> go.Figure:
+    """Three heatmaps over layer x post-instruction position (``[layers, P]`` each), the chosen candidate marked.
+
+    One colour meaning throughout: blue is better for selection (low bypass, high induce, low KL), red worse,
+    white at each filter's threshold ``(baseline harmful refusal score, induce threshold, KL threshold)``
+    (default: each map's median). Colourbars sit under their panels, titled there, clear of the axes.
+    """
+    panels = ((bypass, "bypass: refusal score,<br>direction ablated (harmful)", True,
+               "blue: lower = better<br>white: harmful baseline"),
+              (induce, "induce: refusal score,<br>direction added (harmless)", False,
+               "blue: higher = better<br>white: induce threshold"),
+              (kl, "KL on harmless,<br>direction ablated", True, "blue: lower = better<br>white: KL threshold"))
+    fig = make_subplots(rows=1, cols=3, subplot_titles=[t for _, t, _, _ in panels], horizontal_spacing=0.07)
     x = [f"{p} ({i - len(pos_labels)})" for i, p in enumerate(pos_labels)]
-    for c, (z, scale) in enumerate(((bypass, "RdBu"), (induce, "RdBu_r"), (kl, "Viridis")), start=1):
-        fig.add_trace(go.Heatmap(z=z.tolist(), x=x, y=list(layers), colorscale=scale, showscale=True,
-                                 colorbar=dict(x=0.29 + 0.355 * (c - 1), len=0.9), hovertemplate=
-                                 "layer %{y}<br>position %{x}<br>%{z:.3f}<extra></extra>"), row=1, col=c)
+    for c, (z, _, lower_better, bar_title) in enumerate(panels, start=1):
+        mid = float(z.median()) if thresholds is None else float(thresholds[c - 1])
+        dom = fig.layout[f"xaxis{'' if c == 1 else c}"].domain
+        fig.add_trace(go.Heatmap(z=z.tolist(), x=x, y=list(layers), **_diverging(z, mid, lower_better),
+                                 colorbar=dict(orientation="h", x=(dom[0] + dom[1]) / 2, xanchor="center",
+                                               y=-0.22, yanchor="top", len=dom[1] - dom[0], thickness=12,
+                                               title=dict(text=bar_title, side="top")),
+                                 hovertemplate="layer %{y}<br>position %{x}<br>%{z:.3f}<extra></extra>"),
+                      row=1, col=c)
         if chosen is not None:
             fig.add_trace(go.Scatter(x=[x[chosen[1]]], y=[layers[chosen[0]]], mode="markers",
                                      marker=dict(symbol="x", size=14, color="black", line=dict(width=2)),
-                                     name="selected", showlegend=c == 1), row=1, col=c)
-    fig.update_yaxes(title_text="layer")
-    fig.update_layout(height=420, title="Candidate directions (difference of means at resid_pre)")
+                                     name="selected", showlegend=False,
+                                     hovertemplate="selected candidate<extra></extra>"), row=1, col=c)
+    fig.update_yaxes(title_text="layer", dtick=1, row=1, col=1)
+    fig.update_yaxes(dtick=1)
+    fig.update_layout(height=580, margin=dict(t=120, b=190),
+                      title="Candidate directions (difference of means at resid_pre)<br>"
+                            "<sup>x marks the selected candidate</sup>")
     return fig
 
 
@@ -52,24 +84,60 @@ def refusal_rates(rates: dict[str, float]) -> go.Figure:
     return fig
 
 
-def cosine_heatmap(vectors: torch.Tensor, layers: Sequence[int], title: str) -> go.Figure:
-    """Cosine similarity between per-layer candidates ``[n_layers, d]``."""
-    u = torch.nn.functional.normalize(vectors.float(), dim=-1)
-    cos = (u @ u.T).tolist()
-    fig = go.Figure(go.Heatmap(z=cos, x=list(layers), y=list(layers), zmin=-1, zmax=1, colorscale="RdBu_r"))
-    fig.update_layout(title=title, xaxis_title="layer", yaxis_title="layer", height=420, width=480)
+def cosine_heatmap(vectors: torch.Tensor, layers: Sequence[int], title: str, zero_note: str | None = None
+                   ) -> go.Figure:
+    """Cosine similarity between per-layer candidates ``[n_layers, d]``.
+
+    A candidate of (near) zero norm has no direction: its row and column are left empty and a note under the
+    figure names those layers, with ``zero_note`` saying why (e.g. resid_pre at layer 0 is the embedding).
+    """
+    v = vectors.float()
+    norms = v.norm(dim=-1)
+    zero = norms <= 1e-6 * max(float(norms.max()), 1e-30)
+    cos = torch.nn.functional.normalize(v, dim=-1) @ torch.nn.functional.normalize(v, dim=-1).T
+    cos[zero, :] = float("nan")
+    cos[:, zero] = float("nan")
+    z = [[None if c != c else c for c in row] for row in cos.tolist()]
+    fig = go.Figure(go.Heatmap(z=z, x=list(layers), y=list(layers), zmin=-1, zmax=1, colorscale="RdBu_r",
+                               colorbar=dict(title=dict(text="cosine", side="top"))))
+    fig.update_layout(title=title, xaxis=dict(title="layer", dtick=1), yaxis=dict(title="layer", dtick=1),
+                      height=460, width=600)
+    dead = [layers[i] for i in torch.nonzero(zero).flatten().tolist()]
+    if dead:
+        text = f"empty: layer{'s' if len(dead) > 1 else ''} {', '.join(map(str, dead))} (zero-norm candidate)"
+        if zero_note:
+            text += "<br>" + zero_note
+        fig.add_annotation(text=text, xref="paper", yref="paper", x=0, y=-0.2, xanchor="left", yanchor="top",
+                           showarrow=False, align="left", font=dict(size=12))
+        fig.update_layout(margin=dict(b=140), height=520)
     return fig
 
 
-def subspace_curve(ranks: Sequence[int], rates: Sequence[float], scores: Sequence[float], baseline: float) -> go.Figure:
-    fig = make_subplots(specs=[[{"secondary_y": True}]])
-    fig.add_trace(go.Scatter(x=list(ranks), y=[100 * r for r in rates], mode="lines+markers",
-                             name="harmful refusal rate (%)"), secondary_y=False)
-    fig.add_trace(go.Scatter(x=list(ranks), y=list(scores), mode="lines+markers", name="refusal score",
-                             line=dict(dash="dot")), secondary_y=True)
-    fig.add_hline(y=100 * baseline, line_dash="dash", line_color="gray", annotation_text="baseline rate")
-    fig.update_xaxes(title_text="rank of the ablated subspace (refusal direction, then per-category directions)")
-    fig.update_yaxes(title_text="refusal rate (%)", secondary_y=False)
-    fig.update_yaxes(title_text="refusal score", secondary_y=True)
-    fig.update_layout(title="Ablating per-category subspaces of rank 1..k", height=400)
+def subspace_curve(ranks: Sequence[int], rates: Sequence[float], scores: Sequence[float], baseline: float,
+                   control_rates: Sequence[float] | None = None, control_scores: Sequence[float] | None = None,
+                   baseline_score: float | None = None) -> go.Figure:
+    """Harmful refusal rate (top) and refusal score (bottom) when ablating subspaces of rank 1..k, one x axis.
+
+    ``control_*`` are the same measures for random subspaces of the same ranks: the curve to beat.
+    """
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
+                        subplot_titles=("harmful refusal rate (%)", "mean refusal score on harmful prompts"))
+    r = list(ranks)
+    for row, ys, ctrl, base in ((1, [100 * v for v in rates], control_rates and [100 * v for v in control_rates],
+                                 100 * baseline), (2, list(scores), control_scores, baseline_score)):
+        fig.add_trace(go.Scatter(x=r, y=ys, mode="lines+markers", name="refusal direction + per-category",
+                                 line=dict(color="#d62728"), legendgroup="real", showlegend=row == 1), row=row, col=1)
+        if ctrl:
+            fig.add_trace(go.Scatter(x=r, y=list(ctrl), mode="lines+markers", name="random subspace (control)",
+                                     line=dict(color="#7f7f7f", dash="dot"), legendgroup="ctrl",
+                                     showlegend=row == 1), row=row, col=1)
+        if base is not None:
+            fig.add_hline(y=base, line_dash="dash", line_color="gray", annotation_text="no ablation",
+                          annotation_position="top right", row=row, col=1)
+    fig.update_yaxes(title_text="rate (%)", range=[-5, 105], row=1, col=1)
+    fig.update_yaxes(title_text="score", row=2, col=1)
+    fig.update_xaxes(title_text="rank of the ablated subspace (refusal direction first, then per-category)",
+                     dtick=1, row=2, col=1)
+    fig.update_layout(title="Ablating subspaces of rank 1..k (harmful test prompts)", height=560,
+                      legend=dict(orientation="h", x=0, y=-0.18))
     return fig

@@ -7,7 +7,6 @@ safetensors, the rest to JSON, and loading rebuilds the stage's dataclass from b
 
 from __future__ import annotations
 
-import json
 import shutil
 from collections.abc import Callable
 from dataclasses import fields, is_dataclass
@@ -51,23 +50,32 @@ class Run:
 
     A folder is "the same run" when everything but the selection thresholds (and ``save_model``) agrees, so
     re-selecting with new thresholds needs no ``--overwrite``; the stage cache decides what re-runs.
+    Constructing a ``Run`` only checks the folder; :meth:`begin` (called once the inputs are validated) clears
+    another run's outputs and writes ``run.json``, so a run that fails on bad input leaves no marker behind.
     """
 
     def __init__(self, out: str | Path, cfg: RefusalConfig, overwrite: bool):
-        self.out = Path(out)
+        self.out, self.key, self.cfg = Path(out), cfg.run_identity(), cfg
+        self.computed: list[str] = []
         if self.out.exists() and not self.out.is_dir():
             raise FileExistsError(f"{self.out} is a file; choose an output folder")
-        self.out.mkdir(parents=True, exist_ok=True)
+        if not self.out.exists():
+            self._replace = False
+            return
         foreign = [p.name for p in self.out.iterdir() if p.name not in OUR_FILES]
         if foreign:
             raise FileExistsError(f"{self.out} holds files that are not from a refusal run ({foreign[:3]}); choose "
                                   f"an empty or new --out folder (nothing was deleted)")
         run_file = self.out / "run.json"
-        key = cfg.run_identity()
-        if run_file.exists() and json.loads(run_file.read_text()).get("key") != key:
-            if not overwrite:
-                raise FileExistsError(f"{self.out} holds another refusal run (different settings); pass "
-                                      f"--overwrite to replace it, or choose another --out")
+        self._replace = run_file.exists() and read_json(run_file).get("key") != self.key
+        if self._replace and not overwrite:
+            raise FileExistsError(f"{self.out} holds another refusal run (different settings); pass "
+                                  f"--overwrite to replace it, or choose another --out")
+
+    def begin(self) -> None:
+        """Claim the folder for this run: clear another run's outputs (``overwrite``), write ``run.json``."""
+        self.out.mkdir(parents=True, exist_ok=True)
+        if self._replace:
             for name in OUR_FILES:  # only our own outputs; stages stay and are re-checked by their keys
                 p = self.out / name
                 if name == "stages":
@@ -76,9 +84,9 @@ class Run:
                     shutil.rmtree(p)
                 elif p.exists():
                     p.unlink()
+            self._replace = False
         (self.out / "stages").mkdir(exist_ok=True)
-        write_json(run_file, {"key": key, "config": cfg.flat()})
-        self.computed: list[str] = []
+        write_json(self.out / "run.json", {"key": self.key, "config": self.cfg.flat()})
 
     def stage(self, name: str, key: str, cls: type[T], compute: Callable[[], T],
               say: Callable[[str, str], None]) -> T:

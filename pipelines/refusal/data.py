@@ -51,7 +51,8 @@ def _load_file(path: str | Path, column: str | None, what: str) -> PromptSplit:
     try:
         f = read_prompt_file(path, column)
     except ValueError as e:
-        raise ValueError(f"{what} prompts: {e}") from None
+        msg = str(e) if what == "harmful" else str(e).replace("--column", "--harmless-column")
+        raise ValueError(f"{what} prompts: {msg}") from None
     return PromptSplit(f.prompts, f.categories)
 
 
@@ -74,12 +75,16 @@ def split(data: PromptSplit, n_train: int, n_val: int, n_test: int, seed: int, w
 def load_refusal_data(harmful: str | None = None, harmless: str | None = None, column: str | None = None,
                       harmless_column: str | None = None, n_train: int = 64, n_val: int = 32, n_test: int = 64,
                       seed: int = 0) -> RefusalData:
-    """Both classes split into train / val / test; defaults are the project's own organism prompt sets."""
+    """Both classes split into train / val / test; defaults are the project's own organism prompt sets.
+
+    ``column`` names the harmful file's prompt field and ``harmless_column`` the harmless file's; each is
+    detected from its own file when ``None`` (two files rarely share a column name, e.g. AdvBench's ``goal``).
+    """
     from interp.data import load_prompts
 
     out: dict[str, dict[str, PromptSplit]] = {}
     source = {}
-    for what, path, col in (("harmful", harmful, column), ("harmless", harmless, harmless_column or column)):
+    for what, path, col in (("harmful", harmful, column), ("harmless", harmless, harmless_column)):
         if path is None:
             parts = {}
             for part, n in (("train", n_train), ("val", n_val), ("test", n_test)):

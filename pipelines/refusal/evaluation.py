@@ -8,7 +8,7 @@ scoring (:class:`TestPrompts`); ``steering.generate`` tokenises once per generat
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -44,6 +44,8 @@ class Subspaces:
     ranks: list[int]
     rates: list[float]
     scores: list[float]
+    control_rates: list[float] = field(default_factory=list)   # random subspaces of the same ranks
+    control_scores: list[float] = field(default_factory=list)
 
 
 class TestPrompts:
@@ -138,11 +140,25 @@ def harmless_kl_ce(model: Model, prompts: list[str], responses: list[str], ivs: 
             "ce_edited": mean["edited"]}
 
 
+def _ablated(model: Model, test: TestPrompts, basis: torch.Tensor, tokens: RefusalTokens, max_new_tokens: int,
+             batch_size: int) -> tuple[float, float]:
+    """Harmful test refusal rate and mean refusal score with the span of ``basis [k, d]`` ablated everywhere."""
+    iv = steering.AblateSubspace(basis, sites=("resid_pre", "attn_out", "mlp_out"))
+    gens = steering.generate(model, test.prompts("harmful"), iv, max_new_tokens=max_new_tokens,
+                             batch_size=batch_size, progress=False, prepared=test.prepared("harmful"))
+    logits = prompt_logits(model, test.encodings("harmful"), iv, batch_size=batch_size)
+    return refusal_rate(gens.texts), refusal_score(logits, tokens.tokens).mean().item()
+
+
 def find_subspaces(model: Model, data: RefusalData, cand: Candidates, sel: Selection, tokens: RefusalTokens,
-                   rank: int = 8, max_new_tokens: int = 24, batch_size: int = 64, test: TestPrompts | None = None
-                   ) -> Subspaces:
+                   rank: int = 8, max_new_tokens: int = 24, batch_size: int = 64, test: TestPrompts | None = None,
+                   seed: int = 0) -> Subspaces:
     """Per-category mean differences at the selected site (from the candidates' train activations, no re-capture),
-    orthonormalised after the refusal direction; ablate the first k for k = 1..rank on harmful test prompts."""
+    orthonormalised after the refusal direction; ablate the first k for k = 1..rank on harmful test prompts.
+
+    The control ablates the first k of ``rank`` random orthonormal directions (nested, seeded with ``seed``): a
+    subspace of the same rank that should leave refusal as it is.
+    """
     cats = sorted(set(data.harmful["train"].categories))
     if len(cats) < 2:
         return Subspaces(cats, [], [], [])
@@ -154,16 +170,19 @@ def find_subspaces(model: Model, data: RefusalData, cand: Candidates, sel: Selec
     order = vecs.norm(dim=-1).argsort(descending=True)
     r = sel.direction(cand, model.name).vectors[0]
     basis = torch.linalg.qr(torch.cat([r[None], vecs[order]]).T).Q.T               # refusal direction first
-    ranks, rates, scores = [], [], []
-    for k in range(1, min(rank, basis.shape[0]) + 1):
-        iv = steering.AblateSubspace(basis[:k], sites=("resid_pre", "attn_out", "mlp_out"))
-        gens = steering.generate(model, test.prompts("harmful"), iv, max_new_tokens=max_new_tokens,
-                                 batch_size=batch_size, progress=False, prepared=test.prepared("harmful"))
-        rates.append(refusal_rate(gens.texts))
-        logits = prompt_logits(model, test.encodings("harmful"), iv, batch_size=batch_size)
-        scores.append(refusal_score(logits, tokens.tokens).mean().item())
-        ranks.append(k)
-    return Subspaces([cats[i] for i in order.tolist()], ranks, rates, scores)
+    k_max = min(rank, basis.shape[0])
+    rand = torch.stack([d.vectors[0] for d in random_directions(model.d_model, k_max, seed=seed)])
+    rand = torch.linalg.qr(rand.T.double()).Q.T.to(basis.dtype)
+    out = Subspaces([cats[i] for i in order.tolist()], [], [], [])
+    for k in range(1, k_max + 1):
+        rate, score = _ablated(model, test, basis[:k], tokens, max_new_tokens, batch_size)
+        c_rate, c_score = _ablated(model, test, rand[:k], tokens, max_new_tokens, batch_size)
+        out.ranks.append(k)
+        out.rates.append(rate)
+        out.scores.append(score)
+        out.control_rates.append(c_rate)
+        out.control_scores.append(c_score)
+    return out
 
 
 __all__ = ["Evaluation", "Subspaces", "TestPrompts", "evaluate", "find_subspaces", "harmless_kl_ce"]

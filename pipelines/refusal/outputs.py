@@ -60,7 +60,9 @@ def build_metrics(cfg: RefusalConfig, model: Model, data: RefusalData, res: Refu
                            "hook_vs_baked": ev.hook_vs_baked, "harmless_kl_ce": ev.harmless_kl_ce}
     if sub is not None:
         m["subspaces"] = {"basis_order": ["refusal direction"] + sub.categories, "rank": sub.ranks,
-                          "harmful_refusal_rate": sub.rates, "harmful_refusal_score": sub.scores}
+                          "harmful_refusal_rate": sub.rates, "harmful_refusal_score": sub.scores,
+                          "random_control": {"harmful_refusal_rate": sub.control_rates,
+                                             "harmful_refusal_score": sub.control_scores}}
     m["found_direction"] = res.direction is not None
     m["notes"] = res.notes
     return m

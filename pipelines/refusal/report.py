@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+import math
 from typing import Any
 
 import torch
@@ -22,10 +23,18 @@ def _summary(res: RefusalResult, model_name: str, family: str, n_layers: int) ->
         rows += [("selected layer", sel.layer), ("selected position", f"{sel.position} ({sel.position_token!r})"),
                  ("bypass score", sel.bypass_score), ("induce score", sel.induce_score), ("KL", sel.kl)]
     if sel is not None:
-        p = sel.passing
-        rows.append(("candidates passing filters", f"{p['all']} of {p['of']} (layer {p['layer']}, KL {p['kl']}, "
-                     f"induce {p['induce']}, bypass {p['bypass']})"))
+        rows += _filter_rows(sel, n_layers)
     return notes + kv_table(rows)
+
+
+def _filter_rows(sel: Any, n_layers: int) -> list[tuple[str, Any]]:
+    """How many (layer x position) candidates pass all filters, and each filter alone, each with its rule."""
+    p, f = sel.passing, sel.filters
+    depth = math.floor(n_layers * (1 - f["prune_layer_fraction"]))
+    return [("candidates passing all filters", f"{p['all']} of {p['of']} (layer x position candidates)"),
+            ("passing each filter alone", f"depth (layer < {depth}): {p['layer']} of {p['of']}; "
+             f"KL < {f['kl_threshold']:g}: {p['kl']}; induce score > {f['induce_threshold']:g}: {p['induce']}; "
+             f"bypass score below the harmful baseline: {p['bypass']}")]
 
 
 def _candidate_sections(res: RefusalResult) -> list[tuple[str, Any]]:
@@ -37,15 +46,23 @@ def _candidate_sections(res: RefusalResult) -> list[tuple[str, Any]]:
     found = sel is not None and sel.found
     li, pi = (sel.layer_index, sel.position_index) if found else (0, cand.n_positions - 1)  # type: ignore[union-attr]
     r = torch.nn.functional.normalize(cand.raw[li, pi], dim=-1)
+    thresholds = None
+    if sel is not None:
+        thresholds = (sc.baseline_harmful, sel.filters["induce_threshold"], sel.filters["kl_threshold"])
     return [
         ("Candidate scores", F.candidate_heatmaps(sc.bypass, sc.induce, sc.kl, cand.layers, cand.pos_tokens,
-                                                  (li, pi) if found else None)),
+                                                  (li, pi) if found else None, thresholds)),
         ("Projections", F.projections_by_layer(cand.harmful_acts[:, :, pi] @ r, cand.harmless_acts[:, :, pi] @ r,
                                                cand.layers)),
         ("Cosine similarity of candidates across layers",
          F.cosine_heatmap(cand.raw[:, pi], cand.layers,
-                          f"candidates at position {pi - cand.n_positions} ({cand.pos_tokens[pi]!r})")),
+                          f"candidates at position {pi - cand.n_positions} ({cand.pos_tokens[pi]!r})",
+                          ZERO_NOTE if 0 in cand.layers else None)),
     ]
+
+
+ZERO_NOTE = ("resid_pre at layer 0 is the token embedding: at a post-instruction position<br>every prompt holds "
+             "the same template token, so the harmful and harmless<br>means are equal and their difference is zero.")
 
 
 def _evaluation_sections(res: RefusalResult) -> list[tuple[str, Any]]:
@@ -63,7 +80,10 @@ def _evaluation_sections(res: RefusalResult) -> list[tuple[str, Any]]:
             [(f"refusal score: {k}", v) for k, v in ev.refusal_score.items()])))
     if sub is not None and sub.ranks:
         base = ev.refusal_rate["harmful/baseline"] if ev is not None else 0.0
-        out.append(("Subspace ablation", F.subspace_curve(sub.ranks, sub.rates, sub.scores, base)))
+        base_score = ev.refusal_score.get("harmful/baseline") if ev is not None else None
+        out.append(("Subspace ablation", F.subspace_curve(sub.ranks, sub.rates, sub.scores, base,
+                                                          sub.control_rates or None, sub.control_scores or None,
+                                                          base_score)))
     if ev is not None:
         rows = [f"<tr><td>{html.escape(cond)}</td><td>{html.escape(t)}</td></tr>"
                 for cond in ("harmful/baseline", "harmful/ablation", "harmless/baseline", "harmless/addition")

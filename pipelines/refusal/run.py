@@ -35,7 +35,11 @@ Progress = Callable[[str, str], None]
 
 def run_refusal(cfg: RefusalConfig, out: str | Path, overwrite: bool = False, progress: Progress | None = None,
                 model: Model | None = None) -> RefusalResult:
-    """Run (or resume) the analysis into ``out``. ``progress(stage, status)`` is called around each stage."""
+    """Run (or resume) the analysis into ``out``. ``progress(stage, status)`` is called around each stage.
+
+    The folder is checked first (another run's folder needs ``overwrite``) but marked as this run's only after
+    the prompt files and the model loaded: a run that fails on bad input leaves nothing that blocks its rerun.
+    """
     say: Progress = progress or (lambda stage, status: None)
     run = Run(out, cfg, overwrite)
     d, s, g, rt = cfg.data, cfg.selection, cfg.generation, cfg.runtime
@@ -43,6 +47,7 @@ def run_refusal(cfg: RefusalConfig, out: str | Path, overwrite: bool = False, pr
                                           d.n_test, d.seed)
     data.check()
     model = model or load_model(rt.model, dtype=rt.dtype, device=rt.device)
+    run.begin()  # inputs and model are valid: only now is the folder marked as this run's
     torch.manual_seed(d.seed)
     res = RefusalResult(run.out, notes=start_notes(model), computed=run.computed)
     keys = _Keys(cfg, model, data)
@@ -61,7 +66,7 @@ def run_refusal(cfg: RefusalConfig, out: str | Path, overwrite: bool = False, pr
             res.evaluation = run.stage("evaluation", keys.evaluation(sel), Evaluation, lambda: evaluate(
                 model, data, cand, sel, res.tokens, g.max_new_tokens, bs, d.seed, test), say)  # type: ignore[arg-type]
             res.subspaces = run.stage("subspaces", keys.subspaces(sel), Subspaces, lambda: find_subspaces(
-                model, data, cand, sel, res.tokens, g.subspace_rank, g.max_new_tokens, bs, test), say)  # type: ignore[arg-type]
+                model, data, cand, sel, res.tokens, g.subspace_rank, g.max_new_tokens, bs, test, d.seed), say)  # type: ignore[arg-type]
     return finish(run, model, cfg, data, res, say)
 
 
@@ -91,4 +96,5 @@ class _Keys:
 
     def subspaces(self, sel: Selection) -> str:
         return stage_key("subspaces", {**self.test, **self.model, "chosen": [sel.layer_index, sel.position_index],
-                                       "rank": self.cfg.generation.subspace_rank})
+                                       "rank": self.cfg.generation.subspace_rank,
+                                       "control": "random nested, same ranks"})
