@@ -8,7 +8,7 @@ import torch
 
 from interp.testing.tiny import tiny_model
 from patching import greedy_transplant
-from patching.transplant.transplant import check_compatible, transplant, transplanted
+from patching.transplant import check_compatible, transplant, transplanted
 
 ALL = ["block", "embed", "final_norm", "unembed"]
 
