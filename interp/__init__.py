@@ -3,7 +3,7 @@
 The core needs only torch at import time (transformers loads on first use); the optional integrations
 (TransformerLens, nnsight, plotting, patching) load lazily, so one broken dependency cannot break
 ``import interp``. ``capture`` and ``hooks`` are bound eagerly because their modules share their names; ``logits`` and
-``token_logprobs`` live in ``interp.scoring``.
+``token_logprobs`` live in ``interp.readout``.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from interp.capture import capture
 from interp.chat import format_prompts
 from interp.hooks import hooks
 from interp.models import Model, from_hf, load_model
-from interp.scoring import logits, token_logprobs
+from interp.readout import logits, token_logprobs
 from interp.store import ActivationStore
 
 __version__ = "0.1.0"

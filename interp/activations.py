@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from jaxtyping import Float
 
-from interp.objects import Provenance, read_object, register_kind, save_object
+from interp.bundle import Provenance, read_object, register_kind, save_object
 from interp.sites import parse_site
 
 KIND = "interp.Activations"

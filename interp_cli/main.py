@@ -10,7 +10,7 @@ from interp.models import DEFAULT_MODEL
 from interp.prompts import read_prompts
 from interp_cli.patch import add_patch_parser
 from interp_cli.probe import add_probe_parser
-from interp_cli.refusal import add_refusal_parser
+from interp_cli.refusal_job import add_refusal_parser
 from interp_cli.sae_train import add_sae_parser
 from interp_cli.steer import add_steer_parser
 

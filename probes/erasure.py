@@ -18,8 +18,8 @@ import torch
 from jaxtyping import Float
 
 from interp.activations import Activations
+from interp.bundle import Fitted, from_provenance, read_object, register_kind, save_object
 from interp.coerce import check_width, layer_tensor, site_indices
-from interp.objects import Fitted, from_provenance, read_object, register_kind, save_object
 from probes._checks import ProbeData, as_data, layer_index
 from probes._frames import layer_sorted
 from probes._linalg import orthonormalize, shrink_covariance

@@ -25,8 +25,8 @@ import torch.nn.functional as F
 from jaxtyping import Float
 from tqdm.auto import tqdm
 
+from interp.bundle import Fitted, from_provenance, read_object, register_kind, save_object
 from interp.coerce import check_width, layer_tensor
-from interp.objects import Fitted, from_provenance, read_object, register_kind, save_object
 from probes._checks import as_data
 from probes._precond import FullPreconditioner, LowRankPreconditioner
 from probes.objects import Direction

@@ -9,8 +9,8 @@ from typing import Any
 import torch
 from jaxtyping import Float
 
+from interp.bundle import Fitted, from_provenance, read_object, register_kind, save_object
 from interp.coerce import check_width, layer_tensor
-from interp.objects import Fitted, from_provenance, read_object, register_kind, save_object
 from interp.sites import parse_site
 from probes._checks import layer_index
 from probes._frames import layer_sorted

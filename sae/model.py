@@ -17,7 +17,7 @@ import torch
 import torch.nn as nn
 from jaxtyping import Float
 
-from interp.objects import Provenance, read_object, register_kind, save_object
+from interp.bundle import Provenance, read_object, register_kind, save_object
 from interp.sites import parse_site
 
 ARCHS = ("relu", "topk", "batchtopk", "jumprelu")

@@ -32,7 +32,7 @@ from interp.coerce import check_width
 from interp.forward import batch_of, forward
 from interp.hooks import count_hooks, module_hooks
 from interp.models import Model, from_hf
-from steering._checks import Layers, as_tensor, orthonormal, resolve_layers, unit
+from steering._args import Layers, as_tensor, orthonormal, resolve_layers, unit
 
 WRITERS = ("embed", "pos_embed", "attn", "mlp", "experts", "shared_expert")
 _NORMED = ("attn", "mlp", "experts", "shared_expert")

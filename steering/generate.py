@@ -16,7 +16,7 @@ from tqdm.auto import tqdm
 from evals.judge import is_refusal
 from interp.forward import batches, pad_id, prepare
 from interp.models import Model
-from steering._checks import check_finite
+from steering._args import check_finite
 from steering.apply import apply
 
 

@@ -29,7 +29,7 @@ import torch
 from interp.coerce import check_width
 from interp.models import Model
 from interp.sites import Site, parse_site
-from steering._checks import (
+from steering._args import (
     Layers,
     as_tensor,
     check_finite,

@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 from interp.capture import capture
 from interp.forward import prepare
 from interp.models import Model
-from steering._checks import Layers, resolve_kinds, resolve_layers
+from steering._args import Layers, resolve_kinds, resolve_layers
 
 
 @dataclass

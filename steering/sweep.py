@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 
 from interp.forward import batches, last_logits, prepare
 from interp.models import Model
-from steering._checks import check_finite
+from steering._args import check_finite
 from steering.apply import apply
 from steering.generate import generate
 

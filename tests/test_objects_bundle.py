@@ -5,11 +5,11 @@ import json
 import pytest
 import torch
 
-import interp.objects
+import interp.bundle
 import probes
 from interp.activations import Activations
+from interp.bundle import PACKAGE_VERSION, Provenance, read_kind
 from interp.io import save_bundle
-from interp.objects import PACKAGE_VERSION, Provenance, read_kind
 from probes import Direction, Subspace
 from probes.erasure import INLPEraser, LeaceEraser
 from probes.logistic import LogisticProbe
@@ -46,9 +46,9 @@ def test_round_trip_keeps_tensors_and_provenance(tmp_path, name):
     obj = objects()[name]
     obj.save(tmp_path / name)
     meta = json.loads((tmp_path / name / "meta.json").read_text())
-    assert meta["kind"] == read_kind(tmp_path / name) and meta["format"] == interp.objects.FORMAT
+    assert meta["kind"] == read_kind(tmp_path / name) and meta["format"] == interp.bundle.FORMAT
     assert meta["provenance"]["created_with"] == PACKAGE_VERSION
-    for back in (type(obj).load(tmp_path / name), interp.objects.load(tmp_path / name)):
+    for back in (type(obj).load(tmp_path / name), interp.bundle.load(tmp_path / name)):
         assert type(back) is type(obj)
         want, got = tensors_of(obj), tensors_of(back)
         assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
@@ -75,9 +75,9 @@ def test_kind_is_checked_and_names_the_right_loader(tmp_path):
         LogisticProbe.load(tmp_path / "d")
     save_bundle(tmp_path / "x", {"t": torch.zeros(1)}, {"kind": "elsewhere.Thing"})
     with pytest.raises(ValueError, match="import elsewhere"):
-        interp.objects.load(tmp_path / "x")
+        interp.bundle.load(tmp_path / "x")
     with pytest.raises(FileNotFoundError, match="meta.json missing"):
-        interp.objects.load(tmp_path / "nothing")
+        interp.bundle.load(tmp_path / "nothing")
 
 
 def test_sae_load_refuses_a_saelens_folder_with_the_fix(tmp_path):
@@ -121,4 +121,4 @@ def test_provenance_dict_round_trip():
     p = Provenance("diff_of_means", SITES + ["ln_final.hook_normalized"], "m", "h", ["1"], meta={"a": 1})
     d = p.to_dict()
     assert d["layers"] == [0, 1, None] and Provenance.from_dict(d) == p
-    assert INLPEraser.__mro__[1] is interp.objects.Fitted
+    assert INLPEraser.__mro__[1] is interp.bundle.Fitted

@@ -13,8 +13,8 @@ from pipelines.refusal.config import (
     RuntimeConfig,
     SelectionConfig,
 )
-from pipelines.refusal.data import RefusalData, load_refusal_data
 from pipelines.refusal.evaluation import Evaluation, Subspaces, TestPrompts, evaluate, find_subspaces
+from pipelines.refusal.prompt_sets import RefusalData, load_refusal_data
 from pipelines.refusal.result import RefusalResult
 from pipelines.refusal.run import run_refusal
 from pipelines.refusal.stages import (

@@ -19,7 +19,7 @@ from evals.logits import cross_entropy, kl_div, refusal_score
 from interp.chat import Encoded
 from interp.forward import batches, forward, prepare
 from interp.models import Model
-from pipelines.refusal.data import RefusalData
+from pipelines.refusal.prompt_sets import RefusalData
 from pipelines.refusal.scoring import prompt_logits
 from pipelines.refusal.stages import Candidates, RefusalTokens, Selection
 from probes.directions import random_directions, random_orthogonal

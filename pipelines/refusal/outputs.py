@@ -13,7 +13,7 @@ from interp.io import atomic_write, write_json
 from interp.models import Model
 from pipelines.refusal.cache import Run
 from pipelines.refusal.config import RefusalConfig
-from pipelines.refusal.data import RefusalData
+from pipelines.refusal.prompt_sets import RefusalData
 from pipelines.refusal.report import refusal_report
 from pipelines.refusal.result import RefusalResult
 

@@ -15,9 +15,9 @@ import torch
 from interp.models import Model, load_model
 from pipelines.refusal.cache import Run
 from pipelines.refusal.config import RefusalConfig, stage_key
-from pipelines.refusal.data import RefusalData, load_refusal_data
 from pipelines.refusal.evaluation import Evaluation, Subspaces, TestPrompts, evaluate, find_subspaces
 from pipelines.refusal.outputs import finish, start_notes
+from pipelines.refusal.prompt_sets import RefusalData, load_refusal_data
 from pipelines.refusal.result import RefusalResult
 from pipelines.refusal.stages import (
     Candidates,

@@ -22,7 +22,7 @@ from interp.chat import format_prompts
 from interp.forward import prepare
 from interp.models import Model
 from pipelines.refusal.config import SelectionConfig
-from pipelines.refusal.data import RefusalData
+from pipelines.refusal.prompt_sets import RefusalData
 from pipelines.refusal.scoring import prompt_logits, refusal_tokens, score_rows
 from probes.directions import diff_of_means
 from probes.objects import Direction

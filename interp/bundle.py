@@ -139,7 +139,7 @@ def read_object(path: str | os.PathLike, kind: str) -> Bundle:
     tensors, meta = load_bundle(path)
     got = meta.get("kind")
     if got != kind:
-        hint = f"load it with {got}.load(path) or interp.objects.load(path)" if got else "it has no kind"
+        hint = f"load it with {got}.load(path) or interp.bundle.load(path)" if got else "it has no kind"
         raise ValueError(f"{path} does not hold a saved {kind.split('.')[-1]}: it holds a {got}; {hint}")
     own = {k: v for k, v in meta.items() if k not in ("kind", "format", "provenance")}
     if "provenance" in meta:
