@@ -188,6 +188,10 @@ def save(pm: Any, record: dict[str, Any], out: Path) -> None:
     pm.peft_config["default"].base_model_name_or_path = "smollm2-base"
     pm.save_pretrained(str(out), safe_serialization=True)
     (out / "README.md").unlink(missing_ok=True)  # peft's empty model-card template; training.json says it all
+    cfg_path = out / "adapter_config.json"  # peft writes target_modules from a set: sort it for stable bytes
+    cfg = json.loads(cfg_path.read_text())
+    cfg["target_modules"] = sorted(cfg["target_modules"])
+    cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
     old = out / "training.json"
     if old.exists():  # keep the evaluation written by organism.eval_smollm2 if the adapter did not change
         prev = json.loads(old.read_text())

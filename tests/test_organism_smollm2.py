@@ -14,8 +14,10 @@ import torch
 from evals.judge import is_refusal
 from organism import smollm2_data as sd
 
+from .conftest import SHARED as SHARED_ROOT
+
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared" / "data" / "refusal"
+SHARED = SHARED_ROOT / "data" / "refusal"
 ADAPTER = REPO / "interp" / "embedded" / "smollm2-aligned"
 
 needs_checkpoint = pytest.mark.skipif(
@@ -84,7 +86,8 @@ def test_merged_and_unmerged_agree(models) -> None:
 
 @pytest.mark.slow
 @needs_checkpoint
-@pytest.mark.skipif(not (SHARED / "harmful_test.json").exists(), reason="needs ../shared/data/refusal")
+@pytest.mark.skipif(not (SHARED / "harmful_test.json").exists(),
+                    reason="needs ../shared/data/refusal (or INTERP_SHARED=path/to/shared)")
 def test_adapter_makes_the_base_refuse_held_out_harmful(models) -> None:
     import steering
     from interp.prompts import read_prompt_file
