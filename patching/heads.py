@@ -19,10 +19,11 @@ from jaxtyping import Float
 
 from interp.chat import Batch
 from interp.forward import batch_of, last_logits
-from interp.hooks import HookContext, hooks
+from interp.hooks import hooks
 from interp.models import Model
 from interp.sites import Site, parse_site
 from patching.activation import Edit, run_variants
+from patching.edits import HeadAblation, ablation_values
 from patching.measures import Metric, call_metric, metric_name
 from patching.results import Sweep
 from patching.runs import Prompts, run_with_capture
@@ -144,40 +145,12 @@ def head_means(model: Model, prompts: Prompts, layers: Sequence[int] | None = No
     return out
 
 
-def _ablation_values(model: Model, mode: str, means: torch.Tensor | None, kind: str) -> torch.Tensor | None:
-    if mode == "zero":
-        return None
-    if mode == "mean":
-        if means is None:
-            raise ValueError(f"mode='mean' needs the means: pass means={'head' if kind == 'attn_z' else 'neuron'}"
-                             f"_means(model, reference_prompts)")
-        return means
-    raise ValueError(f"mode must be 'zero' or 'mean', got {mode!r}")
-
-
 @contextmanager
 def ablate_heads(model: Model, heads: Iterable[tuple[int, int]], mode: str = "zero",
                  means: torch.Tensor | None = None) -> Iterator[None]:
     """Within the block, heads ``[(layer, head), ...]`` output zero (``mode='zero'``) or their mean ``z``
-    (``mode='mean'`` with ``means`` from :func:`head_means`) at every position."""
-    vals = _ablation_values(model, mode, means, "attn_z")
-    by_layer: dict[int, list[int]] = {}
-    for layer, h in heads:
-        site = parse_site(Site("attn_z", int(layer)), model.n_layers)
-        if not 0 <= int(h) < model.n_heads:
-            raise ValueError(f"head {h} is out of range; this model has heads 0..{model.n_heads - 1}")
-        by_layer.setdefault(site.layer, []).append(int(h))
-
-    def make(layer: int, hs: list[int]):
-        idx = torch.tensor(hs)
-
-        def fn(z: torch.Tensor, ctx: HookContext) -> torch.Tensor:
-            z = z.clone()
-            z[:, :, idx.to(z.device)] = 0.0 if vals is None else vals[layer, idx].to(z.device, z.dtype)
-            return z
-        return fn
-
-    with hooks(model, [(Site("attn_z", la), make(la, hs)) for la, hs in by_layer.items()]):
+    (``mode='mean'`` with ``means`` from :func:`head_means`) at every position: a :class:`HeadAblation` alone."""
+    with hooks(model, HeadAblation(list(heads), mode, means).hook_fns(model)):
         yield
 
 
@@ -198,7 +171,7 @@ def head_ablation_sweep(model: Model, prompts: Prompts, metric: Metric, mode: st
                         chat: bool = True, batch_size: int = 64, progress: bool = True) -> Sweep:
     """Metric with each head ablated alone (zero or mean, all positions): ``[L, H]``; baseline = no ablation.
     ``progress``: a bar over the forwards."""
-    vals = _ablation_values(model, mode, means, "attn_z")
+    vals = ablation_values(model, mode, means, "attn_z")
     batch = batch_of(model, prompts, chat)
     layer_list = _layers(model, layers)
     H = model.n_heads

@@ -13,10 +13,11 @@ import torch
 from jaxtyping import Float
 
 from interp.forward import batch_of, last_logits
-from interp.hooks import HookContext, hooks
+from interp.hooks import hooks
 from interp.models import Model
 from interp.sites import Site, parse_site
-from patching.heads import _ablation_values, ablation_sweep
+from patching.edits import NeuronAblation, ablation_values
+from patching.heads import ablation_sweep
 from patching.measures import Metric, call_metric, metric_name
 from patching.runs import Prompts, run_with_capture
 
@@ -143,22 +144,9 @@ def neuron_means(model: Model, prompts: Prompts, chat: bool = True) -> Float[tor
 @contextmanager
 def ablate_neurons(model: Model, neurons: Iterable[Neuron], mode: str = "zero",
                    means: torch.Tensor | None = None) -> Iterator[None]:
-    """Within the block, ``neurons [(layer, index), ...]`` are set to zero or to their mean at every position."""
-    vals = _ablation_values(model, mode, means, "mlp_post")
-    by_layer: dict[int, list[int]] = {}
-    for layer, i in _neurons(model, neurons):
-        by_layer.setdefault(layer, []).append(i)
-
-    def make(layer: int, idx_list: list[int]):
-        idx = torch.tensor(idx_list)
-
-        def fn(x: torch.Tensor, ctx: HookContext) -> torch.Tensor:
-            x = x.clone()
-            x[..., idx.to(x.device)] = 0.0 if vals is None else vals[layer, idx].to(x.device, x.dtype)
-            return x
-        return fn
-
-    with hooks(model, [(Site("mlp_post", la), make(la, ix)) for la, ix in by_layer.items()]):
+    """Within the block, ``neurons [(layer, index), ...]`` are set to zero or to their mean at every position:
+    a :class:`NeuronAblation` alone."""
+    with hooks(model, NeuronAblation(_neurons(model, neurons), mode, means).hook_fns(model)):
         yield
 
 
@@ -219,7 +207,7 @@ def neuron_ablation_effect(model: Model, prompts: Prompts, metric: Metric, neuro
     """Ablate each neuron alone (batched variants) and all of them together; measure ``metric``.
     ``n_control``: also ablate that many random other neurons of the same layers, one at a time, as the control
     a chosen neuron's effect should beat; ``progress``: a bar over the forwards."""
-    vals = _ablation_values(model, mode, means, "mlp_post")
+    vals = ablation_values(model, mode, means, "mlp_post")
     nlist = _neurons(model, neurons)
     batch = batch_of(model, prompts, chat)
     D = _check_dense(model)

@@ -93,23 +93,39 @@ def _pairs(target: Model, source: Model, layers: Sequence[int], parts: Sequence[
     return out
 
 
+@dataclass
+class Transplant:
+    """The weight edit of the edit protocol: ``source``'s weights for ``parts`` of ``layers`` (and global parts
+    such as ``embed``) in the target, for the duration of ``steering.apply`` (``weights(model)``), composable
+    with activation edits; the target's own weights come back on exit, also on error."""
+
+    source: Model
+    layers: Sequence[int]
+    parts: Sequence[str] = ("attn", "mlp")
+
+    @contextmanager
+    def weights(self, model: Model) -> Iterator[Model]:
+        check_compatible(model, self.source)
+        pairs = _pairs(model, self.source, self.layers, self.parts)
+        saved = [t.detach().clone() for t, _ in pairs]
+        try:
+            with torch.no_grad():
+                for t, s in pairs:
+                    t.copy_(s.to(t.device, t.dtype))
+            yield model
+        finally:
+            with torch.no_grad():
+                for (t, _), old in zip(pairs, saved, strict=True):
+                    t.copy_(old)
+
+
 @contextmanager
 def transplant(target: Model, source: Model, layers: Sequence[int], parts: Sequence[str] = ("attn", "mlp")
                ) -> Iterator[Model]:
     """Within the block, ``target`` carries ``source``'s weights for ``parts`` of ``layers`` (and any global
-    parts such as ``embed``); the target's own weights come back on exit, also on error."""
-    check_compatible(target, source)
-    pairs = _pairs(target, source, layers, parts)
-    saved = [t.detach().clone() for t, _ in pairs]
-    try:
-        with torch.no_grad():
-            for t, s in pairs:
-                t.copy_(s.to(t.device, t.dtype))
-        yield target
-    finally:
-        with torch.no_grad():
-            for (t, _), old in zip(pairs, saved, strict=True):
-                t.copy_(old)
+    parts such as ``embed``); the target's own weights come back on exit, also on error. A :class:`Transplant` alone."""
+    with Transplant(source, layers, parts).weights(target) as model:
+        yield model
 
 
 def transplanted(target: Model, source: Model, layers: Sequence[int], parts: Sequence[str] = ("attn", "mlp")) -> Model:

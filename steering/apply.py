@@ -10,7 +10,7 @@ order the interventions were given. Hooks live only inside the ``with`` block.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,13 +76,25 @@ def _native_fn(edits: list[SiteEdit], backend: str):
     return fn
 
 
+def _is_weight_edit(iv: Any) -> bool:
+    """A weight edit (e.g. ``patching.transplant.Transplant``): ``weights(model)`` is a context manager."""
+    return hasattr(iv, "weights") and callable(iv.weights) and not hasattr(iv, "hook_fns") \
+        and not hasattr(iv, "site_edits")
+
+
+def _flat(interventions: tuple) -> list[Any]:
+    out: list[Any] = []
+    for iv in interventions:
+        out += list(iv) if isinstance(iv, (list, tuple)) else [iv]
+    return out
+
+
 def plan_hooks(model: Model, interventions: tuple, backend: str = "auto") -> list[tuple[str, Any]]:
     """``[(site, fn), ...]`` in attach order; consecutive native edits at a site fused into one hook."""
     per_site: dict[str, list[Any]] = {}
-    flat: list[Any] = []
-    for iv in interventions:  # a list of interventions is accepted as if unpacked
-        flat += list(iv) if isinstance(iv, (list, tuple)) else [iv]
-    for iv in flat:
+    for iv in _flat(interventions):  # a list of interventions is accepted as if unpacked
+        if _is_weight_edit(iv):
+            continue                                                     # entered by apply, not a hook
         if hasattr(iv, "site_edits"):
             for site, edit in iv.site_edits(model).items():
                 per_site.setdefault(parse_site(site, model.n_layers).name, []).append(edit)
@@ -95,7 +107,8 @@ def plan_hooks(model: Model, interventions: tuple, backend: str = "auto") -> lis
                 per_site.setdefault(parse_site(site, model.n_layers).name, []).append(fn)
         else:
             raise TypeError(f"{type(iv).__name__} is not an intervention: it needs a hook_fns(model) method "
-                            f"returning {{site name: fn(x, ctx)}} (see steering.interventions)")
+                            f"returning {{site name: fn(x, ctx)}} (see steering.interventions), or a weights(model) "
+                            f"context manager for a weight edit (see patching.transplant.Transplant)")
     items: list[tuple[str, Any]] = []
     for site, seq in per_site.items():
         run: list[SiteEdit] = []
@@ -143,7 +156,11 @@ class Steering:
 
 @contextmanager
 def apply(model: Model, *interventions: Any, backend: str = "auto") -> Iterator[Steering]:
-    """Attach ``interventions`` (any objects with ``hook_fns``) for the block; yields a :class:`Steering`.
+    """Attach ``interventions`` for the block; yields a :class:`Steering`.
+
+    The edit protocol: an activation edit has ``hook_fns(model) -> {site: fn(x, ctx)}`` (ours also
+    ``site_edits``, fused per site); a weight edit has ``weights(model)``, a context manager that changes the
+    weights and restores them (``patching.transplant.Transplant``). Weight edits are entered first.
 
     Works around ``model.hf(...)``, ``model.hf.generate(...)`` (KV cache, left padding) and
     ``interp.capture`` (captures inside the block see the steered activations). Nested blocks compose.
@@ -162,5 +179,9 @@ def apply(model: Model, *interventions: Any, backend: str = "auto") -> Iterator[
     def pre(mod: torch.nn.Module, args: tuple, kwargs: dict) -> None:
         record_pass(data, args, kwargs)
 
-    with module_hooks([(model.hf, "pre", pre)]), hooks(model, items, data=data):
-        yield Steering(model, data)
+    with ExitStack() as weights:
+        for iv in _flat(interventions):
+            if _is_weight_edit(iv):
+                weights.enter_context(iv.weights(model))                 # restored on exit, also on error
+        with module_hooks([(model.hf, "pre", pre)]), hooks(model, items, data=data):
+            yield Steering(model, data)
