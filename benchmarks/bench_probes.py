@@ -10,7 +10,7 @@ constant offset on a few dimensions, a planted direction whose strength grows wi
 * difference of means: ``probes.diff_of_means`` vs a numpy loop per layer;
 * LEACE: ``probes.fit_leace`` + erase vs ``concept_erasure.LeaceFitter`` + erase per layer.
 
-Run: ``python benchmarks/probes.py`` (writes ``benchmarks/RESULTS_probes.md``; ``--no-write`` to skip).
+Run: ``python benchmarks/bench_probes.py`` (writes ``benchmarks/RESULTS_probes.md``; ``--no-write`` to skip).
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ TopK SAE, d_in 512, 16,384 latents, k=32, batch 4096 and 1024. Both trainers get
 interleaved round by round (rotating order); we report median tokens/s, peak memory growth, and the FVU of
 both SAEs on held-out tokens after the same number of tokens. Writes ``benchmarks/RESULTS_sae.md``.
 
-    python benchmarks/sae.py                      # CPU, a few steps per round (~4 min on 2 cores)
-    python benchmarks/sae.py --device cuda --rounds 5 --steps 20 --fvu-steps 500   # GPU machine
+    python benchmarks/bench_sae.py                      # CPU, a few steps per round (~4 min on 2 cores)
+    python benchmarks/bench_sae.py --device cuda --rounds 5 --steps 20 --fvu-steps 500   # GPU machine
 """
 
 from __future__ import annotations
@@ -169,7 +169,7 @@ def main() -> None:
         rows += run(b, args)
     cols = ["batch", "trainer", "tokens/s (median)", "ours / this (speed)", "FVU after equal tokens", "tokens trained",
             "peak mem growth MB"]
-    cmd = "python benchmarks/sae.py " + " ".join(sys.argv[1:])
+    cmd = "python benchmarks/bench_sae.py " + " ".join(sys.argv[1:])
     text = (table(f"SAE training: TopK, d_in {D_IN}, {D_SAE} latents, k={K} (synthetic activations, "
                   f"{N_FEATURES} planted features, 24 active per token)", rows, cols)
             + f"\nMachine: {machine()}. Command: `{cmd.strip()}`. Wall time {time.time() - t0:.0f} s.\n"

@@ -7,8 +7,8 @@ same addition (ours should be faster). ``repeng`` is left out: version 0.4 fails
 numpy 2 (``np.float_``). Every variant generates exactly 64 tokens (``min_new_tokens``), so the work is
 equal. Prints medians and ratios and writes benchmarks/RESULTS_steering.md.
 
-    python benchmarks/steering.py                      # SmolLM2-135M-Instruct + tiny llama, 3 rounds
-    python benchmarks/steering.py --models tiny --rounds 5
+    python benchmarks/bench_steering.py                      # SmolLM2-135M-Instruct + tiny llama, 3 rounds
+    python benchmarks/bench_steering.py --models tiny --rounds 5
 """
 
 from __future__ import annotations
@@ -171,7 +171,7 @@ def main() -> None:
         rows += r
         notes.append(f"{label}: " + ", ".join(f"{k}: {v}" for k, v in checks.items()))
         print(table(label, r, COLS[1:]), checks, flush=True)
-    cmd = "python benchmarks/steering.py" + "".join(
+    cmd = "python benchmarks/bench_steering.py" + "".join(
         f" --{k} {getattr(args, k)}" for k in ("models", "rounds", "prompts", "tokens", "threads"))
     text = table(f"Steering: batched greedy generation, {args.prompts} prompts x {args.tokens} new tokens", rows,
                  COLS)
