@@ -8,6 +8,7 @@ pad-id rule), ``forward`` (hooks attached, optional early stop, full or last-pos
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from contextlib import nullcontext
 from typing import Any
@@ -17,6 +18,8 @@ import torch
 from interp.chat import Batch, Encoded, collate, encode, format_prompts
 from interp.hooks import StopForward, hooks
 from interp.models import Model
+
+KV = list[tuple[torch.Tensor, torch.Tensor]]  # keys and values per layer
 
 Inputs = Sequence[str] | Sequence[Sequence[int]] | torch.Tensor
 """Prompts (strings), lists of token ids, or an integer tensor ``[n, T]`` of token ids (every token real)."""
@@ -111,13 +114,16 @@ def batches(model: Model, encs: Sequence[Encoded], batch_size: int) -> list[Batc
 
 
 def forward(model: Model, batch: Batch, hook_fns: Any = (), *, logits: str | None = "all",
-            grad: bool = False, repeat: int = 1) -> torch.Tensor | None:
+            grad: bool = False, repeat: int = 1, prefix: KV | None = None, start: int = 0) -> torch.Tensor | None:
     """One forward pass of ``batch`` with ``hook_fns`` (``{site: fn}`` or ``[(site, fn)]``) attached.
 
     ``logits``: ``"all"`` -> ``[B, T, V]``; ``"last"`` -> ``[B, V]`` (only the last position is unembedded;
     padding is on the left so it is every row's last real token); ``None`` -> no logits are needed, and a hook
     may raise :class:`~interp.hooks.StopForward` to end the pass early (returns ``None``). Logits are float32
     on the model's device. ``repeat`` stacks the batch that many times (batched candidate scoring).
+    ``prefix`` (from :func:`prefix_cache` of a batch with these rows) and ``start``: only columns ``start:``
+    are computed, the keys and values of the earlier ones come from ``prefix`` (exact for a causal model when
+    nothing before ``start`` changed); logits then cover columns ``start:`` only.
     """
     if logits not in ("all", "last", None):
         raise ValueError(f"logits must be 'all', 'last' or None, got {logits!r}")
@@ -125,6 +131,8 @@ def forward(model: Model, batch: Batch, hook_fns: Any = (), *, logits: str | Non
     dev = model.device
     inputs = {k: v.to(dev).repeat(repeat, *([1] * (v.dim() - 1))) for k, v in batch.model_inputs.items()}
     kw: dict[str, Any] = {"use_cache": False}
+    if prefix is not None and start > 0:
+        inputs, kw = _after_prefix(model, inputs, prefix, start)
     if logits == "last":
         kw["logits_to_keep"] = 1
     grad_ctx = nullcontext() if grad else torch.inference_mode()
@@ -150,12 +158,51 @@ def _check_args(model: Any, batch: Any) -> None:
                         f"for logits of prompts call interp.logits(model, prompts)")
 
 
-def last_logits(model: Model, batch: Batch, hook_fns: Any = (), grad: bool = False, repeat: int = 1
-                ) -> torch.Tensor:
-    """Next-token logits at every row's last prompt token, ``[B * repeat, vocab]`` float32 (model's device)."""
-    out = forward(model, batch, hook_fns, logits="last", grad=grad, repeat=repeat)
+def _cache_kwarg(model: Model) -> str:
+    params = inspect.signature(model.hf.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def prefix_cache(model: Model, batch: Batch) -> KV | None:
+    """Keys and values per layer of a plain forward of ``batch`` (to recompute only its later columns with
+    ``forward(..., prefix=, start=)``); ``None`` when the cache is not a plain full-attention dynamic cache
+    (sliding-window or other caches: no reuse)."""
+    _check_args(model, batch)
+    with torch.inference_mode():
+        out = model.hf(**batch.to(model.device).model_inputs, use_cache=True, logits_to_keep=1)
+    cache = out.get("cache", None)
+    if cache is None:
+        cache = out.get("past_key_values", None)
+    layers = getattr(cache, "layers", None)
+    if not layers or any(type(la).__name__ != "DynamicLayer" or getattr(la, "keys", None) is None for la in layers):
+        return None
+    return [(la.keys, la.values) for la in layers]
+
+
+def _after_prefix(model: Model, inputs: dict[str, torch.Tensor], prefix: KV, start: int
+                  ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Model inputs for columns ``start:`` with a cache holding the prefix's first ``start`` columns."""
+    from transformers import DynamicCache
+
+    rows = inputs["input_ids"].shape[0]
+    if prefix[0][0].shape[0] != rows:
+        raise ValueError(f"the prefix holds {prefix[0][0].shape[0]} rows but the batch has {rows}; repeat the "
+                         f"prefix's keys and values the way the batch is stacked")
+    cache = DynamicCache()
+    for i, (K, V) in enumerate(prefix):
+        cache.update(K[:, :, :start], V[:, :, :start], i)
+    feed = {"input_ids": inputs["input_ids"][:, start:], "attention_mask": inputs["attention_mask"],
+            "position_ids": inputs["position_ids"][:, start:], _cache_kwarg(model): cache}
+    return feed, {"use_cache": True}
+
+
+def last_logits(model: Model, batch: Batch, hook_fns: Any = (), grad: bool = False, repeat: int = 1,
+                prefix: KV | None = None, start: int = 0) -> torch.Tensor:
+    """Next-token logits at every row's last prompt token, ``[B * repeat, vocab]`` float32 (model's device);
+    ``prefix``/``start`` reuse the keys and values of columns before ``start`` (see :func:`forward`)."""
+    out = forward(model, batch, hook_fns, logits="last", grad=grad, repeat=repeat, prefix=prefix, start=start)
     assert out is not None
     return out
 
 
-__all__ = ["Inputs", "batch_of", "batches", "encode_ids", "encodings", "forward", "last_logits", "pad_id", "prepare"]
+__all__ = ["Inputs", "batch_of", "batches", "encode_ids", "encodings", "forward", "last_logits", "pad_id", "prefix_cache", "prepare"]

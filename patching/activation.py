@@ -8,7 +8,6 @@ costs ``n_cells * n_pairs / batch_size`` forwards instead of ``n_cells``.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -16,7 +15,7 @@ import torch
 from jaxtyping import Float
 
 from interp.chat import Batch
-from interp.forward import last_logits
+from interp.forward import KV, last_logits, prefix_cache
 from interp.hooks import HookContext, hooks
 from interp.models import Model
 from interp.sites import Site, expand_sites, parse_site
@@ -126,43 +125,15 @@ def chunk_hooks(chunk: Sequence[Sequence[Edit]], values: dict[Site, torch.Tensor
     return out
 
 
-def _cache_kwarg(model: Model) -> str:
-    params = inspect.signature(model.hf.forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
-
-
-def target_prefix(model: Model, batch: Batch) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
-    """Keys and values of the unpatched target run, per layer, when the model uses a plain (full-attention)
-    dynamic cache; ``None`` otherwise (sliding-window or exotic caches: no prefix reuse)."""
-    with torch.no_grad():
-        out = model.hf(**batch.to(model.device).model_inputs, use_cache=True, logits_to_keep=1)
-    cache = out.get("cache", None)
-    if cache is None:
-        cache = out.get("past_key_values", None)
-    layers = getattr(cache, "layers", None)
-    if not layers or any(type(la).__name__ != "DynamicLayer" or getattr(la, "keys", None) is None for la in layers):
-        return None
-    return [(la.keys, la.values) for la in layers]
-
-
-def _forward_chunk(model: Model, batch: Batch, k: int, start: int,
-                   prefix: list[tuple[torch.Tensor, torch.Tensor]] | None) -> torch.Tensor:
+def _forward_chunk(model: Model, batch: Batch, k: int, start: int, prefix: KV | None) -> torch.Tensor:
     """Last-position logits of the batch stacked ``k`` times pair-major, recomputing only columns ``start:``
     (earlier columns are untouched by the patches, so their keys/values come from the target run)."""
     stacked = Batch(*(t.repeat_interleave(k, 0) for t in (batch.input_ids, batch.attention_mask, batch.position_ids,
                                                           batch.post_mask, batch.response_mask)))
     if prefix is None or start <= 0:
         return last_logits(model, stacked)
-    feed = stacked.to(model.device).model_inputs
-    from transformers import DynamicCache
-
-    cache = DynamicCache()
-    for i, (K, V) in enumerate(prefix):
-        cache.update(K[:, :, :start].repeat_interleave(k, 0), V[:, :, :start].repeat_interleave(k, 0), i)
-    feed = {"input_ids": feed["input_ids"][:, start:], "attention_mask": feed["attention_mask"],
-            "position_ids": feed["position_ids"][:, start:], _cache_kwarg(model): cache}
-    out = model.hf(**feed, use_cache=True, logits_to_keep=1)
-    return out.logits[:, -1].float()
+    rep = [(K.repeat_interleave(k, 0), V.repeat_interleave(k, 0)) for K, V in prefix]
+    return last_logits(model, stacked, prefix=rep, start=start)
 
 
 def run_variants(model: Model, batch: Batch, variants: Sequence[Sequence[Edit]], values: dict[Site, torch.Tensor],
@@ -180,7 +151,7 @@ def run_variants(model: Model, batch: Batch, variants: Sequence[Sequence[Edit]],
     k = max(1, batch_size // n)
     starts = [min(int(dst_cols[:, e.pos].min()) for e in v) if v else dst_cols.shape[1] for v in variants]
     order = sorted(range(len(variants)), key=lambda i: -starts[i])
-    prefix = target_prefix(model, batch) if reuse_prefix and max(starts, default=0) > 0 else None
+    prefix = prefix_cache(model, batch) if reuse_prefix and max(starts, default=0) > 0 else None
     out = torch.empty(len(variants))
     with torch.no_grad(), progress_bar(-(-len(order) // k), desc, progress) as bar:
         for c0 in range(0, len(order), k):

@@ -112,3 +112,20 @@ def test_raw_hooks_only_in_interp_hooks():
                 if isinstance(node, ast.Attribute) and node.attr in RAW_HOOKS:
                     found.append(f"{p.relative_to(REPO)}:{node.lineno} {node.attr}")
     assert not found, "raw hooks outside interp/hooks.py (use interp.hooks.module_hooks):\n" + "\n".join(found)
+
+
+def test_prefix_reuse_equals_the_full_forward(tiny_models):
+    """Keys and values of the first columns reused from prefix_cache give the full forward's last logits."""
+    import pytest
+
+    from interp.forward import batch_of, last_logits, prefix_cache
+
+    m = tiny_models("llama")
+    b = batch_of(m, ["the man said hello there", "what is the good word", "help me"])
+    full = last_logits(m, b)
+    prefix = prefix_cache(m, b)
+    assert prefix is not None and len(prefix) == m.n_layers
+    for start in (1, 3, b.input_ids.shape[1] - 1):
+        torch.testing.assert_close(last_logits(m, b, prefix=prefix, start=start), full, atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="rows"):
+        last_logits(m, b, repeat=2, prefix=prefix, start=2)

@@ -159,8 +159,9 @@ def test_bad_input():
 @pytest.mark.parametrize("family", ["llama", "gpt2", "gpt_neox", "gemma2", "olmo2", "qwen3_moe"])
 def test_prefix_reuse_matches_full_forwards(family):
     """Recomputing only the columns from the first patched one gives the same metrics (padded batch)."""
+    from interp.forward import prefix_cache
     from interp.sites import Site
-    from patching.activation import Edit, prepare_patching, run_variants, target_prefix
+    from patching.activation import Edit, prepare_patching, run_variants
 
     m = tiny_model(family)
     tok = m.tokenizer
@@ -177,4 +178,4 @@ def test_prefix_reuse_matches_full_forwards(family):
     assert torch.allclose(full, reuse, atol=1e-5), (full - reuse).abs().max()
     assert (full - prep.baseline).abs().max() > 1e-5
     # full-attention caches are reused; sliding-window ones (gemma2) fall back to full forwards
-    assert (target_prefix(m, pairs.corrupted) is None) == (family == "gemma2")
+    assert (prefix_cache(m, pairs.corrupted) is None) == (family == "gemma2")
