@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -11,6 +10,7 @@ import torch
 from jaxtyping import Float
 
 from interp.bundle import Provenance, read_object, register_kind, save_object
+from interp.io import content_hash
 from interp.sites import parse_site
 
 KIND = "interp.Activations"
@@ -168,9 +168,7 @@ class Activations:
 
     def data_hash(self) -> str:
         """Short content hash (prompt ids + labels + sites), recorded in the provenance of fitted objects."""
-        h = hashlib.sha256()
-        h.update(repr((self.model_id, self.sites, self.positions, self.prompt_ids, self.labels)).encode())
-        return h.hexdigest()[:16]
+        return content_hash([self.model_id, self.sites, self.positions, self.prompt_ids, self.labels])
 
     # --- persistence -------------------------------------------------------------------------
     @property

@@ -4,12 +4,12 @@ fingerprint that decides whether an unfinished :class:`~interp.store.ActivationS
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
+from interp.io import content_hash
 from interp.models import Model
 
 _SAMPLES = 32  # values read per parameter tensor: enough to tell two trainings or seeds apart, cheap on 70B
@@ -50,12 +50,7 @@ def weights_hash(model: Model) -> str:
 
 
 def _hash_seq(items: Sequence[Any] | None) -> str | None:
-    if items is None:
-        return None
-    h = hashlib.sha256()
-    for x in items:
-        h.update(json.dumps(x, default=str).encode() + b"\0")
-    return h.hexdigest()[:16]
+    return None if items is None else content_hash(list(items))
 
 
 def run_parts(model: Model, texts: Sequence[str], site_names: Sequence[str], positions: str, batch_size: int,
@@ -69,7 +64,7 @@ def run_parts(model: Model, texts: Sequence[str], site_names: Sequence[str], pos
 
 def fingerprint(parts: dict[str, Any]) -> str:
     """One hash of :func:`run_parts`."""
-    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+    return content_hash(parts, length=None)
 
 
 __all__ = ["content_ids", "fingerprint", "run_parts", "weights_hash"]

@@ -2,15 +2,58 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
+import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
+
+
+def content_hash(obj: Any, length: int | None = 16) -> str:
+    """A short sha256 of any JSON-able content (keys sorted; other objects by ``str``): the one content hash of
+    prompt sets, stage keys, data identities and store fingerprints. ``length=None`` keeps all 64 hex digits."""
+    digest = hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
+    return digest if length is None else digest[:length]
+
+
+class OwnedFolder:
+    """A folder in which this program owns only the entries it names exactly (``names``, or full-match regexes
+    ``patterns``) and the temp files of writing them atomically (``.NAME.<random>.tmp``); everything else
+    belongs to the user and is never deleted. The one ownership rule of stores, run folders and CLI jobs."""
+
+    def __init__(self, path: str | os.PathLike, names: Iterable[str] = (), patterns: Iterable[str] = ()):
+        self.path = Path(path)
+        own = [re.escape(n) for n in names] + list(patterns)
+        self._own = re.compile(rf"({'|'.join(own)})")
+        self._tmp = re.compile(rf"\.({'|'.join(own)})\.[A-Za-z0-9_]+\.tmp")
+
+    def owns(self, name: str) -> bool:
+        return bool(self._own.fullmatch(name) or self._tmp.fullmatch(name))
+
+    def entries(self) -> list[Path]:
+        return sorted(self.path.iterdir()) if self.path.is_dir() else []
+
+    def foreign(self) -> list[str]:
+        """Names of the entries that are not ours (sorted)."""
+        return [p.name for p in self.entries() if not self.owns(p.name)]
+
+    def clear(self, keep: Iterable[str] = (), temps_only: bool = False) -> None:
+        """Delete our own entries (all, or only stale temp files), except ``keep``; never anything else."""
+        keep = set(keep)
+        for p in self.entries():
+            if p.name in keep or not self.owns(p.name) or (temps_only and not self._tmp.fullmatch(p.name)):
+                continue
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p)
+            else:
+                p.unlink()
 
 
 def check_writable(path: str | os.PathLike, overwrite: bool) -> Path:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import mmap
 import os
-import re
 import struct
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +23,7 @@ from typing import Any
 import torch
 
 from interp.activations import Activations
-from interp.io import read_json, write_json, write_safetensors
+from interp.io import OwnedFolder, read_json, write_json, write_safetensors
 
 MANIFEST = "store.json"
 _DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64,
@@ -56,7 +55,7 @@ class ActivationStore:
         if p.exists() and not p.is_dir():
             raise FileExistsError(f"{p} exists and is a file; choose another output path")
         if p.exists() and any(p.iterdir()):
-            theirs = [f.name for f in p.iterdir() if not _is_store_file(f.name)]
+            theirs = _owned(p).foreign()
             if theirs:
                 raise FileExistsError(f"{p} holds files that are not part of an activation store ({theirs[:3]}); "
                                       f"choose an empty or new output folder")
@@ -66,8 +65,7 @@ class ActivationStore:
                 why = "a finished store" if old and old.get("complete") else "a store of a different run" + _diff(old, manifest)
                 raise FileExistsError(f"{p} already holds {why}; pass overwrite=True to replace it, or choose another path")
             if not resumable:
-                for f in p.iterdir():
-                    f.unlink()
+                _owned(p).clear()
         p.mkdir(parents=True, exist_ok=True)
         if not (p / MANIFEST).exists():
             write_json(p / MANIFEST, {**manifest, "complete": False})
@@ -85,7 +83,7 @@ class ActivationStore:
     def finish(self) -> None:
         self.manifest["complete"] = True
         write_json(self.path / MANIFEST, self.manifest)
-        _remove_stale_temps(self.path)
+        _owned(self.path).clear(temps_only=True)  # a killed writer's temp files
 
     # --- reading -----------------------------------------------------------------------------
     @property
@@ -148,22 +146,9 @@ class ActivationStore:
                 f"shards={self.n_shards}, complete={self.complete})")
 
 
-_SHARD = r"shard_\d{5}\.safetensors"
-_OWN = re.compile(rf"^(store\.json|{_SHARD})$")
-# temp files of interp.io.atomic_write for our own files: ".<name>.<random>.tmp"
-_OWN_TMP = re.compile(rf"^\.(store\.json|{_SHARD})\.[A-Za-z0-9_]+\.tmp$")
-
-
-def _is_store_file(name: str) -> bool:
-    """Only files the store names exactly: its manifest, its shards, and the temp files of writing them."""
-    return bool(_OWN.match(name) or _OWN_TMP.match(name))
-
-
-def _remove_stale_temps(p: Path) -> None:
-    """Temp files of a writer that was killed mid-write (never another program's files)."""
-    for f in p.iterdir():
-        if _OWN_TMP.match(f.name):
-            f.unlink()
+def _owned(path: Path) -> OwnedFolder:
+    """The store's own files: its manifest and its shards (and the temp files of writing them)."""
+    return OwnedFolder(path, [MANIFEST], [r"shard_\d{5}\.safetensors"])
 
 
 def _diff(old: dict[str, Any] | None, new: dict[str, Any]) -> str:

@@ -10,13 +10,12 @@ block the corrected rerun.
 from __future__ import annotations
 
 import argparse
-import shutil
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from interp.io import atomic_write, read_json, write_json
+from interp.io import OwnedFolder, atomic_write, read_json, write_json
 
 MARKER = ".interp_job.json"
 COMMON = ("result.json", "report.html", "run.json", "figures", MARKER)
@@ -29,21 +28,16 @@ class JobFolder:
         self.out = Path(out)
         self.name = name
         self.own = tuple(COMMON) + tuple(own)
+        self.folder = OwnedFolder(self.out, self.own)
         if self.out.exists() and not self.out.is_dir():
             raise FileExistsError(f"--out {self.out} is a file; give a folder (new or empty) for the job's outputs")
         self.out.mkdir(parents=True, exist_ok=True)
         self._claim(overwrite)
 
-    def _is_own(self, p: Path) -> bool:
-        """One of our names, or the temp file of an interrupted atomic write of one of them."""
-        if p.name in self.own:
-            return True
-        return p.name.endswith(".tmp") and any(p.name.startswith(f".{n}.") for n in self.own)
-
     def _claim(self, overwrite: bool) -> None:
-        entries = sorted(self.out.iterdir())
+        entries = self.folder.entries()
         marker = self.out / MARKER
-        foreign = [p.name for p in entries if not self._is_own(p)]
+        foreign = self.folder.foreign()
         if entries and not marker.exists():
             foreign = [p.name for p in entries]
         if foreign:
@@ -68,13 +62,7 @@ class JobFolder:
 
     def clear(self) -> None:
         """Delete this job's own outputs (never anything else in the folder)."""
-        for p in list(self.out.iterdir()):
-            if not self._is_own(p):
-                continue
-            if p.is_dir() and not p.is_symlink():
-                shutil.rmtree(p)
-            else:
-                p.unlink()
+        self.folder.clear()
 
     def path(self, name: str) -> Path:
         """Where output ``name`` goes; refuses names the job did not declare (so ``clear`` can find them)."""

@@ -11,7 +11,6 @@ and ``alpha`` becomes a fraction of the typical residual norm at each layer (0.5
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,6 +21,7 @@ from tqdm.auto import tqdm
 
 from interp.capture import capture
 from interp.forward import prepare
+from interp.io import content_hash
 from interp.models import Model
 from steering._args import Layers, resolve_kinds, resolve_layers
 
@@ -53,7 +53,7 @@ class ResidualNorms:
     @property
     def prompts_hash(self) -> str:
         """Short hash of the prompts the norms were measured on."""
-        return hashlib.sha256("\x1f".join(self.prompts).encode()).hexdigest()[:12]
+        return content_hash(list(self.prompts), length=12)
 
     def at(self, layer: int) -> float:
         """Mean norm at ``layer`` (a clear error when it was not measured)."""

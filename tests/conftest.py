@@ -35,3 +35,14 @@ def tiny_models():
         return cache[family]
 
     return get
+
+
+@pytest.fixture(scope="module")
+def sae():
+    """A small ReLU SAE with a negative encoder bias (sparse codes), shared by the SAE analysis tests."""
+    from sae.model import SAE, SAEConfig
+
+    s = SAE(SAEConfig(32, 128, arch="relu", site="resid_post.0"), seed=0)
+    with torch.no_grad():
+        s.b_enc.fill_(-0.3)
+    return s

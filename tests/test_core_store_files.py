@@ -65,3 +65,17 @@ def test_atomic_writes_get_the_usual_permissions(tmp_path):
     mask = os.umask(0)
     os.umask(mask)
     assert stat.S_IMODE((tmp_path / "a.json").stat().st_mode) == 0o666 & ~mask
+
+
+def test_owned_folder_owns_exact_names_and_their_temp_files_only(tmp_path):
+    from interp.io import OwnedFolder
+
+    for name in ("run.json", ".run.json.ab12_x.tmp", "shard_00003.safetensors", "direction", ".my_notes.tmp",
+                 "run.json.bak", "notes.txt"):
+        (tmp_path / name).mkdir() if name == "direction" else (tmp_path / name).write_text("x")
+    f = OwnedFolder(tmp_path, ["run.json", "direction"], [r"shard_\d{5}\.safetensors"])
+    assert f.foreign() == [".my_notes.tmp", "notes.txt", "run.json.bak"]
+    f.clear(temps_only=True)
+    assert not (tmp_path / ".run.json.ab12_x.tmp").exists() and (tmp_path / "run.json").exists()
+    f.clear(keep=("direction",))
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".my_notes.tmp", "direction", "notes.txt", "run.json.bak"]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 
 import pytest
@@ -10,6 +9,8 @@ import torch
 
 from interp.testing.tiny import tiny_model
 from pipelines.refusal import RefusalConfig, run_refusal
+
+from .test_refusal_pipeline import _files
 
 
 def _refusal_parser():
@@ -36,14 +37,6 @@ def test_every_refusal_option_has_help_with_its_default():
         assert "(default:" in entry, f"{flag}: no default stated in --help: {entry!r}"
         if isinstance(a.default, (int, float)) and not isinstance(a.default, bool):
             assert f"(default: {a.default})" in entry, f"{flag}: help states another default than {a.default}"
-
-
-def _files(tmp_path, n=12):
-    h = tmp_path / "harm.csv"
-    h.write_text("goal,category\n" + "\n".join(f"do bad thing {i},c{i % 2}" for i in range(n)))
-    s = tmp_path / "safe.json"
-    s.write_text(json.dumps([{"prompt": f"say hello {i}"} for i in range(n)]))
-    return h, s
 
 
 def test_failed_run_leaves_no_marker_that_blocks_the_rerun(tmp_path):

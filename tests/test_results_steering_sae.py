@@ -79,14 +79,6 @@ def test_bake_result_plot_and_frame(family):
     assert list(err.y) == pytest.approx([res.max_logit_error, res.rel_logit_error])
 
 
-@pytest.fixture(scope="module")
-def sae():
-    s = SAE(SAEConfig(32, 128, arch="relu", site="resid_post.0"), seed=0)
-    with torch.no_grad():
-        s.b_enc.fill_(-0.3)
-    return s
-
-
 def test_latent_ranking_separation_and_diff(sae):
     g = torch.Generator().manual_seed(0)
     r = aligned_latents(sae, sae.W_dec[13].detach(), top=12)

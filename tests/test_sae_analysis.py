@@ -7,15 +7,6 @@ import torch
 
 from evals.metrics import auroc
 from sae.analysis import aligned_latents, diff_latents, separating_latents
-from sae.model import SAE, SAEConfig
-
-
-@pytest.fixture(scope="module")
-def sae():
-    s = SAE(SAEConfig(32, 128, arch="relu", site="resid_post.0"), seed=0)
-    with torch.no_grad():
-        s.b_enc.fill_(-0.3)
-    return s
 
 
 def test_aligned_latents_find_the_planted_decoder_vector(sae):

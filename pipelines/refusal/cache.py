@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from interp.io import read_json, read_safetensors, write_json, write_safetensors
+from interp.io import OwnedFolder, read_json, read_safetensors, write_json, write_safetensors
 from pipelines.refusal.config import RefusalConfig
 
 OUR_FILES = ("metrics.json", "generations.jsonl", "report.html", "run.json", "direction", "stages", "model")
@@ -62,7 +62,7 @@ class Run:
         if not self.out.exists():
             self._replace = False
             return
-        foreign = [p.name for p in self.out.iterdir() if p.name not in OUR_FILES]
+        foreign = OwnedFolder(self.out, OUR_FILES).foreign()
         if foreign:
             raise FileExistsError(f"{self.out} holds files that are not from a refusal run ({foreign[:3]}); choose "
                                   f"an empty or new --out folder (nothing was deleted)")
@@ -75,15 +75,8 @@ class Run:
     def begin(self) -> None:
         """Claim the folder for this run: clear another run's outputs (``overwrite``), write ``run.json``."""
         self.out.mkdir(parents=True, exist_ok=True)
-        if self._replace:
-            for name in OUR_FILES:  # only our own outputs; stages stay and are re-checked by their keys
-                p = self.out / name
-                if name == "stages":
-                    continue
-                if p.is_dir():
-                    shutil.rmtree(p)
-                elif p.exists():
-                    p.unlink()
+        if self._replace:  # only our own outputs; stages stay and are re-checked by their keys
+            OwnedFolder(self.out, OUR_FILES).clear(keep=("stages",))
             self._replace = False
         (self.out / "stages").mkdir(exist_ok=True)
         write_json(self.out / "run.json", {"key": self.key, "config": self.cfg.flat()})

@@ -6,10 +6,10 @@ selection threshold on a finished run re-runs selection and nothing that it does
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
+
+from interp.io import content_hash
 
 
 @dataclass
@@ -95,8 +95,7 @@ def stage_key(name: str, inputs: dict[str, Any]) -> str:
     """A stage's cache key: its name, its inputs (settings, data digests, upstream keys), the package version."""
     import interp
 
-    blob = json.dumps({"stage": name, "version": interp.__version__, "inputs": inputs}, sort_keys=True, default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+    return content_hash({"stage": name, "version": interp.__version__, "inputs": inputs})
 
 
 __all__ = ["DataConfig", "GenerationConfig", "RefusalConfig", "RuntimeConfig", "SelectionConfig", "stage_key"]

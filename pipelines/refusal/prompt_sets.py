@@ -3,12 +3,11 @@ deterministically into train / val / test."""
 
 from __future__ import annotations
 
-import hashlib
-import json
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from interp.io import content_hash
 from interp.prompts import read_prompt_file
 
 
@@ -36,7 +35,7 @@ class RefusalData:
         """Hash of both classes' ``part`` split (instructions and categories): a stage's data identity."""
         blob = {what: [split.instructions, split.categories]
                 for what, split in (("harmful", self.harmful[part]), ("harmless", self.harmless[part]))}
-        return hashlib.sha256(json.dumps(blob).encode()).hexdigest()[:16]
+        return content_hash(blob)
 
     def check(self) -> None:
         """Every split of both classes needs at least 2 prompts (a mean difference and a val/test score)."""
