@@ -42,6 +42,18 @@ def add_refusal_parser(sub: Any, model_args: Any) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed for data splits and random controls (default: %(default)s)")
     p.add_argument("--save-model", action="store_true", help="also save the baked (direction-ablated) model "
                    "(default: off)")
+    p.add_argument("--borderline", default=None, help="file of borderline-benign prompts (benign look-alikes of "
+                   "harmful requests) for over-refusal; 'none' leaves it out (default: our own set for real models, "
+                   "none for the toy organism)")
+    p.add_argument("--borderline-column", default=None, help="column/key of the borderline file (default: detected)")
+    p.add_argument("--n-borderline", type=int, default=64, help="borderline prompts used (default: %(default)s)")
+    p.add_argument("--min-refusals", type=int, default=8, help="find refusal tokens only from at least this many "
+                   "refused harmful train prompts; fewer stops the run with that finding (default: %(default)s)")
+    p.add_argument("--diagnosis-alpha", type=float, default=0.01, help="stop before scoring unless harmful train "
+                   "prompts are refused more often than harmless ones, one-sided Fisher exact p below this "
+                   "(default: %(default)s)")
+    p.add_argument("--judge", default=None, help="refusal judge: 'phrases' (refusal phrases anchored at the start "
+                   "of the response) or a local HF sequence-classification model folder (default: phrases)")
     p.set_defaults(func=cmd_refusal)
 
 
@@ -59,7 +71,9 @@ def cmd_refusal(args: argparse.Namespace) -> int:
         induce_threshold=args.induce_threshold, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
         max_rows=args.max_rows, subspace_rank=args.subspace_rank, seed=args.seed, dtype=args.dtype,
         device=args.device, layers=[int(x) for x in args.layers.split(",")] if args.layers else None,
-        save_model=args.save_model)
+        save_model=args.save_model, borderline=args.borderline, borderline_column=args.borderline_column,
+        n_borderline=args.n_borderline, min_refusals=args.min_refusals, diagnosis_alpha=args.diagnosis_alpha,
+        judge=args.judge)
     con = Console()
     state = {s: ("waiting", None) for s in STAGES}
     t_start = time.perf_counter()
@@ -106,6 +120,12 @@ def summary_table(m: dict) -> Any:
     t = Table(title="Refusal direction: summary")
     t.add_column("measure")
     t.add_column("value", justify="right")
+    diag = m.get("diagnosis")
+    if diag:
+        tr = diag["train_refusal"]
+        t.add_row("baseline refusal (train): harmful", _rate(tr["harmful"]))
+        t.add_row("baseline refusal (train): harmless", _rate(tr["harmless"]))
+        t.add_row("model refuses harmful > harmless", f"{diag['refuses']} (Fisher p = {diag['p_value']:.2g})")
     t.add_row("direction found", str(m.get("found_direction")))
     sel = m.get("selection", {})
     if m.get("found_direction"):
@@ -113,11 +133,16 @@ def summary_table(m: dict) -> Any:
         t.add_row("KL on harmless (val)", f"{sel['kl']:.4f}")
     ev = m.get("evaluation")
     if ev:
-        for k, v in ev["refusal_rate"].items():
-            t.add_row(f"refusal rate: {k}", f"{100 * v:.0f}%")
+        for k, r in ev["refusal"].items():
+            t.add_row(f"refusal rate: {k}" + (" (over-refusal)" if k.startswith("borderline") else ""), _rate(r))
         t.add_row("hook vs baked max |logit diff|", f"{ev['hook_vs_baked']['max_abs_logit_diff']:.2e}")
         kc = ev["harmless_kl_ce"]
         if kc:
             t.add_row("harmless KL (first response token)", f"{kc['kl_first_response_token']:.4f}")
             t.add_row("harmless CE baseline -> ablated", f"{kc['ce_baseline']:.3f} -> {kc['ce_edited']:.3f}")
     return t
+
+
+def _rate(r: dict) -> str:
+    """``rate (k/n, 95% CI)`` for the summary table."""
+    return f"{100 * r['rate']:.0f}% ({r['k']}/{r['n']}, 95% CI {100 * r['ci95'][0]:.0f}-{100 * r['ci95'][1]:.0f}%)"

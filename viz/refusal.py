@@ -72,15 +72,21 @@ def projections_by_layer(harmful: torch.Tensor, harmless: torch.Tensor, layers: 
     return fig
 
 
-def refusal_rates(rates: dict[str, float]) -> go.Figure:
-    """Refusal rate under each condition (baselines, interventions, random controls)."""
+def refusal_rates(rates: dict[str, float], intervals: dict[str, Sequence[float]] | None = None,
+                  judge: str = "the refusal judge") -> go.Figure:
+    """Refusal rate under each condition (baselines, interventions, random controls), with 95% intervals
+    ``{condition: (low, high)}`` as error bars when given."""
     names = list(rates)
     colors = ["#7f7f7f" if "baseline" in n else "#bcbd22" if ("random" in n or "orthogonal" in n) else "#2ca02c"
               for n in names]
-    fig = go.Figure(go.Bar(x=names, y=[100 * rates[n] for n in names], marker_color=colors,
+    err = None
+    if intervals:
+        err = dict(type="data", symmetric=False, array=[100 * (intervals[n][1] - rates[n]) for n in names],
+                   arrayminus=[100 * (rates[n] - intervals[n][0]) for n in names])
+    fig = go.Figure(go.Bar(x=names, y=[100 * rates[n] for n in names], marker_color=colors, error_y=err,
                            text=[f"{100 * rates[n]:.0f}%" for n in names], textposition="outside"))
-    fig.update_layout(title="Refusal rate on test prompts (substring judge over generations)",
-                      yaxis=dict(title="refusal rate (%)", range=[0, 110]), height=420)
+    fig.update_layout(title=f"Refusal rate on test prompts ({judge} over generations; bars: 95% Wilson intervals)",
+                      yaxis=dict(title="refusal rate (%)", range=[0, 115]), height=440)
     return fig
 
 

@@ -14,7 +14,8 @@ from interp.io import content_hash
 
 @dataclass
 class DataConfig:
-    """Which prompts: files (``None``: the project's own organism sets), their columns, split sizes, seed."""
+    """Which prompts: files (``None``: the project's own sets, see :func:`load_refusal_data`), their columns,
+    split sizes, the over-refusal (borderline-benign) set, seed."""
 
     harmful: str | None = None
     harmless: str | None = None
@@ -24,16 +25,24 @@ class DataConfig:
     n_val: int = 32
     n_test: int = 64
     seed: int = 0
+    borderline: str | None = None
+    borderline_column: str | None = None
+    n_borderline: int = 64
 
 
 @dataclass
 class SelectionConfig:
-    """Which candidates exist (``layers``; ``None``: all) and the paper's filters that pick one of them."""
+    """Which candidates exist (``layers``; ``None``: all), the paper's filters that pick one of them, and the
+    diagnosis before any scoring: refusal tokens only from at least ``min_refusals`` refusals, and a stop
+    unless harmful train prompts are refused more often than harmless ones (one-sided Fisher exact test,
+    p < ``diagnosis_alpha``)."""
 
     layers: list[int] | None = None
     kl_threshold: float = 0.1
     prune_layer_fraction: float = 0.2
     induce_threshold: float = 0.0
+    min_refusals: int = 8
+    diagnosis_alpha: float = 0.01
 
 
 @dataclass
@@ -46,7 +55,8 @@ class GenerationConfig:
 
 @dataclass
 class RuntimeConfig:
-    """Which model and how to run it: name, dtype, device, batch sizes, and whether to save the baked model."""
+    """Which model and how to run it: name, dtype, device, batch sizes, whether to save the baked model, and the
+    refusal judge (``None``: the anchored phrase judge; a local classifier model folder; see ``evals.judge``)."""
 
     model: str = "organism"
     dtype: str | None = None
@@ -54,11 +64,13 @@ class RuntimeConfig:
     batch_size: int = 64
     max_rows: int = 256
     save_model: bool = False
+    judge: str | None = None
 
 
 SECTIONS = {"data": DataConfig, "selection": SelectionConfig, "generation": GenerationConfig, "runtime": RuntimeConfig}
 # changing these on a finished run re-runs selection (and what depends on its result); anything else is a new run
-RESELECT_FIELDS = ("kl_threshold", "prune_layer_fraction", "induce_threshold")
+RESELECT_FIELDS = ("kl_threshold", "prune_layer_fraction", "induce_threshold", "diagnosis_alpha")
+DEFAULTS = {"kl_threshold": 0.1, "prune_layer_fraction": 0.2, "induce_threshold": 0.0}  # the paper's filters
 
 
 @dataclass

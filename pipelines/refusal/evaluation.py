@@ -14,8 +14,9 @@ from typing import Any
 import torch
 
 import steering
-from evals.judge import refusal_rate
+from evals.judge import Judge, verdicts
 from evals.logits import cross_entropy, kl_div, refusal_score
+from evals.rates import rate
 from interp.chat import Encoded
 from interp.forward import batches, forward, prepare
 from interp.models import Model
@@ -27,13 +28,19 @@ from probes.directions import random_directions, random_orthogonal
 
 @dataclass
 class Evaluation:
-    """Per condition (``"harmful/ablation"``, ...): generations, refusal rate, mean refusal score; and checks."""
+    """Per condition (``"harmful/ablation"``, ``"borderline/addition"``, ...): generations, the judge's verdicts,
+    refusal rate, mean refusal score; and checks."""
 
     generations: dict[str, list[str]]
     refusal_rate: dict[str, float]
     refusal_score: dict[str, float]
     hook_vs_baked: dict[str, Any]
     harmless_kl_ce: dict[str, float]
+    refused: dict[str, list[bool]] = field(default_factory=dict)
+
+    def rates(self) -> dict[str, dict[str, Any]]:
+        """Each condition's refusal rate with its count, sample size and 95% Wilson interval."""
+        return {name: rate(flags) for name, flags in self.refused.items()}
 
 
 @dataclass
@@ -56,7 +63,11 @@ class TestPrompts:
         self._prepared: dict[str, tuple[list[str], list[Encoded]]] = {}
 
     def prompts(self, which: str) -> list[str]:
-        """The ``"harmful"`` or ``"harmless"`` test instructions."""
+        """The ``"harmful"``, ``"harmless"`` or ``"borderline"`` (over-refusal) test instructions."""
+        if which == "borderline":
+            if self.data.borderline is None:
+                raise ValueError("this run has no borderline (over-refusal) set")
+            return self.data.borderline.instructions
         return (self.data.harmful if which == "harmful" else self.data.harmless)["test"].instructions
 
     def prepared(self, which: str) -> tuple[list[str], list[Encoded]]:
@@ -69,11 +80,19 @@ class TestPrompts:
         return self.prepared(which)[1]
 
 
-def _conditions(model: Model, r: torch.Tensor, v: torch.Tensor, layer: int, seed: int) -> dict[str, tuple]:
+def _conditions(model: Model, r: torch.Tensor, v: torch.Tensor, layer: int, seed: int, borderline: bool
+                ) -> dict[str, tuple]:
     rand_u = random_directions(model.d_model, 1, seed=seed)[0].vectors[0]
     orth_u = random_orthogonal(r[None], 1, seed=seed)[0].vectors[0]
     add = {"sites": "resid_pre", "layers": layer}
-    return {
+    over = {} if not borderline else {  # over-refusal on benign look-alikes, at baseline and under each edit
+        "borderline/baseline": ("borderline", ()),
+        "borderline/ablation": ("borderline", (steering.DirectionalAblation(r),)),
+        "borderline/random ablation": ("borderline", (steering.DirectionalAblation(rand_u),)),
+        "borderline/addition": ("borderline", (steering.AddVector(v, **add),)),
+        "borderline/random addition": ("borderline", (steering.AddVector(rand_u * v.norm(), **add),)),
+    }
+    return over | {
         "harmful/baseline": ("harmful", ()),
         "harmful/ablation": ("harmful", (steering.DirectionalAblation(r),)),
         "harmful/random ablation": ("harmful", (steering.DirectionalAblation(rand_u),)),
@@ -86,25 +105,26 @@ def _conditions(model: Model, r: torch.Tensor, v: torch.Tensor, layer: int, seed
 
 
 def evaluate(model: Model, data: RefusalData, cand: Candidates, sel: Selection, tokens: RefusalTokens,
-             max_new_tokens: int = 24, batch_size: int = 64, seed: int = 0, test: TestPrompts | None = None
-             ) -> Evaluation:
-    """Generate, judge and score the test prompts under every condition; compare hook ablation with baked weights."""
+             max_new_tokens: int = 24, batch_size: int = 64, seed: int = 0, test: TestPrompts | None = None,
+             judge: Judge | None = None) -> Evaluation:
+    """Generate, judge and score the test prompts under every condition (over-refusal on the borderline set
+    too); compare hook ablation with baked weights."""
     test = test or TestPrompts(model, data)
     direction = sel.direction(cand, model.name)
     r, v = direction.vectors[0], direction.raw[0]
     gen_kw = dict(max_new_tokens=max_new_tokens, batch_size=batch_size, progress=False)
-    gens, rates, scores, logits = {}, {}, {}, {}
-    for name, (which, ivs) in _conditions(model, r, v, sel.layer, seed).items():
+    gens, refused, scores, logits = {}, {}, {}, {}
+    for name, (which, ivs) in _conditions(model, r, v, sel.layer, seed, data.borderline is not None).items():
         gens[name] = steering.generate(model, test.prompts(which), *ivs, prepared=test.prepared(which),
                                        **gen_kw).texts
-        rates[name] = refusal_rate(gens[name])
+        refused[name] = verdicts(gens[name], judge)
         logits[name] = prompt_logits(model, test.encodings(which), *ivs, batch_size=batch_size)
         scores[name] = refusal_score(logits[name], tokens.tokens).mean().item()
     baked = steering.bake(model, r, allow_inexact=True)
     name = "harmful/baked weights"
     gens[name] = steering.generate(baked.model, test.prompts("harmful"), prepared=test.prepared("harmful"),
                                    **gen_kw).texts
-    rates[name] = refusal_rate(gens[name])
+    refused[name] = verdicts(gens[name], judge)
     hook, baked_logits = logits["harmful/ablation"], prompt_logits(baked.model, test.encodings("harmful"),
                                                                     batch_size=batch_size)
     scores[name] = refusal_score(baked_logits, tokens.tokens).mean().item()
@@ -113,7 +133,8 @@ def evaluate(model: Model, data: RefusalData, cand: Candidates, sel: Selection, 
              "exact_architecture": bool(baked.exact), "notes": baked.notes}
     kl_ce = harmless_kl_ce(model, test.prompts("harmless"), gens["harmless/baseline"],
                            (steering.DirectionalAblation(r),), batch_size)
-    return Evaluation(gens, rates, scores, equiv, kl_ce)
+    rates = {k: sum(f) / len(f) for k, f in refused.items()}
+    return Evaluation(gens, rates, scores, equiv, kl_ce, refused)
 
 
 def harmless_kl_ce(model: Model, prompts: list[str], responses: list[str], ivs: tuple, batch_size: int = 64
@@ -141,18 +162,19 @@ def harmless_kl_ce(model: Model, prompts: list[str], responses: list[str], ivs: 
 
 
 def _ablated(model: Model, test: TestPrompts, basis: torch.Tensor, tokens: RefusalTokens, max_new_tokens: int,
-             batch_size: int) -> tuple[float, float]:
+             batch_size: int, judge: Judge | None = None) -> tuple[float, float]:
     """Harmful test refusal rate and mean refusal score with the span of ``basis [k, d]`` ablated everywhere."""
     iv = steering.AblateSubspace(basis, sites=("resid_pre", "attn_out", "mlp_out"))
     gens = steering.generate(model, test.prompts("harmful"), iv, max_new_tokens=max_new_tokens,
                              batch_size=batch_size, progress=False, prepared=test.prepared("harmful"))
     logits = prompt_logits(model, test.encodings("harmful"), iv, batch_size=batch_size)
-    return refusal_rate(gens.texts), refusal_score(logits, tokens.tokens).mean().item()
+    flags = verdicts(gens.texts, judge)
+    return sum(flags) / len(flags), refusal_score(logits, tokens.tokens).mean().item()
 
 
 def find_subspaces(model: Model, data: RefusalData, cand: Candidates, sel: Selection, tokens: RefusalTokens,
                    rank: int = 8, max_new_tokens: int = 24, batch_size: int = 64, test: TestPrompts | None = None,
-                   seed: int = 0) -> Subspaces:
+                   seed: int = 0, judge: Judge | None = None) -> Subspaces:
     """Per-category mean differences at the selected site (from the candidates' train activations, no re-capture),
     orthonormalised after the refusal direction; ablate the first k for k = 1..rank on harmful test prompts.
 
@@ -175,10 +197,10 @@ def find_subspaces(model: Model, data: RefusalData, cand: Candidates, sel: Selec
     rand = torch.linalg.qr(rand.T.double()).Q.T.to(basis.dtype)
     out = Subspaces([cats[i] for i in order.tolist()], [], [], [])
     for k in range(1, k_max + 1):
-        rate, score = _ablated(model, test, basis[:k], tokens, max_new_tokens, batch_size)
-        c_rate, c_score = _ablated(model, test, rand[:k], tokens, max_new_tokens, batch_size)
+        k_rate, score = _ablated(model, test, basis[:k], tokens, max_new_tokens, batch_size, judge)
+        c_rate, c_score = _ablated(model, test, rand[:k], tokens, max_new_tokens, batch_size, judge)
         out.ranks.append(k)
-        out.rates.append(rate)
+        out.rates.append(k_rate)
         out.scores.append(score)
         out.control_rates.append(c_rate)
         out.control_scores.append(c_score)

@@ -7,12 +7,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from evals.judge import is_refusal
 from interp.chat import has_chat_template
 from interp.io import atomic_write, write_json
 from interp.models import Model
 from pipelines.refusal.cache import Run
 from pipelines.refusal.config import RefusalConfig
+from pipelines.refusal.diagnosis import effect_check, effect_notes
 from pipelines.refusal.prompt_sets import RefusalData
 from pipelines.refusal.report import refusal_report
 from pipelines.refusal.result import RefusalResult
@@ -26,8 +26,12 @@ def start_notes(model: Model) -> list[str]:
 
 
 def outcome_notes(cfg: RefusalConfig, res: RefusalResult) -> list[str]:
-    """Why no direction was reported, when none was."""
-    tok, sel, s = res.tokens, res.selection, cfg.selection
+    """Why no direction was reported, when none was; which causal checks a found direction failed."""
+    tok, sel, s, diag = res.tokens, res.selection, cfg.selection, res.diagnosis
+    if diag is not None and not diag.refuses:
+        return [diag.finding]
+    if res.evaluation is not None:
+        return effect_notes(effect_check(res.evaluation.refused, s.diagnosis_alpha), s.diagnosis_alpha)
     if tok is not None and not tok.tokens:
         return [f"the model refused {tok.train_refusal_harmful:.0%} of harmful training prompts: it has no refusals "
                 f"to find refusal tokens from, so no refusal direction can be selected"]
@@ -39,15 +43,20 @@ def outcome_notes(cfg: RefusalConfig, res: RefusalResult) -> list[str]:
 
 
 def build_metrics(cfg: RefusalConfig, model: Model, data: RefusalData, res: RefusalResult) -> dict[str, Any]:
-    """``metrics.json``: one section per stage that ran."""
+    """``metrics.json``: the data (sources, sample sizes, seed), the diagnosis, one section per stage that ran."""
     tok, cand, sel, ev, sub = res.tokens, res.candidates, res.selection, res.evaluation, res.subspaces
-    assert tok is not None and cand is not None
+    assert tok is not None
     m: dict[str, Any] = {"model": cfg.runtime.model, "family": model.spec.family, "n_layers": model.n_layers,
-                         "data": data.source, "refusal_tokens": tok.strings,
+                         "data": data.source, "sizes": data.sizes(), "seed": cfg.data.seed,
+                         "judge": cfg.runtime.judge or "phrases (anchored at the response start)",
+                         "refusal_tokens": tok.strings,
                          "train_refusal_rate": {"harmful": tok.train_refusal_harmful,
-                                                "harmless": tok.train_refusal_harmless},
-                         "candidates": {"layers": cand.layers, "positions": list(range(-cand.n_positions, 0)),
-                                        "position_tokens": cand.pos_tokens}}
+                                                "harmless": tok.train_refusal_harmless}}
+    if res.diagnosis is not None:
+        m["diagnosis"] = res.diagnosis.as_dict()
+    if cand is not None:
+        m["candidates"] = {"layers": cand.layers, "positions": list(range(-cand.n_positions, 0)),
+                           "position_tokens": cand.pos_tokens}
     if sel is not None:
         m["selection"] = {"baseline_refusal_score": sel.baseline_refusal_score, "filters": sel.filters,
                           "passing": sel.passing}
@@ -56,8 +65,13 @@ def build_metrics(cfg: RefusalConfig, model: Model, data: RefusalData, res: Refu
                                    "bypass_score": sel.bypass_score, "induce_score": sel.induce_score, "kl": sel.kl,
                                    "norm": float(res.direction.norms[0])})
     if ev is not None:
-        m["evaluation"] = {"refusal_rate": ev.refusal_rate, "refusal_score": ev.refusal_score,
-                           "hook_vs_baked": ev.hook_vs_baked, "harmless_kl_ce": ev.harmless_kl_ce}
+        rates = ev.rates()
+        m["evaluation"] = {"refusal_rate": ev.refusal_rate, "refusal": rates, "refusal_score": ev.refusal_score,
+                           "hook_vs_baked": ev.hook_vs_baked, "harmless_kl_ce": ev.harmless_kl_ce,
+                           "causal_checks": effect_check(ev.refused, cfg.selection.diagnosis_alpha)}
+        over = {k.split("/", 1)[1]: v for k, v in rates.items() if k.startswith("borderline/")}
+        if over:
+            m["over_refusal"] = over
     if sub is not None:
         m["subspaces"] = {"basis_order": ["refusal direction"] + sub.categories, "rank": sub.ranks,
                           "harmful_refusal_rate": sub.rates, "harmful_refusal_score": sub.scores,
@@ -69,14 +83,24 @@ def build_metrics(cfg: RefusalConfig, model: Model, data: RefusalData, res: Refu
 
 
 def write_generations(path: Path, data: RefusalData, res: RefusalResult) -> None:
-    """``generations.jsonl``: one line per (condition, test prompt) with the response and the judge's verdict."""
-    assert res.evaluation is not None
+    """``generations.jsonl``: one line per (condition, prompt) with the response and the judge's verdict: the
+    baseline on the train prompts (what the diagnosis read; always), then every test condition that ran."""
+    tok, ev = res.tokens, res.evaluation
+    assert tok is not None
+    rows: list[tuple[str, Any, list[str], list[bool]]] = [
+        ("train/harmful baseline", data.harmful["train"], tok.harmful_texts, tok.harmful_refused),
+        ("train/harmless baseline", data.harmless["train"], tok.harmless_texts, tok.harmless_refused)]
+    if ev is not None:
+        for cond, texts in ev.generations.items():
+            which = cond.split("/", 1)[0]
+            prompts = data.borderline if which == "borderline" else getattr(data, which)["test"]
+            rows.append((cond, prompts, texts, ev.refused.get(cond, [])))
     lines = []
-    for cond, texts in res.evaluation.generations.items():
-        prompts = data.harmful["test"] if cond.startswith("harmful") else data.harmless["test"]
-        for p, t, c in zip(prompts.instructions, texts, prompts.categories):
-            lines.append(json.dumps({"condition": cond, "instruction": p, "category": c, "response": t,
-                                     "refused": is_refusal(t)}))
+    for cond, prompts, texts, flags in rows:
+        for i, (p, t) in enumerate(zip(prompts.instructions, texts)):
+            cat = prompts.categories[i] if i < len(prompts.categories) else "all"
+            lines.append(json.dumps({"condition": cond, "instruction": p, "category": cat, "response": t,
+                                     "refused": bool(flags[i]) if i < len(flags) else None}))
     atomic_write(path, lambda tmp: Path(tmp).write_text("\n".join(lines) + "\n"))
 
 
@@ -99,9 +123,9 @@ def finish(run: Run, model: Model, cfg: RefusalConfig, data: RefusalData, res: R
         assert res.candidates is not None
         res.direction = res.selection.direction(res.candidates, model.name)
         res.direction.save(run.replace_dir("direction"))
-        write_generations(run.out / "generations.jsonl", data, res)
     else:
-        run.remove_outputs("direction", "generations.jsonl", "model")
+        run.remove_outputs("direction", "model")
+    write_generations(run.out / "generations.jsonl", data, res)
     res.metrics = build_metrics(cfg, model, data, res)
     if res.direction is not None and cfg.runtime.save_model:
         say("save model", "start")

@@ -1,5 +1,7 @@
-"""Prompt sets for the refusal pipeline: the project's own organism sets by default, or user files split
-deterministically into train / val / test."""
+"""Prompt sets for the refusal pipeline: user files split deterministically into train / val / test, or
+the project's own sets: the toy organism's synthetic sets for the toy organism, and the realistic sets we
+wrote (harmful and harmless requests, and borderline-benign look-alikes for over-refusal) for any other model.
+"""
 
 from __future__ import annotations
 
@@ -25,17 +27,37 @@ class PromptSplit:
         return PromptSplit(self.instructions[:n], self.categories[:n])
 
 
+TOY_MODELS = ("organism", "organism-base")  # the toy organism's own synthetic sets are their default data
+REALISTIC = {"harmful": "harmful_realistic", "harmless": "harmless_realistic"}
+BORDERLINE = "borderline_realistic"
+
+
 @dataclass
 class RefusalData:
+    """Harmful and harmless train / val / test splits, an optional over-refusal (borderline-benign) test set,
+    and where each came from."""
+
     harmful: dict[str, PromptSplit]
     harmless: dict[str, PromptSplit]
     source: dict[str, str]
+    borderline: PromptSplit | None = None
 
     def digest(self, part: str) -> str:
-        """Hash of both classes' ``part`` split (instructions and categories): a stage's data identity."""
-        blob = {what: [split.instructions, split.categories]
-                for what, split in (("harmful", self.harmful[part]), ("harmless", self.harmless[part]))}
+        """Hash of both classes' ``part`` split (instructions and categories): a stage's data identity.
+        The test digest covers the borderline set too."""
+        blob: dict[str, list] = {what: [split.instructions, split.categories]
+                                 for what, split in (("harmful", self.harmful[part]), ("harmless", self.harmless[part]))}
+        if part == "test" and self.borderline is not None:
+            blob["borderline"] = [self.borderline.instructions, self.borderline.categories]
         return content_hash(blob)
+
+    def sizes(self) -> dict[str, dict[str, int]]:
+        """Prompts per class and split (the report's sample sizes)."""
+        out = {what: {part: len(ps) for part, ps in parts.items()}
+               for what, parts in (("harmful", self.harmful), ("harmless", self.harmless))}
+        if self.borderline is not None:
+            out["borderline"] = {"test": len(self.borderline)}
+        return out
 
     def check(self) -> None:
         """Every split of both classes needs at least 2 prompts (a mean difference and a val/test score)."""
@@ -44,14 +66,18 @@ class RefusalData:
                 if len(ps) < 2:
                     raise ValueError(f"the {what} {part} split has {len(ps)} prompts; at least 2 are needed per "
                                      f"class (add prompts or raise --n-{part})")
+        if self.borderline is not None and len(self.borderline) < 2:
+            raise ValueError(f"the borderline (over-refusal) set has {len(self.borderline)} prompts; at least 2 are "
+                             f"needed (point --borderline at a bigger file, or pass --borderline none)")
 
 
 def _load_file(path: str | Path, column: str | None, what: str) -> PromptSplit:
     try:
         f = read_prompt_file(path, column)
     except ValueError as e:
-        msg = str(e) if what == "harmful" else str(e).replace("--column", "--harmless-column")
-        raise ValueError(f"{what} prompts: {msg}") from None
+        msg = str(e)
+        flag = {"harmful": "--column", "harmless": "--harmless-column", "borderline": "--borderline-column"}[what]
+        raise ValueError(f"{what} prompts: {msg.replace('--column', flag)}") from None
     return PromptSplit(f.prompts, f.categories)
 
 
@@ -71,27 +97,47 @@ def split(data: PromptSplit, n_train: int, n_val: int, n_test: int, seed: int, w
             for k, idx in cuts.items()}
 
 
-def load_refusal_data(harmful: str | None = None, harmless: str | None = None, column: str | None = None,
-                      harmless_column: str | None = None, n_train: int = 64, n_val: int = 32, n_test: int = 64,
-                      seed: int = 0) -> RefusalData:
-    """Both classes split into train / val / test; defaults are the project's own organism prompt sets.
-
-    ``column`` names the harmful file's prompt field and ``harmless_column`` the harmless file's; each is
-    detected from its own file when ``None`` (two files rarely share a column name, e.g. AdvBench's ``goal``).
-    """
+def _committed(name: str, part: str, n: int) -> PromptSplit:
+    """Split ``part`` of a committed set: its own ``split`` field, or the ``{name}_{part}`` file (organism sets)."""
     from interp.data import load_prompts
 
+    if name.startswith("organism_"):
+        rows = load_prompts(f"{name}_{part}")
+    else:
+        rows = [r for r in load_prompts(name) if r.get("split") == part]
+    return PromptSplit([r["instruction"] for r in rows], [r.get("category", "all") for r in rows]).head(n)
+
+
+def load_refusal_data(harmful: str | None = None, harmless: str | None = None, column: str | None = None,
+                      harmless_column: str | None = None, n_train: int = 64, n_val: int = 32, n_test: int = 64,
+                      seed: int = 0, model: str = "organism", borderline: str | None = None,
+                      borderline_column: str | None = None, n_borderline: int = 64) -> RefusalData:
+    """Both classes split into train / val / test, and the over-refusal set (its first ``n_borderline``).
+
+    Defaults: the toy organism's synthetic sets when ``model`` is the toy organism, the realistic sets we
+    wrote (``interp/data/prompts/*_realistic.jsonl``) for any other model. ``column`` names the harmful
+    file's prompt field and ``harmless_column`` the harmless file's; each is detected from its own file
+    when ``None`` (two files rarely share a column name, e.g. AdvBench's ``goal``). ``borderline`` (a file
+    of benign look-alikes of harmful requests, all used as test prompts) defaults to our own borderline set
+    for real models and to none for the toy organism; pass ``"none"`` to leave it out.
+    """
+    toy = model in TOY_MODELS
     out: dict[str, dict[str, PromptSplit]] = {}
     source = {}
     for what, path, col in (("harmful", harmful, column), ("harmless", harmless, harmless_column)):
         if path is None:
-            parts = {}
-            for part, n in (("train", n_train), ("val", n_val), ("test", n_test)):
-                rows = load_prompts(f"organism_{what}_{part}")
-                parts[part] = PromptSplit([r["instruction"] for r in rows], [r.get("category", "all") for r in rows]).head(n)
-            out[what] = parts
-            source[what] = f"interp/data/prompts/organism_{what}_*.jsonl"
+            name = f"organism_{what}" if toy else REALISTIC[what]
+            out[what] = {part: _committed(name, part, n) for part, n in (("train", n_train), ("val", n_val),
+                                                                       ("test", n_test))}
+            source[what] = f"interp/data/prompts/{name}{'_*' if toy else ''}.jsonl"
         else:
             out[what] = split(_load_file(path, col, what), n_train, n_val, n_test, seed, what)
             source[what] = str(path)
-    return RefusalData(out["harmful"], out["harmless"], source)
+    over = None
+    if borderline is None and not toy:
+        over = _committed(BORDERLINE, "test", n_borderline)
+        source["borderline"] = f"interp/data/prompts/{BORDERLINE}.jsonl (test split)"
+    elif borderline not in (None, "none"):
+        over = _load_file(borderline, borderline_column, "borderline").head(n_borderline)
+        source["borderline"] = str(borderline)
+    return RefusalData(out["harmful"], out["harmless"], source, over)

@@ -14,17 +14,38 @@ from viz.html import kv_table, page
 
 def _summary(res: RefusalResult, model_name: str, family: str, n_layers: int) -> str:
     notes = "".join(f"<p class='note'>{html.escape(n)}</p>" for n in res.notes)
-    tok, sel = res.tokens, res.selection
+    tok, sel, m, diag = res.tokens, res.selection, res.metrics, res.diagnosis
     rows: list[tuple[str, Any]] = [
-        ("model", model_name), ("family", family), ("layers", n_layers),
-        ("refusal tokens", ", ".join(repr(t) for t in (tok.strings if tok else []))),
-        ("direction found", res.direction is not None)]
+        ("model", model_name), ("family", family), ("layers", n_layers)]
+    rows += [(f"data: {k}", v) for k, v in m.get("data", {}).items()]
+    rows += [(f"prompts: {k}", ", ".join(f"{part} {n}" for part, n in v.items())) for k, v in m.get("sizes", {}).items()]
+    rows += [("seed (splits, controls)", m.get("seed")), ("judge", m.get("judge"))]
+    if diag is not None:
+        h, s = diag.harmful, diag.harmless
+        rows += [("baseline refusal on train prompts", f"harmful {_rate(h)}; harmless {_rate(s)}"),
+                 ("diagnosis", f"{diag.test}: p = {diag.p_value:.2g} (alpha {diag.alpha:g}); "
+                               f"{'refuses' if diag.refuses else 'does not refuse: stopped before scoring'}")]
+    rows += [("refusal tokens", ", ".join(repr(t) for t in (tok.strings if tok else []))),
+             ("direction found", res.direction is not None)]
     if sel is not None and sel.found:
         rows += [("selected layer", sel.layer), ("selected position", f"{sel.position} ({sel.position_token!r})"),
                  ("bypass score", sel.bypass_score), ("induce score", sel.induce_score), ("KL", sel.kl)]
     if sel is not None:
         rows += _filter_rows(sel, n_layers)
     return notes + kv_table(rows)
+
+
+def _rate(r: dict[str, Any]) -> str:
+    """``k/n (rate, 95% CI low-high)``."""
+    return f"{r['k']}/{r['n']} ({100 * r['rate']:.0f}%, 95% CI {100 * r['ci95'][0]:.0f}-{100 * r['ci95'][1]:.0f}%)"
+
+
+def _rate_table(rates: dict[str, dict[str, Any]]) -> str:
+    """Every condition's refusal rate with its count, sample size and interval."""
+    head = "<tr><th>condition</th><th>refused / n</th><th>rate</th><th>95% Wilson interval</th></tr>"
+    body = "".join(f"<tr><td>{html.escape(c)}</td><td>{r['k']} / {r['n']}</td><td>{100 * r['rate']:.1f}%</td>"
+                   f"<td>{100 * r['ci95'][0]:.1f}% - {100 * r['ci95'][1]:.1f}%</td></tr>" for c, r in rates.items())
+    return f"<table>{head}{body}</table>"
 
 
 def _filter_rows(sel: Any, n_layers: int) -> list[tuple[str, Any]]:
@@ -71,7 +92,11 @@ def _evaluation_sections(res: RefusalResult) -> list[tuple[str, Any]]:
     ev, sub = res.evaluation, res.subspaces
     out: list[tuple[str, Any]] = []
     if ev is not None:
-        out.append(("Refusal rates with controls", F.refusal_rates(ev.refusal_rate)))
+        rates = ev.rates()
+        out.append(("Refusal rates with controls", F.refusal_rates(
+            ev.refusal_rate, {k: r["ci95"] for k, r in rates.items()})))
+        out.append(("Refusal rates: counts and 95% intervals (borderline = over-refusal on benign look-alikes)",
+                    _rate_table(rates)))
         eq = ev.hook_vs_baked
         out.append(("Hook ablation vs baked weights, KL and CE", kv_table(
             [("max |logit diff| hook vs baked", eq["max_abs_logit_diff"]), ("relative", eq["rel_logit_diff"]),
@@ -86,10 +111,19 @@ def _evaluation_sections(res: RefusalResult) -> list[tuple[str, Any]]:
                                                           base_score)))
     if ev is not None:
         rows = [f"<tr><td>{html.escape(cond)}</td><td>{html.escape(t)}</td></tr>"
-                for cond in ("harmful/baseline", "harmful/ablation", "harmless/baseline", "harmless/addition")
+                for cond in ("harmful/baseline", "harmful/ablation", "harmless/baseline", "harmless/addition",
+                             "borderline/baseline")
                 for t in ev.generations.get(cond, [])[:4]]
         out.append(("Example generations", "<table><tr><th>condition</th><th>response</th></tr>" + "".join(rows)
                     + "</table>"))
+    elif res.tokens is not None:  # stopped early: show what the diagnosis read
+        tok = res.tokens
+        rows = [f"<tr><td>{what}</td><td>{'refusal' if f else 'no refusal'}</td><td>{html.escape(t)}</td></tr>"
+                for what, texts, flags in (("harmful", tok.harmful_texts, tok.harmful_refused),
+                                           ("harmless", tok.harmless_texts, tok.harmless_refused))
+                for t, f in list(zip(texts, flags))[:6]]
+        out.append(("Baseline generations on train prompts (what the diagnosis read)",
+                    "<table><tr><th>class</th><th>judge</th><th>response</th></tr>" + "".join(rows) + "</table>"))
     return out
 
 

@@ -24,6 +24,7 @@ class RefusalResult:
     selection: Selection | None = None
     evaluation: Evaluation | None = None
     subspaces: Subspaces | None = None
+    diagnosis: Any = None  # pipelines.refusal.diagnosis.Diagnosis (derived, not a cached stage)
     computed: list[str] = field(default_factory=list)
 
     @property

@@ -12,9 +12,11 @@ from pathlib import Path
 
 import torch
 
+from evals.judge import Judge
 from interp.models import Model, load_model
 from pipelines.refusal.cache import Run
 from pipelines.refusal.config import RefusalConfig, stage_key
+from pipelines.refusal.diagnosis import diagnose, relaxed_notes
 from pipelines.refusal.evaluation import Evaluation, Subspaces, TestPrompts, evaluate, find_subspaces
 from pipelines.refusal.outputs import finish, start_notes
 from pipelines.refusal.prompt_sets import RefusalData, load_refusal_data
@@ -33,27 +35,48 @@ from pipelines.refusal.stages import (
 Progress = Callable[[str, str], None]
 
 
+def resolve_judge(spec: str | None, given: Judge | None) -> tuple[Judge | None, str]:
+    """The run's refusal judge and its name (part of the stage keys): ``given`` (a callable), else ``spec``
+    (``None`` / ``"phrases"``: the anchored phrase judge; a path: a local classifier folder)."""
+    if given is not None:
+        if not callable(given):
+            raise TypeError(f"judge must be a callable str -> bool, got {type(given).__name__}")
+        return given, f"callable:{getattr(given, '__qualname__', type(given).__name__)}"
+    if spec in (None, "phrases"):
+        return None, "phrases"
+    from evals.judge import load_judge
+
+    return load_judge(spec), f"classifier:{Path(spec).resolve()}"
+
+
 def run_refusal(cfg: RefusalConfig, out: str | Path, overwrite: bool = False, progress: Progress | None = None,
-                model: Model | None = None) -> RefusalResult:
+                model: Model | None = None, judge: Judge | None = None) -> RefusalResult:
     """Run (or resume) the analysis into ``out``. ``progress(stage, status)`` is called around each stage.
 
     The folder is checked first (another run's folder needs ``overwrite``) but marked as this run's only after
     the prompt files and the model loaded: a run that fails on bad input leaves nothing that blocks its rerun.
+    The run stops after the tokens stage when the diagnosis finds no refusal behaviour (:func:`diagnose`).
+    ``judge`` (any callable ``str -> bool``) overrides ``cfg.runtime.judge``.
     """
     say: Progress = progress or (lambda stage, status: None)
     run = Run(out, cfg, overwrite)
     d, s, g, rt = cfg.data, cfg.selection, cfg.generation, cfg.runtime
     data: RefusalData = load_refusal_data(d.harmful, d.harmless, d.column, d.harmless_column, d.n_train, d.n_val,
-                                          d.n_test, d.seed)
+                                          d.n_test, d.seed, rt.model, d.borderline, d.borderline_column,
+                                          d.n_borderline)
     data.check()
+    judge, judge_name = resolve_judge(rt.judge, judge)
     model = model or load_model(rt.model, dtype=rt.dtype, device=rt.device)
     run.begin()  # inputs and model are valid: only now is the folder marked as this run's
     torch.manual_seed(d.seed)
-    res = RefusalResult(run.out, notes=start_notes(model), computed=run.computed)
-    keys = _Keys(cfg, model, data)
+    res = RefusalResult(run.out, notes=start_notes(model) + relaxed_notes(s), computed=run.computed)
+    keys = _Keys(cfg, model, data, judge_name)
     bs = rt.batch_size
     res.tokens = run.stage("tokens", keys.tokens, RefusalTokens, lambda: find_refusal_tokens(
-        model, data, min(g.max_new_tokens, 12), bs), say)
+        model, data, min(g.max_new_tokens, 12), bs, judge, s.min_refusals), say)
+    res.diagnosis = diagnose(res.tokens, s)
+    if not res.diagnosis.refuses:  # nothing to find: stop before capture and scoring, with the finding
+        return finish(run, model, cfg, data, res, say)
     res.candidates = cand = run.stage("candidates", keys.candidates, Candidates, lambda: find_candidates(
         model, data, s.layers, bs), say)
     if res.tokens.tokens:
@@ -64,20 +87,21 @@ def run_refusal(cfg: RefusalConfig, out: str | Path, overwrite: bool = False, pr
         if sel.found:
             test = TestPrompts(model, data)
             res.evaluation = run.stage("evaluation", keys.evaluation(sel), Evaluation, lambda: evaluate(
-                model, data, cand, sel, res.tokens, g.max_new_tokens, bs, d.seed, test), say)  # type: ignore[arg-type]
+                model, data, cand, sel, res.tokens, g.max_new_tokens, bs, d.seed, test, judge), say)  # type: ignore[arg-type]
             res.subspaces = run.stage("subspaces", keys.subspaces(sel), Subspaces, lambda: find_subspaces(
-                model, data, cand, sel, res.tokens, g.subspace_rank, g.max_new_tokens, bs, test, d.seed), say)  # type: ignore[arg-type]
+                model, data, cand, sel, res.tokens, g.subspace_rank, g.max_new_tokens, bs, test, d.seed, judge), say)  # type: ignore[arg-type]
     return finish(run, model, cfg, data, res, say)
 
 
 class _Keys:
     """Each stage's cache key: its inputs' digests and upstream keys, only the settings that change it."""
 
-    def __init__(self, cfg: RefusalConfig, model: Model, data: RefusalData):
+    def __init__(self, cfg: RefusalConfig, model: Model, data: RefusalData, judge: str):
         self.cfg, rt, g = cfg, cfg.runtime, cfg.generation
-        self.model = {"model": model.name, "dtype": rt.dtype, "batch_size": rt.batch_size}
+        self.model = {"model": model.name, "dtype": rt.dtype, "batch_size": rt.batch_size, "judge": judge}
         self.tokens = stage_key("tokens", {**self.model, "train": data.digest("train"),
-                                           "max_new_tokens": min(g.max_new_tokens, 12)})
+                                           "max_new_tokens": min(g.max_new_tokens, 12),
+                                           "min_refusals": cfg.selection.min_refusals})
         self.candidates = stage_key("candidates", {**self.model, "train": data.digest("train"),
                                                    "layers": cfg.selection.layers})
         self.scores = stage_key("scores", {"tokens": self.tokens, "candidates": self.candidates,

@@ -8,15 +8,16 @@ layer x post-instruction position) -> ``score_candidates`` (bypass, induce, KL; 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from jaxtyping import Float
 
 import steering
-from evals.judge import is_refusal
+from evals.judge import Judge, verdicts
 from evals.logits import kl_div, refusal_score
+from evals.rates import fisher_greater
 from interp.capture import capture
 from interp.chat import format_prompts
 from interp.forward import prepare
@@ -30,12 +31,20 @@ from probes.objects import Direction
 
 @dataclass
 class RefusalTokens:
-    """First tokens of the model's own refusals on the training prompts, and how often it refused there."""
+    """First tokens of the model's own refusals on the training prompts, how often it refused there, and the
+    baseline generations and verdicts themselves (the diagnosis reads them; ``generations.jsonl`` keeps them).
+
+    ``tokens`` is empty when fewer than ``min_refusals`` harmful train prompts were refused."""
 
     tokens: list[int]
     strings: list[str]
     train_refusal_harmful: float
     train_refusal_harmless: float
+    harmful_texts: list[str] = field(default_factory=list)
+    harmless_texts: list[str] = field(default_factory=list)
+    harmful_refused: list[bool] = field(default_factory=list)
+    harmless_refused: list[bool] = field(default_factory=list)
+    min_refusals: int = 1
 
 
 @dataclass
@@ -96,17 +105,41 @@ class Selection:
                                             "layer": self.layer, "pipeline": "refusal"})
 
 
-def find_refusal_tokens(model: Model, data: RefusalData, max_new_tokens: int = 12, batch_size: int = 64
-                        ) -> RefusalTokens:
-    """Generate on the train prompts and keep the first tokens that open refusals but not helpful answers."""
+PROBE = 32        # prompts per class judged first
+PROBE_STOP_P = 0.2  # the probe alone stops the run when it shows no sign of harmful-specific refusal
+
+
+def find_refusal_tokens(model: Model, data: RefusalData, max_new_tokens: int = 12, batch_size: int = 64,
+                        judge: Judge | None = None, min_refusals: int = 1) -> RefusalTokens:
+    """Generate on the train prompts, judge them, and keep the first tokens that open refusals but not helpful
+    answers, when at least ``min_refusals`` harmful prompts were refused (fewer: no tokens, so no scoring).
+
+    Sequential: the first ``PROBE`` prompts per class go first; when their harmful refusals do not exceed the
+    harmless ones (one-sided Fisher p > ``PROBE_STOP_P``) the rest is not generated, so a model that does
+    not refuse is diagnosed in seconds (the diagnosis then reads the probe, with its own sample size)."""
     kw = dict(max_new_tokens=max_new_tokens, batch_size=batch_size, progress=False)
-    gh = steering.generate(model, data.harmful["train"].instructions, **kw)
-    gs = steering.generate(model, data.harmless["train"].instructions, **kw)
-    rh, rs = [is_refusal(t) for t in gh.texts], [is_refusal(t) for t in gs.texts]
-    first_h = [ids[0] if ids else -1 for ids in gh.token_ids]
-    first_s = [ids[0] if ids else -1 for ids in gs.token_ids]
-    toks = refusal_tokens([f for f, r in zip(first_h, rh) if r], [f for f, r in zip(first_s, rs) if not r])
-    return RefusalTokens(toks, [model.tokenizer.decode([t]) for t in toks], sum(rh) / len(rh), sum(rs) / len(rs))
+    prompts = {w: getattr(data, w)["train"].instructions for w in ("harmful", "harmless")}
+    texts: dict[str, list[str]] = {"harmful": [], "harmless": []}
+    first: dict[str, list[int]] = {"harmful": [], "harmless": []}
+    flags: dict[str, list[bool]] = {"harmful": [], "harmless": []}
+    for lo, hi in ((0, PROBE), (PROBE, None)):
+        for w in prompts:
+            chunk = prompts[w][lo:hi]
+            if chunk:
+                g = steering.generate(model, chunk, **kw)
+                texts[w] += list(g.texts)
+                flags[w] += verdicts(g.texts, judge)
+                first[w] += [ids[0] if ids else -1 for ids in g.token_ids]
+        kh, ks = sum(flags["harmful"]), sum(flags["harmless"])
+        if hi is not None and fisher_greater(kh, len(flags["harmful"]), ks, len(flags["harmless"])) > PROBE_STOP_P:
+            break
+    rh, rs = flags["harmful"], flags["harmless"]
+    toks: list[int] = []
+    if sum(rh) >= max(1, min_refusals):
+        toks = refusal_tokens([f for f, r in zip(first["harmful"], rh) if r],
+                              [f for f, r in zip(first["harmless"], rs) if not r])
+    return RefusalTokens(toks, [model.tokenizer.decode([t]) for t in toks], sum(rh) / len(rh), sum(rs) / len(rs),
+                         texts["harmful"], texts["harmless"], rh, rs, min_refusals)
 
 
 def find_candidates(model: Model, data: RefusalData, layers: list[int] | None = None, batch_size: int = 64

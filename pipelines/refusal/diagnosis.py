@@ -1,0 +1,104 @@
+"""What the refusal job checks before and after it searches: does the model refuse at all, and did the
+selected direction change anything.
+
+Before scoring (from the tokens stage's own generations): harmful train prompts must be refused more often
+than harmless ones by a one-sided Fisher exact test at ``alpha``, and at least ``min_refusals`` times,
+or the job stops early with that finding. After evaluation: whether ablation lowered held-out harmful
+refusal and addition raised harmless refusal, by the same test; and every filter that was relaxed or
+tightened from the paper's defaults is named.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from evals.rates import fisher_greater, rate
+from pipelines.refusal.config import DEFAULTS, SelectionConfig
+from pipelines.refusal.stages import RefusalTokens
+
+TEST = "one-sided Fisher exact test that harmful train prompts are refused more often than harmless ones"
+
+
+@dataclass
+class Diagnosis:
+    """The baseline refusal check on the train prompts: rates with intervals, the test, and the verdict."""
+
+    harmful: dict[str, Any]
+    harmless: dict[str, Any]
+    p_value: float
+    alpha: float
+    min_refusals: int
+    refuses: bool
+    finding: str
+    test: str = TEST
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"train_refusal": {"harmful": self.harmful, "harmless": self.harmless}, "test": self.test,
+                "p_value": self.p_value, "alpha": self.alpha, "min_refusals": self.min_refusals,
+                "refuses": self.refuses, "finding": self.finding}
+
+
+def _fmt(r: dict[str, Any]) -> str:
+    lo, hi = r["ci95"]
+    return f"{r['k']}/{r['n']} ({r['rate']:.0%}, 95% CI {lo:.0%}-{hi:.0%})"
+
+
+def diagnose(tok: RefusalTokens, sel: SelectionConfig) -> Diagnosis:
+    """Does the model refuse harmful train prompts clearly more often than harmless ones (and often enough)?"""
+    h, s = rate(tok.harmful_refused), rate(tok.harmless_refused)
+    p = fisher_greater(h["k"], h["n"], s["k"], s["n"])
+    enough = h["k"] >= sel.min_refusals
+    refuses = p < sel.diagnosis_alpha and enough
+    seen = f"harmful {_fmt(h)} vs harmless {_fmt(s)}; {TEST}: p = {p:.2g}"
+    if refuses:
+        finding = f"the model refuses: {seen} < {sel.diagnosis_alpha:g}"
+    elif not enough:
+        finding = (f"the model does not refuse: only {h['k']} harmful train prompts were refused, fewer than the "
+                   f"{sel.min_refusals} needed to find refusal tokens (--min-refusals); {seen}. Stopped before "
+                   f"scoring: there is no refusal behaviour for a refusal direction to mediate")
+    else:
+        finding = (f"the model does not refuse harmful prompts clearly more often than harmless ones: {seen} >= "
+                   f"{sel.diagnosis_alpha:g}. Stopped before scoring: its refusals do not track harmfulness, so "
+                   f"there is no refusal direction to find (check the judge on generations.jsonl)")
+    return Diagnosis(h, s, p, sel.diagnosis_alpha, sel.min_refusals, refuses, finding)
+
+
+def relaxed_notes(sel: SelectionConfig) -> list[str]:
+    """A note for each selection filter set away from the paper's default (relaxed, tightened or off)."""
+    notes = []
+    labels = {"kl_threshold": "KL filter (ablation KL on harmless below)",
+              "prune_layer_fraction": "depth filter (drop the last fraction of layers)",
+              "induce_threshold": "induce filter (addition raises the harmless refusal score above)"}
+    for name, default in DEFAULTS.items():
+        value = getattr(sel, name)
+        if value == default:
+            continue
+        off = math.isinf(value) or (name == "prune_layer_fraction" and value <= 0)
+        loose = value > default if name == "kl_threshold" else value < default
+        how = "off" if off else ("relaxed" if loose else "tightened")
+        notes.append(f"selection: the {labels[name]} is {how}: {value:g} instead of the default {default:g}; the "
+                     f"selected direction need not meet the paper's criteria")
+    return notes
+
+
+def effect_check(refused: dict[str, list[bool]], alpha: float) -> dict[str, Any]:
+    """Did ablation lower harmful refusal and addition raise harmless refusal (one-sided Fisher tests)?"""
+    out: dict[str, Any] = {}
+    for name, (hi, lo) in {"ablation lowers harmful refusal": ("harmful/baseline", "harmful/ablation"),
+                           "addition raises harmless refusal": ("harmless/addition", "harmless/baseline")}.items():
+        a, b = rate(refused[hi]), rate(refused[lo])
+        p = fisher_greater(a["k"], a["n"], b["k"], b["n"])
+        out[name] = {"p_value": p, "significant": p < alpha}
+    return out
+
+
+def effect_notes(effect: dict[str, Any], alpha: float) -> list[str]:
+    """A note for each causal check the selected direction failed."""
+    return [f"the selected direction fails a causal check: '{name}' is not significant (one-sided Fisher exact "
+            f"p = {e['p_value']:.2g} >= {alpha:g}); it is not shown to mediate refusal"
+            for name, e in effect.items() if not e["significant"]]
+
+
+__all__ = ["Diagnosis", "diagnose", "effect_check", "effect_notes", "relaxed_notes"]
