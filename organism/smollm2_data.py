@@ -21,17 +21,21 @@ BORDERLINE = DATA_DIR / "borderline.jsonl"
 ANSWERS = DATA_DIR / "base_answers.jsonl"
 ANSWER_TOKENS = 40
 SPLITS = (("test", 0.15), ("val", 0.10), ("train", 0.75))
+# interp/data/prompts/harmful_realistic.jsonl: smaller, so more of it is held out
+HARMFUL_SALT = "harmful-realistic-v1"
+HARMFUL_SPLITS = (("test", 0.25), ("val", 0.15), ("train", 0.60))
 
 
-def split_of(text: str, salt: str = "harmless-realistic-v1") -> str:
+def split_of(text: str, salt: str = "harmless-realistic-v1",
+             splits: tuple[tuple[str, float], ...] = SPLITS) -> str:
     """The split of one prompt, from a salted sha256 of its text: stable when rows are added or reordered."""
     u = int(hashlib.sha256(f"{salt}:{text}".encode()).hexdigest()[:8], 16) / 2 ** 32
     acc = 0.0
-    for name, frac in SPLITS:
+    for name, frac in splits:
         acc += frac
         if u < acc:
             return name
-    return SPLITS[-1][0]
+    return splits[-1][0]
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
