@@ -1,9 +1,12 @@
-"""Batched scores of projections / logits: AUROC (tie-aware), accuracy, Cohen's d, over any leading batch.
+"""Batched scores of projections / logits: AUROC (tie-aware), accuracy, Cohen's d, over any leading batch; the Wilson
+interval of a rate.
 
 All functions take ``scores [..., n]`` (one row per layer/fold/...) and binary labels ``y [n]`` (0/1).
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from jaxtyping import Float, Int
@@ -79,3 +82,16 @@ def cohens_d_groups(a: Float[torch.Tensor, "... na"], b: Float[torch.Tensor, "..
     """Cohen's d of ``b`` over ``a`` for two separate sample sets: (mean b - mean a) / pooled std."""
     y = torch.cat([torch.zeros(a.shape[-1], dtype=torch.long), torch.ones(b.shape[-1], dtype=torch.long)])
     return cohens_d(torch.cat([a, b], -1), y)
+
+
+def wilson_interval(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """Wilson score interval of a rate ``k / n`` (95% for ``z = 1.96``); ``(nan, nan)`` when ``n == 0``."""
+    if n < 0 or not 0 <= k <= n:
+        raise ValueError(f"wilson_interval needs 0 <= k <= n, got k={k}, n={n}")
+    if n == 0:
+        return math.nan, math.nan
+    p, z2 = k / n, z * z
+    d = 1 + z2 / n
+    c = (p + z2 / (2 * n)) / d
+    h = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / d
+    return max(0.0, c - h), min(1.0, c + h)
