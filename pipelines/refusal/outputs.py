@@ -58,6 +58,8 @@ def build_metrics(cfg: RefusalConfig, model: Model, data: RefusalData, res: Refu
     if ev is not None:
         m["evaluation"] = {"refusal_rate": ev.refusal_rate, "refusal_score": ev.refusal_score,
                            "hook_vs_baked": ev.hook_vs_baked, "harmless_kl_ce": ev.harmless_kl_ce}
+    if res.writers is not None:
+        m["writers"] = res.writers.summary()
     if sub is not None:
         m["subspaces"] = {"basis_order": ["refusal direction"] + sub.categories, "rank": sub.ranks,
                           "harmful_refusal_rate": sub.rates, "harmful_refusal_score": sub.scores,

@@ -8,6 +8,7 @@ from typing import Any
 
 from pipelines.refusal.evaluation import Evaluation, Subspaces
 from pipelines.refusal.stages import Candidates, RefusalTokens, Scores, Selection
+from pipelines.refusal.writers import Writers
 
 
 @dataclass
@@ -24,6 +25,7 @@ class RefusalResult:
     selection: Selection | None = None
     evaluation: Evaluation | None = None
     subspaces: Subspaces | None = None
+    writers: Writers | None = None
     computed: list[str] = field(default_factory=list)
 
     @property
