@@ -1,4 +1,5 @@
-"""Batched scores of projections / logits: AUROC (tie-aware), accuracy, Cohen's d, over any leading batch.
+"""Batched scores of projections / logits: AUROC (tie-aware), accuracy, Cohen's d, over any leading batch; the Wilson
+interval of a rate.
 
 All functions take ``scores [..., n]`` (one row per layer/fold/...) and binary labels ``y [n]`` (0/1).
 """

@@ -16,8 +16,9 @@ import torch
 import torch.nn as nn
 from torch.utils.hooks import RemovableHandle
 
+from interp.arch import get_module, has_module
 from interp.models import Model
-from interp.sites import Site, parse_site
+from interp.sites import MOE_KINDS, Site, parse_site
 
 HookFn = Callable[[torch.Tensor, "HookContext"], "torch.Tensor | None"]
 
@@ -108,7 +109,48 @@ def _register(model: Model, site: Site, fn: HookFn, ctx: HookContext) -> list[Re
             raise ValueError(f"{site.name}: this is a mixture-of-experts layer; neurons live inside each expert. "
                              f"Hook the experts' modules directly or use mlp_out")
         return [model.module(spec.mlp_proj, site.layer).register_forward_pre_hook(pre_hook, with_kwargs=True)]
+    if kind in MOE_KINDS:
+        return _register_moe_part(model, site, fn, ctx)
     raise ValueError(f"site kind {kind!r} cannot be hooked")
+
+
+def moe_part_module(model: Model, site: Site) -> nn.Module:
+    """The module whose output is ``experts_out`` (the routed experts) or ``shared_expert_out`` at ``site.layer``;
+    a clear error where the layer has no such module."""
+    spec = model.spec
+    path = spec.experts if site.kind == "experts_out" else spec.shared_expert
+    if path is None:
+        what = "is not a mixture of experts" if spec.experts is None else "has no shared expert"
+        raise ValueError(f"{site.name}: {spec.family} {what}; use mlp_out (the whole MLP write)")
+    assert site.layer is not None
+    block = model.block(site.layer)
+    if not has_module(block, path):
+        raise ValueError(f"{site.name}: layer {site.layer} has a dense MLP (no {path}); choose mixture-of-experts "
+                         f"layers, or use mlp_out")
+    mod = get_module(block, path)
+    if isinstance(mod, nn.ModuleList):
+        raise ValueError(f"{site.name}: the experts at {path} are separate modules called one by one, so their sum "
+                         f"is no module's output; use mlp_out")
+    return mod
+
+
+def _register_moe_part(model: Model, site: Site, fn: HookFn, ctx: HookContext) -> list[RemovableHandle]:
+    """HF runs the experts on tokens flattened to ``[batch * seq, d]``: the hook sees ``[batch, seq, d]`` (the MoE
+    block's input shape, read as the block starts) and its result is flattened back."""
+    target = moe_part_module(model, site)
+    shape: dict[str, torch.Size] = {}
+
+    def grab(mod: nn.Module, args: tuple, kwargs: dict) -> None:
+        shape["bt"] = _input_of(args, kwargs).shape[:-1]
+
+    def write(mod: nn.Module, args: tuple, out: Any) -> Any:
+        flat = _first(out)
+        x = flat.view(*shape["bt"], flat.shape[-1]) if flat.dim() == 2 else flat
+        new = fn(x, ctx)
+        return None if new is None else _replace_first(out, _check(new, x, site).reshape(flat.shape))
+
+    return [model.module(model.spec.mlp, site.layer).register_forward_pre_hook(grab, with_kwargs=True),
+            target.register_forward_hook(write)]
 
 
 def _register_ln_final(model: Model, site: Site, fn: HookFn, ctx: HookContext) -> list[RemovableHandle]:

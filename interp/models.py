@@ -12,7 +12,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from interp.arch import ArchSpec, get_module, spec_for
+from interp.arch import ArchSpec, get_module, has_module, spec_for
 
 EMBEDDED_DIR = Path(__file__).resolve().parent / "embedded"
 EMBEDDED = {
@@ -94,12 +94,20 @@ class Model:
         return get_module(self.block(layer) if layer is not None else self.hf, path)
 
     def site_names(self) -> list[str]:
-        from interp.sites import BLOCK_KINDS, Site
+        from interp.sites import BLOCK_KINDS, MOE_KINDS, Site
 
         kinds = [k for k in BLOCK_KINDS if not (k == "resid_mid" and self.spec.resid_mid_in is None)]
         if self.spec.is_moe:
             kinds.remove("mlp_post")
-        return [Site(k, i).name for i in range(self.n_layers) for k in kinds] + ["ln_final.hook_normalized", "ln_final.hook_out"]
+        paths = {"experts_out": self.spec.experts, "shared_expert_out": self.spec.shared_expert}
+
+        def here(i: int, kind: str) -> bool:  # a MoE part is one module's output (not a list of expert modules)
+            block, path = self.block(i), paths.get(kind)
+            return kind not in MOE_KINDS or (has_module(block, path) and
+                                             not isinstance(get_module(block, path), nn.ModuleList))
+
+        return [Site(k, i).name for i in range(self.n_layers) for k in kinds if here(i, k)] + [
+            "ln_final.hook_normalized", "ln_final.hook_out"]
 
     def __repr__(self) -> str:
         return (f"Model({self.name!r}, family={self.spec.family}, layers={self.n_layers}, d_model={self.d_model}, "

@@ -19,7 +19,12 @@ BLOCK_KINDS: dict[str, str] = {
     "mlp_out": "hook_mlp_out",
     "attn_z": "attn.hook_z",
     "mlp_post": "mlp.hook_post",
+    # mixture of experts, our own names (TransformerLens has none): the routed experts' weighted sum, and the
+    # shared expert's output before its sigmoid gate (a per-token scalar); mlp_out = experts + gate * shared
+    "experts_out": "mlp.hook_experts_out",
+    "shared_expert_out": "mlp.hook_shared_expert_out",
 }
+MOE_KINDS = ("experts_out", "shared_expert_out")  # exist only in mixture-of-experts layers
 # ``ln_final.hook_normalized`` is before the final norm's gain, as in TransformerLens; ``ln_final.hook_out`` (our
 # own name, no TransformerLens equivalent) is the norm's output, what the unembedding reads.
 GLOBAL_KINDS: dict[str, str] = {"ln_final": "ln_final.hook_normalized", "ln_final_out": "ln_final.hook_out"}
@@ -32,12 +37,15 @@ ALIASES: dict[str, str] = {
     "z": "attn_z",
     "heads": "attn_z",
     "neurons": "mlp_post",
+    "experts": "experts_out",
+    "routed": "experts_out",
+    "shared_expert": "shared_expert_out",
     "final": "ln_final",
     "ln_final": "ln_final",
     "final_out": "ln_final_out",
 }
 
-_CANON_BLOCK = re.compile(r"^blocks\.(\d+)\.(hook_resid_pre|hook_resid_mid|hook_resid_post|hook_attn_out|hook_mlp_out|attn\.hook_z|mlp\.hook_post)$")
+_CANON_BLOCK = re.compile(r"^blocks\.(\d+)\.(" + "|".join(re.escape(v) for v in BLOCK_KINDS.values()) + r")$")
 _SHORT = re.compile(r"^([a-z_]+)[.:]?(-?\d+)?$")
 _SUFFIX_TO_KIND = {v: k for k, v in BLOCK_KINDS.items()}
 

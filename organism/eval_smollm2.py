@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import random
 import time
@@ -19,6 +18,7 @@ import torch
 
 import steering
 from evals.judge import is_refusal, refusal_rate
+from evals.rates import wilson as _wilson
 from interp.models import EMBEDDED_DIR, load_model
 from interp.prompts import read_prompt_file
 from organism import smollm2_data as sd
@@ -30,11 +30,8 @@ HELD_OUT = {"harmful_test": ("harmful_test.json", None), "harmbench_val": ("harm
 
 def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
     """95% Wilson interval of a rate ``k / n``."""
-    p = k / n
-    d = 1 + z * z / n
-    c = (p + z * z / (2 * n)) / d
-    h = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
-    return round(max(0.0, c - h), 3), round(min(1.0, c + h), 3)
+    lo, hi = _wilson(k, n, z)
+    return round(lo, 3), round(hi, 3)
 
 
 def eval_sets(shared: Path, n: int, seed: int = 0) -> dict[str, list[str]]:

@@ -16,7 +16,7 @@ import torch
 from interp.sites import BLOCK_KINDS, parse_site
 
 SCOPES = ("prompt", "generated", "both")
-STREAM_KINDS = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out")
+STREAM_KINDS = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "experts_out", "shared_expert_out")
 POSITION_RULES = ("all", "post_instruction")
 ORTHO_TOL = 1e-4
 

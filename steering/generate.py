@@ -29,6 +29,7 @@ class Generations:
     formatted: list[str]
     texts: list[str]
     token_ids: list[list[int]]
+    first_logits: torch.Tensor | None = None  # [n, vocab] next-token logits at each prompt's end (first_logits=True)
 
     def __len__(self) -> int:
         return len(self.texts)
@@ -91,14 +92,16 @@ def generate(model: Model, prompts: Sequence[str], *interventions: Any, max_new_
              batch_size: int = 16, do_sample: bool = False, temperature: float = 1.0, top_p: float = 1.0,
              top_k: int = 0, seed: int = 0, chat: bool = True, system: str | None = None, progress: bool = True,
              stop_at_eos: bool = True, backend: str = "auto", prepared: tuple[list[str], list] | None = None,
-             **generate_kwargs: Any) -> Generations:
+             first_logits: bool = False, **generate_kwargs: Any) -> Generations:
     """Generate for every prompt with ``interventions`` attached (none: plain generation).
 
     Prompts are chat-formatted (``chat=True``), batched ``batch_size`` at a time, left padded, with
     ``position_ids`` from the attention mask; the prompt batch is declared to the steering state so
     ``positions='post_instruction'`` and ``scope`` work. Extra keyword arguments go to HF ``generate``.
     ``prepared``: the ``(texts, encodings)`` that :func:`interp.forward.prepare` returned for these prompts,
-    so a caller generating under many conditions tokenises its prompts once.
+    so a caller generating under many conditions tokenises its prompts once. ``first_logits=True`` also keeps
+    the raw next-token logits at each prompt's last token (the first generation step, on CPU), so a caller
+    that needs them (a first-token refusal score) runs no second forward.
     """
     _check_args(model, prompts, max_new_tokens, batch_size)
     prompts = list(prompts)
@@ -112,7 +115,10 @@ def generate(model: Model, prompts: Sequence[str], *interventions: Any, max_new_
         kw.update(temperature=check_finite(temperature, "temperature"), top_p=check_finite(top_p, "top_p"),
                   top_k=int(top_k))
     kw.update(generate_kwargs)
+    if first_logits:
+        kw.update(output_logits=True, return_dict_in_generate=True)
     eos = _eos_ids(model) if stop_at_eos else set()
+    firsts: list[torch.Tensor] = []
     dev = model.device
     out_ids: list[list[int]] = []
     bar = tqdm(total=len(prompts), desc=f"generate {model.name}", unit="prompt", disable=not progress, leave=False)
@@ -126,6 +132,9 @@ def generate(model: Model, prompts: Sequence[str], *interventions: Any, max_new_
             with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []), torch.no_grad():
                 torch.manual_seed(seed + i)
                 out = model.hf.generate(**inputs, **kw)
+            if first_logits:
+                firsts.append(out.logits[0].float().cpu())
+                out = out.sequences
             for row in out[:, T:].tolist():
                 if eos:
                     cut = next((j for j, t in enumerate(row) if t in eos), len(row))
@@ -142,4 +151,4 @@ def generate(model: Model, prompts: Sequence[str], *interventions: Any, max_new_
     finally:
         bar.close()
     decoded = [tok.decode(ids, skip_special_tokens=True) for ids in out_ids]
-    return Generations(prompts, texts, decoded, out_ids)
+    return Generations(prompts, texts, decoded, out_ids, torch.cat(firsts) if firsts else None)

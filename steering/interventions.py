@@ -1,7 +1,8 @@
 """Interventions as small composable objects: add, ablate a direction or subspace, clamp a projection.
 
 Each names its ``layers`` (``"all"``, an int, a list; negative from the end), its ``sites`` (residual-width
-site kinds: ``resid_pre``, ``resid_mid``, ``resid_post``, ``attn_out``, ``mlp_out``), its ``positions``
+site kinds: ``resid_pre``, ``resid_mid``, ``resid_post``, ``attn_out``, ``mlp_out``; in a mixture of experts also
+``experts_out`` and ``shared_expert_out``, the routed and shared parts of ``mlp_out``), its ``positions``
 (``"all"``, ``"post_instruction"``, or prompt positions, negative from the prompt's end) and its
 ``scope`` (``"prompt"``, ``"generated"``, ``"both"``). ``condition=Condition(c, t)`` (or ``.when(c, t)``)
 makes it act only on tokens whose projection on unit ``c`` is above ``t`` (below with ``above=False``).

@@ -114,3 +114,34 @@ def test_per_head_sites_stream_to_a_store_and_feed_probes(tmp_path):
     assert d.vectors.shape == (m.n_layers, m.config.intermediate_size)
     with pytest.raises(ValueError, match="capture each width group in its own call"):
         capture(m, PROMPTS, sites=["resid_post.0", "attn_z.0"], progress=False)
+
+
+@pytest.mark.parametrize("family", ["qwen2_moe", "mixtral", "qwen3_moe", "olmoe"])
+def test_moe_parts_sum_to_mlp_out(tiny_models, family):
+    """experts_out (the routed experts' weighted sum) + sigmoid(gate) * shared_expert_out == mlp_out, read through
+    capture at [batch, seq, d] from the experts' flattened [batch * seq, d]; a part absent is a clear error."""
+    from interp.hooks import module_hooks
+    from interp.sites import parse_site
+
+    m = tiny_models(family)
+    shared = m.spec.shared_expert is not None
+    kinds = ["experts_out", "shared_expert_out"] if shared else ["experts_out"]
+    assert [s.split(".", 2)[2] for s in m.site_names() if s.startswith("blocks.0.mlp.hook_")] == \
+        [f"mlp.hook_{k}" for k in kinds]
+    assert parse_site("blocks.1.mlp.hook_experts_out") == parse_site("routed.1")
+    gates: list[torch.Tensor] = []
+    mods = [(m.module(m.spec.shared_expert_gate, 1), "post", lambda mod, a, out: gates.append(out))] if shared else []
+    with module_hooks(mods):
+        a = capture(m, PROMPTS, sites=[f"{k}.1" for k in kinds] + ["mlp_out.1"], positions="all", progress=False)
+    keep = a.mask[..., None]
+    routed, mlp = a.site("experts_out.1"), a.site("mlp_out.1")
+    if shared:
+        g = torch.sigmoid(torch.cat(gates).view(len(PROMPTS), -1, 1))  # one forward pass: capture's single batch
+        routed = routed + g[:, -routed.shape[1]:] * a.site("shared_expert_out.1")
+    else:
+        with pytest.raises(ValueError, match="has no shared expert"):
+            capture(m, PROMPTS, sites="shared_expert_out.0", progress=False)
+    torch.testing.assert_close(routed * keep, mlp * keep, atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="is not a mixture of experts"):
+        with hooks(tiny_models("llama"), {"experts_out.0": lambda x, ctx: x}):
+            pass

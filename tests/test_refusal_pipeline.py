@@ -157,7 +157,10 @@ def test_new_threshold_reselects_from_cached_scores(aligned_run, tmp_path):
         none = run_refusal(RefusalConfig.from_flat(model="organism", save_model=True, induce_threshold=1e9), out,
                            model=model)
     assert none.computed == ["selection"] and fc.n == 0 and not none.found and none.notes
-    assert not (out / "direction").exists() and not (out / "generations.jsonl").exists()  # no stale direction
+    assert not (out / "direction").exists()  # no stale direction
+    # generations.jsonl is always written; without a direction it holds only the baseline the diagnosis read
+    conds = {json.loads(x)["condition"] for x in (out / "generations.jsonl").read_text().splitlines()}
+    assert conds == {"train/harmful baseline", "train/harmless baseline"}
 
 
 def test_outputs_equal_an_independent_computation(aligned_run):

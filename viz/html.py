@@ -28,6 +28,13 @@ def kv_table(rows: list[tuple[str, Any]]) -> str:
                                for k, v in rows) + "</table>"
 
 
+def table(header: list[str], rows: list[list[Any]]) -> str:
+    """A plain HTML table: one header row, then ``rows`` (each a list of cells, floats to 4 significant digits)."""
+    head = "".join(f"<th>{html.escape(str(h))}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(_fmt(c))}</td>" for c in row) + "</tr>" for row in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
 def _fmt(v: Any) -> str:
     if isinstance(v, float):
         return f"{v:.4g}"

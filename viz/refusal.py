@@ -147,3 +147,39 @@ def subspace_curve(ranks: Sequence[int], rates: Sequence[float], scores: Sequenc
     fig.update_layout(title="Ablating subspaces of rank 1..k (harmful test prompts)", height=560,
                       legend=dict(orientation="h", x=0, y=-0.18))
     return fig
+
+
+def writer_bars(labels: Sequence[str], rates: Sequence[float], lows: Sequence[float], highs: Sequence[float],
+                control_rates: Sequence[float], control_lows: Sequence[float] | None = None,
+                control_highs: Sequence[float] | None = None, baseline: float | None = None,
+                baseline_interval: tuple[float, float] | None = None,
+                title: str = "Refusal rate with the direction ablated from one group of writers") -> go.Figure:
+    """Refusal rate (0..1 in, % shown) per writer group with its interval, the control beside each, and a dashed
+    line at the rate with nothing ablated (its interval shaded when given)."""
+    n = len(labels)
+    if not all(len(s) == n for s in (rates, lows, highs, control_rates)):
+        raise ValueError("writer_bars needs one rate, low, high and control rate per label")
+
+    def err(r: Sequence[float], lo: Sequence[float] | None, hi: Sequence[float] | None) -> dict | None:
+        if lo is None or hi is None:
+            return None
+        return dict(type="data", symmetric=False, array=[100 * (h - v) for v, h in zip(r, hi)],
+                    arrayminus=[100 * (v - low) for v, low in zip(r, lo)])
+
+    fig = go.Figure()
+    for name, r, lo, hi, color in (("refusal direction ablated", rates, lows, highs, "#d62728"),
+                                   ("orthogonal control ablated", control_rates, control_lows, control_highs,
+                                    "#9a9a9a")):
+        fig.add_trace(go.Bar(x=list(labels), y=[100 * v for v in r], name=name, marker_color=color,
+                             error_y=err(r, lo, hi), hovertemplate="%{x}: %{y:.0f}%<extra>" + name + "</extra>"))
+    if baseline is not None:
+        if baseline_interval is not None:
+            fig.add_hrect(y0=100 * baseline_interval[0], y1=100 * baseline_interval[1], fillcolor="gray", opacity=0.12,
+                          line_width=0)
+        fig.add_hline(y=100 * baseline, line_dash="dash", line_color="gray", annotation_text="nothing ablated",
+                      annotation_position="top right")
+    fig.update_layout(barmode="group", title=title + "<br><sup>whiskers: 95% intervals; grey band: the interval with nothing ablated</sup>", height=440,
+                      xaxis_title="writers the direction is ablated from",
+                      yaxis=dict(title="harmful refusal rate (%)", range=[0, 110]),
+                      legend=dict(orientation="h", x=0, y=-0.25))
+    return fig

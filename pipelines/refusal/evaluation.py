@@ -21,7 +21,6 @@ from interp.chat import Encoded
 from interp.forward import batches, forward, prepare
 from interp.models import Model
 from pipelines.refusal.prompt_sets import RefusalData
-from pipelines.refusal.scoring import prompt_logits
 from pipelines.refusal.stages import Candidates, RefusalTokens, Selection
 from probes.directions import random_directions, random_orthogonal
 
@@ -115,18 +114,18 @@ def evaluate(model: Model, data: RefusalData, cand: Candidates, sel: Selection, 
     gen_kw = dict(max_new_tokens=max_new_tokens, batch_size=batch_size, progress=False)
     gens, refused, scores, logits = {}, {}, {}, {}
     for name, (which, ivs) in _conditions(model, r, v, sel.layer, seed, data.borderline is not None).items():
-        gens[name] = steering.generate(model, test.prompts(which), *ivs, prepared=test.prepared(which),
-                                       **gen_kw).texts
+        out = steering.generate(model, test.prompts(which), *ivs, prepared=test.prepared(which), first_logits=True,
+                                **gen_kw)  # the first step's logits are the prompt's: no second forward
+        gens[name], logits[name] = out.texts, out.first_logits
         refused[name] = verdicts(gens[name], judge)
-        logits[name] = prompt_logits(model, test.encodings(which), *ivs, batch_size=batch_size)
         scores[name] = refusal_score(logits[name], tokens.tokens).mean().item()
     baked = steering.bake(model, r, allow_inexact=True)
     name = "harmful/baked weights"
-    gens[name] = steering.generate(baked.model, test.prompts("harmful"), prepared=test.prepared("harmful"),
-                                   **gen_kw).texts
+    out = steering.generate(baked.model, test.prompts("harmful"), prepared=test.prepared("harmful"),
+                            first_logits=True, **gen_kw)
+    gens[name] = out.texts
     refused[name] = verdicts(gens[name], judge)
-    hook, baked_logits = logits["harmful/ablation"], prompt_logits(baked.model, test.encodings("harmful"),
-                                                                    batch_size=batch_size)
+    hook, baked_logits = logits["harmful/ablation"], out.first_logits
     scores[name] = refusal_score(baked_logits, tokens.tokens).mean().item()
     diff = (hook - baked_logits).abs().max()
     equiv = {"max_abs_logit_diff": float(diff), "rel_logit_diff": float(diff / hook.abs().max()),
@@ -166,8 +165,8 @@ def _ablated(model: Model, test: TestPrompts, basis: torch.Tensor, tokens: Refus
     """Harmful test refusal rate and mean refusal score with the span of ``basis [k, d]`` ablated everywhere."""
     iv = steering.AblateSubspace(basis, sites=("resid_pre", "attn_out", "mlp_out"))
     gens = steering.generate(model, test.prompts("harmful"), iv, max_new_tokens=max_new_tokens,
-                             batch_size=batch_size, progress=False, prepared=test.prepared("harmful"))
-    logits = prompt_logits(model, test.encodings("harmful"), iv, batch_size=batch_size)
+                             batch_size=batch_size, progress=False, prepared=test.prepared("harmful"), first_logits=True)
+    logits = gens.first_logits
     flags = verdicts(gens.texts, judge)
     return sum(flags) / len(flags), refusal_score(logits, tokens.tokens).mean().item()
 

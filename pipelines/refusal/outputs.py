@@ -72,6 +72,8 @@ def build_metrics(cfg: RefusalConfig, model: Model, data: RefusalData, res: Refu
         over = {k.split("/", 1)[1]: v for k, v in rates.items() if k.startswith("borderline/")}
         if over:
             m["over_refusal"] = over
+    if res.writers is not None:
+        m["writers"] = res.writers.summary()
     if sub is not None:
         m["subspaces"] = {"basis_order": ["refusal direction"] + sub.categories, "rank": sub.ranks,
                           "harmful_refusal_rate": sub.rates, "harmful_refusal_score": sub.scores,

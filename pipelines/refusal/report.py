@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from pipelines.refusal.result import RefusalResult
-from viz.html import kv_table, page
+from viz.html import kv_table, page, table
 
 
 def _summary(res: RefusalResult, model_name: str, family: str, n_layers: int) -> str:
@@ -127,8 +127,18 @@ def _evaluation_sections(res: RefusalResult) -> list[tuple[str, Any]]:
     return out
 
 
+def _writers_sections(res: RefusalResult) -> list[tuple[str, Any]]:
+    """The writer attribution's table (with what layer 0's resid_pre holds and the identity checks) and its bars."""
+    w = res.writers
+    if w is None:
+        return []
+    notes = [w.embedding, f"control: {w.control}"] + [f"max |logit diff| {k}: {v:.2g}" for k, v in w.checks.items()]
+    text = "".join(f"<p class='note'>{html.escape(n)}</p>" for n in notes + w.notes)
+    return [("Refusal by writer", text + table(*w.table())), ("Refusal by writer (figure)", w.plot())]
+
+
 def refusal_report(res: RefusalResult, model_name: str, family: str, n_layers: int) -> str:
     """The refusal pipeline's report page: summary, candidate heatmaps, projections, rates, subspaces, examples."""
     sections = [("Summary", _summary(res, model_name, family, n_layers))]
-    sections += _candidate_sections(res) + _evaluation_sections(res)
+    sections += _candidate_sections(res) + _evaluation_sections(res) + _writers_sections(res)
     return page(f"Refusal direction: {model_name}", sections)

@@ -8,6 +8,7 @@ from typing import Any
 
 from pipelines.refusal.evaluation import Evaluation, Subspaces
 from pipelines.refusal.stages import Candidates, RefusalTokens, Scores, Selection
+from pipelines.refusal.writers import Writers
 
 
 @dataclass
@@ -25,6 +26,7 @@ class RefusalResult:
     evaluation: Evaluation | None = None
     subspaces: Subspaces | None = None
     diagnosis: Any = None  # pipelines.refusal.diagnosis.Diagnosis (derived, not a cached stage)
+    writers: Writers | None = None
     computed: list[str] = field(default_factory=list)
 
     @property

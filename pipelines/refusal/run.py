@@ -1,7 +1,7 @@
 """The refusal-direction analysis (Arditi et al. 2024) end to end, stage by stage, resumable.
 
-tokens -> candidates -> scores -> selection -> evaluation -> subspaces -> outputs (direction, metrics.json,
-generations.jsonl, report.html, optional baked model). Each stage is a public function returning a
+tokens -> candidates -> scores -> selection -> evaluation -> writers -> subspaces -> outputs (direction,
+metrics.json, generations.jsonl, report.html, optional baked model). Each stage is a public function returning a
 dataclass (:mod:`.stages`, :mod:`.evaluation`), cached in the run folder under a key of its own inputs.
 """
 
@@ -31,6 +31,7 @@ from pipelines.refusal.stages import (
     score_candidates,
     select_direction,
 )
+from pipelines.refusal.writers import Writers, writer_attribution
 
 Progress = Callable[[str, str], None]
 
@@ -88,6 +89,8 @@ def run_refusal(cfg: RefusalConfig, out: str | Path, overwrite: bool = False, pr
             test = TestPrompts(model, data)
             res.evaluation = run.stage("evaluation", keys.evaluation(sel), Evaluation, lambda: evaluate(
                 model, data, cand, sel, res.tokens, g.max_new_tokens, bs, d.seed, test, judge), say)  # type: ignore[arg-type]
+            res.writers = run.stage("writers", keys.writers(sel), Writers, lambda: writer_attribution(
+                model, test, sel.direction(cand, model.name).vectors[0], res.tokens, g.max_new_tokens, bs, d.seed, judge), say)  # type: ignore[arg-type]
             res.subspaces = run.stage("subspaces", keys.subspaces(sel), Subspaces, lambda: find_subspaces(
                 model, data, cand, sel, res.tokens, g.subspace_rank, g.max_new_tokens, bs, test, d.seed, judge), say)  # type: ignore[arg-type]
     return finish(run, model, cfg, data, res, say)
@@ -117,6 +120,10 @@ class _Keys:
     def evaluation(self, sel: Selection) -> str:
         """Keyed on the selection's result (the chosen candidate), not its thresholds."""
         return stage_key("evaluation", {**self.test, **self.model, "chosen": [sel.layer_index, sel.position_index]})
+
+    def writers(self, sel: Selection) -> str:
+        return stage_key("writers", {**self.test, **self.model, "chosen": [sel.layer_index, sel.position_index],
+                                     "control": "random orthogonal, seeded"})
 
     def subspaces(self, sel: Selection) -> str:
         return stage_key("subspaces", {**self.test, **self.model, "chosen": [sel.layer_index, sel.position_index],

@@ -1,0 +1,193 @@
+"""Which writers put the refusal direction into the residual stream: ablate it from one group at a time.
+
+Every write to the residual stream comes from the embedding (``resid_pre`` of layer 0), an attention output or
+an MLP output (for a mixture of experts: the routed experts' weighted sum plus the gated shared expert). Projecting
+``r`` out is linear, so ablating it from every group at once is :class:`steering.DirectionalAblation` exactly
+(the stage measures that identity, and routed + shared = MLP, in logits). Each group is also ablated along a
+seeded random unit direction orthogonal to ``r``: the control of the same edit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from jaxtyping import Float
+
+import steering
+from evals.judge import Judge, verdicts
+from evals.logits import refusal_score
+from evals.rates import rate
+from interp.models import Model
+from pipelines.refusal.evaluation import TestPrompts
+from pipelines.refusal.scoring import prompt_logits
+from pipelines.refusal.stages import RefusalTokens
+from probes.directions import random_orthogonal
+
+Make = Callable[[torch.Tensor], list[Any]]   # a unit direction -> the interventions that ablate it from a group
+
+
+@dataclass
+class Writers:
+    """Refusal on the harmful test prompts with ``r`` (and an orthogonal control) ablated from one writer group at
+    a time. ``rows``: one per condition, ``{group, direction, sites, n, refused, rate, low, high, score}`` (``low``
+    / ``high`` a 95% Wilson interval of the greedy generations' refusal rate, ``score`` the mean first-token
+    refusal score); ``checks``: max |logit diff| of the identities; ``embedding``: what layer 0's resid_pre holds."""
+
+    rows: list[dict[str, Any]]
+    embedding: str
+    checks: dict[str, float] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    control: str = ""
+
+    def row(self, group: str, direction: str = "refusal direction") -> dict[str, Any]:
+        """The row of ``group`` (``"baseline"``, ``"attention"``, ...) ablated along ``direction``."""
+        for r in self.rows:
+            if r["group"] == group and (group == "baseline" or r["direction"] == direction):
+                return r
+        raise KeyError(f"no row for {group!r} / {direction!r}; groups: {self.groups}")
+
+    @property
+    def groups(self) -> list[str]:
+        """The writer groups ablated, in order (the baseline excluded)."""
+        return list(dict.fromkeys(r["group"] for r in self.rows if r["group"] != "baseline"))
+
+    def summary(self) -> dict[str, Any]:
+        """The ``metrics.json`` section."""
+        return {"rows": self.rows, "embedding": self.embedding, "checks": self.checks, "control": self.control,
+                "notes": self.notes}
+
+    def table(self) -> tuple[list[str], list[list[Any]]]:
+        """Header and rows of the report's table."""
+        head = ["writers ablated", "sites", "direction", "refused / n", "refusal rate", "95% interval",
+                "mean refusal score"]
+        body = [[r["group"], r["sites"], r["direction"], f"{r['refused']} / {r['n']}", f"{r['rate']:.0%}",
+                 f"{r['low']:.0%} - {r['high']:.0%}", f"{r['score']:.3f}"] for r in self.rows]
+        return head, body
+
+    def plot(self) -> Any:
+        """Bars per writer group with 95% intervals, the orthogonal control beside each (:func:`viz.refusal.writer_bars`)."""
+        from viz.refusal import writer_bars
+
+        real = [self.row(g) for g in self.groups]
+        ctrl = [self.row(g, "orthogonal control") for g in self.groups]
+        base = self.row("baseline")
+
+        def cols(rs: list[dict[str, Any]], k: str) -> list[float]:
+            return [r[k] for r in rs]
+
+        return writer_bars(self.groups, cols(real, "rate"), cols(real, "low"), cols(real, "high"), cols(ctrl, "rate"),
+                           cols(ctrl, "low"), cols(ctrl, "high"), baseline=base["rate"],
+                           baseline_interval=(base["low"], base["high"]))
+
+
+def _span(layers: list[int]) -> str:
+    if len(layers) > 2 and layers == list(range(layers[0], layers[-1] + 1)):
+        return f"layers {layers[0]}-{layers[-1]}"
+    return f"layer{'s' if len(layers) > 1 else ''} {', '.join(map(str, layers))}"
+
+
+def embedding_note(model: Model) -> str:
+    """What ``resid_pre`` of layer 0 holds in this family: the token embedding, plus learned positions if any."""
+    spec = model.spec
+    s = f"resid_pre of layer 0 = the token embedding ({spec.embed})"
+    if spec.family.startswith("gemma"):
+        s += " times sqrt(d_model)"
+    if spec.pos_embed:
+        return s + f" plus the learned positional embedding ({spec.pos_embed})"
+    return s + "; no positional embedding is added to the residual stream (positions enter inside attention)"
+
+
+def moe_layers(model: Model) -> tuple[list[int], list[int]]:
+    """Layers whose routed experts (``experts_out``) and shared expert (``shared_expert_out``) can be hooked."""
+    names = set(model.site_names())
+    return ([i for i in range(model.n_layers) if f"blocks.{i}.mlp.hook_experts_out" in names],
+            [i for i in range(model.n_layers) if f"blocks.{i}.mlp.hook_shared_expert_out" in names])
+
+
+def writer_groups(model: Model) -> tuple[dict[str, tuple[str, Make]], list[str]]:
+    """``{group: (sites, make)}`` in order (attention, MLP, [routed experts, shared expert], embedding, all writers)
+    and notes on what a mixture of experts' groups leave out."""
+    every = list(range(model.n_layers))
+    groups: dict[str, tuple[str, Make]] = {
+        "attention": (f"attn_out, {_span(every)}", lambda d: [steering.Ablate(d, sites="attn_out")]),
+        "MLP": (f"mlp_out, {_span(every)}", lambda d: [steering.Ablate(d, sites="mlp_out")])}
+    notes: list[str] = []
+    routed, shared = moe_layers(model)
+    if model.spec.is_moe and not routed:
+        notes.append("the routed experts are separate modules here (no one module's output is their sum): routed "
+                     "and shared experts are not ablated apart")
+    if routed:
+        groups["routed experts"] = (f"experts_out, {_span(routed)}",
+                                    lambda d: [steering.Ablate(d, sites="experts_out", layers=routed)])
+        dense = [i for i in every if i not in routed]
+        if dense:
+            notes.append(f"{_span(dense)} have a dense MLP: they are in the MLP group only")
+    if shared:
+        groups["shared expert"] = (f"shared_expert_out (before its sigmoid gate, a per-token scalar), {_span(shared)}",
+                                   lambda d: [steering.Ablate(d, sites="shared_expert_out", layers=shared)])
+    groups["embedding"] = ("resid_pre, layer 0", lambda d: [steering.Ablate(d, sites="resid_pre", layers=0)])
+    groups["all writers"] = ("resid_pre, attn_out, mlp_out at every layer (DirectionalAblation)",
+                             lambda d: [steering.DirectionalAblation(d)])
+    return groups, notes
+
+
+def identity_checks(model: Model, test: TestPrompts, r: Float[torch.Tensor, " d"], batch_size: int = 64
+                    ) -> dict[str, float]:
+    """Max |logit diff| on the harmful test prompts: attention + MLP + embedding groups together vs all writers
+    (DirectionalAblation), and routed + shared experts (+ dense MLP layers) vs the MLP group."""
+    groups, _ = writer_groups(model)
+    encs = test.encodings("harmful")
+
+    def logits(names: list[str], extra: tuple = ()) -> torch.Tensor:
+        return prompt_logits(model, encs, *[iv for g in names for iv in groups[g][1](r)], *extra, batch_size=batch_size)
+
+    out = {"attention + MLP + embedding vs all writers": float(
+        (logits(["attention", "MLP", "embedding"]) - logits(["all writers"])).abs().max())}
+    routed, _ = moe_layers(model)
+    if routed:
+        dense = [i for i in range(model.n_layers) if i not in routed]
+        parts = [g for g in ("routed experts", "shared expert") if g in groups]
+        rest = (steering.Ablate(r, sites="mlp_out", layers=dense),) if dense else ()
+        out[" + ".join(parts) + " vs MLP"] = float((logits(parts, rest) - logits(["MLP"])).abs().max())
+    return out
+
+
+def _measure(model: Model, test: TestPrompts, ivs: list[Any], tokens: RefusalTokens, max_new_tokens: int,
+             batch_size: int, judge: Judge | None = None) -> dict[str, Any]:
+    """Refused / n, rate and Wilson interval of greedy generations, and the mean first-token refusal score."""
+    out = steering.generate(model, test.prompts("harmful"), *ivs, max_new_tokens=max_new_tokens,
+                            batch_size=batch_size, progress=False, prepared=test.prepared("harmful"), first_logits=True)
+    r = rate(verdicts(out.texts, judge))
+    k, n, (lo, hi) = r["k"], r["n"], r["ci95"]
+    score = refusal_score(out.first_logits, tokens.tokens).mean().item()
+    return {"n": n, "refused": k, "rate": r["rate"], "low": lo, "high": hi, "score": score}
+
+
+def writer_attribution(model: Model, test: TestPrompts, r: Float[torch.Tensor, " d"], tokens: RefusalTokens,
+                       max_new_tokens: int = 24, batch_size: int = 64, seed: int = 0, judge: Judge | None = None
+                       ) -> Writers:
+    """Ablate the unit refusal direction ``r [d]`` from each writer group (and, as a control, a seeded random unit
+    direction orthogonal to it) and measure refusal on the harmful test prompts; see :class:`Writers`."""
+    r = torch.as_tensor(r).detach().float().cpu()
+    if r.dim() != 1 or r.shape[0] != model.d_model:
+        raise ValueError(f"r must be one direction of width {model.d_model} (the model's d_model), got shape "
+                         f"{tuple(r.shape)}; pass Direction.vectors[0]")
+    if abs(float(r.norm()) - 1) > 1e-4:
+        raise ValueError(f"r must be a unit vector (norm {float(r.norm()):.4g}); pass Direction.vectors[0], not .raw")
+    if not tokens.tokens:
+        raise ValueError("no refusal tokens: the model never refused, so there is no refusal to attribute")
+    u = random_orthogonal(r[None], 1, seed=seed)[0].vectors[0]
+    groups, notes = writer_groups(model)
+    measure = lambda ivs: _measure(model, test, ivs, tokens, max_new_tokens, batch_size, judge)  # noqa: E731
+    rows = [{"group": "baseline", "direction": "none", "sites": "nothing ablated", **measure([])}]
+    for name, (sites, make) in groups.items():
+        for label, d in (("refusal direction", r), ("orthogonal control", u)):
+            rows.append({"group": name, "direction": label, "sites": sites, **measure(make(d))})
+    return Writers(rows, embedding_note(model), identity_checks(model, test, r, batch_size), notes,
+                   f"a random unit direction orthogonal to r (probes.directions.random_orthogonal, seed {seed})")
+
+
+__all__ = ["Writers", "embedding_note", "identity_checks", "moe_layers", "writer_attribution", "writer_groups"]
