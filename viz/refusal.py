@@ -79,7 +79,7 @@ def refusal_rates(rates: dict[str, float]) -> go.Figure:
               for n in names]
     fig = go.Figure(go.Bar(x=names, y=[100 * rates[n] for n in names], marker_color=colors,
                            text=[f"{100 * rates[n]:.0f}%" for n in names], textposition="outside"))
-    fig.update_layout(title="Refusal rate on test prompts (substring judge over generations)",
+    fig.update_layout(title="Refusal rate on test prompts (anchored phrase judge over generations)",
                       yaxis=dict(title="refusal rate (%)", range=[0, 110]), height=420)
     return fig
 
