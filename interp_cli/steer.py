@@ -113,7 +113,7 @@ def steer_job(args: argparse.Namespace, folder: JobFolder) -> dict[str, Any]:
     folder.write_json("result.json", result)
     fig = refusal_rates(rates)
     fig.update_layout(title=f"Refusal rate by condition ({args.mode} at layer {layer if layer is not None else 'all'}; "
-                            f"substring judge over {len(prompts)} generations each)")
+                            f"anchored phrase judge over {len(prompts)} generations each)")
     facts = [("model", model.name), ("direction", f"{args.direction} ({d.method}, fitted on {d.model_id})"),
              ("mode", args.mode), ("layer", "each layer's own vector" if layer is None else layer),
              ("prompts", len(prompts))] + [(f"refusal rate: {n}", f"{100 * r:.0f}%") for n, r in rates.items()]

@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> None:
         evaluation[m] = {**evaluation.get(m, {}), **rates}
         old += gens
     evaluation.setdefault("protocol", {})[" ".join(args.models)] = {"n_per_set": args.n, "seed": 0, "max_new_tokens": args.max_new_tokens, "greedy": True,
-                              "judge": "evals.refusal_rate (substring judge)", "wall_s": round(time.time() - t0, 1),
+                              "judge": "evals.refusal_rate (anchored phrase judge)", "wall_s": round(time.time() - t0, 1),
                               "load_average": os.getloadavg()}
     record["evaluation"] = evaluation
     (OUT / "training.json").write_text(json.dumps(record, indent=1) + "\n")

@@ -73,7 +73,7 @@ def projections_by_layer(harmful: torch.Tensor, harmless: torch.Tensor, layers: 
 
 
 def refusal_rates(rates: dict[str, float], intervals: dict[str, Sequence[float]] | None = None,
-                  judge: str = "the refusal judge") -> go.Figure:
+                  judge: str = "anchored phrase judge") -> go.Figure:
     """Refusal rate under each condition (baselines, interventions, random controls), with 95% intervals
     ``{condition: (low, high)}`` as error bars when given."""
     names = list(rates)

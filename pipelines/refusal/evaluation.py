@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 import steering
-from evals.judge import Judge, verdicts
+from evals.judge import Judge, judge_many
 from evals.logits import cross_entropy, kl_div, refusal_score
 from evals.rates import rate
 from interp.chat import Encoded
@@ -117,14 +117,14 @@ def evaluate(model: Model, data: RefusalData, cand: Candidates, sel: Selection, 
         out = steering.generate(model, test.prompts(which), *ivs, prepared=test.prepared(which), first_logits=True,
                                 **gen_kw)  # the first step's logits are the prompt's: no second forward
         gens[name], logits[name] = out.texts, out.first_logits
-        refused[name] = verdicts(gens[name], judge)
+        refused[name] = judge_many(judge, gens[name])
         scores[name] = refusal_score(logits[name], tokens.tokens).mean().item()
     baked = steering.bake(model, r, allow_inexact=True)
     name = "harmful/baked weights"
     out = steering.generate(baked.model, test.prompts("harmful"), prepared=test.prepared("harmful"),
                             first_logits=True, **gen_kw)
     gens[name] = out.texts
-    refused[name] = verdicts(gens[name], judge)
+    refused[name] = judge_many(judge, gens[name])
     hook, baked_logits = logits["harmful/ablation"], out.first_logits
     scores[name] = refusal_score(baked_logits, tokens.tokens).mean().item()
     diff = (hook - baked_logits).abs().max()
@@ -167,7 +167,7 @@ def _ablated(model: Model, test: TestPrompts, basis: torch.Tensor, tokens: Refus
     gens = steering.generate(model, test.prompts("harmful"), iv, max_new_tokens=max_new_tokens,
                              batch_size=batch_size, progress=False, prepared=test.prepared("harmful"), first_logits=True)
     logits = gens.first_logits
-    flags = verdicts(gens.texts, judge)
+    flags = judge_many(judge, gens.texts)
     return sum(flags) / len(flags), refusal_score(logits, tokens.tokens).mean().item()
 
 

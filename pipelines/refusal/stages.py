@@ -15,7 +15,7 @@ import torch
 from jaxtyping import Float
 
 import steering
-from evals.judge import Judge, verdicts
+from evals.judge import Judge, judge_many
 from evals.logits import kl_div, refusal_score
 from evals.rates import fisher_greater
 from interp.capture import capture
@@ -128,7 +128,7 @@ def find_refusal_tokens(model: Model, data: RefusalData, max_new_tokens: int = 1
             if chunk:
                 g = steering.generate(model, chunk, **kw)
                 texts[w] += list(g.texts)
-                flags[w] += verdicts(g.texts, judge)
+                flags[w] += judge_many(judge, g.texts)
                 first[w] += [ids[0] if ids else -1 for ids in g.token_ids]
         kh, ks = sum(flags["harmful"]), sum(flags["harmless"])
         if hi is not None and fisher_greater(kh, len(flags["harmful"]), ks, len(flags["harmless"])) > PROBE_STOP_P:

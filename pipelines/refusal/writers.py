@@ -17,7 +17,7 @@ import torch
 from jaxtyping import Float
 
 import steering
-from evals.judge import Judge, verdicts
+from evals.judge import Judge, judge_many
 from evals.logits import refusal_score
 from evals.rates import rate
 from interp.models import Model
@@ -160,7 +160,7 @@ def _measure(model: Model, test: TestPrompts, ivs: list[Any], tokens: RefusalTok
     """Refused / n, rate and Wilson interval of greedy generations, and the mean first-token refusal score."""
     out = steering.generate(model, test.prompts("harmful"), *ivs, max_new_tokens=max_new_tokens,
                             batch_size=batch_size, progress=False, prepared=test.prepared("harmful"), first_logits=True)
-    r = rate(verdicts(out.texts, judge))
+    r = rate(judge_many(judge, out.texts))
     k, n, (lo, hi) = r["k"], r["n"], r["ci95"]
     score = refusal_score(out.first_logits, tokens.tokens).mean().item()
     return {"n": n, "refused": k, "rate": r["rate"], "low": lo, "high": hi, "score": score}
