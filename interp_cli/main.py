@@ -85,9 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="interp", description="Mechanistic interpretability toolkit for alignment research.")
     sub = ap.add_subparsers(dest="command", required=True)
 
-    def model_args(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--model", default=DEFAULT_MODEL,
-                       help=f"embedded name, HF folder, .gguf file or hub id (default: {DEFAULT_MODEL})")
+    def model_args(p: argparse.ArgumentParser, default: str = DEFAULT_MODEL) -> None:
+        p.add_argument("--model", default=default,
+                       help=f"embedded name, HF folder, .gguf file or hub id (default: {default})")
         p.add_argument("--dtype", default=None, help="float32, bfloat16, float16 or auto (default: float32)")
         p.add_argument("--device", default=None, help="cpu, cuda, cuda:1, ... (default: cpu, where the weights load)")
 

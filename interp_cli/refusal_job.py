@@ -11,10 +11,13 @@ STAGES = ("tokens", "candidates", "scores", "selection", "evaluation", "subspace
 
 def add_refusal_parser(sub: Any, model_args: Any) -> None:
     p = sub.add_parser("refusal", help="find, test and bake the refusal direction (Arditi et al. 2024)")
-    model_args(p)
+    from pipelines.refusal.config import DEFAULT_REFUSAL_MODEL
+
+    model_args(p, DEFAULT_REFUSAL_MODEL)
     p.add_argument("--harmful", default=None, help="CSV/JSON/JSONL/text file of harmful instructions "
-                   "(default: the organism's own prompt sets)")
-    p.add_argument("--harmless", default=None, help="file of harmless instructions (default: the project's own)")
+                   "(default: our own realistic set; the toy organism's synthetic set for --model organism)")
+    p.add_argument("--harmless", default=None, help="file of harmless instructions (default: our own realistic "
+                   "set of 519; the toy organism's synthetic set for --model organism)")
     p.add_argument("--column", default=None, help="column/key of the harmful file's instruction (default: detected)")
     p.add_argument("--harmless-column", default=None, help="column/key of the harmless file's "
                    "instruction (default: detected from that file, independent of --column)")

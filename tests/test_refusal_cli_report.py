@@ -45,15 +45,15 @@ def test_failed_run_leaves_no_marker_that_blocks_the_rerun(tmp_path):
     h, s = _files(tmp_path)
     out = tmp_path / "r"
     with pytest.raises(ValueError, match="column 'nope' does not exist"):
-        run_refusal(RefusalConfig.from_flat(harmful=str(h), harmless=str(s), column="nope"), out, model=m)
+        run_refusal(RefusalConfig.from_flat(model="organism", harmful=str(h), harmless=str(s), column="nope"), out, model=m)
     assert not (out / "run.json").exists()
-    res = run_refusal(RefusalConfig.from_flat(harmful=str(h), harmless=str(s), column="goal", max_new_tokens=2),
+    res = run_refusal(RefusalConfig.from_flat(model="organism", harmful=str(h), harmless=str(s), column="goal", max_new_tokens=2),
                       out, model=m)
     assert (out / "run.json").exists() and "found_direction" in res.metrics
     # a failed run into another run's folder leaves that run's marker and outputs as they were
     before = (out / "run.json").read_text()
     with pytest.raises(ValueError, match="column 'nope' does not exist"):
-        run_refusal(RefusalConfig.from_flat(harmful=str(h), harmless=str(s), column="nope"), out, model=m,
+        run_refusal(RefusalConfig.from_flat(model="organism", harmful=str(h), harmless=str(s), column="nope"), out, model=m,
                     overwrite=True)
     assert (out / "run.json").read_text() == before and (out / "report.html").exists()
 
@@ -62,15 +62,15 @@ def test_harmless_column_is_detected_from_its_own_file(tmp_path):
     """``--column goal`` names the harmful file's column only: the harmless file's is detected on its own."""
     m = tiny_model("llama")
     h, s = _files(tmp_path)
-    res = run_refusal(RefusalConfig.from_flat(harmful=str(h), harmless=str(s), column="goal", max_new_tokens=2),
+    res = run_refusal(RefusalConfig.from_flat(model="organism", harmful=str(h), harmless=str(s), column="goal", max_new_tokens=2),
                       tmp_path / "r1", model=m)
     assert "found_direction" in res.metrics
     # the built-in harmless set beside a harmful CSV with --column
-    res = run_refusal(RefusalConfig.from_flat(harmful=str(h), column="goal", max_new_tokens=2, n_train=8, n_val=4,
+    res = run_refusal(RefusalConfig.from_flat(model="organism", harmful=str(h), column="goal", max_new_tokens=2, n_train=8, n_val=4,
                                               n_test=4), tmp_path / "r2", model=m)
     assert res.metrics["data"]["harmless"].startswith("interp/data/prompts/organism_harmless")
     with pytest.raises(ValueError, match="--harmless-column"):
-        run_refusal(RefusalConfig.from_flat(harmful=str(h), harmless=str(s), harmless_column="goal"),
+        run_refusal(RefusalConfig.from_flat(model="organism", harmful=str(h), harmless=str(s), harmless_column="goal"),
                     tmp_path / "r3", model=m)
 
 

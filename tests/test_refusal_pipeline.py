@@ -209,7 +209,7 @@ def test_test_set_is_tokenised_once_per_condition(tmp_path):
 
     model.tokenizer.__class__ = Counting
     try:
-        res = run_refusal(RefusalConfig.from_flat(n_test=8, subspace_rank=3, max_new_tokens=4), tmp_path / "r",
+        res = run_refusal(RefusalConfig.from_flat(model="organism", n_test=8, subspace_rank=3, max_new_tokens=4), tmp_path / "r",
                           model=model)
     finally:
         model.tokenizer.__class__ = base_cls

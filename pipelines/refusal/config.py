@@ -11,6 +11,8 @@ from typing import Any
 
 from interp.io import content_hash
 
+DEFAULT_REFUSAL_MODEL = "smollm2-aligned"  # the realistic organism: a real result by default (toy: "organism")
+
 
 @dataclass
 class DataConfig:
@@ -58,7 +60,7 @@ class RuntimeConfig:
     """Which model and how to run it: name, dtype, device, batch sizes, whether to save the baked model, and the
     refusal judge (``None``: the anchored phrase judge; a local classifier model folder; see ``evals.judge``)."""
 
-    model: str = "organism"
+    model: str = DEFAULT_REFUSAL_MODEL
     dtype: str | None = None
     device: str | None = None
     batch_size: int = 64
@@ -110,4 +112,4 @@ def stage_key(name: str, inputs: dict[str, Any]) -> str:
     return content_hash({"stage": name, "version": interp.__version__, "inputs": inputs})
 
 
-__all__ = ["DataConfig", "GenerationConfig", "RefusalConfig", "RuntimeConfig", "SelectionConfig", "stage_key"]
+__all__ = ["DEFAULT_REFUSAL_MODEL", "DataConfig", "GenerationConfig", "RefusalConfig", "RuntimeConfig", "SelectionConfig", "stage_key"]

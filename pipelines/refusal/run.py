@@ -63,7 +63,8 @@ def run_refusal(cfg: RefusalConfig, out: str | Path, overwrite: bool = False, pr
     run = Run(out, cfg, overwrite)
     d, s, g, rt = cfg.data, cfg.selection, cfg.generation, cfg.runtime
     data: RefusalData = load_refusal_data(d.harmful, d.harmless, d.column, d.harmless_column, d.n_train, d.n_val,
-                                          d.n_test, d.seed, rt.model, d.borderline, d.borderline_column,
+                                          d.n_test, d.seed, model.name if model is not None else rt.model,
+                                          d.borderline, d.borderline_column,
                                           d.n_borderline)
     data.check()
     judge, judge_name = resolve_judge(rt.judge, judge)
@@ -90,7 +91,7 @@ def run_refusal(cfg: RefusalConfig, out: str | Path, overwrite: bool = False, pr
             res.evaluation = run.stage("evaluation", keys.evaluation(sel), Evaluation, lambda: evaluate(
                 model, data, cand, sel, res.tokens, g.max_new_tokens, bs, d.seed, test, judge), say)  # type: ignore[arg-type]
             res.writers = run.stage("writers", keys.writers(sel), Writers, lambda: writer_attribution(
-                model, test, sel.direction(cand, model.name).vectors[0], res.tokens, g.max_new_tokens, bs, d.seed, judge), say)  # type: ignore[arg-type]
+                model, test, sel.direction(cand, model.name).vectors[0], res.tokens, g.max_new_tokens, bs, d.seed, judge, res.evaluation), say)  # type: ignore[arg-type]
             res.subspaces = run.stage("subspaces", keys.subspaces(sel), Subspaces, lambda: find_subspaces(
                 model, data, cand, sel, res.tokens, g.subspace_rank, g.max_new_tokens, bs, test, d.seed, judge), say)  # type: ignore[arg-type]
     return finish(run, model, cfg, data, res, say)

@@ -21,7 +21,7 @@ from evals.judge import Judge, judge_many
 from evals.logits import refusal_score
 from evals.rates import rate
 from interp.models import Model
-from pipelines.refusal.evaluation import TestPrompts
+from pipelines.refusal.evaluation import Evaluation, TestPrompts
 from pipelines.refusal.scoring import prompt_logits
 from pipelines.refusal.stages import RefusalTokens
 from probes.directions import random_orthogonal
@@ -166,11 +166,29 @@ def _measure(model: Model, test: TestPrompts, ivs: list[Any], tokens: RefusalTok
     return {"n": n, "refused": k, "rate": r["rate"], "low": lo, "high": hi, "score": score}
 
 
+def _from_evaluation(ev: Evaluation | None) -> dict[tuple[str, str], dict[str, Any]]:
+    """The rows the evaluation stage already measured: baseline, all writers along r and along the control."""
+    if ev is None:
+        return {}
+    out = {}
+    for key, cond in ((("baseline", "none"), "harmful/baseline"),
+                      (("all writers", "refusal direction"), "harmful/ablation"),
+                      (("all writers", "orthogonal control"), "harmful/orthogonal ablation")):
+        if cond in ev.refused and cond in ev.refusal_score:
+            r = rate(ev.refused[cond])
+            out[key] = {"n": r["n"], "refused": r["k"], "rate": r["rate"], "low": r["ci95"][0], "high": r["ci95"][1],
+                        "score": ev.refusal_score[cond]}
+    return out
+
+
 def writer_attribution(model: Model, test: TestPrompts, r: Float[torch.Tensor, " d"], tokens: RefusalTokens,
-                       max_new_tokens: int = 24, batch_size: int = 64, seed: int = 0, judge: Judge | None = None
-                       ) -> Writers:
+                       max_new_tokens: int = 24, batch_size: int = 64, seed: int = 0, judge: Judge | None = None,
+                       evaluation: Evaluation | None = None) -> Writers:
     """Ablate the unit refusal direction ``r [d]`` from each writer group (and, as a control, a seeded random unit
-    direction orthogonal to it) and measure refusal on the harmful test prompts; see :class:`Writers`."""
+    direction orthogonal to it) and measure refusal on the harmful test prompts; see :class:`Writers`.
+
+    ``evaluation`` (the evaluation stage of the same direction, prompts and seed) already holds the baseline and
+    the all-writers ablation and its orthogonal control (the same edits): those rows are read from it."""
     r = torch.as_tensor(r).detach().float().cpu()
     if r.dim() != 1 or r.shape[0] != model.d_model:
         raise ValueError(f"r must be one direction of width {model.d_model} (the model's d_model), got shape "
@@ -181,11 +199,14 @@ def writer_attribution(model: Model, test: TestPrompts, r: Float[torch.Tensor, "
         raise ValueError("no refusal tokens: the model never refused, so there is no refusal to attribute")
     u = random_orthogonal(r[None], 1, seed=seed)[0].vectors[0]
     groups, notes = writer_groups(model)
+    known = _from_evaluation(evaluation)
     measure = lambda ivs: _measure(model, test, ivs, tokens, max_new_tokens, batch_size, judge)  # noqa: E731
-    rows = [{"group": "baseline", "direction": "none", "sites": "nothing ablated", **measure([])}]
+    rows = [{"group": "baseline", "direction": "none", "sites": "nothing ablated",
+             **(known.get(("baseline", "none")) or measure([]))}]
     for name, (sites, make) in groups.items():
         for label, d in (("refusal direction", r), ("orthogonal control", u)):
-            rows.append({"group": name, "direction": label, "sites": sites, **measure(make(d))})
+            got = known.get((name, label)) or measure(make(d))
+            rows.append({"group": name, "direction": label, "sites": sites, **got})
     return Writers(rows, embedding_note(model), identity_checks(model, test, r, batch_size), notes,
                    f"a random unit direction orthogonal to r (probes.directions.random_orthogonal, seed {seed})")
 
