@@ -88,6 +88,19 @@ def _check_args(model: Model, prompts: Any, max_new_tokens: int, batch_size: int
         raise TypeError("prompts must be a list of strings, not a single string; wrap it in a list")
 
 
+def _hf_kwargs(model: Model, max_new_tokens: int, do_sample: bool, temperature: float, top_p: float, top_k: int,
+               first_logits: bool, extra: dict[str, Any]) -> dict[str, Any]:
+    """Keyword arguments for HF ``generate``: length, sampling, padding, and the first step's raw logits."""
+    kw: dict[str, Any] = dict(max_new_tokens=max_new_tokens, do_sample=do_sample, pad_token_id=pad_id(model.tokenizer))
+    if do_sample:
+        kw.update(temperature=check_finite(temperature, "temperature"), top_p=check_finite(top_p, "top_p"),
+                  top_k=int(top_k))
+    kw.update(extra)
+    if first_logits:
+        kw.update(output_logits=True, return_dict_in_generate=True)
+    return kw
+
+
 def generate(model: Model, prompts: Sequence[str], *interventions: Any, max_new_tokens: int = 64,
              batch_size: int = 16, do_sample: bool = False, temperature: float = 1.0, top_p: float = 1.0,
              top_k: int = 0, seed: int = 0, chat: bool = True, system: str | None = None, progress: bool = True,
@@ -110,13 +123,7 @@ def generate(model: Model, prompts: Sequence[str], *interventions: Any, max_new_
         raise ValueError(f"prepared holds {len(encs)} encodings for {len(prompts)} prompts; pass the output of "
                          f"interp.forward.prepare(model, prompts) for exactly these prompts")
     tok = model.tokenizer
-    kw: dict[str, Any] = dict(max_new_tokens=max_new_tokens, do_sample=do_sample, pad_token_id=pad_id(tok))
-    if do_sample:
-        kw.update(temperature=check_finite(temperature, "temperature"), top_p=check_finite(top_p, "top_p"),
-                  top_k=int(top_k))
-    kw.update(generate_kwargs)
-    if first_logits:
-        kw.update(output_logits=True, return_dict_in_generate=True)
+    kw = _hf_kwargs(model, max_new_tokens, do_sample, temperature, top_p, top_k, first_logits, generate_kwargs)
     eos = _eos_ids(model) if stop_at_eos else set()
     firsts: list[torch.Tensor] = []
     dev = model.device
