@@ -4,6 +4,10 @@ more source trees (e.g. this checkout and the pre-refactor commit), each in its 
     git archive fc90834 | tar -x -C /tmp/old       # the code before the typed-stage refactor
     python benchmarks/bench_refusal.py --trees .,/tmp/old
 
+and the candidate search, exhaustive against the first-order estimate + exact top k (``_refusal_search``):
+
+    python benchmarks/bench_refusal.py --search organism,smollm2-aligned --threads 2 --n-val 16
+
 A forward pass is one call of a ``*ForCausalLM`` module's forward (each generation step counts; baked copies
 count), seen by a global module pre-hook: the count is the same whichever code path runs the model.
 """
@@ -73,6 +77,39 @@ def measure(tree: Path) -> dict:
         return json.loads(next(x for x in r.stdout.splitlines() if x.startswith("RESULT"))[6:])
 
 
+SEARCH_HEADER = "### Candidate search"
+
+
+def write_section(path: Path, text: str, search: bool) -> None:
+    """Replace one of the file's two parts (before/after table; candidate search) and keep the other."""
+    old = path.read_text() if path.exists() else ""
+    cut = old.find(SEARCH_HEADER)
+    before, after = (old[:cut], old[cut:]) if cut >= 0 else (old, "")
+    parts = [before.rstrip(), text.rstrip()] if search else [text.rstrip(), after.rstrip()]
+    path.write_text("\n\n".join(p for p in parts if p) + "\n")
+
+
+def search_main(args: argparse.Namespace) -> None:
+    import torch
+
+    sys.path.insert(0, str(HERE))
+    from _common import machine
+    from _refusal_search import run_model, section
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    results = []
+    for name in args.search.split(","):
+        save = Path(args.save_dir) / f"search_{name}_n{args.n_val}.pt" if args.save_dir else None
+        reuse = save if args.reuse_exhaustive else None
+        results.append(run_model(name, args.n_val, args.n_train, args.top_k, args.batch_size, args.max_rows, save, reuse))
+        print(json.dumps(results[-1], indent=1), flush=True)
+    cmd = " ".join(["python benchmarks/bench_refusal.py"] + sys.argv[1:])
+    text = section(results, cmd, machine())
+    print(text)
+    write_section(Path(args.out), text, search=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--trees", default=str(HERE.parent), help="comma-separated source trees (default: this checkout)")
@@ -80,7 +117,21 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="runs per tree, interleaved; the median is reported "
                     "(the fastest with fewer than 3) (default: %(default)s)")
     ap.add_argument("--out", default=str(HERE / "RESULTS_refusal.md"), help="results file (default: %(default)s)")
+    ap.add_argument("--search", default=None, help="comma-separated models: compare the candidate search modes "
+                    "instead (organism, smollm2-aligned)")
+    ap.add_argument("--n-val", type=int, default=16, help="--search: validation prompts per class (default: %(default)s)")
+    ap.add_argument("--n-train", type=int, default=64, help="--search: training prompts per class (default: %(default)s)")
+    ap.add_argument("--top-k", type=int, default=8, help="--search: candidates scored exactly (default: %(default)s)")
+    ap.add_argument("--batch-size", type=int, default=32, help="--search: prompts per batch (default: %(default)s)")
+    ap.add_argument("--max-rows", type=int, default=256, help="--search: rows per scoring forward (default: %(default)s)")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
+    ap.add_argument("--save-dir", default=None, help="--search: save each model's scores and figures here")
+    ap.add_argument("--reuse-exhaustive", action="store_true", help="--search: take the exhaustive scores and cost "
+                    "from --save-dir's earlier run of this script (same data and settings) instead of re-running them")
     args = ap.parse_args()
+    if args.search:
+        search_main(args)
+        return
     trees = [Path(t).resolve() for t in args.trees.split(",")]
     names = args.names.split(",") if args.names else [str(t) for t in trees]
     runs: dict[str, list[dict]] = {n: [] for n in names}
@@ -112,7 +163,7 @@ def main() -> None:
                  "call (each generated token counts). Absolute times are noisy on a shared machine.")
     text = "\n".join(lines) + "\n"
     print(text)
-    Path(args.out).write_text(text)
+    write_section(Path(args.out), text, search=False)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@ refusal score, the refusal judge). Pure functions; any floor may call them, and 
 
 from evals.judge import is_refusal, load_judge, refusal_rate
 from evals.logits import cross_entropy, kl_div, logit_diff, refusal_score, token_logprob
-from evals.metrics import accuracy, auroc, cohens_d
+from evals.metrics import accuracy, auroc, cohens_d, spearman
 
 __all__ = ["accuracy", "auroc", "cohens_d", "cross_entropy", "is_refusal", "kl_div", "load_judge",
-           "logit_diff", "refusal_rate", "refusal_score", "token_logprob"]
+           "logit_diff", "refusal_rate", "refusal_score", "spearman", "token_logprob"]

@@ -38,6 +38,16 @@ def average_ranks(scores: Float[torch.Tensor, "... n"]) -> Float[torch.Tensor, "
     return ranks.reshape(s.shape)
 
 
+def spearman(a: Float[torch.Tensor, "... n"], b: Float[torch.Tensor, "... n"]) -> Float[torch.Tensor, "..."]:
+    """Spearman rank correlation along the last axis (Pearson correlation of the tie-averaged ranks); nan
+    where one side is constant."""
+    if a.shape != b.shape:
+        raise ValueError(f"spearman needs two tensors of one shape, got {tuple(a.shape)} and {tuple(b.shape)}")
+    ra, rb = average_ranks(a), average_ranks(b)
+    ra, rb = ra - ra.mean(-1, keepdim=True), rb - rb.mean(-1, keepdim=True)
+    return ((ra * rb).sum(-1) / (ra.norm(dim=-1) * rb.norm(dim=-1))).float()
+
+
 def auroc(scores: Float[torch.Tensor, "... n"], y: Int[torch.Tensor, " n"]) -> Float[torch.Tensor, "..."]:
     """Area under the ROC curve of ``scores`` for positive class 1 (Mann-Whitney U / (n1 n0)); 0.5 = chance."""
     y = _check(scores, y)

@@ -9,14 +9,15 @@ pad-id rule), ``forward`` (hooks attached, optional early stop, full or last-pos
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
-from contextlib import nullcontext
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import torch
+import torch.nn as nn
 
 from interp.chat import Batch, Encoded, collate, encode, format_prompts
-from interp.hooks import StopForward, hooks
+from interp.hooks import StopForward, count_hooks, hooks
 from interp.models import Model
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # keys and values per layer
@@ -114,7 +115,8 @@ def batches(model: Model, encs: Sequence[Encoded], batch_size: int) -> list[Batc
 
 
 def forward(model: Model, batch: Batch, hook_fns: Any = (), *, logits: str | None = "all",
-            grad: bool = False, repeat: int = 1, prefix: KV | None = None, start: int = 0) -> torch.Tensor | None:
+            grad: bool = False, repeat: int = 1, prefix: KV | None = None, start: int = 0, from_layer: int = 0,
+            resid: torch.Tensor | None = None) -> torch.Tensor | None:
     """One forward pass of ``batch`` with ``hook_fns`` (``{site: fn}`` or ``[(site, fn)]``) attached.
 
     ``logits``: ``"all"`` -> ``[B, T, V]``; ``"last"`` -> ``[B, V]`` (only the last position is unembedded;
@@ -124,6 +126,10 @@ def forward(model: Model, batch: Batch, hook_fns: Any = (), *, logits: str | Non
     ``prefix`` (from :func:`prefix_cache` of a batch with these rows) and ``start``: only columns ``start:``
     are computed, the keys and values of the earlier ones come from ``prefix`` (exact for a causal model when
     nothing before ``start`` changed); logits then cover columns ``start:`` only.
+    ``from_layer`` and ``resid [B or B * repeat, T, d]`` (e.g. from :func:`resid_pre_cache`): block
+    ``from_layer`` reads ``resid`` as its resid_pre (hooks there see it) and the blocks below are not computed
+    (:func:`skip_blocks`; for families outside ``SKIPPABLE`` they run and their output is replaced); exact when
+    nothing below ``from_layer`` is edited (an edit there is refused).
     """
     if logits not in ("all", "last", None):
         raise ValueError(f"logits must be 'all', 'last' or None, got {logits!r}")
@@ -131,12 +137,17 @@ def forward(model: Model, batch: Batch, hook_fns: Any = (), *, logits: str | Non
     dev = model.device
     inputs = {k: v.to(dev).repeat(repeat, *([1] * (v.dim() - 1))) for k, v in batch.model_inputs.items()}
     kw: dict[str, Any] = {"use_cache": False}
+    full = _resume_rows(model, from_layer, resid, inputs["input_ids"].shape[0], prefix is not None)
     if prefix is not None and start > 0:
         inputs, kw = _after_prefix(model, inputs, prefix, start)
     if logits == "last":
         kw["logits_to_keep"] = 1
     grad_ctx = nullcontext() if grad else torch.inference_mode()
-    with grad_ctx, hooks(model, hook_fns):
+    skip = from_layer if full is not None and model.spec.family in SKIPPABLE else 0
+    with grad_ctx, hooks(model, _resume_hooks(model, from_layer, full, bool(skip))), hooks(model, hook_fns), \
+            skip_blocks(model, skip, full):
+        if full is not None and not skip:
+            _refuse_hooks_below(model, from_layer, 1)
         try:
             out = model.hf(**inputs, **kw)
         except StopForward:
@@ -197,12 +208,116 @@ def _after_prefix(model: Model, inputs: dict[str, torch.Tensor], prefix: KV, sta
 
 
 def last_logits(model: Model, batch: Batch, hook_fns: Any = (), grad: bool = False, repeat: int = 1,
-                prefix: KV | None = None, start: int = 0) -> torch.Tensor:
+                prefix: KV | None = None, start: int = 0, from_layer: int = 0,
+                resid: torch.Tensor | None = None) -> torch.Tensor:
     """Next-token logits at every row's last prompt token, ``[B * repeat, vocab]`` float32 (model's device);
-    ``prefix``/``start`` reuse the keys and values of columns before ``start`` (see :func:`forward`)."""
-    out = forward(model, batch, hook_fns, logits="last", grad=grad, repeat=repeat, prefix=prefix, start=start)
+    ``prefix``/``start`` reuse the keys and values of columns before ``start``, ``from_layer``/``resid`` the
+    residual stream below a block (see :func:`forward`)."""
+    out = forward(model, batch, hook_fns, logits="last", grad=grad, repeat=repeat, prefix=prefix, start=start,
+                  from_layer=from_layer, resid=resid)
     assert out is not None
     return out
 
 
-__all__ = ["Inputs", "batch_of", "batches", "encode_ids", "encodings", "forward", "last_logits", "pad_id", "prefix_cache", "prepare"]
+# families whose model loop feeds each block's output (a tensor) to the next block as its first argument, so a
+# block can be stood in for by a pass-through (checked equal to the full forward in tests/test_forward_resume.py)
+SKIPPABLE = frozenset({"llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3", "olmo2", "gpt2",
+                       "gpt_neox", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe"})
+
+
+def resid_pre_cache(model: Model, batch: Batch, layers: Sequence[int]) -> dict[int, torch.Tensor]:
+    """resid_pre ``[B, T, d]`` of ``layers`` from one plain forward of ``batch`` (stopped after the last of them):
+    the ``resid`` to resume from with ``forward(..., from_layer=layer, resid=...)``."""
+    layers = sorted(set(int(x) for x in layers))
+    if not layers:
+        return {}
+    got: dict[int, torch.Tensor] = {}
+
+    def grab(layer: int) -> Any:
+        def fn(x: torch.Tensor, ctx: Any) -> None:
+            got[layer] = x.detach().clone()
+            if layer == layers[-1]:
+                raise StopForward
+        return fn
+
+    forward(model, batch, [(f"blocks.{layer}.hook_resid_pre", grab(layer)) for layer in layers], logits=None)
+    return got
+
+
+def _resume_rows(model: Model, from_layer: int, resid: torch.Tensor | None, rows: int, with_prefix: bool
+                 ) -> torch.Tensor | None:
+    """``resid`` checked and repeated to the forward's ``rows`` rows (``None`` without one)."""
+    if resid is None:
+        if from_layer:
+            raise ValueError("from_layer needs resid=[B, T, d], the resid_pre to resume from (interp.forward."
+                             "resid_pre_cache)")
+        return None
+    if with_prefix:
+        raise ValueError("resume from a layer (from_layer=, resid=) or from cached columns (prefix=, start=), not both")
+    if not 1 <= from_layer < model.n_layers:
+        raise ValueError(f"from_layer must be in 1..{model.n_layers - 1} (block 0 has nothing below it to skip: run "
+                         f"the batch plainly), got {from_layer}")
+    if resid.dim() != 3 or rows % resid.shape[0]:
+        raise ValueError(f"resid must be [B, T, d] with one row per batch row ({rows} rows here, repeats included), "
+                         f"got {tuple(resid.shape)}")
+    return resid.repeat(rows // resid.shape[0], 1, 1)
+
+
+def _swap_in(x: torch.Tensor, resid: torch.Tensor, layer: int) -> torch.Tensor:
+    if x.shape != resid.shape:
+        raise ValueError(f"resid has shape {tuple(resid.shape)} (repeated) but block {layer} reads {tuple(x.shape)}; "
+                         f"take resid from the same batch")
+    return resid.to(x.device, x.dtype)
+
+
+def _resume_hooks(model: Model, from_layer: int, resid: torch.Tensor | None, skipped: bool) -> list[tuple[str, Any]]:
+    """Where blocks are not skipped, the hook that hands block ``from_layer`` the given ``resid``: at the output
+    of the block below, so every hook at ``from_layer``'s resid_pre sees it."""
+    if resid is None or skipped:
+        return []
+    return [(f"blocks.{from_layer - 1}.hook_resid_post", lambda x, ctx: _swap_in(x, resid, from_layer))]
+
+
+class _PassThrough(nn.Module):
+    """Stands in for a skipped block: returns the residual stream it is given, or ``resid`` when it is the last."""
+
+    def __init__(self, resid: torch.Tensor | None = None, layer: int = 0):
+        super().__init__()
+        self.resid, self.layer = resid, layer
+
+    def forward(self, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return hidden_states if self.resid is None else _swap_in(hidden_states, self.resid, self.layer)
+
+
+def _refuse_hooks_below(model: Model, upto: int, ours: int) -> None:
+    """An edit below the resumed block would be skipped (or overwritten): refuse it."""
+    for i in range(upto):
+        if count_hooks(model.blocks[i]) > (ours if i == upto - 1 else 0):
+            raise ValueError(f"a hook is attached inside block {i}, below from_layer={upto}, whose output the resumed "
+                             f"forward does not compute; resume from a layer at or below the lowest edited one")
+
+
+@contextmanager
+def skip_blocks(model: Model, upto: int, resid: torch.Tensor | None = None) -> Iterator[None]:
+    """Blocks ``0..upto-1`` replaced by pass-throughs for the duration (restored on exit and on exception), the
+    last one returning ``resid`` when given: the model computes only blocks ``upto..``. Only for families in
+    ``SKIPPABLE``; a hook inside a skipped block would silently not run, so one is refused."""
+    if upto <= 0:
+        yield
+        return
+    if model.spec.family not in SKIPPABLE:
+        raise ValueError(f"blocks of {model.spec.family} models cannot be skipped (not in interp.forward.SKIPPABLE)")
+    _refuse_hooks_below(model, upto, 0)
+    blocks = model.blocks
+    saved = [blocks[i] for i in range(upto)]
+    try:
+        for i in range(upto):
+            blocks[i] = _PassThrough(resid if i == upto - 1 else None, upto)
+        yield
+    finally:
+        for i, b in enumerate(saved):
+            blocks[i] = b
+
+
+__all__ = ["SKIPPABLE", "Inputs", "batch_of", "batches", "encode_ids", "encodings", "forward", "last_logits", "pad_id",
+           "prefix_cache", "prepare", "resid_pre_cache", "skip_blocks"]

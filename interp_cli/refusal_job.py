@@ -6,7 +6,7 @@ import argparse
 import time
 from typing import Any
 
-STAGES = ("tokens", "candidates", "scores", "selection", "evaluation", "subspaces", "report")
+STAGES = ("tokens", "candidates", "estimate", "scores", "selection", "evaluation", "subspaces", "report")
 
 
 def add_refusal_parser(sub: Any, model_args: Any) -> None:
@@ -41,6 +41,12 @@ def add_refusal_parser(sub: Any, model_args: Any) -> None:
                    "(default: %(default)s)")
     p.add_argument("--subspace-rank", type=int, default=8, help="largest per-category subspace to ablate "
                    "(default: %(default)s)")
+    p.add_argument("--search", choices=("estimate", "exhaustive"), default="estimate", help="estimate: rank every "
+                   "candidate by a first-order estimate (one forward + backward per batch) and score only the --top-k "
+                   "exactly; exhaustive: score every candidate exactly (default: %(default)s)")
+    p.add_argument("--top-k", type=int, default=8, help="candidates scored exactly with --search estimate "
+                   "(default: %(default)s)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads for the run (default: torch's own)")
     p.add_argument("--layers", default=None, help="comma-separated candidate layers (default: all)")
     p.add_argument("--seed", type=int, default=0, help="seed for data splits and random controls (default: %(default)s)")
     p.add_argument("--save-model", action="store_true", help="also save the baked (direction-ablated) model "
@@ -76,7 +82,7 @@ def cmd_refusal(args: argparse.Namespace) -> int:
         device=args.device, layers=[int(x) for x in args.layers.split(",")] if args.layers else None,
         save_model=args.save_model, borderline=args.borderline, borderline_column=args.borderline_column,
         n_borderline=args.n_borderline, min_refusals=args.min_refusals, diagnosis_alpha=args.diagnosis_alpha,
-        judge=args.judge)
+        judge=args.judge, search=args.search, top_k=args.top_k, threads=args.threads)
     con = Console()
     state = {s: ("waiting", None) for s in STAGES}
     t_start = time.perf_counter()

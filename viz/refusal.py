@@ -12,7 +12,11 @@ BETTER, NEUTRAL, WORSE = "#2166ac", "#f7f7f7", "#b2182b"  # one meaning in every
 
 
 def _diverging(z: torch.Tensor, mid: float, lower_is_better: bool) -> dict:
-    """Heatmap colour settings: white at ``mid`` (the filter's threshold), blue on the side that helps selection."""
+    """Heatmap colour settings: white at ``mid`` (the filter's threshold), blue on the side that helps selection.
+    NaN cells (candidates not scored) are left out of the range and drawn empty."""
+    z = z[~z.isnan()]
+    if z.numel() == 0:
+        z = torch.tensor([mid])
     zmin, zmax = min(float(z.min()), mid), max(float(z.max()), mid)
     if zmax - zmin < 1e-12:
         zmax = zmin + 1.0
@@ -40,7 +44,7 @@ def candidate_heatmaps(bypass: torch.Tensor, induce: torch.Tensor, kl: torch.Ten
     fig = make_subplots(rows=1, cols=3, subplot_titles=[t for _, t, _, _ in panels], horizontal_spacing=0.07)
     x = [f"{p} ({i - len(pos_labels)})" for i, p in enumerate(pos_labels)]
     for c, (z, _, lower_better, bar_title) in enumerate(panels, start=1):
-        mid = float(z.median()) if thresholds is None else float(thresholds[c - 1])
+        mid = float(z.nanmedian()) if thresholds is None else float(thresholds[c - 1])
         dom = fig.layout[f"xaxis{'' if c == 1 else c}"].domain
         fig.add_trace(go.Heatmap(z=z.tolist(), x=x, y=list(layers), **_diverging(z, mid, lower_better),
                                  colorbar=dict(orientation="h", x=(dom[0] + dom[1]) / 2, xanchor="center",

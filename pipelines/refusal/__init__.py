@@ -3,6 +3,8 @@
     data = load_refusal_data()
     tokens = find_refusal_tokens(model, data); cand = find_candidates(model, data)
     scores = score_candidates(model, data, cand, tokens); sel = select_direction(model.n_layers, cand, scores, cfg)
+    (or est = estimate_candidates(model, data, cand, tokens); only = top_candidates(est, cand, model.n_layers, cfg, 8);
+     scores = score_candidates(model, data, cand, tokens, only=only): exact scores of the top 8 only)
     ev = evaluate(model, data, cand, sel, tokens); sub = find_subspaces(model, data, cand, sel, tokens)
 """
 
@@ -13,6 +15,7 @@ from pipelines.refusal.config import (
     RuntimeConfig,
     SelectionConfig,
 )
+from pipelines.refusal.estimate import Estimate, estimate_candidates, top_candidates
 from pipelines.refusal.evaluation import Evaluation, Subspaces, TestPrompts, evaluate, find_subspaces
 from pipelines.refusal.prompt_sets import RefusalData, load_refusal_data
 from pipelines.refusal.result import RefusalResult
@@ -28,7 +31,7 @@ from pipelines.refusal.stages import (
     select_direction,
 )
 
-__all__ = ["Candidates", "DataConfig", "Evaluation", "GenerationConfig", "RefusalConfig", "RefusalData",
+__all__ = ["Candidates", "DataConfig", "Estimate", "Evaluation", "GenerationConfig", "RefusalConfig", "RefusalData",
            "RefusalResult", "RefusalTokens", "RuntimeConfig", "Scores", "Selection", "SelectionConfig", "Subspaces",
-           "TestPrompts", "evaluate", "find_candidates", "find_refusal_tokens", "find_subspaces", "load_refusal_data",
-           "run_refusal", "score_candidates", "select_direction"]
+           "TestPrompts", "estimate_candidates", "evaluate", "find_candidates", "find_refusal_tokens", "find_subspaces", "load_refusal_data",
+           "run_refusal", "score_candidates", "select_direction", "top_candidates"]

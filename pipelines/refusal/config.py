@@ -32,12 +32,17 @@ class DataConfig:
     n_borderline: int = 64
 
 
+SEARCHES = ("estimate", "exhaustive")
+
+
 @dataclass
 class SelectionConfig:
     """Which candidates exist (``layers``; ``None``: all), the paper's filters that pick one of them, and the
     diagnosis before any scoring: refusal tokens only from at least ``min_refusals`` refusals, and a stop
     unless harmful train prompts are refused more often than harmless ones (one-sided Fisher exact test,
-    p < ``diagnosis_alpha``)."""
+    p < ``diagnosis_alpha``). How the candidates
+    are searched: ``"estimate"`` (first-order estimates of all, the ``top_k`` scored exactly) or
+    ``"exhaustive"`` (every candidate scored exactly)."""
 
     layers: list[int] | None = None
     kl_threshold: float = 0.1
@@ -45,6 +50,14 @@ class SelectionConfig:
     induce_threshold: float = 0.0
     min_refusals: int = 8
     diagnosis_alpha: float = 0.01
+    search: str = "estimate"
+    top_k: int = 8
+
+    def __post_init__(self) -> None:
+        if self.search not in SEARCHES:
+            raise ValueError(f"search must be one of {SEARCHES}, got {self.search!r}")
+        if self.top_k < 1:
+            raise ValueError(f"top_k must be >= 1 (candidates scored exactly in search='estimate'), got {self.top_k}")
 
 
 @dataclass
@@ -58,7 +71,8 @@ class GenerationConfig:
 @dataclass
 class RuntimeConfig:
     """Which model and how to run it: name, dtype, device, batch sizes, whether to save the baked model, and the
-    refusal judge (``None``: the anchored phrase judge; a local classifier model folder; see ``evals.judge``)."""
+    refusal judge (``None``: the anchored phrase judge; a local classifier model folder; see ``evals.judge``). and the torch
+    threads for the run (``None``: torch's default)."""
 
     model: str = DEFAULT_REFUSAL_MODEL
     dtype: str | None = None
@@ -67,12 +81,19 @@ class RuntimeConfig:
     max_rows: int = 256
     save_model: bool = False
     judge: str | None = None
+    threads: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"threads must be >= 1 (or None: torch's default), got {self.threads}")
 
 
 SECTIONS = {"data": DataConfig, "selection": SelectionConfig, "generation": GenerationConfig, "runtime": RuntimeConfig}
 # changing these on a finished run re-runs selection (and what depends on its result); anything else is a new run
 RESELECT_FIELDS = ("kl_threshold", "prune_layer_fraction", "induce_threshold", "diagnosis_alpha")
 DEFAULTS = {"kl_threshold": 0.1, "prune_layer_fraction": 0.2, "induce_threshold": 0.0}  # the paper's filters
+# neither makes another run: the stage keys decide what a change re-runs (search: the exact scores; threads: nothing)
+SAME_RUN_FIELDS = RESELECT_FIELDS + ("search", "top_k", "save_model", "threads")
 
 
 @dataclass
@@ -100,9 +121,9 @@ class RefusalConfig:
         return {k: v for part in (self.data, self.selection, self.generation, self.runtime) for k, v in asdict(part).items()}
 
     def run_identity(self) -> str:
-        """Hash of everything that makes a run another run (all but the selection thresholds and save_model)."""
+        """Hash of everything that makes a run another run (all but ``SAME_RUN_FIELDS``)."""
         flat = self.flat()
-        return stage_key("run", {k: v for k, v in flat.items() if k not in RESELECT_FIELDS + ("save_model",)})
+        return stage_key("run", {k: v for k, v in flat.items() if k not in SAME_RUN_FIELDS})
 
 
 def stage_key(name: str, inputs: dict[str, Any]) -> str:

@@ -13,6 +13,7 @@ from interp.models import Model
 from pipelines.refusal.cache import Run
 from pipelines.refusal.config import RefusalConfig
 from pipelines.refusal.diagnosis import effect_check, effect_notes
+from pipelines.refusal.estimate import search_metrics
 from pipelines.refusal.prompt_sets import RefusalData
 from pipelines.refusal.report import refusal_report
 from pipelines.refusal.result import RefusalResult
@@ -36,8 +37,11 @@ def outcome_notes(cfg: RefusalConfig, res: RefusalResult) -> list[str]:
         return [f"the model refused {tok.train_refusal_harmful:.0%} of harmful training prompts: it has no refusals "
                 f"to find refusal tokens from, so no refusal direction can be selected"]
     if sel is not None and not sel.found:
+        scored = "" if s.search == "exhaustive" else (
+            f" among the top {s.top_k} by first-order estimate, the only ones scored exactly (--search exhaustive "
+            f"or a larger --top-k scores more)")
         return [f"no candidate passes the filters (layer < {1 - s.prune_layer_fraction:.0%} of depth, KL < "
-                f"{s.kl_threshold}, induce score > {s.induce_threshold}, bypass below baseline): no refusal "
+                f"{s.kl_threshold}, induce score > {s.induce_threshold}, bypass below baseline){scored}: no refusal "
                 f"direction is reported"]
     return []
 
@@ -60,6 +64,8 @@ def build_metrics(cfg: RefusalConfig, model: Model, data: RefusalData, res: Refu
     if sel is not None:
         m["selection"] = {"baseline_refusal_score": sel.baseline_refusal_score, "filters": sel.filters,
                           "passing": sel.passing}
+        if res.scores is not None:
+            m["selection"].update(search_metrics(cfg.selection, res.estimate, res.scores))
         if sel.found:
             m["selection"].update({"layer": sel.layer, "position": sel.position, "position_token": sel.position_token,
                                    "bypass_score": sel.bypass_score, "induce_score": sel.induce_score, "kl": sel.kl,

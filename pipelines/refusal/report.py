@@ -82,6 +82,21 @@ def _candidate_sections(res: RefusalResult) -> list[tuple[str, Any]]:
     ]
 
 
+def _estimate_sections(res: RefusalResult) -> list[tuple[str, Any]]:
+    """search='estimate': the first-order estimates of every candidate (the exact maps above hold the top k)."""
+    from viz import refusal as F
+
+    est, cand, sc, sel = res.estimate, res.candidates, res.scores, res.selection
+    if est is None or cand is None or sc is None:
+        return []
+    f = sel.filters if sel is not None else {"induce_threshold": 0.0, "kl_threshold": 0.1}
+    n = int((~sc.bypass.isnan()).sum())
+    title = f"Candidate estimates (first order, every candidate; the {n} scored exactly are in the maps above; no KL)"
+    return [(title, F.candidate_heatmaps(est.bypass, est.induce, torch.full_like(est.bypass, math.nan), cand.layers,
+                                         cand.pos_tokens, None,
+                                         (est.baseline_harmful, f["induce_threshold"], f["kl_threshold"])))]
+
+
 ZERO_NOTE = ("resid_pre at layer 0 is the token embedding: at a post-instruction position<br>every prompt holds "
              "the same template token, so the harmful and harmless<br>means are equal and their difference is zero.")
 
@@ -140,5 +155,5 @@ def _writers_sections(res: RefusalResult) -> list[tuple[str, Any]]:
 def refusal_report(res: RefusalResult, model_name: str, family: str, n_layers: int) -> str:
     """The refusal pipeline's report page: summary, candidate heatmaps, projections, rates, subspaces, examples."""
     sections = [("Summary", _summary(res, model_name, family, n_layers))]
-    sections += _candidate_sections(res) + _evaluation_sections(res) + _writers_sections(res)
+    sections += _candidate_sections(res) + _estimate_sections(res) + _evaluation_sections(res) + _writers_sections(res)
     return page(f"Refusal direction: {model_name}", sections)

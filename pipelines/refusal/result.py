@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipelines.refusal.estimate import Estimate
 from pipelines.refusal.evaluation import Evaluation, Subspaces
 from pipelines.refusal.stages import Candidates, RefusalTokens, Scores, Selection
 from pipelines.refusal.writers import Writers
@@ -21,6 +22,7 @@ class RefusalResult:
     notes: list[str] = field(default_factory=list)
     tokens: RefusalTokens | None = None
     candidates: Candidates | None = None
+    estimate: Estimate | None = None
     scores: Scores | None = None
     selection: Selection | None = None
     evaluation: Evaluation | None = None

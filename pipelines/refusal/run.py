@@ -7,7 +7,8 @@ dataclass (:mod:`.stages`, :mod:`.evaluation`), cached in the run folder under a
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -17,6 +18,7 @@ from interp.models import Model, load_model
 from pipelines.refusal.cache import Run
 from pipelines.refusal.config import RefusalConfig, stage_key
 from pipelines.refusal.diagnosis import diagnose, relaxed_notes
+from pipelines.refusal.estimate import Estimate, estimate_candidates, top_candidates
 from pipelines.refusal.evaluation import Evaluation, Subspaces, TestPrompts, evaluate, find_subspaces
 from pipelines.refusal.outputs import finish, start_notes
 from pipelines.refusal.prompt_sets import RefusalData, load_refusal_data
@@ -58,7 +60,25 @@ def run_refusal(cfg: RefusalConfig, out: str | Path, overwrite: bool = False, pr
     the prompt files and the model loaded: a run that fails on bad input leaves nothing that blocks its rerun.
     The run stops after the tokens stage when the diagnosis finds no refusal behaviour (:func:`diagnose`).
     ``judge`` (any callable ``str -> bool``) overrides ``cfg.runtime.judge``.
+    ``cfg.runtime.threads`` sets torch's thread count for the run (restored after).
     """
+    with _threads(cfg.runtime.threads):
+        return _run_refusal(cfg, out, overwrite, progress, model, judge)
+
+
+@contextmanager
+def _threads(n: int | None) -> Iterator[None]:
+    before = torch.get_num_threads()
+    if n is not None:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _run_refusal(cfg: RefusalConfig, out: str | Path, overwrite: bool, progress: Progress | None,
+                 model: Model | None, judge: Judge | None) -> RefusalResult:
     say: Progress = progress or (lambda stage, status: None)
     run = Run(out, cfg, overwrite)
     d, s, g, rt = cfg.data, cfg.selection, cfg.generation, cfg.runtime
@@ -82,8 +102,13 @@ def run_refusal(cfg: RefusalConfig, out: str | Path, overwrite: bool = False, pr
     res.candidates = cand = run.stage("candidates", keys.candidates, Candidates, lambda: find_candidates(
         model, data, s.layers, bs), say)
     if res.tokens.tokens:
-        res.scores = run.stage("scores", keys.scores, Scores, lambda: score_candidates(
-            model, data, cand, res.tokens, bs, rt.max_rows), say)  # type: ignore[arg-type]
+        only = None
+        if s.search == "estimate":  # first-order estimates of every candidate; only the top k are scored exactly
+            res.estimate = run.stage("estimate", keys.estimate, Estimate, lambda: estimate_candidates(
+                model, data, cand, res.tokens, bs), say)  # type: ignore[arg-type]
+            only = top_candidates(res.estimate, cand, model.n_layers, s, s.top_k)
+        res.scores = run.stage("scores", keys.exact(only), Scores, lambda: score_candidates(
+            model, data, cand, res.tokens, bs, rt.max_rows, only=only), say)  # type: ignore[arg-type]
         res.selection = sel = run.stage("selection", keys.selection(model.n_layers), Selection, lambda: select_direction(
             model.n_layers, cand, res.scores, s), say)  # type: ignore[arg-type]
         if sel.found:
@@ -110,8 +135,17 @@ class _Keys:
                                                    "layers": cfg.selection.layers})
         self.scores = stage_key("scores", {"tokens": self.tokens, "candidates": self.candidates,
                                            "val": data.digest("val"), "max_rows": rt.max_rows, **self.model})
+        self.estimate = stage_key("estimate", {"tokens": self.tokens, "candidates": self.candidates,
+                                               "val": data.digest("val"), **self.model})
         self.test = {"test": data.digest("test"), "train": data.digest("train"), "seed": cfg.data.seed,
                      "max_new_tokens": g.max_new_tokens, "tokens": self.tokens, "candidates": self.candidates}
+
+    def exact(self, only: torch.Tensor | None) -> str:
+        """The exact scores' key: all candidates, or the ``only`` mask (so a threshold change that picks the
+        same top k re-scores nothing); selection is keyed on it."""
+        if only is not None:
+            self.scores = stage_key("scores", {"all": self.scores, "only": only.flatten().tolist()})
+        return self.scores
 
     def selection(self, n_layers: int) -> str:
         s = self.cfg.selection

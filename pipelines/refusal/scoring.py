@@ -8,7 +8,7 @@ candidates. Every forward goes through :mod:`interp.forward`; the score itself i
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -16,7 +16,7 @@ from jaxtyping import Float, Int
 
 import steering
 from interp.chat import Encoded
-from interp.forward import batches, last_logits
+from interp.forward import batches, last_logits, resid_pre_cache
 from interp.models import Model
 
 
@@ -54,11 +54,16 @@ def prompt_logits(model: Model, encs: Sequence[Encoded], *interventions: Any, ba
 
 
 def score_rows(model: Model, encs: Sequence[Encoded], per_candidate: Float[torch.Tensor, "c d"], mode: str,
-               layers: Int[torch.Tensor, " c"] | None = None, max_rows: int = 256) -> Float[torch.Tensor, "c n vocab"]:
-    """Last-position logits for every (candidate, prompt): ``[C, N, vocab]``.
+               layers: Int[torch.Tensor, " c"] | None = None, max_rows: int = 256,
+               reduce: Callable[[torch.Tensor], torch.Tensor] | None = None, reuse_prefix: bool = True
+               ) -> torch.Tensor:
+    """Last-position logits for every (candidate, prompt): ``[C, N, vocab]``, or ``reduce`` of them per chunk
+    (``[c, N, vocab] -> [c, N]``, e.g. a refusal score: the vocabulary-wide logits are never all held).
 
     ``mode='ablate'``: ``per_candidate`` unit directions projected out at every layer; ``mode='add'``:
-    vectors added at resid_pre of ``layers[c]``. A forward holds at most ``max_rows`` rows.
+    vectors added at resid_pre of ``layers[c]``, candidates taken in layer order and each chunk resumed from
+    its lowest layer's cached resid_pre (``reuse_prefix``: the blocks below are not recomputed, exact). A
+    forward holds at most ``max_rows`` rows.
     """
     if mode not in ("ablate", "add"):
         raise ValueError(f"mode must be 'ablate' or 'add', got {mode!r}")
@@ -67,19 +72,29 @@ def score_rows(model: Model, encs: Sequence[Encoded], per_candidate: Float[torch
     n_cand, n = per_candidate.shape[0], len(encs)
     (batch,) = batches(model, encs, n)
     chunk = max(1, max_rows // n)
-    outs = []
+    order = torch.arange(n_cand) if layers is None else torch.argsort(layers, stable=True)
+    resid = resid_pre_cache(model, batch, [x for x in layers.tolist() if x > 0]) if (
+        mode == "add" and reuse_prefix and layers is not None) else {}
+    outs: list[tuple[torch.Tensor, torch.Tensor]] = []
     for c0 in range(0, n_cand, chunk):
-        c1 = min(n_cand, c0 + chunk)
-        rows = per_candidate[c0:c1].repeat_interleave(n, 0)
+        sel = order[c0:c0 + chunk]
+        rows = per_candidate[sel].repeat_interleave(n, 0)
+        kw: dict[str, Any] = {}
         if mode == "ablate":
             edits = steering.RowEdits(ablate=rows)
         else:
             assert layers is not None
-            edits = steering.RowEdits(add=rows, add_layer=layers[c0:c1].repeat_interleave(n, 0))
+            edits = steering.RowEdits(add=rows, add_layer=layers[sel].repeat_interleave(n, 0))
+            low = int(layers[sel].min())
+            kw = {"from_layer": low, "resid": resid[low]} if low in resid else {}
         with steering.apply(model, edits):
-            logits = last_logits(model, batch, repeat=c1 - c0).cpu()
-        outs.append(logits.view(c1 - c0, n, -1))
-    return torch.cat(outs)
+            logits = last_logits(model, batch, repeat=len(sel), **kw).cpu().view(len(sel), n, -1)
+        outs.append((sel, logits if reduce is None else reduce(logits)))
+    first = outs[0][1]
+    out = first.new_empty((n_cand, *first.shape[1:]))
+    for sel, part in outs:
+        out[sel] = part
+    return out
 
 
 __all__ = ["prompt_logits", "refusal_tokens", "score_rows"]

@@ -163,22 +163,31 @@ def find_candidates(model: Model, data: RefusalData, layers: list[int] | None = 
 
 
 def score_candidates(model: Model, data: RefusalData, cand: Candidates, tokens: RefusalTokens, batch_size: int = 64,
-                     max_rows: int = 256) -> Scores:
-    """Bypass (ablate on harmful val), KL (ablate on harmless val) and induce (add on harmless val), batched."""
+                     max_rows: int = 256, only: torch.Tensor | None = None) -> Scores:
+    """Bypass (ablate on harmful val), KL (ablate on harmless val) and induce (add on harmless val), batched.
+
+    ``only [layers, P]`` (bool): score just these candidates; the others are NaN (and so pass no filter)."""
     toks = tokens.tokens
     _, enc_h = prepare(model, data.harmful["val"].instructions)
     _, enc_s = prepare(model, data.harmless["val"].instructions)
     base_h, base_s = prompt_logits(model, enc_h, batch_size=batch_size), prompt_logits(model, enc_s, batch_size=batch_size)
     n_layers, n_pos, d = cand.raw.shape
-    flat = cand.raw.reshape(n_layers * n_pos, d)
+    if only is not None and tuple(only.shape) != (n_layers, n_pos):
+        raise ValueError(f"only must be a bool mask [layers, P] = {[n_layers, n_pos]}, got {tuple(only.shape)}")
+    idx = torch.arange(n_layers * n_pos) if only is None else only.flatten().nonzero().squeeze(1)
+    flat = cand.raw.reshape(n_layers * n_pos, d)[idx]
     units = torch.nn.functional.normalize(flat, dim=-1)
-    layer_of = torch.tensor(cand.layers).repeat_interleave(n_pos)
-    bypass = refusal_score(score_rows(model, enc_h, units, "ablate", max_rows=max_rows), toks).mean(1)
-    ablated_s = score_rows(model, enc_s, units, "ablate", max_rows=max_rows)                 # [C, N, V]
-    kl = kl_div(base_s[None].expand_as(ablated_s), ablated_s).mean(1)
-    induce = refusal_score(score_rows(model, enc_s, flat, "add", layer_of, max_rows=max_rows), toks).mean(1)
-    return Scores(bypass.view(n_layers, n_pos), induce.view(n_layers, n_pos), kl.view(n_layers, n_pos),
-                  refusal_score(base_h, toks).mean().item(), refusal_score(base_s, toks).mean().item())
+    layer_of = torch.tensor(cand.layers).repeat_interleave(n_pos)[idx]
+    out = torch.full((3, n_layers * n_pos), math.nan)
+    if len(idx):
+        kw = dict(max_rows=max_rows)
+        out[0, idx] = score_rows(model, enc_h, units, "ablate", reduce=lambda lg: refusal_score(lg, toks), **kw).mean(1)
+        out[1, idx] = score_rows(model, enc_s, flat, "add", layer_of, reduce=lambda lg: refusal_score(lg, toks),
+                                 **kw).mean(1)
+        out[2, idx] = score_rows(model, enc_s, units, "ablate", reduce=lambda lg: kl_div(base_s[None].expand_as(lg), lg),
+                                 **kw).mean(1)
+    bypass, induce, kl = (x.view(n_layers, n_pos) for x in out)
+    return Scores(bypass, induce, kl, refusal_score(base_h, toks).mean().item(), refusal_score(base_s, toks).mean().item())
 
 
 def select_direction(n_layers: int, cand: Candidates, scores: Scores, cfg: SelectionConfig) -> Selection:

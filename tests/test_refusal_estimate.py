@@ -1,0 +1,197 @@
+"""The refusal job's fast candidate search: first-order estimates (checked against finite differences), their
+ranking against the exhaustive sweep on the organism, exact scoring of a subset, prefix reuse, config and CLI."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import steering
+from evals.logits import refusal_score
+from evals.metrics import spearman
+from interp.forward import batches, last_logits, prepare, resid_pre_cache
+from interp.testing.tiny import tiny_model
+from pipelines.refusal import (
+    RefusalConfig,
+    SelectionConfig,
+    estimate_candidates,
+    find_candidates,
+    find_refusal_tokens,
+    load_refusal_data,
+    run_refusal,
+    score_candidates,
+    select_direction,
+    top_candidates,
+)
+from pipelines.refusal.estimate import ablation_moment, addition_gradients, writer_sites
+from pipelines.refusal.scoring import score_rows
+
+PROMPTS = ["the man said", "what is the good word now, tell me", "help", "write a long story about water",
+           "how do you make a house"]
+TOKENS = [40, 41, 42]
+
+
+def _mean_score(m, encs, hook_fns=(), *interventions):
+    (b,) = batches(m, encs, len(encs))
+    with steering.apply(m, *interventions):
+        return refusal_score(last_logits(m, b, hook_fns), TOKENS).double().mean().item()
+
+
+def _derivative(f, eps=1e-2):
+    """Central difference at 0 with one Richardson step (error O(eps^4), so fp32 noise dominates)."""
+    d1, d2 = (f(eps) - f(-eps)) / (2 * eps), (f(eps / 2) - f(-eps / 2)) / eps
+    return (4 * d2 - d1) / 3
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma2"])
+def test_first_order_estimates_match_finite_differences(family):
+    """d/da of the mean score at a = 0, with ``x - a (x.r) r`` at every writer (bypass) or ``a v`` added at
+    resid_pre of one block (induce), equals ``-r^T M r`` and ``G_l . v``; batches of 2 with padding."""
+    m = tiny_model(family, n_layers=3)
+    _, encs = prepare(m, PROMPTS)
+    M, base, n_batches = ablation_moment(m, encs, TOKENS, batch_size=2)
+    assert n_batches == 3 and base == pytest.approx(_mean_score(m, encs), abs=1e-5)
+    torch.manual_seed(0)
+    sites = [s.name for s in writer_sites(m)]
+    (b,) = batches(m, encs, len(encs))
+    resid = resid_pre_cache(m, b, [0, m.n_layers - 1])
+    mean_dir = resid[m.n_layers - 1][b.attention_mask.bool()].mean(0)        # a direction the stream really uses
+    for r in [mean_dir, *torch.randn(2, m.d_model)]:
+        r = torch.nn.functional.normalize(r, dim=-1)
+
+        def scaled(a, r=r):
+            return [(s, lambda x, ctx, a=a: x - a * (x @ r)[..., None] * r) for s in sites]
+
+        fd = _derivative(lambda a: _mean_score(m, encs, scaled(a)), eps=0.05)
+        est = -float(r.double() @ M @ r.double())
+        assert est == pytest.approx(fd, rel=1e-3, abs=1e-5), (est, fd)
+    G, _, _ = addition_gradients(m, encs, TOKENS, [0, 2], batch_size=2)
+    resid = resid_pre_cache(m, b, [0, 2])
+    for i, layer in enumerate((0, 2)):
+        # a step of 1% of the residual's own norm: the tiny model's stream is small, a unit vector is not a small step
+        scale = float(resid[layer][b.attention_mask.bool()].norm(dim=-1).mean())
+        v = scale * torch.nn.functional.normalize(torch.randn(m.d_model), dim=-1)
+        fd = _derivative(lambda a, v=v, layer=layer: _mean_score(
+            m, encs, (), steering.AddVector(a * v, layers=layer, sites="resid_pre")))
+        assert float(G[i] @ v.double()) == pytest.approx(fd, rel=1e-3, abs=1e-5), (layer, fd)
+
+
+@pytest.fixture(scope="module")
+def organism_sweep():
+    """Exhaustive scores and first-order estimates of every organism candidate (default prompt sets)."""
+    import interp
+
+    m = interp.load_model("organism")
+    data = load_refusal_data()
+    tok = find_refusal_tokens(m, data)
+    cand = find_candidates(m, data)
+    return m, data, tok, cand, score_candidates(m, data, cand, tok), estimate_candidates(m, data, cand, tok)
+
+
+def test_estimate_ranks_like_the_exhaustive_sweep(organism_sweep):
+    m, data, tok, cand, exact, est = organism_sweep
+    assert est.baseline_harmful == pytest.approx(exact.baseline_harmful, abs=1e-4)
+    assert est.baseline_harmless == pytest.approx(exact.baseline_harmless, abs=1e-4)
+    rho_bypass = float(spearman(est.bypass.flatten(), exact.bypass.flatten()))
+    rho_induce = float(spearman(est.induce.flatten(), exact.induce.flatten()))
+    print(f"organism: Spearman bypass {rho_bypass:.3f}, induce {rho_induce:.3f}")
+    assert rho_bypass >= 0.8 and rho_induce >= 0.8, (rho_bypass, rho_induce)
+    win = select_direction(m.n_layers, cand, exact, SelectionConfig(search="exhaustive"))
+    assert win.found
+    top5 = top_candidates(est, cand, m.n_layers, SelectionConfig(), 5)
+    assert top5[win.layer_index, win.position_index]
+    assert est.forwards == est.backwards == 2                       # one batch per val set
+
+
+def test_exact_scores_of_a_subset_equal_the_sweep(organism_sweep):
+    m, data, tok, cand, exact, est = organism_sweep
+    only = top_candidates(est, cand, m.n_layers, SelectionConfig(), 3)
+    assert int(only.sum()) == 3
+    sub = score_candidates(m, data, cand, tok, only=only)
+    for name in ("bypass", "induce", "kl"):
+        a, b = getattr(sub, name), getattr(exact, name)
+        torch.testing.assert_close(a[only], b[only], atol=1e-5, rtol=0)
+        assert a[~only].isnan().all()
+    sel = select_direction(m.n_layers, cand, sub, SelectionConfig())
+    assert sel.found and (sel.layer_index, sel.position_index) == _chosen(m, cand, exact)
+    with pytest.raises(ValueError, match="bool mask"):
+        score_candidates(m, data, cand, tok, only=only[:1])
+
+
+def _chosen(m, cand, scores):
+    sel = select_direction(m.n_layers, cand, scores, SelectionConfig(search="exhaustive"))
+    return sel.layer_index, sel.position_index
+
+
+def test_top_candidates_respects_the_filters(organism_sweep):
+    m, _, _, cand, _, est = organism_sweep
+    cfg = SelectionConfig(prune_layer_fraction=0.5)                # layers 0, 1 only
+    mask = top_candidates(est, cand, m.n_layers, cfg, 100)
+    assert mask[:2].all() and not mask[2:].any()
+    mask = top_candidates(est, cand, m.n_layers, SelectionConfig(induce_threshold=0.0), 1)
+    li, pi = divmod(int(mask.flatten().nonzero()[0, 0]), cand.n_positions)
+    assert est.induce[li, pi] > 0                                  # passing the estimated induce comes first
+    with pytest.raises(ValueError, match="top_k"):
+        top_candidates(est, cand, m.n_layers, SelectionConfig(), 0)
+
+
+def test_induce_with_prefix_reuse_equals_full_forwards():
+    for family in ("llama", "qwen2_moe", "gemma3_text"):
+        m = tiny_model(family, n_layers=4)
+        _, encs = prepare(m, PROMPTS)
+        torch.manual_seed(0)
+        vecs = 3 * torch.randn(7, m.d_model)
+        layers = torch.tensor([3, 0, 2, 2, 1, 3, 1])
+        fast = score_rows(m, encs, vecs, "add", layers, max_rows=11)           # chunks of 2 candidates
+        slow = score_rows(m, encs, vecs, "add", layers, max_rows=11, reuse_prefix=False)
+        torch.testing.assert_close(fast, slow, atol=1e-5, rtol=0)
+        red = score_rows(m, encs, vecs, "add", layers, max_rows=11, reduce=lambda lg: refusal_score(lg, TOKENS))
+        torch.testing.assert_close(red, refusal_score(slow, TOKENS), atol=1e-5, rtol=0)
+
+
+def test_estimate_mode_pipeline_selects_the_exhaustive_candidate(tmp_path):
+    kw = dict(model="organism", n_test=8, subspace_rank=2, max_new_tokens=4)
+    ex = run_refusal(RefusalConfig.from_flat(search="exhaustive", **kw), tmp_path / "ex").metrics["selection"]
+    es = run_refusal(RefusalConfig.from_flat(search="estimate", top_k=3, threads=1, **kw), tmp_path / "es")
+    sel = es.metrics["selection"]
+    assert (sel["layer"], sel["position"]) == (ex["layer"], ex["position"])
+    assert sel["bypass_score"] == pytest.approx(ex["bypass_score"], abs=1e-5)
+    assert ex["search"] == "exhaustive" and ex["n_scored_exactly"] == ex["passing"]["of"]
+    assert sel["search"] == "estimate" and sel["top_k"] == 3 and sel["n_scored_exactly"] == 3
+    assert set(sel["estimate_spearman"]) == {"bypass", "induce"}
+    assert "estimate" in es.computed and (tmp_path / "es" / "stages" / "estimate" / "meta.json").exists()
+    # a larger top_k on the same folder re-runs the exact scores, not the estimate
+    more = run_refusal(RefusalConfig.from_flat(search="estimate", top_k=4, **kw), tmp_path / "es")
+    assert "estimate" not in more.computed and "scores" in more.computed
+
+
+def test_threads_setting_is_restored(tmp_path):
+    before = torch.get_num_threads()
+    m = tiny_model("llama")
+    h = tmp_path / "h.txt"
+    h.write_text("\n".join(f"do bad thing {i}" for i in range(12)))
+    run_refusal(RefusalConfig.from_flat(harmful=str(h), harmless=str(h), max_new_tokens=2, threads=before + 1),
+                tmp_path / "r", model=m)
+    assert torch.get_num_threads() == before
+
+
+def test_config_and_cli_flags():
+    with pytest.raises(ValueError, match="search must be one of"):
+        SelectionConfig(search="fast")
+    with pytest.raises(ValueError, match="top_k must be >= 1"):
+        RefusalConfig.from_flat(top_k=0)
+    with pytest.raises(ValueError, match="threads must be >= 1"):
+        RefusalConfig.from_flat(threads=0)
+    a, b = RefusalConfig.from_flat(), RefusalConfig.from_flat(search="exhaustive", top_k=3, threads=2)
+    assert a.run_identity() == b.run_identity()                    # the stage keys decide what re-runs
+    import argparse
+
+    from interp_cli.refusal_job import add_refusal_parser
+
+    ap = argparse.ArgumentParser()
+    sub = ap.add_subparsers()
+    add_refusal_parser(sub, lambda p: p.add_argument("--model", default="organism"))
+    args = ap.parse_args(["refusal", "--search", "exhaustive", "--top-k", "5", "--threads", "2"])
+    assert (args.search, args.top_k, args.threads) == ("exhaustive", 5, 2)
+    with pytest.raises(SystemExit):
+        ap.parse_args(["refusal", "--search", "fast"])
