@@ -65,10 +65,12 @@ def test_harmless_column_is_detected_from_its_own_file(tmp_path):
     res = run_refusal(RefusalConfig.from_flat(model="organism", harmful=str(h), harmless=str(s), column="goal", max_new_tokens=2),
                       tmp_path / "r1", model=m)
     assert "found_direction" in res.metrics
-    # the built-in harmless set beside a harmful CSV with --column
+    # the built-in harmless set beside a harmful CSV with --column: a model that is not the toy organism gets the
+    # realistic set (and the borderline set for over-refusal)
     res = run_refusal(RefusalConfig.from_flat(model="organism", harmful=str(h), column="goal", max_new_tokens=2, n_train=8, n_val=4,
                                               n_test=4), tmp_path / "r2", model=m)
-    assert res.metrics["data"]["harmless"].startswith("interp/data/prompts/organism_harmless")
+    assert res.metrics["data"]["harmless"] == "interp/data/prompts/harmless_realistic.jsonl"
+    assert "borderline" in res.metrics["data"]
     with pytest.raises(ValueError, match="--harmless-column"):
         run_refusal(RefusalConfig.from_flat(model="organism", harmful=str(h), harmless=str(s), harmless_column="goal"),
                     tmp_path / "r3", model=m)

@@ -190,7 +190,7 @@ def test_config_and_cli_flags():
 
     ap = argparse.ArgumentParser()
     sub = ap.add_subparsers()
-    add_refusal_parser(sub, lambda p: p.add_argument("--model", default="organism"))
+    add_refusal_parser(sub, lambda p, default="organism": p.add_argument("--model", default=default))
     args = ap.parse_args(["refusal", "--search", "exhaustive", "--top-k", "5", "--threads", "2"])
     assert (args.search, args.top_k, args.threads) == ("exhaustive", 5, 2)
     with pytest.raises(SystemExit):
