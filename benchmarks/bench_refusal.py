@@ -6,7 +6,7 @@ more source trees (e.g. this checkout and the pre-refactor commit), each in its 
 
 and the candidate search, exhaustive against the first-order estimate + exact top k (``_refusal_search``):
 
-    python benchmarks/bench_refusal.py --search organism,smollm2-aligned --threads 2 --n-val 16
+    python benchmarks/bench_refusal.py --search organism,smollm2-aligned --threads 2 --n-val 32,16
 
 A forward pass is one call of a ``*ForCausalLM`` module's forward (each generation step counts; baked copies
 count), seen by a global module pre-hook: the count is the same whichever code path runs the model.
@@ -99,10 +99,14 @@ def search_main(args: argparse.Namespace) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     results = []
-    for name in args.search.split(","):
-        save = Path(args.save_dir) / f"search_{name}_n{args.n_val}.pt" if args.save_dir else None
+    names = args.search.split(",")
+    n_vals = [int(x) for x in str(args.n_val).split(",")]
+    if len(n_vals) not in (1, len(names)):
+        raise SystemExit(f"--n-val: give one number or one per model ({len(names)})")
+    for name, n_val in zip(names, n_vals * len(names) if len(n_vals) == 1 else n_vals):
+        save = Path(args.save_dir) / f"search_{name}_n{n_val}.pt" if args.save_dir else None
         reuse = save if args.reuse_exhaustive else None
-        results.append(run_model(name, args.n_val, args.n_train, args.top_k, args.batch_size, args.max_rows, save, reuse))
+        results.append(run_model(name, n_val, args.n_train, args.top_k, args.batch_size, args.max_rows, save, reuse))
         print(json.dumps(results[-1], indent=1), flush=True)
     cmd = " ".join(["python benchmarks/bench_refusal.py"] + sys.argv[1:])
     text = section(results, cmd, machine())
@@ -119,7 +123,8 @@ def main() -> None:
     ap.add_argument("--out", default=str(HERE / "RESULTS_refusal.md"), help="results file (default: %(default)s)")
     ap.add_argument("--search", default=None, help="comma-separated models: compare the candidate search modes "
                     "instead (organism, smollm2-aligned)")
-    ap.add_argument("--n-val", type=int, default=16, help="--search: validation prompts per class (default: %(default)s)")
+    ap.add_argument("--n-val", default="16", help="--search: validation prompts per class, one number or one per "
+                    "model (default: %(default)s)")
     ap.add_argument("--n-train", type=int, default=64, help="--search: training prompts per class (default: %(default)s)")
     ap.add_argument("--top-k", type=int, default=8, help="--search: candidates scored exactly (default: %(default)s)")
     ap.add_argument("--batch-size", type=int, default=32, help="--search: prompts per batch (default: %(default)s)")

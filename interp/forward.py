@@ -143,7 +143,7 @@ def forward(model: Model, batch: Batch, hook_fns: Any = (), *, logits: str | Non
     if logits == "last":
         kw["logits_to_keep"] = 1
     grad_ctx = nullcontext() if grad else torch.inference_mode()
-    skip = from_layer if full is not None and model.spec.family in SKIPPABLE else 0
+    skip = from_layer if full is not None and can_skip(model) else 0
     with grad_ctx, hooks(model, _resume_hooks(model, from_layer, full, bool(skip))), hooks(model, hook_fns), \
             skip_blocks(model, skip, full):
         if full is not None and not skip:
@@ -220,9 +220,15 @@ def last_logits(model: Model, batch: Batch, hook_fns: Any = (), grad: bool = Fal
 
 
 # families whose model loop feeds each block's output (a tensor) to the next block as its first argument, so a
-# block can be stood in for by a pass-through (checked equal to the full forward in tests/test_forward_resume.py)
+# block can be stood in for by a pass-through (checked equal to the full forward in tests/test_core_forward_resume.py)
 SKIPPABLE = frozenset({"llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3", "olmo2", "gpt2",
                        "gpt_neox", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe"})
+
+
+def can_skip(model: Model) -> bool:
+    """Whether blocks can be stood in for (:func:`skip_blocks`): a family in ``SKIPPABLE`` whose HF
+    ``model_type`` is that family (an inferred or user-registered spec is not assumed to loop the same way)."""
+    return model.spec.family in SKIPPABLE and getattr(model.config, "model_type", None) == model.spec.family
 
 
 def resid_pre_cache(model: Model, batch: Batch, layers: Sequence[int]) -> dict[int, torch.Tensor]:
@@ -305,7 +311,7 @@ def skip_blocks(model: Model, upto: int, resid: torch.Tensor | None = None) -> I
     if upto <= 0:
         yield
         return
-    if model.spec.family not in SKIPPABLE:
+    if not can_skip(model):
         raise ValueError(f"blocks of {model.spec.family} models cannot be skipped (not in interp.forward.SKIPPABLE)")
     _refuse_hooks_below(model, upto, 0)
     blocks = model.blocks
@@ -319,5 +325,5 @@ def skip_blocks(model: Model, upto: int, resid: torch.Tensor | None = None) -> I
             blocks[i] = b
 
 
-__all__ = ["SKIPPABLE", "Inputs", "batch_of", "batches", "encode_ids", "encodings", "forward", "last_logits", "pad_id",
+__all__ = ["SKIPPABLE", "Inputs", "batch_of", "can_skip", "batches", "encode_ids", "encodings", "forward", "last_logits", "pad_id",
            "prefix_cache", "prepare", "resid_pre_cache", "skip_blocks"]

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import steering
-from interp.forward import SKIPPABLE, batch_of, forward, last_logits, resid_pre_cache, skip_blocks
+from interp.forward import batch_of, can_skip, forward, last_logits, resid_pre_cache, skip_blocks
 from interp.hooks import count_hooks
 from interp.testing.tiny import FAMILIES, tiny_model
 
@@ -37,7 +37,7 @@ def test_resume_equals_full_forward(family):
         torch.testing.assert_close(fast, full, atol=1e-5, rtol=0)
         torch.testing.assert_close(slow, full, atol=1e-5, rtol=0)
     assert count_hooks(m.hf) == 0
-    assert m.spec.family in SKIPPABLE
+    assert can_skip(m) and not can_skip(_unlisted(m))
 
 
 def test_blocks_below_are_not_run_and_come_back():

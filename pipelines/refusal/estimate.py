@@ -1,18 +1,21 @@
-"""First-order estimates of every candidate's bypass and induce scores from one forward + backward per batch.
+"""Cheap estimates of every candidate's bypass, induce and KL scores from one forward per batch and a few backwards.
 
-Bypass: ablating the unit direction ``r`` at every writer (the embedding, i.e. resid_pre of block 0, and every
-block's attn_out and mlp_out) changes each writer output ``o`` by ``-(o.r) r``, so to first order the mean
-harmful refusal score moves by ``-sum (g.r)(o.r) = -r^T M r`` with ``M = sum g o^T`` over writers, positions and
-prompts (``g``: the gradient of the mean score at that writer's output). Induce: adding ``v`` at resid_pre of
-block ``l`` at every position moves the mean harmless score by ``(sum_t g_{l,t}) . v``. One backward on each
-val set gives ``M`` (``d x d``) and the per-layer gradient sums; every candidate is then a quadratic / linear form.
-:func:`top_candidates` picks the ones worth scoring exactly.
+Bypass (first order): ablating the unit direction ``r`` at every writer (the embedding, i.e. resid_pre of block
+0, and every block's attn_out and mlp_out) changes each writer output ``o`` by ``-(o.r) r``, so the mean harmful
+refusal score moves by ``-sum (g.r)(o.r) = -r^T M r``, ``M = sum g o^T`` over writers, positions and prompts
+(``g``: the gradient of the mean score at that writer's output). Induce (first order): adding ``v`` at resid_pre
+of block ``l`` moves the mean harmless score by ``(sum_t g_{l,t}) . v``. KL (second order, its first order is 0):
+the ablation moves prompt ``i``'s next-token logits by ``dz_i = -sum J (o.r) r`` to first order, and
+``KL ~ 1/2 dz^T (diag p - p p^T) dz``, estimated with random probes ``u ~ N(0, diag p - p p^T)`` (one backward
+each): ``KL ~ 1/2 E[(u . dz)^2]``. The first-order bypass ranks poorly exactly where an ablation breaks the model
+(large KL), which the KL estimate flags; :func:`top_candidates` uses all three to pick the candidates worth scoring
+exactly.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +24,7 @@ from jaxtyping import Bool, Float
 
 from evals.logits import refusal_score
 from evals.metrics import spearman
-from interp.chat import Encoded
+from interp.chat import Batch, Encoded
 from interp.forward import batches, prepare
 from interp.hooks import HookContext, hooks
 from interp.models import Model
@@ -31,14 +34,18 @@ from pipelines.refusal.config import SelectionConfig
 from pipelines.refusal.prompt_sets import RefusalData
 from pipelines.refusal.stages import Candidates, RefusalTokens, Scores
 
+PROBES = 4  # random probes for the KL estimate: its Spearman with the exact KL on SmolLM2 was 0.88 with 2, 0.89 with 4
+
 
 @dataclass
 class Estimate:
-    """Estimated mean refusal scores ``[layers, P]`` (bypass on harmful val, induce on harmless val), the clean
-    baselines they are offsets of, and the passes spent (each batch: one forward and one backward)."""
+    """Estimated scores ``[layers, P]`` on the scale of :class:`~pipelines.refusal.stages.Scores` (bypass: mean
+    harmful refusal score under ablation; induce: mean harmless score under addition; kl: mean harmless KL under
+    ablation), the clean baselines, and the passes spent."""
 
     bypass: Float[torch.Tensor, "layers P"]
     induce: Float[torch.Tensor, "layers P"]
+    kl: Float[torch.Tensor, "layers P"]
     baseline_harmful: float
     baseline_harmless: float
     forwards: int
@@ -51,13 +58,11 @@ def writer_sites(model: Model) -> list[Site]:
     return [Site("resid_pre", 0)] + [Site(k, i) for i in range(model.n_layers) for k in ("attn_out", "mlp_out")]
 
 
-def _batches_with_grads(model: Model, encs: Sequence[Encoded], tokens: Sequence[int], sites: Sequence[Site],
-                        batch_size: int, ablate: torch.Tensor | None = None
-                        ) -> Iterator[tuple[dict[Site, tuple[torch.Tensor, torch.Tensor]], float]]:
-    """Yield per batch ``{site: (act, grad)}`` (``[B, T, d]``, padding zeroed) of the mean refusal score over all
-    ``encs``, and the batch's summed score. ``ablate [k, d]`` (orthonormal rows): that subspace is projected out
-    at every site; ``act`` is then the site's value before the projection, ``grad`` the gradient after it."""
-    n = len(encs)
+def _captured(model: Model, batch: Batch, sites: Sequence[Site], ablate: torch.Tensor | None
+              ) -> tuple[dict[Site, torch.Tensor], torch.Tensor, dict[Site, torch.Tensor], torch.Tensor]:
+    """One forward keeping ``sites`` in the autograd graph: ``(acts, last logits, values [B, T, d] with padding
+    zeroed, mask [B, T, 1])``. ``ablate [k, d]`` (orthonormal rows): that subspace is projected out at every
+    site; ``acts`` (what gradients are taken at) are then after the projection, ``values`` before it."""
     pre: dict[str, torch.Tensor] = {}
 
     def project_out(x: torch.Tensor, ctx: HookContext) -> torch.Tensor:
@@ -66,74 +71,108 @@ def _batches_with_grads(model: Model, encs: Sequence[Encoded], tokens: Sequence[
         return x - (x @ q.T) @ q
 
     edits = [] if ablate is None else [(s.name, project_out) for s in sites]
-    for batch in batches(model, encs, batch_size):
-        with hooks(model, edits):  # attached first, so the capture below sees (and differentiates) the edited value
-            acts, logits = run_with_capture(model, batch, sites, grad=True)
-        scores = refusal_score(logits, tokens)
-        tensors = [acts[s] for s in sites]
-        grads = torch.autograd.grad(scores.sum() / n, tensors, allow_unused=True)
-        mask = batch.attention_mask.to(logits.device)[..., None].float()
-        out = {s: (pre.get(s.name, t).detach().float() * mask,
-                   torch.zeros_like(t, dtype=torch.float) if g is None else g.float() * mask)
-               for s, t, g in zip(sites, tensors, grads, strict=True)}
-        yield out, float(scores.detach().sum())
+    with hooks(model, edits):  # attached first, so the capture sees (and differentiates) the edited value
+        acts, logits = run_with_capture(model, batch, sites, grad=True)
+    mask = batch.attention_mask.to(logits.device)[..., None].float()
+    values = {s: pre.get(s.name, acts[s]).detach().float() * mask for s in sites}
+    return acts, logits, values, mask
+
+
+def _grads(value: torch.Tensor, acts: dict[Site, torch.Tensor], sites: Sequence[Site], mask: torch.Tensor,
+           retain: bool) -> list[torch.Tensor]:
+    """Gradients ``[B, T, d]`` of ``value`` at ``sites`` (padding zeroed; zeros where it does not depend on one)."""
+    gs = torch.autograd.grad(value, [acts[s] for s in sites], retain_graph=retain, allow_unused=True)
+    return [torch.zeros_like(acts[s], dtype=torch.float) if g is None else g.float() * mask for s, g in zip(sites, gs)]
 
 
 def ablation_moment(model: Model, encs: Sequence[Encoded], tokens: Sequence[int], batch_size: int,
                     ablate: torch.Tensor | None = None) -> tuple[Float[torch.Tensor, "d d"], float, int]:
     """``M = sum g o^T`` over writers, positions and prompts (float64, CPU), the mean score, the batches run.
-    ``ablate [k, d]``: taken where that subspace is ablated (``o`` before the projection, ``g`` after it)."""
-    d = model.d_model
-    M = torch.zeros(d, d, dtype=torch.float64)
+    ``ablate [k, d]``: taken where that subspace is ablated (``o`` before the projection, ``g`` after it: the
+    second point of a trapezoid estimate)."""
+    sites, n = writer_sites(model), len(encs)
+    M = torch.zeros(model.d_model, model.d_model, dtype=torch.float64)
     total, n_batches = 0.0, 0
-    for got, score_sum in _batches_with_grads(model, encs, tokens, writer_sites(model), batch_size, ablate):
-        for o, g in got.values():
-            M += torch.einsum("btd,bte->de", g, o).double().cpu()
-        total, n_batches = total + score_sum, n_batches + 1
-    return M, total / len(encs), n_batches
+    for batch in batches(model, encs, batch_size):
+        acts, logits, values, mask = _captured(model, batch, sites, ablate)
+        scores = refusal_score(logits, tokens)
+        for s, g in zip(sites, _grads(scores.sum() / n, acts, sites, mask, retain=False)):
+            M += torch.einsum("btd,bte->de", g, values[s]).double().cpu()
+        total, n_batches = total + float(scores.detach().sum()), n_batches + 1
+    return M, total / n, n_batches
 
 
-def addition_gradients(model: Model, encs: Sequence[Encoded], tokens: Sequence[int], layers: Sequence[int],
-                       batch_size: int) -> tuple[Float[torch.Tensor, "layers d"], float, int]:
-    """``sum_t g_{l,t}`` summed over prompts at resid_pre of each of ``layers`` (float64, CPU), the mean
-    score, the batches run."""
-    sites = [Site("resid_pre", int(layer)) for layer in layers]
-    G = torch.zeros(len(sites), model.d_model, dtype=torch.float64)
+def _probe_terms(logits: torch.Tensor, acts: dict[Site, torch.Tensor], values: dict[Site, torch.Tensor],
+                 mask: torch.Tensor, units: torch.Tensor, probes: int, gen: torch.Generator) -> torch.Tensor:
+    """``sum_i sum_k (u_ik . dz_i(r_c))^2`` per candidate ``[C]`` for this batch: ``probes`` backwards of
+    ``u . z`` with ``u ~ N(0, diag p - p p^T)``, ``dz`` the first-order logit change of ablating ``units[c]``."""
+    sites = list(values)
+    r = units.to(logits.device, torch.float)
+    proj = {s: values[s] @ r.T for s in sites}                                    # [B, T, C]: o . r
+    p = logits.detach().float().softmax(-1)
+    out = torch.zeros(len(units), dtype=torch.float64)
+    for k in range(probes):
+        xi = torch.randn(p.shape, generator=gen).to(p.device)
+        u = p.sqrt() * xi
+        u = u - p * u.sum(-1, keepdim=True)
+        gs = _grads((u * logits).sum(), acts, sites, mask, retain=k < probes - 1)
+        dz = sum(((g @ r.T) * proj[s]).sum(1) for s, g in zip(sites, gs))         # [B, C], sign irrelevant
+        out += (dz.double() ** 2).sum(0).cpu()
+    return out
+
+
+def harmless_terms(model: Model, encs: Sequence[Encoded], tokens: Sequence[int], layers: Sequence[int],
+                   units: Float[torch.Tensor, "c d"], batch_size: int, probes: int = PROBES, seed: int = 0
+                   ) -> tuple[Float[torch.Tensor, "layers d"], Float[torch.Tensor, " c"], float, int]:
+    """From one forward per batch of the harmless prompts: ``G`` (``sum_t g_{l,t}`` over prompts at resid_pre of
+    ``layers``, the induce gradients), the second-order KL estimate of ablating each of ``units``, the mean
+    score and the batches run (each: one forward, ``1 + probes`` backwards)."""
+    writers, resid = writer_sites(model), [Site("resid_pre", int(layer)) for layer in layers]
+    sites = list(dict.fromkeys(writers + resid))
+    n, gen = len(encs), torch.Generator().manual_seed(seed)
+    G = torch.zeros(len(resid), model.d_model, dtype=torch.float64)
+    kl = torch.zeros(len(units), dtype=torch.float64)
     total, n_batches = 0.0, 0
-    for got, score_sum in _batches_with_grads(model, encs, tokens, sites, batch_size):
-        G += torch.stack([got[s][1].sum((0, 1)) for s in sites]).double().cpu()
-        total, n_batches = total + score_sum, n_batches + 1
-    return G, total / len(encs), n_batches
+    for batch in batches(model, encs, batch_size):
+        acts, logits, values, mask = _captured(model, batch, sites, None)
+        scores = refusal_score(logits, tokens)
+        G += torch.stack([g.sum((0, 1)) for g in _grads(scores.sum() / n, acts, resid, mask, retain=probes > 0)]
+                         ).double().cpu()
+        if probes:
+            kl += _probe_terms(logits, acts, {s: values[s] for s in writers}, mask, units, probes, gen)
+        total, n_batches = total + float(scores.detach().sum()), n_batches + 1
+    return G, kl / (2 * max(probes, 1) * n), total / n, n_batches
 
 
 def estimate_candidates(model: Model, data: RefusalData, cand: Candidates, tokens: RefusalTokens,
-                        batch_size: int = 64) -> Estimate:
-    """First-order bypass and induce estimates ``[layers, P]`` of every candidate, on the scale of
-    :class:`~pipelines.refusal.stages.Scores` (mean refusal scores on the val prompts)."""
+                        batch_size: int = 64, probes: int = PROBES, seed: int = 0) -> Estimate:
+    """Bypass, induce (first order) and KL (second order, ``probes`` random probes) estimates ``[layers, P]`` of
+    every candidate, on the scale of :class:`~pipelines.refusal.stages.Scores`."""
     toks = tokens.tokens
     _, enc_h = prepare(model, data.harmful["val"].instructions)
     _, enc_s = prepare(model, data.harmless["val"].instructions)
-    M, base_h, nb_h = ablation_moment(model, enc_h, toks, batch_size)
-    G, base_s, nb_s = addition_gradients(model, enc_s, toks, cand.layers, batch_size)
     raw = cand.raw.double()
-    r = torch.nn.functional.normalize(raw, dim=-1)                           # [layers, P, d]
+    r = torch.nn.functional.normalize(raw, dim=-1)                                # [layers, P, d]
+    M, base_h, nb_h = ablation_moment(model, enc_h, toks, batch_size)
+    G, kl, base_s, nb_s = harmless_terms(model, enc_s, toks, cand.layers, r.flatten(0, 1), batch_size, probes, seed)
     bypass = base_h - torch.einsum("lpd,de,lpe->lp", r, M, r)
     induce = base_s + torch.einsum("lpd,ld->lp", raw, G)
-    return Estimate(bypass.float(), induce.float(), base_h, base_s, nb_h + nb_s, nb_h + nb_s)
+    return Estimate(bypass.float(), induce.float(), kl.view(bypass.shape).float(), base_h, base_s, nb_h + nb_s,
+                    nb_h + nb_s * (1 + probes))
 
 
 def top_candidates(est: Estimate, cand: Candidates, n_layers: int, cfg: SelectionConfig, k: int
                    ) -> Bool[torch.Tensor, "layers P"]:
-    """The ``k`` candidates to score exactly: the lowest estimated bypass among those the depth filter keeps,
-    those whose estimated induce passes the threshold first (the rest fill up when fewer than ``k`` pass)."""
+    """The ``k`` candidates to score exactly, among those the depth filter keeps: first those whose estimates
+    pass the induce and KL filters, then those failing only KL, then only induce, then both; by estimated bypass
+    within each group."""
     if k < 1:
         raise ValueError(f"top_k must be >= 1, got {k}")
     n_pos = cand.n_positions
     depth_ok = (torch.tensor(cand.layers) < math.floor(n_layers * (1 - cfg.prune_layer_fraction)))[:, None]
     depth_ok = depth_ok.expand(len(cand.layers), n_pos).flatten()
-    induce_ok = (est.induce > cfg.induce_threshold).flatten()
-    # tier 0: both pass, tier 1: depth only; ranked by estimated bypass inside a tier
-    key = est.bypass.flatten().double() + torch.where(induce_ok, 0.0, 1e12)
+    fails = 2 * (est.induce <= cfg.induce_threshold).flatten().double() + (est.kl >= cfg.kl_threshold).flatten()
+    key = est.bypass.flatten().double() + 1e9 * fails        # refusal scores are log-odds, far below 1e9
     key = torch.where(depth_ok, key, math.inf)
     chosen = torch.argsort(key, stable=True)[:min(k, int(depth_ok.sum()))]
     mask = torch.zeros(len(key), dtype=torch.bool)
@@ -142,13 +181,14 @@ def top_candidates(est: Estimate, cand: Candidates, n_layers: int, cfg: Selectio
 
 
 def agreement(est: Estimate, scores: Scores, only: torch.Tensor | None = None) -> dict[str, float | None]:
-    """Spearman rank correlation of estimated and exact bypass / induce over the exactly scored candidates
-    (``only``; all when ``None``); ``None`` where fewer than 3 are scored."""
+    """Spearman rank correlation of estimated and exact bypass / induce / KL over the exactly scored candidates
+    (``only``; all when ``None``); ``None`` where fewer than 3 are scored or one side is constant."""
     keep = torch.ones_like(scores.bypass, dtype=torch.bool) if only is None else only
     keep = keep & ~scores.bypass.isnan()
+    names = ("bypass", "induce", "kl")
     if int(keep.sum()) < 3:
-        return {"bypass": None, "induce": None}
-    rho = {name: float(spearman(getattr(est, name)[keep], getattr(scores, name)[keep])) for name in ("bypass", "induce")}
+        return dict.fromkeys(names)
+    rho = {name: float(spearman(getattr(est, name)[keep], getattr(scores, name)[keep])) for name in names}
     return {name: (v if math.isfinite(v) else None) for name, v in rho.items()}
 
 
@@ -162,6 +202,5 @@ def search_metrics(cfg: SelectionConfig, est: Estimate | None, scores: Scores) -
     return out
 
 
-__all__ = ["Estimate", "ablation_moment", "addition_gradients", "agreement", "estimate_candidates", "search_metrics",
-           "top_candidates",
-           "writer_sites"]
+__all__ = ["PROBES", "Estimate", "ablation_moment", "agreement", "estimate_candidates", "harmless_terms",
+           "search_metrics", "top_candidates", "writer_sites"]

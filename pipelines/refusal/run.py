@@ -18,7 +18,7 @@ from interp.models import Model, load_model
 from pipelines.refusal.cache import Run
 from pipelines.refusal.config import RefusalConfig, stage_key
 from pipelines.refusal.diagnosis import diagnose, relaxed_notes
-from pipelines.refusal.estimate import Estimate, estimate_candidates, top_candidates
+from pipelines.refusal.estimate import PROBES, Estimate, estimate_candidates, top_candidates
 from pipelines.refusal.evaluation import Evaluation, Subspaces, TestPrompts, evaluate, find_subspaces
 from pipelines.refusal.outputs import finish, start_notes
 from pipelines.refusal.prompt_sets import RefusalData, load_refusal_data
@@ -105,7 +105,7 @@ def _run_refusal(cfg: RefusalConfig, out: str | Path, overwrite: bool, progress:
         only = None
         if s.search == "estimate":  # first-order estimates of every candidate; only the top k are scored exactly
             res.estimate = run.stage("estimate", keys.estimate, Estimate, lambda: estimate_candidates(
-                model, data, cand, res.tokens, bs), say)  # type: ignore[arg-type]
+                model, data, cand, res.tokens, bs, seed=d.seed), say)  # type: ignore[arg-type]
             only = top_candidates(res.estimate, cand, model.n_layers, s, s.top_k)
         res.scores = run.stage("scores", keys.exact(only), Scores, lambda: score_candidates(
             model, data, cand, res.tokens, bs, rt.max_rows, only=only), say)  # type: ignore[arg-type]
@@ -136,7 +136,8 @@ class _Keys:
         self.scores = stage_key("scores", {"tokens": self.tokens, "candidates": self.candidates,
                                            "val": data.digest("val"), "max_rows": rt.max_rows, **self.model})
         self.estimate = stage_key("estimate", {"tokens": self.tokens, "candidates": self.candidates,
-                                               "val": data.digest("val"), **self.model})
+                                               "val": data.digest("val"), "probes": PROBES, "seed": cfg.data.seed,
+                                               **self.model})
         self.test = {"test": data.digest("test"), "train": data.digest("train"), "seed": cfg.data.seed,
                      "max_new_tokens": g.max_new_tokens, "tokens": self.tokens, "candidates": self.candidates}
 
