@@ -297,6 +297,16 @@ def module_hooks(items: Sequence[ModuleHook]) -> Iterator[None]:
             h.remove()
 
 
-def count_hooks(module: nn.Module) -> int:
-    """Number of forward (pre-)hooks attached anywhere below ``module`` (0 when nothing leaked)."""
-    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in module.modules())
+OUR_PACKAGES = ("interp", "evals", "viz", "probes", "sae", "steering", "patching", "pipelines", "organism")
+
+
+def count_hooks(module: nn.Module, ours_only: bool = False) -> int:
+    """Number of forward (pre-)hooks attached anywhere below ``module`` (0 when nothing leaked).
+
+    ``ours_only``: count only hooks whose function comes from this project (transformers installs hooks of its own,
+    e.g. to record router logits of mixture-of-experts layers once outputs were requested)."""
+    def ours(fn: object) -> bool:
+        return str(getattr(fn, "__module__", "") or "").split(".")[0] in OUR_PACKAGES
+
+    return sum(sum(1 for fn in (*m._forward_hooks.values(), *m._forward_pre_hooks.values())
+                   if not ours_only or ours(fn)) for m in module.modules())

@@ -298,7 +298,7 @@ def _check_writers(model: Model, ws: tuple, targets: list, explicit: bool, allow
 
 def _hook_free_copy(model: Model) -> Model:
     """A deep copy of the model; refused while hooks are attached, so the copy cannot carry them."""
-    n = count_hooks(model.hf)
+    n = count_hooks(model.hf, ours_only=True)
     if n:
         raise RuntimeError(f"the model has {n} forward hooks attached (inside steering.apply or interp.hooks?); "
                            f"bake outside those blocks so the copy does not carry them")
