@@ -9,6 +9,7 @@ A forward = one ``*ForCausalLM`` forward call; backward passes are the estimate'
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -17,7 +18,7 @@ from typing import Any
 import torch
 
 REPO = Path(__file__).resolve().parent.parent
-SHARED = REPO.parent / "shared" if (REPO.parent / "shared").exists() else Path("/work/shared")
+SHARED = Path(os.environ.get("INTERP_SHARED", REPO.parent / "shared"))  # ../shared beside the checkout
 DATA = {  # per model: harmful file, harmless file (None: the organism's own sets)
     "organism": (None, None),
     "smollm2-aligned": (str(SHARED / "data" / "refusal" / "harmful_test.json"),

@@ -33,6 +33,7 @@ from patching.runs import run_with_capture
 from pipelines.refusal.config import SelectionConfig
 from pipelines.refusal.prompt_sets import RefusalData
 from pipelines.refusal.stages import Candidates, RefusalTokens, Scores
+from steering.rows import ABLATE_KINDS
 
 PROBES = 4  # random probes for the KL estimate: its Spearman with the exact KL on SmolLM2 was 0.88 with 2, 0.89 with 4
 
@@ -55,7 +56,8 @@ class Estimate:
 def writer_sites(model: Model) -> list[Site]:
     """The sites steering.RowEdits ablates that write to the residual stream: resid_pre of block 0 (the
     embedding), every block's attn_out and mlp_out (resid_pre of later blocks holds nothing else)."""
-    return [Site("resid_pre", 0)] + [Site(k, i) for i in range(model.n_layers) for k in ("attn_out", "mlp_out")]
+    first, *later = ABLATE_KINDS  # resid_pre, then the block writers
+    return [Site(first, 0)] + [Site(k, i) for i in range(model.n_layers) for k in later]
 
 
 def _captured(model: Model, batch: Batch, sites: Sequence[Site], ablate: torch.Tensor | None

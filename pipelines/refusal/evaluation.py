@@ -8,6 +8,7 @@ scoring (:class:`TestPrompts`); ``steering.generate`` tokenises once per generat
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -78,6 +79,15 @@ class TestPrompts:
     def encodings(self, which: str) -> list[Encoded]:
         return self.prepared(which)[1]
 
+    def judged(self, which: str, ivs: Sequence[Any], max_new_tokens: int, batch_size: int, judge: Judge | None = None,
+               model: Model | None = None) -> tuple[list[str], list[bool], torch.Tensor]:
+        """Greedy generations of ``which`` under ``ivs`` (on ``model``, default this run's), the judge's verdicts,
+        and the first step's logits ``[n, vocab]`` (the prompts' own: no second forward for a refusal score)."""
+        out = steering.generate(model or self.model, self.prompts(which), *ivs, max_new_tokens=max_new_tokens,
+                                batch_size=batch_size, progress=False, prepared=self.prepared(which), first_logits=True)
+        assert out.first_logits is not None
+        return out.texts, judge_many(judge, out.texts), out.first_logits
+
 
 def _conditions(model: Model, r: torch.Tensor, v: torch.Tensor, layer: int, seed: int, borderline: bool
                 ) -> dict[str, tuple]:
@@ -111,22 +121,15 @@ def evaluate(model: Model, data: RefusalData, cand: Candidates, sel: Selection, 
     test = test or TestPrompts(model, data)
     direction = sel.direction(cand, model.name)
     r, v = direction.vectors[0], direction.raw[0]
-    gen_kw = dict(max_new_tokens=max_new_tokens, batch_size=batch_size, progress=False)
     gens, refused, scores, logits = {}, {}, {}, {}
-    for name, (which, ivs) in _conditions(model, r, v, sel.layer, seed, data.borderline is not None).items():
-        out = steering.generate(model, test.prompts(which), *ivs, prepared=test.prepared(which), first_logits=True,
-                                **gen_kw)  # the first step's logits are the prompt's: no second forward
-        gens[name], logits[name] = out.texts, out.first_logits
-        refused[name] = judge_many(judge, gens[name])
-        scores[name] = refusal_score(logits[name], tokens.tokens).mean().item()
     baked = steering.bake(model, r, allow_inexact=True)
-    name = "harmful/baked weights"
-    out = steering.generate(baked.model, test.prompts("harmful"), prepared=test.prepared("harmful"),
-                            first_logits=True, **gen_kw)
-    gens[name] = out.texts
-    refused[name] = judge_many(judge, gens[name])
-    hook, baked_logits = logits["harmful/ablation"], out.first_logits
-    scores[name] = refusal_score(baked_logits, tokens.tokens).mean().item()
+    conditions = _conditions(model, r, v, sel.layer, seed, data.borderline is not None)
+    conditions["harmful/baked weights"] = ("harmful", ())
+    for name, (which, ivs) in conditions.items():
+        on = baked.model if name == "harmful/baked weights" else model
+        gens[name], refused[name], logits[name] = test.judged(which, ivs, max_new_tokens, batch_size, judge, on)
+        scores[name] = refusal_score(logits[name], tokens.tokens).mean().item()
+    hook, baked_logits = logits["harmful/ablation"], logits["harmful/baked weights"]
     diff = (hook - baked_logits).abs().max()
     equiv = {"max_abs_logit_diff": float(diff), "rel_logit_diff": float(diff / hook.abs().max()),
              "exact_architecture": bool(baked.exact), "notes": baked.notes}
@@ -164,10 +167,7 @@ def _ablated(model: Model, test: TestPrompts, basis: torch.Tensor, tokens: Refus
              batch_size: int, judge: Judge | None = None) -> tuple[float, float]:
     """Harmful test refusal rate and mean refusal score with the span of ``basis [k, d]`` ablated everywhere."""
     iv = steering.AblateSubspace(basis, sites=("resid_pre", "attn_out", "mlp_out"))
-    gens = steering.generate(model, test.prompts("harmful"), iv, max_new_tokens=max_new_tokens,
-                             batch_size=batch_size, progress=False, prepared=test.prepared("harmful"), first_logits=True)
-    logits = gens.first_logits
-    flags = judge_many(judge, gens.texts)
+    _, flags, logits = test.judged("harmful", (iv,), max_new_tokens, batch_size, judge)
     return sum(flags) / len(flags), refusal_score(logits, tokens.tokens).mean().item()
 
 

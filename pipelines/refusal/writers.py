@@ -17,7 +17,7 @@ import torch
 from jaxtyping import Float
 
 import steering
-from evals.judge import Judge, judge_many
+from evals.judge import Judge
 from evals.logits import refusal_score
 from evals.rates import rate
 from interp.models import Model
@@ -158,12 +158,10 @@ def identity_checks(model: Model, test: TestPrompts, r: Float[torch.Tensor, " d"
 def _measure(model: Model, test: TestPrompts, ivs: list[Any], tokens: RefusalTokens, max_new_tokens: int,
              batch_size: int, judge: Judge | None = None) -> dict[str, Any]:
     """Refused / n, rate and Wilson interval of greedy generations, and the mean first-token refusal score."""
-    out = steering.generate(model, test.prompts("harmful"), *ivs, max_new_tokens=max_new_tokens,
-                            batch_size=batch_size, progress=False, prepared=test.prepared("harmful"), first_logits=True)
-    r = rate(judge_many(judge, out.texts))
-    k, n, (lo, hi) = r["k"], r["n"], r["ci95"]
-    score = refusal_score(out.first_logits, tokens.tokens).mean().item()
-    return {"n": n, "refused": k, "rate": r["rate"], "low": lo, "high": hi, "score": score}
+    _, flags, logits = test.judged("harmful", ivs, max_new_tokens, batch_size, judge, model)
+    r = rate(flags)
+    return {"n": r["n"], "refused": r["k"], "rate": r["rate"], "low": r["ci95"][0], "high": r["ci95"][1],
+            "score": refusal_score(logits, tokens.tokens).mean().item()}
 
 
 def _from_evaluation(ev: Evaluation | None) -> dict[tuple[str, str], dict[str, Any]]:
