@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import importlib.util
 import os
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -80,7 +83,12 @@ class Model:
 
     @property
     def device(self) -> torch.device:
-        return next(self.hf.parameters()).device
+        """Where inputs go: the embedding's execution device under a ``device_map`` (accelerate), else the
+        first parameter's device (never ``meta``: offloaded weights sit there outside the forward pass)."""
+        dev = execution_device(get_module(self.hf, self.spec.embed)) if hasattr(self.hf, "hf_device_map") else None
+        if dev is not None:
+            return dev
+        return next((p.device for p in self.hf.parameters() if p.device.type != "meta"), torch.device("cpu"))
 
     @property
     def dtype(self) -> torch.dtype:
@@ -112,6 +120,49 @@ class Model:
     def __repr__(self) -> str:
         return (f"Model({self.name!r}, family={self.spec.family}, layers={self.n_layers}, d_model={self.d_model}, "
                 f"dtype={self.dtype}, device={self.device})")
+
+
+def execution_device(module: nn.Module) -> torch.device | None:
+    """The device accelerate runs ``module`` on (its ``device_map`` hook), or ``None`` for a module without one."""
+    hook = getattr(module, "_hf_hook", None)
+    for h in getattr(hook, "hooks", None) or [hook]:
+        dev = getattr(h, "execution_device", None)
+        if dev is not None:
+            return torch.device("cuda", dev) if isinstance(dev, int) else torch.device(dev)
+    return None
+
+
+def offloaded(model: Model) -> list[str]:
+    """Names of the parameters accelerate offloaded (to the CPU or disk): they sit on the ``meta`` device outside
+    the forward pass and are loaded module by module as it runs."""
+    return [n for n, p in model.hf.named_parameters() if p.device.type == "meta"]
+
+
+@contextmanager
+def onloaded(module: nn.Module) -> Iterator[nn.Module]:
+    """``module`` with its offloaded weights loaded onto its execution device for the block (read-only use: an
+    edit made here is dropped when they are offloaded again); a module without offloaded weights passes through."""
+    from accelerate.utils import align_module_device, has_offloaded_params
+
+    with ExitStack() as stack:
+        for m in module.modules():
+            if has_offloaded_params(m):
+                stack.enter_context(align_module_device(m))
+        yield module
+
+
+def materialize(model: Model, device: str | torch.device = "cpu") -> Model:
+    """A plain copy of a model split by ``device_map`` (offloaded weights read back from the CPU or disk): one
+    device, no accelerate hooks, every weight in memory, so it can be edited, baked or saved. Needs the
+    whole model to fit on ``device``."""
+    from accelerate.utils.modeling import get_state_dict_offloaded_model
+
+    hf = model.hf
+    state = get_state_dict_offloaded_model(hf) if offloaded(model) else hf.state_dict()
+    plain = type(hf)(copy.deepcopy(hf.config)).to(model.dtype)
+    plain.load_state_dict({k: v.to("cpu") for k, v in state.items()}, strict=True)
+    plain.generation_config = copy.deepcopy(hf.generation_config)
+    return Model(hf=plain.to(device).eval(), tokenizer=model.tokenizer, spec=model.spec, name=model.name)
 
 
 def from_hf(hf_model: nn.Module, tokenizer: Any = None, name: str | None = None) -> Model:

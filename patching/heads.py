@@ -20,7 +20,7 @@ from jaxtyping import Float
 from interp.chat import Batch
 from interp.forward import batch_of, last_logits
 from interp.hooks import hooks
-from interp.models import Model
+from interp.models import Model, onloaded
 from interp.sites import Site, parse_site
 from patching.activation import Edit, run_variants
 from patching.edits import HeadAblation, ablation_values
@@ -36,7 +36,8 @@ def _layers(model: Model, layers: Sequence[int] | None) -> list[int]:
 
 
 def head_weights(model: Model, layer: int) -> tuple[Float[torch.Tensor, "H dh d"], torch.Tensor | None]:
-    """``W_O`` split by head as ``[n_heads, d_head, d_model]`` and the output bias (``None`` if absent)."""
+    """``W_O`` split by head as ``[n_heads, d_head, d_model]`` and the output bias (``None`` if absent); for a layer
+    offloaded by a ``device_map``, call it inside ``interp.models.onloaded(model.block(layer))``."""
     proj = model.module(model.spec.attn_proj, layer)
     W = proj.weight
     W = W if model.spec.conv1d else W.T                                  # [H*dh, d]
@@ -104,7 +105,13 @@ class HeadOutputs:
 
 
 def split_heads(model: Model, layer: int, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Head outputs ``[..., H, d]`` and the shared bias term ``[..., d]`` of ``z [..., H, dh]`` at ``layer``."""
+    """Head outputs ``[..., H, d]`` and the shared bias term ``[..., d]`` of ``z [..., H, dh]`` at ``layer``
+    (weights offloaded by a ``device_map`` are loaded for the call)."""
+    with onloaded(model.block(layer)):
+        return _split_heads(model, layer, z)
+
+
+def _split_heads(model: Model, layer: int, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     W, b = head_weights(model, layer)
     heads = torch.einsum("...hk,hkd->...hd", z.float(), W.float())
     bias = torch.zeros(heads.shape[:-2] + heads.shape[-1:], device=heads.device) if b is None else \

@@ -98,16 +98,17 @@ def learn_mask(model: Model, prompts: Prompts, metric: Metric, over: str = "head
         fns = [(Site(kind, la), make(i, la, gate)) for i, la in enumerate(layer_list)]
         return call_metric(metric, last_logits(model, batch, fns, grad=gate.requires_grad))
 
-    flags = [p.requires_grad for p in model.hf.parameters()]
+    params = [p for p in model.hf.parameters() if p.device.type != "meta"]  # offloaded ones are reloaded per call
+    flags = [p.requires_grad for p in params]
     try:
-        for p in model.hf.parameters():
+        for p in params:
             p.requires_grad_(False)
         baseline = float(run(torch.zeros_like(theta).detach()))
         history = _train(theta, run, 1.0 if objective == "decrease" else -1.0, sparsity, steps, lr, progress)
         scores = torch.sigmoid(theta.detach()).cpu()
         selected = float(run((scores > 0.5).float().to(model.device)))
     finally:
-        for p, f in zip(model.hf.parameters(), flags, strict=True):
+        for p, f in zip(params, flags, strict=True):
             p.requires_grad_(f)
     return MaskResult(scores, over, layer_list, history, baseline, selected, objective, metric_name(metric),
                       meta={"ablate": ablate, "sparsity": sparsity, "steps": steps, "lr": lr})

@@ -21,7 +21,7 @@ import torch.nn as nn
 from interp.arch import has_module
 from interp.forward import last_logits
 from interp.hooks import _input_of, _with_input, module_hooks
-from interp.models import Model
+from interp.models import Model, onloaded
 from interp.sites import Site
 from patching.heads import split_heads
 from patching.measures import Metric, call_metric, metric_name
@@ -182,7 +182,8 @@ def receiver_hooks(model: Model, receivers: Sequence[Component], delta: dict[str
 
             def swap(m: nn.Module, args: tuple, o: torch.Tensor, cols=cols, conv=conv, stash=stash) -> torch.Tensor:
                 o = o.clone()
-                o[..., cols.to(o.device)] = _linear_cols(m, stash["alt"], cols, conv).to(o.dtype)
+                with onloaded(m):                                        # offloaded weights: back after the call
+                    o[..., cols.to(o.device)] = _linear_cols(m, stash["alt"], cols, conv).to(o.dtype)
                 return o
 
             out.append((mod, "post", swap))

@@ -90,6 +90,10 @@ def _pairs(target: Model, source: Model, layers: Sequence[int], parts: Sequence[
                     continue
                 seen.add(id(t))
                 out.append((t, st[name]))
+    if any(t.device.type == "meta" or s.device.type == "meta" for t, s in out):
+        raise ValueError("transplant copies weights in memory, but some it touches are offloaded by a device_map (to the "
+                         "CPU or disk, on the meta device outside the forward pass); transplant between plain copies: "
+                         "interp.models.materialize(model)")
     return out
 
 

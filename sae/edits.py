@@ -132,12 +132,12 @@ class LatentAblation:
         idx = torch.tensor(self.latents, dtype=torch.long, device=sae.device)
 
         def edit(x: torch.Tensor) -> torch.Tensor:
-            z = sae.encode(x)[..., idx]
+            z = sae.encode(x.to(sae.device))[..., idx]          # the block may sit on another device (device_map)
             target = torch.full_like(z, self.value)
             if self.only_active and self.value != 0.0:  # clamping: only where the latent is on
                 target = torch.where(z > 0, target, z)
             delta = (target - z) @ sae.W_dec[idx]
-            return x + delta.to(x.dtype)
+            return x + delta.to(x.device, x.dtype)
 
         f = _flat(edit)
         return {site: lambda x, ctx: _at_positions(x, f(x), self.positions)}

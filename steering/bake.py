@@ -31,7 +31,7 @@ from interp.arch import has_module
 from interp.coerce import check_width
 from interp.forward import batch_of, forward
 from interp.hooks import count_hooks, module_hooks
-from interp.models import Model, from_hf
+from interp.models import Model, from_hf, offloaded
 from steering._args import Layers, as_tensor, orthonormal, resolve_layers, unit
 
 WRITERS = ("embed", "pos_embed", "attn", "mlp", "experts", "shared_expert")
@@ -296,6 +296,16 @@ def _check_writers(model: Model, ws: tuple, targets: list, explicit: bool, allow
     return ws, inexact
 
 
+def check_in_memory(model: Model, what: str = "bake") -> None:
+    """Refuse a model whose weights a ``device_map`` offloaded (to the CPU or disk): they sit on the meta device
+    outside the forward pass, so an edit there would be lost. A model split across real devices is fine."""
+    names = offloaded(model)
+    if names:
+        raise ValueError(f"{what} edits weights in memory, but {len(names)} parameters of this model are offloaded by its "
+                         f"device_map (e.g. {names[0]}); {what} a plain copy: {what}(interp.models.materialize(model), "
+                         f"...) (the whole model in CPU memory), or load it without disk / CPU offload")
+
+
 def _hook_free_copy(model: Model) -> Model:
     """A deep copy of the model; refused while hooks are attached, so the copy cannot carry them."""
     n = count_hooks(model.hf, ours_only=True)
@@ -312,8 +322,11 @@ def bake(model: Model, direction: Any, writers: str | Sequence[str] = "all", lay
 
     Returns a :class:`BakeResult` whose ``.model`` is a copy (or ``model`` itself with ``inplace=True``).
     ``measure`` (default: only when inexact) runs ``check_ids`` (default 2 x 16 random tokens) through the
-    baked model and through hook ablation of the same writers, and reports the max logit difference.
+    baked model and through hook ablation of the same writers, and reports the max logit difference. A model
+    split across devices by a ``device_map`` is edited where each weight lives; one with offloaded weights is
+    refused (bake ``interp.models.materialize(model)``).
     """
+    check_in_memory(model)
     Q = as_basis(direction, model.d_model, orthonormalize)
     ws = resolve_writers(writers)
     explicit = writers != "all"
