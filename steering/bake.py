@@ -40,7 +40,9 @@ _NORMED = ("attn", "mlp", "experts", "shared_expert")
 
 @dataclass
 class BakeResult:
-    """The edited model, what was edited, whether it is exact, and the measured logit error (when measured)."""
+    """The edited model, what was edited, whether it is exact, and the measured logit error (when measured).
+    ``removed``: per weight, the norm fraction an ablation took away; ``added``: per writer, the norm of the
+    vector an addition (:func:`steering.bake_addition`) baked in."""
 
     model: Model
     writers: tuple[str, ...]
@@ -50,23 +52,29 @@ class BakeResult:
     rel_logit_error: float | None = None
     notes: list[str] = field(default_factory=list)
     removed: list[dict[str, Any]] = field(default_factory=list)
+    added: list[dict[str, Any]] = field(default_factory=list)
 
     def to_frame(self) -> Any:
         """One row per edited weight: ``writer``, ``layer`` (nullable int; none for the embeddings),
-        ``parameter`` and ``removed`` (fraction of the weight's Frobenius norm the edit took away)."""
+        ``parameter`` and ``removed`` (fraction of the weight's Frobenius norm the edit took away), or for a
+        baked addition ``norm`` (of the vector added at that writer)."""
         import pandas as pd
 
-        frame = pd.DataFrame(self.removed, columns=["writer", "layer", "parameter", "removed"])
+        col = "norm" if self.added else "removed"
+        frame = pd.DataFrame(self.added or self.removed, columns=["writer", "layer", "parameter", col])
         frame["layer"] = frame["layer"].astype("Int64")
         return frame
 
-    def plot(self, title: str = "baked directional ablation") -> Any:
-        """Weight removed per writer by layer, and the measured logit error against hook ablation."""
+    def plot(self, title: str | None = None) -> Any:
+        """Weight removed (or vector norm added) per writer by layer, and the measured logit error against hooks."""
         from viz.generations import bake_summary
 
-        return bake_summary([r["writer"] for r in self.removed], [r["layer"] for r in self.removed],
-                            [r["removed"] for r in self.removed], self.max_logit_error, self.rel_logit_error,
-                            self.exact, title=title)
+        rows, col = (self.added, "norm") if self.added else (self.removed, "removed")
+        label = "norm of the added vector" if self.added else "removed fraction of ||W||"
+        return bake_summary([r["writer"] for r in rows], [r["layer"] for r in rows], [r[col] for r in rows],
+                            self.max_logit_error, self.rel_logit_error, self.exact,
+                            title=title or ("baked addition" if self.added else "baked directional ablation"),
+                            value_label=label)
 
 
 @dataclass

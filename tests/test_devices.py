@@ -123,6 +123,12 @@ def test_bake_refuses_offloaded_weights_and_bakes_a_materialized_copy(pair):
     hooked = _last(split, steering.DirectionalAblation(r))
     assert _rel(hooked, _last(split)) > 1e-3
     assert _rel(_last(steering.bake(solid, r).model), hooked) <= 1e-4
+    add = steering.AddVector(r, layers=[0, 1], sites=("attn_out", "resid_post"), alpha=2.0)
+    with pytest.raises(ValueError, match="materialize"):
+        steering.bake_addition(split, add)
+    added = _last(split, add)
+    assert _rel(added, _last(split)) > 1e-3
+    assert _rel(_last(steering.bake_addition(solid, add).model), added) <= 1e-5
 
 
 def test_a_model_dispatched_with_hooks_bakes_in_place_and_by_copy():

@@ -39,16 +39,16 @@ def generation_summary(groups: Sequence[str], lengths: Sequence[int], refused: S
 
 def bake_summary(writers: Sequence[str], layers: Sequence[int | None], removed: Sequence[float],
                  max_logit_error: float | None = None, rel_logit_error: float | None = None, exact: bool = True,
-                 title: str = "baked directional ablation") -> Any:
-    """Left: fraction of each edited weight's norm removed, by layer, one trace per writer (global writers such
-    as the embedding sit at layer -1). Right: the measured max and relative logit error against hook ablation
-    (the panel says "not measured" when it was not)."""
+                 title: str = "baked directional ablation", value_label: str = "removed fraction of ||W||") -> Any:
+    """Left: ``removed`` (each edited weight's removed norm fraction, or what ``value_label`` names) by layer, one
+    trace per writer (global writers such as the embedding sit at layer -1). Right: the measured max and relative
+    logit error against hooks (the panel says "not measured" when it was not)."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
     err_title = "logit error vs hooks" if max_logit_error is not None else "logit error: not measured"
     fig = make_subplots(rows=1, cols=2, column_widths=[0.75, 0.25],
-                        subplot_titles=["weight norm removed per writer", err_title])
+                        subplot_titles=[f"{value_label} per writer", err_title])
     for w in dict.fromkeys(writers):
         pts = [(-1 if la is None else int(la), float(r)) for ww, la, r in zip(writers, layers, removed, strict=True)
                if ww == w]
@@ -57,7 +57,7 @@ def bake_summary(writers: Sequence[str], layers: Sequence[int | None], removed: 
         fig.add_trace(go.Bar(x=["max abs", "relative"], y=[max_logit_error, rel_logit_error or 0.0],
                              name="logit error", marker_color="#7f7f7f", showlegend=False), row=1, col=2)
     fig.update_xaxes(title_text="layer", dtick=1, row=1, col=1)
-    fig.update_yaxes(title_text="removed fraction of ||W||", rangemode="tozero", row=1, col=1)
+    fig.update_yaxes(title_text=value_label, rangemode="tozero", row=1, col=1)
     fig.update_layout(title=f"{title} ({'exact' if exact else 'inexact: post-sublayer norms'})",
                       barmode="group", template="plotly_white")
     return fig

@@ -1,0 +1,141 @@
+"""Baked addition: an AddVector (scope "both", all positions) as a bias on the residual writer equals hook
+addition to float32 rounding on every family where a bias can carry it, saves and reloads with transformers
+alone, and is refused with a clear reason where it cannot (no config flag, mixture of experts, post norms)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import steering
+from interp.testing.tiny import FAMILIES, tiny_model
+from steering.bias import bake_addition
+
+IDS = torch.randint(7, 200, (2, 12), generator=torch.Generator().manual_seed(0))
+# which writers can carry a saved bias, read off each family's HF modules and config flags
+ATTN = {"llama", "qwen3", "gpt2", "gpt_neox", "qwen3_moe", "olmoe"}      # o_proj bias or attention_bias flag
+MLP = {"llama", "gpt2", "gpt_neox"}                                     # down-projection bias or mlp_bias flag
+POST_NORMS = {"gemma2", "gemma3_text", "olmo2"}
+CASES = {"embed": dict(sites="resid_pre", layers=[0]), "attn": dict(sites="attn_out", layers=[0, 1]),
+         "mlp": dict(sites="resid_post", layers=[0, 1])}
+
+
+def _vec(d, seed=1):
+    return torch.randn(d, generator=torch.Generator().manual_seed(seed))
+
+
+def _model(family):
+    """A tiny model whose existing biases are nonzero (so a bake that overwrote them would show)."""
+    m = tiny_model(family)
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for name, p in m.hf.named_parameters():
+            if name.endswith("bias"):
+                p.add_(0.1 * torch.randn(p.shape, generator=g))
+    return m
+
+
+def _logits(model, *ivs):
+    with torch.no_grad(), steering.apply(model, *ivs):
+        return model.hf(IDS).logits
+
+
+def _rel(a, b):
+    return ((a - b).abs().max() / b.abs().max()).item()
+
+
+def _expected(family, writer):
+    if writer == "embed":
+        return None
+    if family in POST_NORMS:
+        return "normalises each sublayer"
+    if writer == "mlp" and family in ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe"):
+        return "mixture of experts"
+    return None if family in (ATTN if writer == "attn" else MLP) else "flag"
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("writer", list(CASES))
+def test_baked_addition_equals_hook_addition(family, writer):
+    m = _model(family)
+    iv = steering.AddVector(_vec(m.d_model), alpha=3.0, **CASES[writer])
+    refusal = _expected(family, writer)
+    if refusal is not None:
+        with pytest.raises(ValueError, match=refusal):
+            bake_addition(m, iv)
+        return
+    plain, hooked = _logits(m), _logits(m, iv)
+    assert _rel(hooked, plain) > 1e-2  # the addition matters, so equality below means something
+    res = bake_addition(m, iv)
+    assert res.exact and res.writers == (writer,) and res.rel_logit_error <= 1e-5
+    assert _rel(_logits(res.model), hooked) <= 1e-5, family
+    torch.testing.assert_close(_logits(m), plain, rtol=0, atol=0)  # the original is untouched (copy)
+
+
+def test_several_sites_and_interventions_sum_into_the_writers():
+    m = _model("llama")
+    norms = {0: 3.0, 1: 5.0}
+    ivs = [steering.AddVector(_vec(m.d_model, 2), layers=[0, 1], sites=("resid_pre", "resid_mid", "resid_post")),
+           steering.AddVector(_vec(m.d_model, 3), layers=1, sites="mlp_out", alpha=0.4, unit="residual", norms=norms),
+           steering.AddVector({1: _vec(m.d_model, 4)}, layers=[1], sites="attn_out", alpha=-2.0)]
+    res = bake_addition(m, *ivs)
+    assert _rel(_logits(res.model), _logits(m, *ivs)) <= 1e-5
+    frame = res.to_frame()
+    assert set(zip(frame.writer, frame.layer.astype(object).where(frame.layer.notna(), None), strict=True)) == {
+        ("embed", None), ("attn", 0), ("mlp", 0), ("attn", 1), ("mlp", 1)}
+    # resid_pre of layer 1 and resid_post of layer 0 are the same stream: both land in layer 0's down_proj
+    want = 2 * _vec(m.d_model, 2).double()
+    got = res.model.block(0).mlp.down_proj.bias.double()
+    torch.testing.assert_close(got, want.to(got.dtype), rtol=1e-6, atol=1e-6)
+    assert len(res.plot().data) >= 2 and any("mlp_bias=True" in n for n in res.notes)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3", "gpt2", "gpt_neox"])
+def test_saved_folder_reloads_with_transformers_alone(family, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    m = _model(family)
+    sites = "attn_out" if family == "qwen3" else ("attn_out", "resid_post")
+    iv = steering.AddVector(_vec(m.d_model), layers=[0, 1], sites=sites, alpha=2.0)
+    res = bake_addition(m, iv)
+    res.model.hf.save_pretrained(tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    if family == "llama":
+        assert cfg["attention_bias"] and cfg["mlp_bias"]
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    with torch.no_grad():
+        got = loaded(IDS).logits
+    torch.testing.assert_close(got, _logits(res.model), rtol=1e-6, atol=1e-6)
+    assert _rel(got, _logits(m, iv)) <= 1e-5 and _rel(got, _logits(m)) > 1e-2
+
+
+def test_refusals_name_the_fix():
+    m = tiny_model("llama")
+    v = _vec(m.d_model)
+    for bad, match in [(steering.AddVector(v, layers=0, scope="generated"), "scope='both'"),
+                       (steering.AddVector(v, layers=0, positions=[-1]), "positions='all'"),
+                       (steering.AddVector(v, layers=0).when(v, 0.0), "no condition"),
+                       (steering.AddVector(v, layers=0, sites="experts_out"), "not one writer")]:
+        with pytest.raises(ValueError, match=match):
+            bake_addition(m, bad)
+    with pytest.raises(TypeError, match="steering.bake"):
+        bake_addition(m, steering.DirectionalAblation(v))
+    with pytest.raises(ValueError, match="at least one"):
+        bake_addition(m)
+    with pytest.raises(RuntimeError, match="hooks"):
+        with steering.apply(m, steering.AddVector(v, layers=0)):
+            bake_addition(m, steering.AddVector(v, layers=0))
+
+
+def test_inplace_and_tied_embeddings():
+    m = tiny_model("llama", tie_word_embeddings=True)
+    assert m.hf.get_output_embeddings().weight.data_ptr() == m.hf.get_input_embeddings().weight.data_ptr()
+    iv = steering.AddVector(_vec(m.d_model), layers=[0], sites="resid_pre", alpha=2.0)
+    hooked = _logits(m, iv)
+    unembed = m.hf.get_output_embeddings().weight.detach().clone()
+    res = bake_addition(m, iv, inplace=True, measure=False)
+    assert res.model is m and res.max_logit_error is None and any("untied" in n for n in res.notes)
+    torch.testing.assert_close(m.hf.get_output_embeddings().weight, unembed, rtol=0, atol=0)
+    assert _rel(_logits(m), hooked) <= 1e-5
