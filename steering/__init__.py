@@ -6,6 +6,7 @@
     gens = steering.generate(model, prompts, steering.DirectionalAblation(r))
     baked = steering.bake(model, r).model
     served = steering.bake_addition(model, steering.AddVector(v, layers=6)).model   # a bias: save_pretrained, vLLM
+    steering.export_gguf(served, "steered.gguf")      # llama.cpp (steering.gguf_export.export_control_vector too)
     norms = steering.residual_norms(model, prompts)          # alpha in units of the residual norm:
     iv = steering.AddVector(d, layers=12, alpha=0.5, unit="residual", norms=norms)
     sweep = steering.alpha_sweep(model, prompts, make_iv, [0, 0.5, 1], evals.refusal_rate)
@@ -21,10 +22,11 @@ from steering.apply import apply
 from steering.bake import bake
 from steering.bias import bake_addition
 from steering.generate import generate
+from steering.gguf_export import export_gguf
 from steering.interventions import Ablate, AblateSubspace, AddVector, Clamp, DirectionalAblation
 from steering.rows import RowEdits
 from steering.strength import residual_norms
 from steering.sweep import alpha_sweep
 
 __all__ = ["Ablate", "AblateSubspace", "AddVector", "Clamp", "DirectionalAblation", "RowEdits", "alpha_sweep", "apply",
-           "bake", "bake_addition", "generate", "residual_norms"]
+           "bake", "bake_addition", "export_gguf", "generate", "residual_norms"]
