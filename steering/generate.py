@@ -1,7 +1,8 @@
 """Steered generation over a prompt list: chat-formatted, left-padded batches, explicit position ids.
 
 Greedy or sampled; a fixed ``seed`` gives identical output (each batch samples under its own seeded,
-forked RNG, so the caller's RNG state is untouched).
+forked RNG, so the caller's RNG state is untouched). ``engine="vllm"`` serves the model with the interventions
+baked into its weights through vLLM instead (:mod:`steering.serve`; the ``vllm`` extra, CUDA only).
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ from interp.forward import batches, pad_id, prepare
 from interp.models import Model
 from steering._args import check_finite
 from steering.apply import apply
+from steering.serve import vllm_token_ids
+
+ENGINES = ("hf", "vllm")
 
 
 @dataclass
@@ -77,6 +81,11 @@ def _eos_ids(model: Model) -> set[int]:
     return {int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])}
 
 
+def _cut(row: list[int], eos: set[int]) -> list[int]:
+    """``row`` up to (not including) its first end-of-sequence token."""
+    return row[:next((j for j, t in enumerate(row) if t in eos), len(row))] if eos else row
+
+
 def _check_args(model: Model, prompts: Any, max_new_tokens: int, batch_size: int) -> None:
     if model.tokenizer is None:
         raise ValueError("generate needs a tokenizer; attach one with interp.models.from_hf(hf, tokenizer)")
@@ -105,7 +114,7 @@ def generate(model: Model, prompts: Sequence[str], *interventions: Any, max_new_
              batch_size: int = 16, do_sample: bool = False, temperature: float = 1.0, top_p: float = 1.0,
              top_k: int = 0, seed: int = 0, chat: bool = True, system: str | None = None, progress: bool = True,
              stop_at_eos: bool = True, backend: str = "auto", prepared: tuple[list[str], list] | None = None,
-             first_logits: bool = False, **generate_kwargs: Any) -> Generations:
+             first_logits: bool = False, engine: str = "hf", **generate_kwargs: Any) -> Generations:
     """Generate for every prompt with ``interventions`` attached (none: plain generation).
 
     Prompts are chat-formatted (``chat=True``), batched ``batch_size`` at a time, left padded, with
@@ -115,47 +124,56 @@ def generate(model: Model, prompts: Sequence[str], *interventions: Any, max_new_
     so a caller generating under many conditions tokenises its prompts once. ``first_logits=True`` also keeps
     the raw next-token logits at each prompt's last token (the first generation step, on CPU), so a caller
     that needs them (a first-token refusal score) runs no second forward.
+    ``engine="vllm"``: the interventions are baked into a copy's weights (:func:`steering.serve.baked_for_serving`:
+    additions, and ablations over all layers; checked equal to hooks), saved, and served by vLLM on the same
+    token ids; extra keyword arguments then go to ``vllm.LLM``. Needs vLLM and a CUDA GPU (a clear error otherwise).
     """
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
+    if engine == "vllm" and first_logits:
+        raise ValueError("first_logits=True needs engine='hf' (the vLLM path returns no raw logits)")
     _check_args(model, prompts, max_new_tokens, batch_size)
     prompts = list(prompts)
     texts, encs = prepared if prepared is not None else prepare(model, prompts, chat=chat, system=system)
     if len(encs) != len(prompts):
         raise ValueError(f"prepared holds {len(encs)} encodings for {len(prompts)} prompts; pass the output of "
                          f"interp.forward.prepare(model, prompts) for exactly these prompts")
-    tok = model.tokenizer
-    kw = _hf_kwargs(model, max_new_tokens, do_sample, temperature, top_p, top_k, first_logits, generate_kwargs)
     eos = _eos_ids(model) if stop_at_eos else set()
     firsts: list[torch.Tensor] = []
+    if engine == "vllm":
+        rows = vllm_token_ids(model, encs, *interventions, max_new_tokens=max_new_tokens, do_sample=do_sample,
+                              temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, **generate_kwargs)
+        out_ids = [_cut(r, eos) for r in rows]
+    else:
+        kw = _hf_kwargs(model, max_new_tokens, do_sample, temperature, top_p, top_k, first_logits, generate_kwargs)
+        bar = tqdm(total=len(prompts), desc=f"generate {model.name}", unit="prompt", disable=not progress, leave=False)
+        try:
+            with apply(model, *interventions, backend=backend) as handle:
+                out_ids = _run_hf(model, encs, batch_size, kw, eos, seed, firsts if first_logits else None, bar,
+                                  handle if interventions else None)
+        finally:
+            bar.close()
+    decoded = [model.tokenizer.decode(ids, skip_special_tokens=True) for ids in out_ids]
+    return Generations(prompts, texts, decoded, out_ids, torch.cat(firsts) if firsts else None)
+
+
+def _run_hf(model: Model, encs: list, batch_size: int, kw: dict[str, Any], eos: set[int], seed: int,
+            firsts: list[torch.Tensor] | None, bar: Any, handle: Any) -> list[list[int]]:
+    """HF ``generate`` batch by batch (each under its own seeded, forked RNG); the first step's logits into
+    ``firsts`` when one is given."""
     dev = model.device
     out_ids: list[list[int]] = []
-    bar = tqdm(total=len(prompts), desc=f"generate {model.name}", unit="prompt", disable=not progress, leave=False)
-
-    def run(handle: Any) -> None:
-        for i, batch in enumerate(batches(model, encs, batch_size)):
-            if handle is not None:
-                handle.set_batch(batch)
-            inputs = {k: v.to(dev) for k, v in batch.model_inputs.items()}
-            T = inputs["input_ids"].shape[1]
-            with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []), torch.no_grad():
-                torch.manual_seed(seed + i)
-                out = model.hf.generate(**inputs, **kw)
-            if first_logits:
-                firsts.append(out.logits[0].float().cpu())
-                out = out.sequences
-            for row in out[:, T:].tolist():
-                if eos:
-                    cut = next((j for j, t in enumerate(row) if t in eos), len(row))
-                    row = row[:cut]
-                out_ids.append(row)
-            bar.update(len(batch.input_ids))
-
-    try:
-        if interventions:
-            with apply(model, *interventions, backend=backend) as handle:
-                run(handle)
-        else:
-            run(None)
-    finally:
-        bar.close()
-    decoded = [tok.decode(ids, skip_special_tokens=True) for ids in out_ids]
-    return Generations(prompts, texts, decoded, out_ids, torch.cat(firsts) if firsts else None)
+    for i, batch in enumerate(batches(model, encs, batch_size)):
+        if handle is not None:
+            handle.set_batch(batch)
+        inputs = {k: v.to(dev) for k, v in batch.model_inputs.items()}
+        T = inputs["input_ids"].shape[1]
+        with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []), torch.no_grad():
+            torch.manual_seed(seed + i)
+            out = model.hf.generate(**inputs, **kw)
+        if firsts is not None:
+            firsts.append(out.logits[0].float().cpu())
+            out = out.sequences
+        out_ids.extend(_cut(row, eos) for row in out[:, T:].tolist())
+        bar.update(len(batch.input_ids))
+    return out_ids
