@@ -272,7 +272,10 @@ def load_model(name_or_path: str = DEFAULT_MODEL, dtype: str | torch.dtype | Non
     ``smollm2-base``), ``smollm2-aligned`` (the base plus its committed LoRA adapter, merged into the weights
     unless ``merge=False``, which keeps the peft-wrapped model), an HF
     folder, a ``.gguf`` file (dequantised once and cached, so the second load is fast) or a hub id (needs
-    network unless cached). ``dtype`` defaults to float32; ``device_map`` shards across devices.
+    network unless cached). ``dtype`` defaults to float32; ``device_map`` (``"auto"`` or ``{module: device}``,
+    devices including ``"cpu"`` and ``"disk"``, with ``offload_folder=``) splits the model across devices
+    through accelerate: capture, steering and patching run on it unchanged; weight edits need
+    :func:`materialize` first where weights are offloaded.
     """
     from transformers import AutoModelForCausalLM
 

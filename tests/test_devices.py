@@ -56,6 +56,14 @@ def test_the_split_is_real(pair):
     assert split.device == torch.device("cpu")  # the embedding's execution device, not meta
 
 
+def test_auto_device_map_under_a_memory_cap_offloads_and_captures_the_same(pair, tmp_path):
+    plain, _ = pair
+    auto = load_model(plain.name, device_map="auto", max_memory={"cpu": "250KB"}, offload_folder=str(tmp_path))
+    assert "disk" in auto.hf.hf_device_map.values() and offloaded(auto)
+    a = capture(plain, PROMPTS, positions="all", progress=False).tensor
+    torch.testing.assert_close(capture(auto, PROMPTS, positions="all", progress=False).tensor, a, rtol=0, atol=1e-5)
+
+
 def test_captures_equal_the_unsplit_model(pair):
     plain, split = pair
     sites = ["resid_pre", "resid_mid", "attn_out", "mlp_out", "resid_post"]
