@@ -159,7 +159,8 @@ def from_nnsight(language_model: Any, tokenizer: Any = None, name: str | None = 
     ``interp.capture``, ``interp.logits``, ``interp.token_logprobs`` and ``steering.apply`` (steering's own
     interventions) run as ``language_model.trace(...)`` blocks. ``remote=True`` runs them on NDIF's hosted
     model: build ``LanguageModel("<hub id NDIF serves>")`` without loading weights (its meta model gives the
-    module tree, config and tokenizer), set your NDIF API key in nnsight's config, and pass it here.
+    module tree, config and tokenizer), set your NDIF API key (``NDIF_API_KEY`` in the environment, or
+    ``nnsight.CONFIG.set_default_api_key(...)``), and pass it here.
     ``remote="local"`` is nnsight's offline dry run of that path (the block is serialised and run here with
     this project's modules hidden). Tested locally (``remote=False`` and ``"local"``) to equal our hooks
     within 1e-5; a real NDIF run was not tested (no network). See :mod:`interp.nnsight_backend` for the limits.

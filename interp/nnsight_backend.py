@@ -15,14 +15,17 @@ is written with torch alone and calls nothing of this project, because for ``rem
 block's source and the objects it names to the NDIF server, where this package is not installed. The block
 applies an edit as ``x + g * (b - U^T (W x))`` in float32, the same math as ``steering.fused.edit_torch``.
 
-Tested (tests/test_nnsight_backend.py, tiny random HF models, CPU): the backend equals our hooks within 1e-5
-for capture at every site kind and position rule on the dense families, and for logits under AddVector,
-DirectionalAblation, Clamp and AblateSubspace (scope, positions, conditions); nnsight's own dry run of the
-remote path, ``remote="local"`` (serialise the block, deserialise it with this project's modules hidden,
-run it), gives the same numbers. Not tested: a real NDIF run (no network here); models larger than the
-tiny ones; GPU. Not supported (clear errors): ``experts_out`` / ``shared_expert_out`` sites, hook functions
-of our own (``hooks(model, ...)``, interventions with only ``hook_fns``, e.g. SAE latent edits), weight edits,
-gradients, prefix reuse, resuming from a layer, and generation (``steering.generate``).
+Tested (tests/test_nnsight_backend.py, tiny random HF models, CPU, nnsight 0.8.1): the backend equals our
+hooks within 1e-5 (bit for bit on CPU) for capture at every site kind (llama, gemma2, gpt2, gpt_neox, olmo2,
+qwen3_moe) and every position rule, and for logits and captures under AddVector, DirectionalAblation, Clamp
+and AblateSubspace (sites, scope, positions, conditions), also against an nnsight block written by hand;
+nnsight's dry run of the remote path, ``remote="local"`` (the block serialised as for NDIF and run from the
+payload), gives the same numbers, and the payload deserialises with every module of this project refused.
+Not tested: a real NDIF run (no network here), so neither NDIF's own limits on shipped code nor its model
+keys; models larger than the tiny ones; GPU. Not supported (clear errors): ``experts_out`` /
+``shared_expert_out`` sites, hook functions of our own (``forward(..., hook_fns)``, interventions with only
+``hook_fns``, e.g. SAE latent edits), weight edits, gradients, prefix reuse, resuming from a layer, and
+generation (``steering.generate``). ``interp.hooks`` and direct ``model.hf(...)`` calls bypass the trace.
 """
 
 from __future__ import annotations

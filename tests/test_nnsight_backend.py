@@ -202,3 +202,27 @@ def test_what_the_backend_refuses(llama):
         from_nnsight(NNsight(m.hf), tokenizer=m.tokenizer, remote=True)
     plain_nnsight = from_nnsight(NNsight(m.hf), tokenizer=m.tokenizer, backend="nnsight")  # local traces work
     _close(logits(plain_nnsight, PROMPTS), logits(m, PROMPTS))
+
+
+def test_remote_side_needs_no_weights():
+    """With remote=True the local model is nnsight's meta skeleton: everything before the trace (sites, widths,
+    position plans, edits) must work on it without reading a weight."""
+    from nnsight import NNsight
+    from transformers import AutoModelForCausalLM
+
+    from interp.nnsight_backend import schedule
+    from interp.positions import plan
+    from interp.sites import expand_sites
+    from interp.testing.tiny import tiny_config, tiny_tokenizer
+    from steering.apply import trace_edits
+
+    with torch.device("meta"):
+        hf = AutoModelForCausalLM.from_config(tiny_config("llama"))
+    a = from_nnsight(NNsight(hf), tokenizer=tiny_tokenizer(), backend="nnsight")
+    b = batch_of(a, PROMPTS)
+    sites = expand_sites(["resid_pre", "resid_mid", "attn_z", "ln_final"], a.n_layers)
+
+    taps = schedule(a, b, [(s, plan("last", b)) for s in sites],
+                    trace_edits(a, (steering.DirectionalAblation(torch.ones(a.d_model)),)))
+    assert [io for _, io, _ in taps][:4] == ["input", "input", "input", "output"]  # layer 0 in execution order
+    assert sum(act[0] == "read" for _, _, acts in taps for act in acts) == len(sites)
