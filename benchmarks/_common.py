@@ -76,6 +76,40 @@ def table(title: str, rows: list[dict[str, Any]], cols: list[str]) -> str:
     return "\n".join(out) + "\n"
 
 
+def write_text(path: str | os.PathLike, text: str) -> None:
+    """Write a result file atomically (its folder created)."""
+    from pathlib import Path
+
+    from interp.io import atomic_write
+
+    atomic_write(path, lambda p: Path(p).write_text(text))
+
+
+def skipped(what: str, why: str, out: str | os.PathLike | None = None) -> str:
+    """The one line a benchmark prints (and writes to ``out``) when it cannot run here: ``skipped: <why>``."""
+    line = f"{what}: skipped: {why}"
+    print(line, flush=True)
+    if out:
+        write_text(out, line + "\n")
+    return line
+
+
+def cuda_wanted(device: str, what: str, out: str | os.PathLike | None = None) -> bool:
+    """True when the run may go on: ``device`` is not CUDA, or CUDA is there; else False, and with ``out`` the
+    skip line is printed and written there."""
+    if str(device).startswith("cuda") and not torch.cuda.is_available():
+        if out is not None:
+            skipped(what, "no CUDA (--device cuda asked for, but torch sees no CUDA device)", out)
+        return False
+    return True
+
+
+def sync(device: Any) -> None:
+    """Wait for queued CUDA work, so wall-clock timings of GPU calls are complete (no-op on CPU)."""
+    if str(device).startswith("cuda"):
+        torch.cuda.synchronize()
+
+
 def _fmt(v: Any) -> str:
     if isinstance(v, float):
         return f"{v:.3f}" if abs(v) < 100 else f"{v:.0f}"

@@ -1,4 +1,5 @@
-"""SAE training benchmark: our trainer against sae-lens ``SAETrainer`` on the same synthetic activations.
+"""SAE training benchmark: our trainer against sae-lens ``SAETrainer`` (and EleutherAI sparsify with ``--sparsify``)
+on the same synthetic activations.
 
 TopK SAE, d_in 512, 16,384 latents, k=32, batch 4096 and 1024. Both trainers get the identical batches,
 interleaved round by round (rotating order); we report median tokens/s, peak memory growth, and the FVU of
@@ -6,6 +7,7 @@ both SAEs on held-out tokens after the same number of tokens. Writes ``benchmark
 
     python benchmarks/bench_sae.py                      # CPU, a few steps per round (~4 min on 2 cores)
     python benchmarks/bench_sae.py --device cuda --rounds 5 --steps 20 --fvu-steps 500   # GPU machine
+    python benchmarks/bench_sae.py --sparsify ...        # also EleutherAI sparsify (skipped when not importable)
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo before this folder: `sae` is the package
 
-from _common import PeakRSS, machine, table  # noqa: E402
+from _common import PeakRSS, cuda_wanted, machine, skipped, table, write_text  # noqa: E402
 
 from sae.synthetic import planted_fixed_k  # noqa: E402
 from sae.trainer import TrainConfig, Trainer  # noqa: E402
@@ -38,7 +40,8 @@ Notes:
   Ours starts from `b_dec` = data mean and normalised inputs, which is most of its lead here; run with
   `--fvu-steps N` for a longer comparison.
 - Peak memory: {device} peak growth during the timed steps (CPU: sampled resident memory; CUDA: allocator peak).
-- GPU variant (`--device cuda`, Triton kernels for the sparse decoder): ready, not run in this task (no GPU).
+- GPU variant (`--device cuda`, Triton kernels for the sparse decoder; `benchmarks/gpu_all.sh` runs it with
+  `--sparsify`): ready, not run in this task (no GPU).
 """
 
 
@@ -95,6 +98,56 @@ def saelens(batch: int, lr: float, device: str) -> tuple[Any, Any]:
     return tr, step
 
 
+def sparsify(batch: int, lr: float, device: str) -> tuple[Any, Any]:
+    """EleutherAI sparsify's TopK ``SparseCoder`` (PyPI ``eai-sparsify``) trained the way its trainer steps: FVU
+    plus AuxK loss, gradient parallel to the decoder rows removed, Adam, decoder rows renormalised."""
+    import os
+
+    if not device.startswith("cuda"):
+        os.environ.setdefault("SPARSIFY_DISABLE_TRITON", "1")  # its Triton path looks for a GPU driver at import
+    from sparsify import SparseCoder, SparseCoderConfig
+
+    sae = SparseCoder(D_IN, SparseCoderConfig(num_latents=D_SAE, k=K), device=device)
+    opt = torch.optim.Adam(sae.parameters(), lr=lr)
+
+    def step(b: torch.Tensor) -> None:
+        out = sae(b)
+        (out.fvu + getattr(out, "auxk_loss", 0.0)).backward()
+        if hasattr(sae, "remove_gradient_parallel_to_decoder_directions"):
+            sae.remove_gradient_parallel_to_decoder_directions()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if hasattr(sae, "set_decoder_norm_to_unit_norm"):
+            sae.set_decoder_norm_to_unit_norm()
+
+    return sae, step
+
+
+def _trainers(x0: torch.Tensor, batch: int, args: argparse.Namespace) -> tuple[dict, dict, list[str]]:
+    """``{name: step}``, ``{name: fvu(x_eval)}`` and notes; sparsify only with ``--sparsify`` and when importable."""
+    dev, notes = args.device, []
+    t_ours, step_ours = ours(x0, batch, args.lr, dev)
+    t_theirs, step_theirs = saelens(batch, args.lr, dev)
+    fns = {"ours (interp sae)": step_ours, "sae-lens SAETrainer": step_theirs}
+    fvus = {"ours (interp sae)": lambda x: fvu_ours(t_ours, x), "sae-lens SAETrainer": lambda x: fvu_theirs(t_theirs, x)}
+    if args.sparsify:
+        try:
+            sparsify(batch, args.lr, dev)[1](x0[:batch])  # one trial step: an API drift becomes a note, not a crash
+            sp, step_sp = sparsify(batch, args.lr, dev)
+            fns["EleutherAI sparsify SparseCoder"] = step_sp
+            fvus["EleutherAI sparsify SparseCoder"] = lambda x: fvu_sparsify(sp, x)
+        except Exception as e:  # not installed, or its import fails beside our stack: say so, do not stop
+            notes.append(skipped("EleutherAI sparsify", f"not importable here ({type(e).__name__}: {str(e)[:160]}); "
+                                 "`pip install --no-deps eai-sparsify schedulefree natsort` adds it"))
+    return fns, fvus, notes
+
+
+@torch.no_grad()
+def fvu_sparsify(sae: Any, x: torch.Tensor) -> float:
+    out = torch.cat([sae(x[a:a + 1024]).sae_out for a in range(0, len(x), 1024)])
+    return float((out - x).pow(2).sum() / (x - x.mean(0)).pow(2).sum())
+
+
 @torch.no_grad()
 def fvu_ours(tr: Trainer, x: torch.Tensor) -> float:
     xs = x * tr.scale  # the SAE is still in normalised units while training; FVU is scale-free
@@ -108,17 +161,15 @@ def fvu_theirs(tr: Any, x: torch.Tensor) -> float:
     return float((out - x).pow(2).sum() / (x - x.mean(0)).pow(2).sum())
 
 
-def run(batch: int, args: argparse.Namespace) -> list[dict[str, Any]]:
+def run(batch: int, args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[str]]:
     dev = args.device
     n_steps = 1 + args.rounds * args.steps + args.fvu_steps
     x, _ = planted_fixed_k(n_steps * batch + 4096, D_IN, N_FEATURES, 24, seed=0, device=dev)
     x_eval, x = x[-4096:], x[:-4096]
     batches = [x[i * batch:(i + 1) * batch] for i in range(n_steps)]
     torch.manual_seed(0)
-    t_ours, step_ours = ours(x[: 16 * batch], batch, args.lr, dev)
-    t_theirs, step_theirs = saelens(batch, args.lr, dev)
-    fns = {"ours (interp sae)": step_ours, "sae-lens SAETrainer": step_theirs}
-    for fn in fns.values():  # warm-up step, same batch for both
+    fns, fvus, notes = _trainers(x[: 16 * batch], batch, args)
+    for fn in fns.values():  # warm-up step, same batch for all
         fn(batches[0])
     _sync(dev)
     times: dict[str, list[float]] = {k: [] for k in fns}
@@ -126,7 +177,7 @@ def run(batch: int, args: argparse.Namespace) -> list[dict[str, Any]]:
     names = list(fns)
     for r in range(args.rounds):
         chunk = batches[1 + r * args.steps: 1 + (r + 1) * args.steps]
-        for name in names[r % 2:] + names[:r % 2]:
+        for name in names[r % len(names):] + names[:r % len(names)]:
             with _Mem(dev) as m:
                 t0 = time.perf_counter()
                 for b in chunk:
@@ -137,17 +188,17 @@ def run(batch: int, args: argparse.Namespace) -> list[dict[str, Any]]:
         print(f"  batch {batch} round {r + 1}: " + ", ".join(f"{k} {times[k][-1]:.0f} tok/s" for k in names),
               flush=True)
     for b in batches[1 + args.rounds * args.steps:]:  # optional extra (untimed) training before FVU
-        step_ours(b)
-        step_theirs(b)
+        for fn in fns.values():
+            fn(b)
     tokens = n_steps * batch
-    fv = {names[0]: fvu_ours(t_ours, x_eval), names[1]: fvu_theirs(t_theirs, x_eval)}
+    fv = {k: fvus[k](x_eval) for k in names}
     med = {k: statistics.median(v) for k, v in times.items()}
     rows = []
     for k in names:
         rows.append({"batch": batch, "trainer": k, "tokens/s (median)": med[k],
                      "ours / this (speed)": med[names[0]] / med[k], "FVU after equal tokens": fv[k],
                      "tokens trained": tokens, "peak mem growth MB": max(mem[k])})
-    return rows
+    return rows, notes
 
 
 def main() -> None:
@@ -158,15 +209,18 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=1, help="timed steps per trainer per round")
     ap.add_argument("--fvu-steps", type=int, default=0, help="extra untimed steps for both before measuring FVU")
     ap.add_argument("--lr", type=float, default=2e-4)
+    ap.add_argument("--sparsify", action="store_true", help="also time EleutherAI sparsify (skipped if not importable)")
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "RESULTS_sae.md"))
     args = ap.parse_args()
     warnings.filterwarnings("ignore")
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        raise SystemExit("--device cuda asked for, but no CUDA device is visible")
+    if not cuda_wanted(args.device, "SAE training tokens/s", args.out):
+        return
     rows: list[dict[str, Any]] = []
+    notes: list[str] = []
     t0 = time.time()
     for b in [int(v) for v in args.batches.split(",")]:
-        rows += run(b, args)
+        r, n = run(b, args)
+        rows, notes = rows + r, notes + [x for x in n if x not in notes]
     cols = ["batch", "trainer", "tokens/s (median)", "ours / this (speed)", "FVU after equal tokens", "tokens trained",
             "peak mem growth MB"]
     cmd = "python benchmarks/bench_sae.py " + " ".join(sys.argv[1:])
@@ -175,9 +229,9 @@ def main() -> None:
             + f"\nMachine: {machine()}. Command: `{cmd.strip()}`. Wall time {time.time() - t0:.0f} s.\n"
             "Both trainers see identical batches, interleaved per round in rotating order; medians over rounds. "
             "`ours / this` > 1 means we are faster. Target: >= 2x sae-lens tokens/s, FVU no worse.\n"
-            + NOTES.format(device=args.device))
+            + NOTES.format(device=args.device) + "".join(f"- {n}\n" for n in notes))
     print("\n" + text)
-    Path(args.out).write_text(text)
+    write_text(args.out, text)
 
 
 if __name__ == "__main__":

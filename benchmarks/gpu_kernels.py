@@ -3,10 +3,11 @@
 Reports achieved bandwidth (one read + one write of the activations) against the card's copy bandwidth
 (``y.copy_(x)`` on the same tensor; target >= 80%), for k = 1, 4 and 16 projected-out directions plus an
 addition and a token mask, and checks the result against a float64 reference on a slice. Needs CUDA;
-on a machine without one it says so and exits 0.
+on a machine without one it says "skipped: no CUDA" (also into ``--out``) and exits 0.
 
     python benchmarks/gpu_kernels.py                  # 1e6 x 4096 bf16
     python benchmarks/gpu_kernels.py --rows 200000 --write
+    python benchmarks/gpu_kernels.py --out runs/gpu/kernels.md      # as benchmarks/gpu_all.sh runs it
 """
 
 from __future__ import annotations
@@ -104,9 +105,10 @@ def main() -> None:
     ap.add_argument("--width", type=int, default=4096)
     ap.add_argument("--ks", default="1,4,16")
     ap.add_argument("--write", action="store_true", help="put the table into benchmarks/RESULTS_steering.md")
+    ap.add_argument("--out", help="also write the table (or the line saying why it did not run) to this file")
     args = ap.parse_args()
     if not torch.cuda.is_available():
-        print("no CUDA device: the GPU kernel benchmark did not run (it needs an NVIDIA GPU with Triton)")
+        _common.skipped("fused edit kernel bandwidth", "no CUDA device (it needs an NVIDIA GPU with Triton)", args.out)
         return
     n, d = args.rows, args.width
     dev = torch.device("cuda")
@@ -126,6 +128,8 @@ def main() -> None:
              f"fused >= 80% of copy. Command: `python benchmarks/gpu_kernels.py --rows {n} --width {d}`. "
              f"Machine: {_common.machine()}.\n")
     print(text)
+    if args.out:
+        _common.write_text(args.out, text)
     if args.write:
         old = RESULTS.read_text() if RESULTS.exists() else ""
         block = f"{BEGIN}\n{text}{END}\n"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-ORDER = ["capture", "probes", "steering", "refusal", "refusal_full", "sae", "patching"]
+ORDER = ["capture", "probes", "steering", "refusal", "refusal_full", "sae", "patching", "gpu"]
 
 
 def main() -> None:

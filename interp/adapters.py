@@ -20,6 +20,7 @@ from jaxtyping import Int
 
 from interp.arch import ArchSpec, get_module
 from interp.models import Model, from_hf
+from interp.nnsight_backend import NNsightModel
 
 _TL_NO_Z = ("attn_z through the TransformerLens adapter is not supported: TransformerLens computes the head "
             "outputs with one einsum, so no module reads the flattened z. Read it with the HookedTransformer's "
@@ -145,12 +146,24 @@ def from_transformer_lens(hooked_model: Any, tokenizer: Any = None, name: str | 
     return TransformerLensModel(hf=hf, tokenizer=tok, spec=spec, name=name or hf.config._name_or_path)
 
 
-def from_nnsight(language_model: Any, tokenizer: Any = None, name: str | None = None) -> Model:
+def from_nnsight(language_model: Any, tokenizer: Any = None, name: str | None = None, backend: str | None = None,
+                 remote: bool | str = False, trace_kwargs: dict[str, Any] | None = None) -> Model:
     """Wrap the HF model inside an nnsight ``LanguageModel`` / ``TransformersModel`` / ``NNsight``.
 
-    nnsight keeps the HF module tree untouched and only hooks it inside ``trace``, so our hooks attach to
-    the same modules: numbers equal :func:`interp.models.from_hf` exactly, and steering attached with
-    ``steering.apply`` also acts inside the user's own ``with language_model.trace(...)`` blocks.
+    ``backend="hooks"`` (the default without ``remote``): nnsight keeps the HF module tree untouched and only
+    hooks it inside ``trace``, so our hooks attach to the same modules: numbers equal
+    :func:`interp.models.from_hf` exactly, and steering attached with ``steering.apply`` also acts inside the
+    user's own ``with language_model.trace(...)`` blocks.
+
+    ``backend="nnsight"`` (implied by ``remote``): an :class:`~interp.nnsight_backend.NNsightModel`, whose
+    ``interp.capture``, ``interp.logits``, ``interp.token_logprobs`` and ``steering.apply`` (steering's own
+    interventions) run as ``language_model.trace(...)`` blocks. ``remote=True`` runs them on NDIF's hosted
+    model: build ``LanguageModel("<hub id NDIF serves>")`` without loading weights (its meta model gives the
+    module tree, config and tokenizer), set your NDIF API key (``NDIF_API_KEY`` in the environment, or
+    ``nnsight.CONFIG.set_default_api_key(...)``), and pass it here.
+    ``remote="local"`` is nnsight's offline dry run of that path (the block is serialised and run here with
+    this project's modules hidden). Tested locally (``remote=False`` and ``"local"``) to equal our hooks
+    within 1e-5; a real NDIF run was not tested (no network). See :mod:`interp.nnsight_backend` for the limits.
     """
     hf = getattr(language_model, "_module", None)  # nnsight >= 0.5 (Envoy); older releases used ``_model``
     if not isinstance(hf, nn.Module):
@@ -158,8 +171,20 @@ def from_nnsight(language_model: Any, tokenizer: Any = None, name: str | None = 
     if not isinstance(hf, nn.Module) or not hasattr(hf, "config"):
         raise TypeError(f"from_nnsight expects an nnsight model wrapping an HF causal LM, got "
                         f"{type(language_model).__name__}; for a plain HF model use interp.from_hf")
+    backend = backend or ("nnsight" if remote else "hooks")
+    if backend not in ("hooks", "nnsight"):
+        raise ValueError(f"backend must be 'hooks' or 'nnsight', got {backend!r}")
+    if remote and backend == "hooks":
+        raise ValueError("remote= runs through nnsight traces: pass backend='nnsight' (or leave backend unset)")
     tok = tokenizer if tokenizer is not None else getattr(language_model, "tokenizer", None)
-    return from_hf(hf, tok, name=name)
+    model = from_hf(hf, tok, name=name)
+    if backend == "hooks":
+        return model
+    if remote and not hasattr(type(language_model), "to_model_key"):
+        raise TypeError(f"remote= needs an nnsight model NDIF can serve (LanguageModel / TransformersModel), got "
+                        f"{type(language_model).__name__}")
+    return NNsightModel(hf=model.hf, tokenizer=tok, spec=model.spec, name=model.name, lm=language_model,
+                        remote=remote, trace_kwargs=dict(trace_kwargs or {}))
 
 
 __all__ = ["TransformerLensLM", "TransformerLensModel", "from_nnsight", "from_transformer_lens",

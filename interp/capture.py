@@ -21,7 +21,8 @@ from interp.fingerprint import content_ids, fingerprint, run_parts
 from interp.forward import batches, forward, prepare
 from interp.hooks import HookContext, StopForward, site_shape
 from interp.models import Model
-from interp.positions import PositionSpec, describe, plan
+from interp.nnsight_backend import NNsightModel, trace_batch
+from interp.positions import Plan, PositionSpec, describe, plan
 from interp.sites import Site, SiteSpec, expand_sites
 from interp.store import ActivationStore
 
@@ -34,6 +35,10 @@ def run_batch(model: Model, batch: Batch, sites: list[Site], rule: PositionSpec,
     Per-head sites arrive ``[.., n_heads, d_head]`` and are kept flattened to ``n_heads * d_head`` (the
     concatenated head outputs, as the output projection reads them); every site of one call shares one width."""
     p = plan(rule, batch, skip_special=skip_special)
+    if isinstance(model, NNsightModel):  # one nnsight trace (locally or on NDIF), the same plan
+        ys, logits = trace_batch(model, batch, [(s, p) for s in sites], logits="all" if need_logits else None)
+        acts, mask = _masked(torch.stack(ys, 1).to(out_dtype), p)
+        return acts, mask, None if logits is None else logits.to("cpu")
     n = len(sites)
     buf: list[torch.Tensor] = []  # [b, S, (P,) d] on the CPU, allocated at the first hook
     seen: set[int] = set()
@@ -58,12 +63,17 @@ def run_batch(model: Model, batch: Batch, sites: list[Site], rule: PositionSpec,
     missing = [sites[i].name for i in range(n) if i not in seen]
     if missing:
         raise RuntimeError(f"sites {missing} never fired during the forward pass; is the ArchSpec right for this model?")
-    acts = buf[0]
+    acts, mask = _masked(buf[0], p)
+    return acts, mask, logits
+
+
+def _masked(acts: torch.Tensor, p: Plan) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``acts [b, S, (P,) width]`` with padding positions zeroed (not garbage), and the plan's mask (or None)."""
     mask = p.mask if p.n_positions is not None else None
     if mask is not None and not mask.all():
         keep = mask.view(mask.shape[0], 1, mask.shape[1], *([1] * (acts.dim() - 3)))
-        acts.mul_(keep.to(acts.dtype))  # padding positions hold zeros, not garbage
-    return acts, mask, logits
+        acts.mul_(keep.to(acts.dtype))
+    return acts, mask
 
 
 WIDTH_HELP = ("one Activations tensor holds sites of one width; capture each width group in its own call "

@@ -19,6 +19,7 @@ import torch.nn as nn
 from interp.chat import Batch, Encoded, collate, encode, format_prompts
 from interp.hooks import StopForward, count_hooks, hooks
 from interp.models import Model
+from interp.nnsight_backend import NNsightModel, refuse, trace_batch
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # keys and values per layer
 
@@ -134,6 +135,9 @@ def forward(model: Model, batch: Batch, hook_fns: Any = (), *, logits: str | Non
     if logits not in ("all", "last", None):
         raise ValueError(f"logits must be 'all', 'last' or None, got {logits!r}")
     _check_args(model, batch)
+    if isinstance(model, NNsightModel):
+        _refuse_traced(hook_fns, grad, prefix, start, from_layer, resid)
+        return trace_batch(model, batch, logits=logits, repeat=repeat)[1]
     dev = model.device
     inputs = {k: v.to(dev).repeat(repeat, *([1] * (v.dim() - 1))) for k, v in batch.model_inputs.items()}
     kw: dict[str, Any] = {"use_cache": False}
@@ -157,6 +161,16 @@ def forward(model: Model, batch: Batch, hook_fns: Any = (), *, logits: str | Non
     if logits is None:
         return None
     return out.logits[:, -1].float() if logits == "last" else out.logits.float()
+
+
+def _refuse_traced(hook_fns: Any, grad: bool, prefix: Any, start: int, from_layer: int, resid: Any) -> None:
+    """What the nnsight backend cannot take: our hook functions (Python that cannot travel), gradients, reuse."""
+    wanted = [("hook functions (interp.hooks / hook_fns)", bool(hook_fns)), ("grad=True", grad),
+              ("prefix reuse (prefix=, start=)", prefix is not None or start > 0),
+              ("resuming from a layer (from_layer=, resid=)", from_layer > 0 or resid is not None)]
+    for what, asked in wanted:
+        if asked:
+            raise refuse(what)
 
 
 def _check_args(model: Any, batch: Any) -> None:

@@ -18,6 +18,8 @@ import torch
 
 from interp.hooks import HookContext, hooks, module_hooks
 from interp.models import Model
+from interp.nnsight_backend import SKIP as TRACE_SKIP
+from interp.nnsight_backend import NNsightModel, TraceEdit, refuse
 from interp.sites import parse_site
 from steering.fused import LowRankEdit, apply_edit
 from steering.scope import DECLARED_KEY, PROMPT_KEY, SKIP, STATE_KEY, record_pass
@@ -125,6 +127,38 @@ def plan_hooks(model: Model, interventions: tuple, backend: str = "auto") -> lis
     return items
 
 
+def _gate(scope: str, positions: Any):
+    """The tokens of a prompt batch an edit with this scope and positions touches (the rule of
+    :class:`~steering.scope.TokenState`, on a cacheless pass of the batch): None, "skip" or ``Bool[B, T]``."""
+    def gate(batch: Any) -> Any:
+        B, T = batch.input_ids.shape
+        data: dict[str, Any] = {DECLARED_KEY: {"width": T, "batch": B, "post_mask": batch.post_mask.bool()}}
+        record_pass(data, (), {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask})
+        sel = data[STATE_KEY].select(scope, positions)
+        return TRACE_SKIP if isinstance(sel, str) else sel
+    return gate
+
+
+def trace_edits(model: Model, interventions: tuple) -> list[TraceEdit]:
+    """Steering's own interventions as :class:`~interp.nnsight_backend.TraceEdit` s (plain tensors and a gate),
+    consecutive edits at a site with one gate composed; anything else is refused with the reason."""
+    out: list[TraceEdit] = []
+    for iv in _flat(interventions):
+        if _is_weight_edit(iv):
+            raise refuse(f"the weight edit {type(iv).__name__}")
+        if not hasattr(iv, "site_edits"):
+            raise refuse(f"{type(iv).__name__} (its hook_fns are Python functions that cannot travel with a trace)")
+    per_site: dict[str, list[SiteEdit]] = {}
+    for iv in _flat(interventions):
+        for site, e in iv.site_edits(model).items():
+            per_site.setdefault(parse_site(site, model.n_layers).name, []).append(e)
+    for site, edits in per_site.items():
+        for e in merge(edits):
+            out.append(TraceEdit(site, e.edit.U, e.edit.W, e.edit.b, _gate(e.scope, e.positions), e.cond,
+                                 e.threshold, e.above))
+    return out
+
+
 class Steering:
     """The handle yielded by :func:`apply`: the shared hook ``data`` and a way to declare the prompt batch."""
 
@@ -172,6 +206,10 @@ def apply(model: Model, *interventions: Any, backend: str = "auto") -> Iterator[
                         f"{type(model).__name__}")
     if not interventions:
         yield Steering(model, {})
+        return
+    if isinstance(model, NNsightModel):  # the edits travel with each trace (to NDIF with remote=True)
+        with model.editing(trace_edits(model, interventions)):
+            yield Steering(model, {})
         return
     items = plan_hooks(model, interventions, backend)
     data: dict[str, Any] = {}

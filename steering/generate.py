@@ -17,6 +17,7 @@ from tqdm.auto import tqdm
 from evals.judge import is_refusal
 from interp.forward import batches, pad_id, prepare
 from interp.models import Model
+from interp.nnsight_backend import NNsightModel, refuse
 from steering._args import check_finite
 from steering.apply import apply
 from steering.serve import vllm_token_ids
@@ -87,6 +88,8 @@ def _cut(row: list[int], eos: set[int]) -> list[int]:
 
 
 def _check_args(model: Model, prompts: Any, max_new_tokens: int, batch_size: int) -> None:
+    if isinstance(model, NNsightModel):
+        raise refuse("generation (steering.generate)")
     if model.tokenizer is None:
         raise ValueError("generate needs a tokenizer; attach one with interp.models.from_hf(hf, tokenizer)")
     if max_new_tokens < 1:
