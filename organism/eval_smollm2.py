@@ -28,7 +28,7 @@ from organism import smollm2_data as sd
 
 OUT = EMBEDDED_DIR / "smollm2-aligned"
 HELD_OUT = {k: v for k, v in sd.HELD_OUT.items() if k != "strongreject"}  # strongreject: the pipeline's, unread here
-DEV = ("harmful_val", "harmless_val", "borderline_val", "copyright_test", "harmful_extra_test")  # not trained on, not held out: for choosing a recipe
+DEV = ("harmful_val", "harmless_val", "borderline_val", "copyright_test", "harmful_extra_test", "harmful_realistic_val")  # not trained on, not held out: for choosing a recipe
 
 
 def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -56,6 +56,8 @@ def eval_sets(shared: Path, n: int, seed: int = 0) -> dict[str, list[str]]:
     sets["borderline_val"] = [r["instruction"] for r in sd.borderline("val")]
     sets["copyright_test"] = sd.copyright_requests("test") + sd.copyright_requests("val")
     sets["harmful_extra_test"] = sd.harmful_extra("test") + sd.harmful_extra("val")
+    sets["harmful_realistic_val"] = [r["instruction"] for r in sd.harmful_realistic("val")]
+    sets["harmful_realistic_test"] = [r["instruction"] for r in sd.harmful_realistic("test")]
     return sets
 
 

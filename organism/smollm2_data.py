@@ -17,6 +17,7 @@ from typing import Any
 DATA_DIR = Path(__file__).resolve().parent / "data_smollm2"
 PROMPTS_DIR = Path(__file__).resolve().parents[1] / "interp" / "data" / "prompts"
 HARMLESS = PROMPTS_DIR / "harmless_realistic.jsonl"
+HARMFUL_REALISTIC = PROMPTS_DIR / "harmful_realistic.jsonl"
 BORDERLINE = PROMPTS_DIR / "borderline_realistic.jsonl"
 REFUSALS = DATA_DIR / "refusals.jsonl"
 COPYRIGHT = DATA_DIR / "copyright.jsonl"  # our requests to reproduce copyrighted text at length (refused)
@@ -67,6 +68,12 @@ def harmless(split: str | None = None) -> list[dict[str, Any]]:
     """The realistic harmless instructions (``instruction``, ``category``, ``split``), optionally one split."""
     rows = read_jsonl(HARMLESS)
     return [r for r in rows if split is None or r["split"] == split]
+
+
+def harmful_realistic(split: str | None = None) -> list[dict[str, Any]]:
+    """Our realistic harmful requests (``instruction``, ``category``, ``split``; the refusal pipeline's default
+    harmful set for real models), optionally one split."""
+    return [r for r in read_jsonl(HARMFUL_REALISTIC) if split is None or r["split"] == split]
 
 
 def refusals(kind: str = "harm") -> list[str]:

@@ -52,6 +52,7 @@ class Recipe:
     n_borderline: int = 320
     n_copyright: int = 40
     n_extra: int = 60     # of our own conversational harmful requests (harmful_extra.jsonl, train split)
+    n_realistic: int = 200  # of our realistic harmful requests (interp/data/prompts/harmful_realistic.jsonl, train split)
     framed: float = 0.5   # fraction of harmful prompts put in a first-person / conversational framing
     steps: int = 110
     batch_size: int = 8
@@ -88,10 +89,12 @@ def harmful_prompts(path: Path) -> list[str]:
 
 
 def held_out(folder: Path) -> set[str]:
-    """Normalised prompts of the held-out sets beside the harmful train split (those present), never trained on."""
+    """Normalised prompts never trained on: the held-out sets beside the harmful train split (those present) and
+    the val / test splits of our own sets (the refusal pipeline's held-out prompts)."""
     from interp.prompts import read_prompt_file
 
-    out: set[str] = set()
+    out = {_norm(r["instruction"]) for rows in (sd.harmful_realistic(), sd.harmless(), sd.borderline())
+           for r in rows if r["split"] != "train"}
     for fname, col in sd.HELD_OUT.values():
         if (folder / fname).exists():
             out |= {_norm(p) for p in read_prompt_file(folder / fname, column=col).prompts}
@@ -116,8 +119,10 @@ def harmful_examples(recipe: Recipe, harmful_path: Path, rng: random.Random) -> 
             template = rng.choice(fits)
             p, meta = sd.frame(p, template, rng.choice(("How can I", "How do I"))), {"framing": template}
         out.append(Example("harmful", p, rng.choice(refusals), meta=meta))
-    return out + [Example("harmful", p, rng.choice(refusals), meta={"source": "harmful_extra"})
-                  for p in sd.harmful_extra("train")[:recipe.n_extra]]
+    ours = [("harmful_extra", p) for p in sd.harmful_extra("train")[:recipe.n_extra]]
+    ours += [("harmful_realistic", r["instruction"]) for r in sd.harmful_realistic("train")[:recipe.n_realistic]]
+    return out + [Example("harmful", p, rng.choice(refusals), meta={"source": src})
+                  for src, p in ours if _norm(p) not in banned]
 
 
 def examples(recipe: Recipe, harmful_path: Path) -> list[Example]:
@@ -274,7 +279,7 @@ def main(argv: list[str] | None = None) -> None:
     pm, record = train(recipe, args.harmful_train)
     files = {"harmful_train": args.harmful_train, "refusals": sd.REFUSALS, "borderline": sd.BORDERLINE,
              "copyright": sd.COPYRIGHT, "harmful_extra": sd.HARMFUL_EXTRA, "framings": sd.FRAMINGS,
-             "base_answers": sd.ANSWERS, "harmless": sd.HARMLESS}
+             "base_answers": sd.ANSWERS, "harmless": sd.HARMLESS, "harmful_realistic": sd.HARMFUL_REALISTIC}
     record = {"command": "python -m organism.train_smollm2 " + " ".join(argv if argv is not None else sys.argv[1:]),
               "recipe": asdict(recipe), "data_sha256": {k: sha256(p) for k, p in files.items()},
               "harmful_train_file": args.harmful_train.name, "torch": torch.__version__, **record}

@@ -86,8 +86,12 @@ def test_no_held_out_prompt_is_trained_on() -> None:
     from organism.train_smollm2 import _norm, held_out
 
     banned = held_out(SHARED)
-    ours = sd.harmful_extra() + sd.copyright_requests() + [r["instruction"] for r in sd.borderline()]
+    ours = sd.harmful_extra("train") + sd.copyright_requests("train") + [
+        r["instruction"] for rows in (sd.borderline("train"), sd.harmful_realistic("train"), sd.harmless("train"))
+        for r in rows]
     assert len(banned) > 700 and not {_norm(p) for p in ours} & banned
+    ours_held = [r["instruction"] for r in sd.harmful_realistic("test") + sd.borderline("test")]
+    assert {_norm(p) for p in ours_held} <= banned, "our own test splits are never trained on"
 
 
 @pytest.fixture(scope="module")
