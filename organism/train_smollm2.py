@@ -54,7 +54,7 @@ class Recipe:
     n_extra: int = 60     # of our own conversational harmful requests (harmful_extra.jsonl, train split)
     n_realistic: int = 200  # of our realistic harmful requests (interp/data/prompts/harmful_realistic.jsonl, train split)
     framed: float = 0.5   # fraction of harmful prompts put in a first-person / conversational framing
-    steps: int = 110
+    steps: int = 200
     batch_size: int = 8
     lr: float = 2e-3
     warmup: int = 4
