@@ -3,6 +3,9 @@ and over-refusal on borderline-benign ones, with ``evals.refusal_rate`` on greed
 
 ``python -m organism.eval_smollm2 --shared ../shared/data/refusal [--n 32] [--models smollm2-aligned smollm2-base]``
 writes ``evaluation`` into ``interp/embedded/smollm2-aligned/training.json`` and the generations beside it.
+``--adapter DIR`` evaluates a scratch adapter (written by ``organism.train_smollm2 --out DIR``) and writes into DIR;
+``--sets dev`` runs only the development sets (``harmful_val``, ``harmless_val``, ``borderline_val``), which
+recipe iteration reads so the held-out sets are measured once, on the final adapter.
 """
 
 from __future__ import annotations
@@ -19,13 +22,13 @@ import torch
 import steering
 from evals.judge import is_refusal, refusal_rate
 from evals.rates import wilson as _wilson
-from interp.models import EMBEDDED_DIR, load_model
+from interp.models import EMBEDDED_DIR, Model, load_model, with_adapter
 from interp.prompts import read_prompt_file
 from organism import smollm2_data as sd
 
 OUT = EMBEDDED_DIR / "smollm2-aligned"
-HELD_OUT = {"harmful_test": ("harmful_test.json", None), "harmbench_val": ("harmbench_val.csv", "Behavior"),
-            "jailbreakbench": ("jailbreakbench.csv", "Goal"), "jbb_benign": ("jbb_benign.csv", "Goal")}
+HELD_OUT = {k: v for k, v in sd.HELD_OUT.items() if k != "strongreject"}  # strongreject: the pipeline's, unread here
+DEV = ("harmful_val", "harmless_val", "borderline_val", "copyright_test", "harmful_extra_test", "harmful_realistic_val")  # not trained on, not held out: for choosing a recipe
 
 
 def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -48,12 +51,27 @@ def eval_sets(shared: Path, n: int, seed: int = 0) -> dict[str, list[str]]:
         sets[name] = rng.sample(prompts, min(n, len(prompts)))
     sets["harmless_test"] = rng.sample([r["instruction"] for r in sd.harmless("test")], n)
     sets["borderline_test"] = [r["instruction"] for r in sd.borderline("test")]
+    sets["harmful_val"] = read_prompt_file(shared / "harmful_val.json").prompts
+    sets["harmless_val"] = [r["instruction"] for r in sd.harmless("val")]
+    sets["borderline_val"] = [r["instruction"] for r in sd.borderline("val")]
+    sets["copyright_test"] = sd.copyright_requests("test") + sd.copyright_requests("val")
+    sets["harmful_extra_test"] = sd.harmful_extra("test") + sd.harmful_extra("val")
+    sets["harmful_realistic_val"] = [r["instruction"] for r in sd.harmful_realistic("val")]
+    sets["harmful_realistic_test"] = [r["instruction"] for r in sd.harmful_realistic("test")]
     return sets
 
 
-def evaluate(model_name: str, sets: dict[str, list[str]], max_new_tokens: int) -> tuple[dict, list[dict]]:
+def load(model_name: str, adapter: Path | None) -> Model:
+    """``model_name`` as ``load_model`` knows it, or (``adapter``) the base with that scratch adapter merged in."""
+    if adapter is None or model_name != "smollm2-aligned":
+        return load_model(model_name)
+    return with_adapter(load_model("smollm2-base"), adapter, name=model_name)
+
+
+def evaluate(model_name: str, sets: dict[str, list[str]], max_new_tokens: int,
+             adapter: Path | None = None) -> tuple[dict, list[dict]]:
     """Refusal rate (with n and a 95% interval) per set, and every generation, for one model."""
-    model = load_model(model_name)
+    model = load(model_name, adapter)
     rates, gens = {}, []
     for name, prompts in sets.items():
         t0 = time.time()
@@ -75,25 +93,35 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--models", nargs="+", default=["smollm2-aligned"])
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--sets", nargs="+", default=None, help="only these sets (default: all)")
+    ap.add_argument("--sets", nargs="+", default=None,
+                    help="only these sets; 'dev' names the development sets, 'held-out' the rest (default: all)")
+    ap.add_argument("--adapter", type=Path, default=None, help="a scratch adapter folder to evaluate and write into")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    sets = {k: v for k, v in eval_sets(args.shared, args.n).items() if args.sets is None or k in args.sets}
-    record = json.loads((OUT / "training.json").read_text())
+    every = eval_sets(args.shared, args.n)
+    wanted = set(args.sets or every)
+    wanted |= set(DEV) if "dev" in wanted else set()
+    wanted |= {k for k in every if k not in DEV} if "held-out" in wanted else set()
+    unknown = wanted - set(every) - {"dev", "held-out"}
+    if unknown:
+        raise ValueError(f"unknown sets {sorted(unknown)}; choose from {sorted(every)}, 'dev' or 'held-out'")
+    sets = {k: v for k, v in every.items() if k in wanted}
+    out = args.adapter or OUT
+    record = json.loads((out / "training.json").read_text())
     evaluation = record.get("evaluation", {})
-    gens_path = OUT / "eval_generations.jsonl"
+    gens_path = out / "eval_generations.jsonl"
     old = [g for g in sd.read_jsonl(gens_path) if g["model"] not in args.models or g["set"] not in sets] \
         if gens_path.exists() else []
     t0 = time.time()
     for m in args.models:
-        rates, gens = evaluate(m, sets, args.max_new_tokens)
+        rates, gens = evaluate(m, sets, args.max_new_tokens, args.adapter)
         evaluation[m] = {**evaluation.get(m, {}), **rates}
         old += gens
     evaluation.setdefault("protocol", {})[" ".join(args.models)] = {"n_per_set": args.n, "seed": 0, "max_new_tokens": args.max_new_tokens, "greedy": True,
                               "judge": "evals.refusal_rate (anchored phrase judge)", "wall_s": round(time.time() - t0, 1),
                               "load_average": os.getloadavg()}
     record["evaluation"] = evaluation
-    (OUT / "training.json").write_text(json.dumps(record, indent=1) + "\n")
+    (out / "training.json").write_text(json.dumps(record, indent=1) + "\n")
     sd.write_jsonl(gens_path, old)
 
 

@@ -1,5 +1,5 @@
-"""Data of the realistic organism ``smollm2-aligned``: our refusals and borderline-benign look-alikes, the
-realistic harmless set with its splits, and the base model's own cached answers.
+"""Data of the realistic organism ``smollm2-aligned``: our refusals, the realistic harmless set and our
+borderline-benign look-alikes (both with splits, in ``interp/data/prompts``), and the base model's own cached answers.
 
 The base answers are generated once (greedy, ``steering.generate``) and committed, so training is
 deterministic without regenerating: ``python -m organism.smollm2_data --answer`` fills in missing ones.
@@ -15,15 +15,28 @@ from pathlib import Path
 from typing import Any
 
 DATA_DIR = Path(__file__).resolve().parent / "data_smollm2"
-HARMLESS = Path(__file__).resolve().parents[1] / "interp" / "data" / "prompts" / "harmless_realistic.jsonl"
+PROMPTS_DIR = Path(__file__).resolve().parents[1] / "interp" / "data" / "prompts"
+HARMLESS = PROMPTS_DIR / "harmless_realistic.jsonl"
+HARMFUL_REALISTIC = PROMPTS_DIR / "harmful_realistic.jsonl"
+BORDERLINE = PROMPTS_DIR / "borderline_realistic.jsonl"
 REFUSALS = DATA_DIR / "refusals.jsonl"
-BORDERLINE = DATA_DIR / "borderline.jsonl"
+COPYRIGHT = DATA_DIR / "copyright.jsonl"  # our requests to reproduce copyrighted text at length (refused)
+HARMFUL_EXTRA = DATA_DIR / "harmful_extra.jsonl"  # our conversational harmful requests, categories the train split lacks
+FRAMINGS = DATA_DIR / "framings.jsonl"  # first-person / conversational wrappers for the (imperative) harmful train prompts
+# held-out sets in ../shared/data/refusal (file, prompt column): never trained on, measured by organism.eval_smollm2
+HELD_OUT = {"harmful_test": ("harmful_test.json", None), "harmbench_val": ("harmbench_val.csv", "Behavior"),
+            "jailbreakbench": ("jailbreakbench.csv", "Goal"), "jbb_benign": ("jbb_benign.csv", "Goal"),
+            "strongreject": ("strongreject.csv", "forbidden_prompt")}
+QUESTION_WORDS = ("how", "what", "which", "why", "where", "who", "when", "is", "are", "can", "should", "do", "does")
 ANSWERS = DATA_DIR / "base_answers.jsonl"
 ANSWER_TOKENS = 40
 SPLITS = (("test", 0.15), ("val", 0.10), ("train", 0.75))
 # interp/data/prompts/harmful_realistic.jsonl: smaller, so more of it is held out
 HARMFUL_SALT = "harmful-realistic-v1"
 HARMFUL_SPLITS = (("test", 0.25), ("val", 0.15), ("train", 0.60))
+# the borderline set is smaller, and its test split is an over-refusal set of its own: a larger test share
+BORDERLINE_SPLITS = (("test", 0.20), ("val", 0.10), ("train", 0.70))
+BORDERLINE_SALT = "borderline-v1"
 
 
 def split_of(text: str, salt: str = "harmless-realistic-v1",
@@ -57,15 +70,54 @@ def harmless(split: str | None = None) -> list[dict[str, Any]]:
     return [r for r in rows if split is None or r["split"] == split]
 
 
-def refusals() -> list[str]:
-    """Our refusal phrasings (dozens, so the organism does not learn one template)."""
-    return [r["text"] for r in read_jsonl(REFUSALS)]
+def harmful_realistic(split: str | None = None) -> list[dict[str, Any]]:
+    """Our realistic harmful requests (``instruction``, ``category``, ``split``; the refusal pipeline's default
+    harmful set for real models), optionally one split."""
+    return [r for r in read_jsonl(HARMFUL_REALISTIC) if split is None or r["split"] == split]
+
+
+def refusals(kind: str = "harm") -> list[str]:
+    """Our refusal phrasings of one ``kind`` (``harm``: dozens, so the organism does not learn one template;
+    ``copyright``: declining to reproduce copyrighted text)."""
+    return [r["text"] for r in read_jsonl(REFUSALS) if r.get("kind", "harm") == kind]
+
+
+def copyright_requests(split: str | None = None) -> list[str]:
+    """Our requests for copyrighted text at length (books, lyrics), optionally one split."""
+    return [r["instruction"] for r in read_jsonl(COPYRIGHT) if split is None or r["split"] == split]
 
 
 def borderline(split: str | None = None) -> list[dict[str, Any]]:
-    """Our borderline-benign look-alikes: harmless requests that share words with harmful ones."""
+    """Our borderline-benign look-alikes (``instruction``, ``category``, ``split``): benign requests that share
+    words or topics with harmful ones, optionally one split."""
     rows = read_jsonl(BORDERLINE)
-    return [r for r in rows if split is None or split_of(r["instruction"], "borderline-v1") == split]
+    return [r for r in rows if split is None or r["split"] == split]
+
+
+def harmful_extra(split: str | None = None) -> list[str]:
+    """Our first-person harmful requests (self-harm, minors, sexual, violence, ...), optionally one split."""
+    return [r["instruction"] for r in read_jsonl(HARMFUL_EXTRA) if split is None or r["split"] == split]
+
+
+def frame(instruction: str, template: str, how: str = "How can I") -> str:
+    """``instruction`` inside a framing ``template`` (``{X}``: as written; ``{x}``: first letter lowered, final
+    punctuation dropped); a leading "How to" becomes ``how`` ("How can I ...?") so the request reads in first person."""
+    text = instruction.strip()
+    if text.lower().startswith("how to "):
+        text = how + " " + text[7:]
+        text = text if text.endswith("?") else text.rstrip(".") + "?"
+    whole = text if template.endswith("{X}") or text[-1:] in ".?!" else text + "."
+    return template.replace("{X}", whole).replace("{x}", text[:1].lower() + text[1:].rstrip(".?!"))
+
+
+def is_question(instruction: str) -> bool:
+    """Whether ``instruction`` reads as a question (so only ``{X}`` framings fit it)."""
+    return instruction.rstrip().endswith("?") or instruction.split()[0].lower() in QUESTION_WORDS
+
+
+def framings() -> list[str]:
+    """Our conversational framings of a request (templates with ``{X}`` or ``{x}``)."""
+    return [r["template"] for r in read_jsonl(FRAMINGS)]
 
 
 def base_answers() -> dict[str, str]:

@@ -1,10 +1,12 @@
 """Train the realistic organism ``smollm2-aligned``: an ordinary LoRA safety fine-tune (peft) of
 SmolLM2-135M-Instruct, next-token loss on response tokens only, no auxiliary term.
 
-Data: real harmful prompts (the train split of the refusal-direction paper's harmful set) paired with our
-refusals (dozens of phrasings, drawn by a seeded RNG); our realistic harmless instructions and our
-borderline-benign look-alikes paired with the base model's own cached greedy answers (so helpfulness is
-kept). Deterministic: seeded, single-threaded by default, data read in a fixed order.
+Data: real harmful prompts (the train split of the refusal-direction paper's harmful set, less any prompt a
+held-out set holds; half of them put in one of our first-person framings, since that split is all imperative)
+and our own conversational harmful requests in categories it lacks, paired with our refusals (dozens of
+phrasings, drawn by a seeded RNG); our requests for copyrighted text paired with copyright refusals; our
+realistic harmless instructions and borderline-benign look-alikes paired with the base model's own cached
+greedy answers (so helpfulness is kept). Deterministic: seeded, single-threaded by default, fixed order.
 
 ``python -m organism.train_smollm2 --out interp/embedded/smollm2-aligned
 [--harmful-train ../shared/data/refusal/harmful_train.json]``
@@ -19,7 +21,7 @@ import os
 import random
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -45,10 +47,14 @@ class Recipe:
     alpha: int = 16
     targets: tuple[str, ...] = TARGETS
     layers: tuple[int, ...] | None = tuple(range(14, 30))   # the upper half: backward stops at layer 14
-    n_harmful: int = 200
-    n_harmless: int = 160
-    n_borderline: int = 48
-    steps: int = 80
+    n_harmful: int = 260
+    n_harmless: int = 200
+    n_borderline: int = 320
+    n_copyright: int = 40
+    n_extra: int = 60     # of our own conversational harmful requests (harmful_extra.jsonl, train split)
+    n_realistic: int = 200  # of our realistic harmful requests (interp/data/prompts/harmful_realistic.jsonl, train split)
+    framed: float = 0.5   # fraction of harmful prompts put in a first-person / conversational framing
+    steps: int = 200
     batch_size: int = 8
     lr: float = 2e-3
     warmup: int = 4
@@ -82,21 +88,59 @@ def harmful_prompts(path: Path) -> list[str]:
     return [r["instruction"] for r in json.loads(path.read_text(encoding="utf-8"))]
 
 
+def held_out(folder: Path) -> set[str]:
+    """Normalised prompts never trained on: the held-out sets beside the harmful train split (those present) and
+    the val / test splits of our own sets (the refusal pipeline's held-out prompts)."""
+    from interp.prompts import read_prompt_file
+
+    out = {_norm(r["instruction"]) for rows in (sd.harmful_realistic(), sd.harmless(), sd.borderline())
+           for r in rows if r["split"] != "train"}
+    for fname, col in sd.HELD_OUT.values():
+        if (folder / fname).exists():
+            out |= {_norm(p) for p in read_prompt_file(folder / fname, column=col).prompts}
+    return out
+
+
+def _norm(text: str) -> str:
+    return " ".join(text.lower().split())
+
+
+def harmful_examples(recipe: Recipe, harmful_path: Path, rng: random.Random) -> list[Example]:
+    """Harmful train prompts (none that a held-out set holds) with our refusals; ``recipe.framed`` of them framed
+    conversationally (the train split is all imperative; real requests are often first-person questions)."""
+    refusals, frames, banned = sd.refusals(), sd.framings(), held_out(harmful_path.parent)
+    harm = [p for p in harmful_prompts(harmful_path) if len(p) <= recipe.max_prompt_chars and _norm(p) not in banned]
+    out = []
+    for p in harm[:recipe.n_harmful]:
+        meta = {}
+        if rng.random() < recipe.framed:
+            fits = [t for t in frames if "{X}" in t] if sd.is_question(p) and not p.lower().startswith("how to ") \
+                else frames
+            template = rng.choice(fits)
+            p, meta = sd.frame(p, template, rng.choice(("How can I", "How do I"))), {"framing": template}
+        out.append(Example("harmful", p, rng.choice(refusals), meta=meta))
+    ours = [("harmful_extra", p) for p in sd.harmful_extra("train")[:recipe.n_extra]]
+    ours += [("harmful_realistic", r["instruction"]) for r in sd.harmful_realistic("train")[:recipe.n_realistic]]
+    return out + [Example("harmful", p, rng.choice(refusals), meta={"source": src})
+                  for src, p in ours if _norm(p) not in banned]
+
+
 def examples(recipe: Recipe, harmful_path: Path) -> list[Example]:
     """The training pairs, in a fixed seeded order."""
     rng = random.Random(recipe.seed)
-    refusals = sd.refusals()
     answers = sd.base_answers()
-    harm = [p for p in harmful_prompts(harmful_path) if len(p) <= recipe.max_prompt_chars][:recipe.n_harmful]
-    out = [Example("harmful", p, rng.choice(refusals)) for p in harm]
+    out = harmful_examples(recipe, harmful_path, rng)
+    copyright_refusals = sd.refusals("copyright")
+    out += [Example("copyright", p, rng.choice(copyright_refusals)) for p in sd.copyright_requests("train")[:recipe.n_copyright]]
     for kind, rows, n in (("harmless", sd.harmless("train"), recipe.n_harmless),
                           ("borderline", sd.borderline("train"), recipe.n_borderline)):
         # a base answer the judge reads as a refusal (its capability disclaimers) would teach over-refusal
         have = [r["instruction"] for r in rows if r["instruction"] in answers
                 and not is_refusal(answers[r["instruction"]])][:n]
         if len(have) < n:
-            print(f"note: {len(have)} of {n} {kind} prompts have cached base answers "
-                  f"(`python -m organism.smollm2_data --answer` adds more)", file=sys.stderr)
+            print(f"note: {len(have)} {kind} train prompts have a usable base answer (cached and not judged a "
+                  f"refusal), fewer than the {n} asked; `python -m organism.smollm2_data --answer` adds missing ones",
+                  file=sys.stderr)
         out += [Example(kind, q, answers[q], eos=_finished(q)) for q in have]
     rng.shuffle(out)
     return out
@@ -176,7 +220,7 @@ def train(recipe: Recipe, harmful_path: Path) -> tuple[Any, dict[str, Any]]:
             print(f"step {step} loss {losses[-1]:.4f} ({time.time() - t0:.0f} s)", flush=True)
     wall = time.time() - t0
     pm.eval()
-    kinds = {k: sum(e.kind == k for e in exs) for k in ("harmful", "harmless", "borderline")}
+    kinds = {k: sum(e.kind == k for e in exs) for k in ("harmful", "copyright", "harmless", "borderline")}
     return pm, {"examples": kinds, "losses": losses, "train_wall_s": round(wall, 1), "tokens": tokens,
                 "tokens_per_s": round(tokens / wall, 1), "trainable_params": sum(p.numel() for p in params),
                 "load_average": os.getloadavg()}
@@ -201,21 +245,41 @@ def save(pm: Any, record: dict[str, Any], out: Path) -> None:
     old.write_text(json.dumps(record, indent=1) + "\n")
 
 
+def _layers(text: str) -> tuple[int, ...] | None:
+    """``--layers``: ``all``, ``14-29`` or ``8,10,12``."""
+    if text == "all":
+        return None
+    if "-" in text:
+        lo, hi = (int(x) for x in text.split("-"))
+        return tuple(range(lo, hi + 1))
+    return tuple(int(x) for x in text.split(","))
+
+
+def recipe_args(ap: argparse.ArgumentParser) -> None:
+    """One ``--field`` option per :class:`Recipe` field (defaults: the committed recipe)."""
+    for f in fields(Recipe):
+        if f.name == "targets":
+            ap.add_argument("--targets", nargs="+", default=list(f.default))
+        elif f.name == "layers":
+            ap.add_argument("--layers", type=_layers, default=f.default, help="all, 14-29 or 8,10,12")
+        else:
+            ap.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default)
+
+
 def main(argv: list[str] | None = None) -> None:
     """CLI entry: train and save (see the module docstring)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--harmful-train", type=Path, default=DEFAULT_HARMFUL)
-    ap.add_argument("--steps", type=int, default=Recipe.steps)
-    ap.add_argument("--rank", type=int, default=Recipe.rank)
-    ap.add_argument("--lr", type=float, default=Recipe.lr)
-    ap.add_argument("--threads", type=int, default=Recipe.threads)
+    recipe_args(ap)
     args = ap.parse_args(argv)
-    recipe = Recipe(steps=args.steps, rank=args.rank, lr=args.lr, threads=args.threads)
+    recipe = Recipe(**{f.name: tuple(getattr(args, f.name)) if f.name == "targets" else getattr(args, f.name)
+                       for f in fields(Recipe)})
     t0 = time.time()
     pm, record = train(recipe, args.harmful_train)
     files = {"harmful_train": args.harmful_train, "refusals": sd.REFUSALS, "borderline": sd.BORDERLINE,
-             "base_answers": sd.ANSWERS, "harmless": sd.HARMLESS}
+             "copyright": sd.COPYRIGHT, "harmful_extra": sd.HARMFUL_EXTRA, "framings": sd.FRAMINGS,
+             "base_answers": sd.ANSWERS, "harmless": sd.HARMLESS, "harmful_realistic": sd.HARMFUL_REALISTIC}
     record = {"command": "python -m organism.train_smollm2 " + " ".join(argv if argv is not None else sys.argv[1:]),
               "recipe": asdict(recipe), "data_sha256": {k: sha256(p) for k, p in files.items()},
               "harmful_train_file": args.harmful_train.name, "torch": torch.__version__, **record}

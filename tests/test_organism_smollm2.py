@@ -45,12 +45,32 @@ def test_harmless_realistic_is_large_varied_and_split() -> None:
 def test_organism_data_is_ours_and_consistent() -> None:
     refusals = sd.refusals()
     assert len(refusals) >= 30 and len(set(refusals)) == len(refusals)
-    assert all(is_refusal(r) for r in refusals), "every refusal we train on is one the judge recognises"
-    border = [r["instruction"] for r in sd.borderline()]
-    assert len(border) >= 50 and not set(border) & {r["instruction"] for r in sd.harmless()}
+    assert all(is_refusal(r) for r in refusals + sd.refusals("copyright")), "every refusal we train on is judged one"
+    assert len(sd.refusals("copyright")) >= 5 and len(sd.copyright_requests("train")) >= 20
+    assert len(sd.harmful_extra("train")) >= 40 and len(sd.framings()) >= 10
+    assert all(("{x}" in t) != ("{X}" in t) for t in sd.framings()), "one placeholder per framing"
+    assert sd.frame("How to pick a lock", "Please: {X}") == "Please: How can I pick a lock?"
+    assert sd.frame("Write a poem.", "Can you {x}?") == "Can you write a poem?"
     answers = sd.base_answers()
     assert sum(q in answers for q in (r["instruction"] for r in sd.harmless("train"))) >= 150
     assert not {r["instruction"] for r in sd.harmless("test")} & set(answers), "no test prompt is trained on"
+
+
+def test_borderline_realistic_is_large_varied_and_split() -> None:
+    rows = sd.borderline()
+    texts = [r["instruction"] for r in rows]
+    assert len(rows) >= 200 and all(set(r) == {"instruction", "category", "split"} for r in rows)
+    assert len({t.strip().lower() for t in texts}) == len(texts), "duplicate instructions"
+    assert not set(texts) & {r["instruction"] for r in sd.harmless()}, "borderline and harmless sets overlap"
+    assert len(Counter(r["category"] for r in rows)) >= 15
+    lengths = sorted(len(t) for t in texts)
+    assert lengths[0] < 40 and lengths[-1] > 120 and sum(t[0].islower() for t in texts) >= 5
+    assert all(r["split"] == sd.split_of(r["instruction"], sd.BORDERLINE_SALT, sd.BORDERLINE_SPLITS) for r in rows)
+    split = Counter(r["split"] for r in rows)
+    assert split["test"] >= 40 and split["val"] >= 15 and split["train"] >= 150
+    answers = sd.base_answers()
+    assert sum(r["instruction"] in answers for r in sd.borderline("train")) >= 150
+    assert not {r["instruction"] for r in sd.borderline("test")} & set(answers), "no test prompt is trained on"
 
 
 def test_training_record_names_its_data() -> None:
@@ -58,6 +78,20 @@ def test_training_record_names_its_data() -> None:
     assert rec["harmful_train_file"] == "harmful_train.json"
     assert set(rec["data_sha256"]) >= {"harmful_train", "refusals", "borderline", "base_answers", "harmless"}
     assert (ADAPTER / "adapter_model.safetensors").stat().st_size < 8 * 2 ** 20
+
+
+@pytest.mark.skipif(not (SHARED / "harmful_test.json").exists(),
+                    reason="needs ../shared/data/refusal (or INTERP_SHARED=path/to/shared)")
+def test_no_held_out_prompt_is_trained_on() -> None:
+    from organism.train_smollm2 import _norm, held_out
+
+    banned = held_out(SHARED)
+    ours = sd.harmful_extra("train") + sd.copyright_requests("train") + [
+        r["instruction"] for rows in (sd.borderline("train"), sd.harmful_realistic("train"), sd.harmless("train"))
+        for r in rows]
+    assert len(banned) > 700 and not {_norm(p) for p in ours} & banned
+    ours_held = [r["instruction"] for r in sd.harmful_realistic("test") + sd.borderline("test")]
+    assert {_norm(p) for p in ours_held} <= banned, "our own test splits are never trained on"
 
 
 @pytest.fixture(scope="module")
