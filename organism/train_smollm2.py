@@ -59,6 +59,7 @@ class Recipe:
     lr: float = 2e-3
     warmup: int = 4
     weight_decay: float = 0.0
+    full: bool = False    # a full fine-tune of ``layers`` (all when None) instead of LoRA: an experiment, saved as a model folder
     max_prompt_chars: int = 400
 
 
@@ -169,7 +170,7 @@ def batch_loss(model: Any, rows: list[tuple[list[int], int]], pad: int) -> torch
     mask = torch.zeros(len(rows), L, dtype=torch.bool)
     for i, (r, start) in enumerate(rows):
         mask[i, start - 1:len(r) - 1] = True  # position t predicts token t + 1
-    inner = model.get_base_model()
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
     hidden = inner.model(input_ids=ids, use_cache=False).last_hidden_state
     logits = inner.lm_head(hidden[mask])
     targets = ids[:, 1:][mask[:, :-1]]
@@ -189,6 +190,17 @@ def lora_model(base: Model, recipe: Recipe) -> Any:
     return get_peft_model(base.hf, cfg)
 
 
+def full_model(base: Model, recipe: Recipe) -> Any:
+    """The base itself with every weight of ``recipe.layers``' blocks (all blocks when None) trainable, the
+    embeddings and final norm frozen: the full fine-tune the LoRA recipe is compared with."""
+    keep = set(range(base.n_layers) if recipe.layers is None else recipe.layers)
+    for name, p in base.hf.named_parameters():
+        parts = name.split(".")
+        layer = int(parts[parts.index("layers") + 1]) if "layers" in parts else None
+        p.requires_grad_(layer in keep)
+    return base.hf
+
+
 def train(recipe: Recipe, harmful_path: Path) -> tuple[Any, dict[str, Any]]:
     """Fine-tune; returns the peft model and the run's record (losses, sizes, timing)."""
     torch.set_num_threads(recipe.threads)
@@ -196,7 +208,7 @@ def train(recipe: Recipe, harmful_path: Path) -> tuple[Any, dict[str, Any]]:
     base = load_model("smollm2-base")
     exs = examples(recipe, harmful_path)
     rows = encode_rows(base, exs)
-    pm = lora_model(base, recipe)
+    pm = full_model(base, recipe) if recipe.full else lora_model(base, recipe)
     params = [p for p in pm.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=recipe.lr, weight_decay=recipe.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / recipe.warmup)
@@ -245,6 +257,25 @@ def save(pm: Any, record: dict[str, Any], out: Path) -> None:
     old.write_text(json.dumps(record, indent=1) + "\n")
 
 
+def base_tokenizer() -> Any:
+    """The base model's tokenizer (saved beside a fully fine-tuned model)."""
+    return load_model("smollm2-base").tokenizer
+
+
+def save_full(hf: Any, tokenizer: Any, record: dict[str, Any], out: Path, t0: float) -> None:
+    """A fully fine-tuned model as an HF folder (``load_model(out)`` reads it) with ``training.json``; never over
+    an existing folder (it is an experiment, hundreds of MB, not committed)."""
+    if out.exists():
+        raise FileExistsError(f"{out} exists; a full fine-tune writes a new folder (choose another --out)")
+    tmp = out.with_name(out.name + ".partial")
+    hf.save_pretrained(str(tmp), safe_serialization=True)
+    tokenizer.save_pretrained(str(tmp))
+    record["total_wall_s"] = round(time.time() - t0, 1)
+    (tmp / "training.json").write_text(json.dumps(record, indent=1) + "\n")
+    tmp.rename(out)
+    print(f"saved {out} (full fine-tune, {record['total_wall_s']} s)")
+
+
 def _layers(text: str) -> tuple[int, ...] | None:
     """``--layers``: ``all``, ``14-29`` or ``8,10,12``."""
     if text == "all":
@@ -262,6 +293,8 @@ def recipe_args(ap: argparse.ArgumentParser) -> None:
             ap.add_argument("--targets", nargs="+", default=list(f.default))
         elif f.name == "layers":
             ap.add_argument("--layers", type=_layers, default=f.default, help="all, 14-29 or 8,10,12")
+        elif isinstance(f.default, bool):
+            ap.add_argument("--" + f.name.replace("_", "-"), action="store_true")
         else:
             ap.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default)
 
@@ -283,6 +316,9 @@ def main(argv: list[str] | None = None) -> None:
     record = {"command": "python -m organism.train_smollm2 " + " ".join(argv if argv is not None else sys.argv[1:]),
               "recipe": asdict(recipe), "data_sha256": {k: sha256(p) for k, p in files.items()},
               "harmful_train_file": args.harmful_train.name, "torch": torch.__version__, **record}
+    if recipe.full:
+        save_full(pm, base_tokenizer(), record, args.out, t0)
+        return
     import peft
 
     record["peft"] = peft.__version__

@@ -131,3 +131,21 @@ def test_adapter_makes_the_base_refuse_held_out_harmful(models) -> None:
     refused = [sum(is_refusal(t) for t in steering.generate(m, prompts, max_new_tokens=16, progress=False).texts)
                for m in (base, merged)]
     assert refused[1] >= 5 and refused[1] > refused[0], refused
+
+
+def test_full_fine_tune_trains_exactly_the_chosen_blocks(tmp_path) -> None:
+    from interp.testing.tiny import tiny_model
+    from organism.train_smollm2 import Recipe, batch_loss, full_model, save_full
+
+    m = tiny_model("llama", n_layers=3)
+    hf = full_model(m, Recipe(full=True, layers=(1,)))
+    trainable = {n for n, p in hf.named_parameters() if p.requires_grad}
+    assert trainable and all(".layers.1." in n for n in trainable)
+    assert all(p.requires_grad == (".layers.1." in n) for n, p in hf.named_parameters())
+    loss = batch_loss(hf, [([1, 2, 3, 4, 5], 3), ([6, 7, 8], 1)], 0)
+    loss.backward()
+    assert all((p.grad is not None) == p.requires_grad for p in hf.parameters())
+    save_full(hf, m.tokenizer, {"recipe": {"full": True}}, tmp_path / "ft", 0.0)
+    assert (tmp_path / "ft" / "training.json").exists() and not (tmp_path / "ft.partial").exists()
+    with pytest.raises(FileExistsError, match="another --out"):
+        save_full(hf, m.tokenizer, {}, tmp_path / "ft", 0.0)
