@@ -12,10 +12,15 @@ to float rounding. Where each site's addition goes:
 Where the writer has no bias one is added, and the config flag that makes ``from_pretrained`` build it
 (``attention_bias``, ``mlp_bias``) is set, so the baked model saves with ``save_pretrained`` and reloads with
 transformers alone (and serves unchanged in vLLM, TGI, or llama.cpp through :mod:`steering.gguf_export`). The
-flag also gives the sibling projections (q/k/v, gate/up) zero biases. Refused, naming the sites that work: a
-writer whose config has no such flag (Mistral, Qwen2, Phi-3, Mixtral and Qwen2-MoE attention; every MLP but
-Llama's, GPT-2's and GPT-NeoX's), a mixture-of-experts MLP (the router weighs a per-expert bias), and families
-that normalise each sublayer's output (Gemma-2/3, OLMo-2: the norm would rescale the bias).
+flag also gives the sibling projections (q/k/v, gate/up) zero biases. Where the config has no such flag
+(Mistral, Qwen2, Phi-3, Mixtral and Qwen2-MoE attention; every MLP but Llama's, GPT-2's and GPT-NeoX's) the bias
+is still added, as a parameter of the writer's ``nn.Linear``: exact in memory (equal to hooks to float32
+rounding), but a saved folder would reload without it in plain transformers, so ``BakeResult.notes`` says so and
+every path that saves or serves the model (:func:`steering.serve.save_for_serving` / ``baked_for_serving``,
+:func:`steering.export_gguf`, the refusal pipeline's saved model) refuses it through :func:`check_saveable`,
+naming the fix: bake at ``resid_pre 0`` (the embedding, which every family saves), or use a family whose config
+has the flag. Refused outright, as not exact: a mixture-of-experts MLP (the router weighs a per-expert bias),
+and families that normalise each sublayer's output (Gemma-2/3, OLMo-2: the norm would rescale the bias).
 """
 
 from __future__ import annotations
@@ -98,13 +103,7 @@ def _give_biases(model: Model, writers: set[str]) -> list[str]:
     hf, fam = model.hf, model.spec.family
     cfg = copy.deepcopy(hf.config)
     for w in sorted(writers):
-        flag = FLAGS[w]
-        if not hasattr(cfg, flag):
-            where = "the attention output projection" if w == "attn" else "the MLP output projection"
-            other = "resid_pre 0 (the embedding)" + (" or attn_out / resid_mid" if w == "mlp" else "")
-            raise ValueError(f"{fam}: {where} has no bias and the {type(cfg).__name__} has no {flag!r} flag, so a saved "
-                             f"folder could not hold one; bake additions at {other}, or steer with hooks")
-        setattr(cfg, flag, True)
+        setattr(cfg, FLAGS[w], True)
     from accelerate import init_empty_weights
 
     with init_empty_weights():
@@ -118,12 +117,55 @@ def _give_biases(model: Model, writers: set[str]) -> list[str]:
         mod = get_module(hf, path)
         if attr != "bias" or getattr(mod, "bias", None) is not None:
             raise RuntimeError(f"setting {sorted(FLAGS[w] for w in writers)} on {fam} adds {name}, not a missing bias")
-        w = mod.weight
-        mod.bias = nn.Parameter(torch.zeros(p.shape, dtype=w.dtype, device=w.device), requires_grad=w.requires_grad)
+        _zero_bias(mod, p.shape)
         added.append(name)
     for w in writers:
         setattr(hf.config, FLAGS[w], True)
     return added
+
+
+def _zero_bias(mod: nn.Module, shape: torch.Size) -> None:
+    w = mod.weight
+    mod.bias = nn.Parameter(torch.zeros(shape, dtype=w.dtype, device=w.device), requires_grad=w.requires_grad)
+
+
+def _memory_biases(model: Model, keys: list[tuple[str, int | None]]) -> str:
+    """Add zero biases to the writers ``keys`` whose config has no flag to build them; the note that says so."""
+    for w, layer in keys:
+        mod = _writer_module(model, w, layer)
+        _zero_bias(mod, torch.Size([mod.weight.shape[0]]))
+    flags = sorted({FLAGS[w] for w, _ in keys})
+    return (f"{model.spec.family}: the {type(model.hf.config).__name__} has no {' / '.join(flags)} flag, so "
+            f"{len(keys)} writer biases live in memory only (exact here): a saved folder would not reload them in "
+            f"plain transformers, and save_for_serving / export_gguf refuse this model; to save, bake at resid_pre 0 "
+            f"(the embedding) or use a family whose config has the flag")
+
+
+def memory_only(model: Model) -> list[str]:
+    """Parameters of ``model`` that its config does not build (a bias :func:`bake_addition` added where the config
+    has no flag for it): ``from_pretrained`` of a saved folder would drop them."""
+    from accelerate import init_empty_weights
+    from transformers import PreTrainedModel
+
+    hf = model.hf
+    if not isinstance(hf, PreTrainedModel):   # a peft wrapper saves its adapter, not these modules
+        return []
+    with init_empty_weights():
+        ref = type(hf)(copy.deepcopy(hf.config))
+    built = {name for name, _ in ref.named_parameters(remove_duplicate=False)}
+    return [name for name, _ in hf.named_parameters() if name not in built]
+
+
+def check_saveable(model: Model, what: str) -> None:
+    """Refuse, naming the reason and the fix, a model that a saved folder would not reproduce (:func:`memory_only`)."""
+    names = memory_only(model)
+    if names:
+        raise ValueError(f"{what}: {len(names)} parameters of this {model.spec.family} model (e.g. {names[0]}) are not "
+                         f"built by its {type(model.hf.config).__name__} (biases bake_addition added where the config has "
+                         f"no attention_bias / mlp_bias flag), so a saved folder would load in plain transformers (vLLM, TGI, llama.cpp) without "
+                         f"them: the steering would silently vanish; bake the addition at resid_pre 0 (the embedding, "
+                         f"which every family saves), or use a family whose config has the flag (Llama; attention "
+                         f"only: Qwen3, Qwen3-MoE, OLMoE), or steer with hooks (steering.generate)")
 
 
 def _add_to(model: Model, writer: str, layer: int | None, v: Tensor) -> str:
@@ -145,8 +187,8 @@ def bake_addition(model: Model, *interventions: Any, inplace: bool = False, meas
 
     Returns a :class:`~steering.bake.BakeResult` whose ``.model`` is a copy (or ``model`` itself with
     ``inplace=True``) that equals ``steering.apply(model, *interventions)`` without hooks and saves with
-    ``save_pretrained`` (config flags set where a bias had to be added; see the module docstring for which sites
-    and families can carry one). ``measure`` runs ``check_ids`` (default 2 x 16 random tokens) both ways and
+    ``save_pretrained`` where the config has a flag for each added bias (set; else the bias lives in memory only, a
+    note says so and the save / serve paths refuse the model: see the module docstring and :func:`check_saveable`). ``measure`` runs ``check_ids`` (default 2 x 16 random tokens) both ways and
     reports the max logit difference. Offloaded weights are refused (bake ``interp.models.materialize(model)``).
     """
     check_in_memory(model, "bake_addition")
@@ -164,11 +206,15 @@ def bake_addition(model: Model, *interventions: Any, inplace: bool = False, meas
             ref = _logits(model, ids)
     out = model if inplace else _hook_free_copy(model)
     notes: list[str] = []
-    missing = {w for w, layer in per_writer if w != "embed" and getattr(_writer_module(out, w, layer), "bias", None) is None}
-    if missing:
-        added = _give_biases(out, missing)
-        notes.append(f"set config {', '.join(f'{FLAGS[w]}=True' for w in sorted(missing))}: {len(added)} biases added "
+    missing = [k for k in per_writer if k[0] != "embed" and getattr(_writer_module(out, *k), "bias", None) is None]
+    flagged = {w for w, _ in missing if hasattr(out.hf.config, FLAGS[w])}
+    if flagged:
+        added = _give_biases(out, flagged)
+        notes.append(f"set config {', '.join(f'{FLAGS[w]}=True' for w in sorted(flagged))}: {len(added)} biases added "
                      f"(zeros but the writers') so from_pretrained of a saved copy builds them")
+    unflagged = [k for k in missing if k[0] not in flagged]
+    if unflagged:
+        notes.append(_memory_biases(out, unflagged))
     if ("embed", None) in per_writer and _untie(out):
         notes.append("untied the embedding from the unembedding (lm_head keeps the original weights)")
     rows = [{"writer": w, "layer": layer, "parameter": _add_to(out, w, layer, v), "norm": float(v.norm())}

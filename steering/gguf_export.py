@@ -28,7 +28,7 @@ import torch
 from interp.io import atomic_write, check_writable
 from interp.models import Model
 from steering.bake import check_in_memory
-from steering.bias import additions
+from steering.bias import additions, check_saveable
 
 CONTROL_ARCH = "controlvector"
 CONTROL_HINT = "controlvector.model_hint"
@@ -155,12 +155,14 @@ def export_gguf(model: Model, path: str | os.PathLike, dtype: str = "f32", overw
 
     It reads back with ``AutoModelForCausalLM.from_pretrained(folder, gguf_file=name)`` to the same logits within
     the format's precision (pass ``config=model.config`` when the model carries baked biases: see the module
-    docstring). Offloaded weights are refused (export ``interp.models.materialize(model)``).
+    docstring). Offloaded weights are refused (export ``interp.models.materialize(model)``), and so are biases its
+    config cannot declare (:func:`steering.bias.check_saveable`).
     """
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {DTYPES} (quantise the F16 file with llama.cpp's llama-quantize)")
     check_in_memory(model, "export_gguf")
     c = _check_model(model)
+    check_saveable(model, "export_gguf")
     p = check_writable(path, overwrite)
     tensors = _tensors(model, dtype)
     note: list[str | None] = []

@@ -6,7 +6,9 @@ writer biases (:func:`steering.bake_addition`) and ``DirectionalAblation`` / ``A
 their default writer sites as orthogonalised writers (:func:`steering.bake`); it then checks the baked model
 against the same interventions as hooks and refuses a difference (an ablation after an addition, under hooks,
 also removes the added vector's component along the direction; baked weights do not). :func:`save_for_serving`
-writes that model with ``save_pretrained`` and its tokenizer: vLLM, TGI and transformers load it unchanged.
+writes that model with ``save_pretrained`` and its tokenizer: vLLM, TGI and transformers load it unchanged. A
+model whose folder would reload without its baked biases (an addition at a writer whose config has no bias flag:
+Mistral, Qwen2, Phi-3, ...) is refused with the fix (:func:`steering.bias.check_saveable`).
 ``steering.generate(..., engine="vllm")`` runs :func:`vllm_token_ids` on such a folder (the ``vllm`` extra,
 CUDA only).
 """
@@ -27,7 +29,7 @@ from interp.chat import Encoded
 from interp.models import Model
 from steering.apply import _flat, apply
 from steering.bake import _logits, _probe_ids, bake
-from steering.bias import bake_addition
+from steering.bias import bake_addition, check_saveable
 from steering.interventions import WRITER_SITES, AblateSubspace, AddVector, DirectionalAblation
 
 TOLERANCE = 1e-4   # relative max logit difference allowed between the baked model and hooks
@@ -50,9 +52,12 @@ def baked_for_serving(model: Model, *interventions: Any, check_ids: torch.Tensor
                       tolerance: float = TOLERANCE) -> Model:
     """A copy of ``model`` with ``interventions`` baked into its weights (ablations first, then additions), checked
     against hooks on ``check_ids`` (default 2 x 16 random tokens): a relative max logit difference above
-    ``tolerance`` is an error. With no interventions, ``model`` itself."""
+    ``tolerance`` is an error, and so is a model whose saved folder would not hold its biases
+    (:func:`steering.bias.check_saveable`: an addition baked where the config has no bias flag). With no
+    interventions, ``model`` itself."""
     ivs = _flat(interventions)
     if not ivs:
+        check_saveable(model, "baked_for_serving")
         return model
     adds = [iv for iv in ivs if isinstance(iv, AddVector)]
     out = model
@@ -61,6 +66,7 @@ def baked_for_serving(model: Model, *interventions: Any, check_ids: torch.Tensor
             out = bake(out, _ablation_basis(iv, model), inplace=out is not model).model
     if adds:
         out = bake_addition(out, *adds, inplace=out is not model, measure=False).model
+    check_saveable(out, "baked_for_serving")
     ids = _probe_ids(model, check_ids)
     with apply(model, *ivs):
         ref = _logits(model, ids)

@@ -1,6 +1,7 @@
 """Baked addition: an AddVector (scope "both", all positions) as a bias on the residual writer equals hook
 addition to float32 rounding on every family where a bias can carry it, saves and reloads with transformers
-alone, and is refused with a clear reason where it cannot (no config flag, mixture of experts, post norms)."""
+alone where the config has a bias flag, stays in memory (and every save / serve path refuses it, naming the fix)
+where it has none, and is refused with a clear reason where it is not exact (mixture of experts, post norms)."""
 
 from __future__ import annotations
 
@@ -10,13 +11,16 @@ import pytest
 import torch
 
 import steering
-from interp.testing.tiny import FAMILIES, tiny_model
-from steering.bias import bake_addition
+from interp.testing.tiny import FAMILIES, MOE_FAMILIES, tiny_model
+from steering.bias import bake_addition, memory_only
+from steering.gguf_export import export_gguf
+from steering.serve import baked_for_serving, save_for_serving
 
 IDS = torch.randint(7, 200, (2, 12), generator=torch.Generator().manual_seed(0))
-# which writers can carry a saved bias, read off each family's HF modules and config flags
-ATTN = {"llama", "qwen3", "gpt2", "gpt_neox", "qwen3_moe", "olmoe"}      # o_proj bias or attention_bias flag
-MLP = {"llama", "gpt2", "gpt_neox"}                                     # down-projection bias or mlp_bias flag
+# which writers can carry a *saved* bias, read off each family's HF modules and config flags; the others carry it
+# in memory only (exact, but refused by every save / serve path)
+SAVES = {"attn": {"llama", "qwen3", "gpt2", "gpt_neox", "qwen3_moe", "olmoe"},   # o_proj bias or attention_bias
+         "mlp": {"llama", "gpt2", "gpt_neox"}}                                   # down-projection bias or mlp_bias
 POST_NORMS = {"gemma2", "gemma3_text", "olmo2"}
 CASES = {"embed": dict(sites="resid_pre", layers=[0]), "attn": dict(sites="attn_out", layers=[0, 1]),
          "mlp": dict(sites="resid_post", layers=[0, 1])}
@@ -51,9 +55,9 @@ def _expected(family, writer):
         return None
     if family in POST_NORMS:
         return "normalises each sublayer"
-    if writer == "mlp" and family in ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe"):
+    if writer == "mlp" and family in MOE_FAMILIES:
         return "mixture of experts"
-    return None if family in (ATTN if writer == "attn" else MLP) else "flag"
+    return None
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -72,6 +76,8 @@ def test_baked_addition_equals_hook_addition(family, writer):
     assert res.exact and res.writers == (writer,) and res.rel_logit_error <= 1e-5
     assert _rel(_logits(res.model), hooked) <= 1e-5, family
     torch.testing.assert_close(_logits(m), plain, rtol=0, atol=0)  # the original is untouched (copy)
+    saves = writer == "embed" or family in SAVES[writer]
+    assert (memory_only(res.model) == []) == saves and any("memory only" in n for n in res.notes) != saves
 
 
 def test_several_sites_and_interventions_sum_into_the_writers():
@@ -139,3 +145,43 @@ def test_inplace_and_tied_embeddings():
     assert res.model is m and res.max_logit_error is None and any("untied" in n for n in res.notes)
     torch.testing.assert_close(m.hf.get_output_embeddings().weight, unembed, rtol=0, atol=0)
     assert _rel(_logits(m), hooked) <= 1e-5
+
+
+def _memory_baked(family="mistral"):
+    m = _model(family)
+    iv = steering.AddVector(_vec(m.d_model), layers=[0, 1], sites=("attn_out", "resid_post"), alpha=2.0)
+    return m, iv, bake_addition(m, iv)
+
+
+def test_memory_only_bias_is_lost_by_a_saved_folder(tmp_path):
+    """Why the save paths refuse: plain transformers reloads a no-flag family's folder without the baked biases."""
+    from transformers import AutoModelForCausalLM
+
+    m, iv, res = _memory_baked("qwen2")
+    assert sorted(memory_only(res.model)) == [f"model.layers.{i}.{w}.bias" for i in (0, 1)
+                                              for w in ("mlp.down_proj", "self_attn.o_proj")]
+    res.model.hf.save_pretrained(tmp_path)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    with torch.no_grad():
+        got = loaded(IDS).logits
+    assert _rel(got, _logits(m)) <= 1e-6 and _rel(_logits(res.model), _logits(m, iv)) <= 1e-5
+
+
+def test_save_and_serve_paths_refuse_memory_only_biases(tmp_path):
+    m, iv, res = _memory_baked("mistral")
+    fix = "not built by its MistralConfig.*resid_pre 0 \\(the embedding"
+    with pytest.raises(ValueError, match="save_for_serving|baked_for_serving: .*" + fix):
+        save_for_serving(m, tmp_path / "served", iv)
+    assert not (tmp_path / "served").exists()
+    for bad in ([res.model], [m, iv]):
+        with pytest.raises(ValueError, match="baked_for_serving: .*" + fix):
+            baked_for_serving(*bad)
+    # the fix works: the same family bakes at the embedding and saves
+    emb = steering.AddVector(_vec(m.d_model), layers=[0], sites="resid_pre", alpha=2.0)
+    assert save_for_serving(m, tmp_path / "emb", emb).is_dir()
+    # export_gguf: a Llama whose config lost its flag holds a bias the file's reader would not build
+    lm, _, lres = _memory_baked("llama")
+    lres.model.hf.config.attention_bias = False
+    with pytest.raises(ValueError, match="export_gguf: 8 parameters .*q_proj.bias.*resid_pre 0"):
+        export_gguf(lres.model, tmp_path / "x.gguf")
+    assert not (tmp_path / "x.gguf").exists()

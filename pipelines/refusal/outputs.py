@@ -115,8 +115,10 @@ def write_generations(path: Path, data: RefusalData, res: RefusalResult) -> None
 def save_baked(run: Run, model: Model, res: RefusalResult) -> str:
     """Bake the direction's ablation into the weights and save an HF model folder ``out/model``."""
     import steering
+    from steering.bias import check_saveable
 
     baked = steering.bake(model, res.direction.vectors[0], allow_inexact=True).model
+    check_saveable(baked, "the refusal pipeline's saved model")
     target = run.replace_dir("model")
     baked.hf.save_pretrained(target)
     model.tokenizer.save_pretrained(target)
