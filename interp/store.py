@@ -183,7 +183,7 @@ def _diff(old: dict[str, Any] | None, new: dict[str, Any]) -> str:
     a, b = (old or {}).get("fingerprint_parts"), new.get("fingerprint_parts")
     if not isinstance(a, dict) or not isinstance(b, dict):
         return ""
-    keys = [k for k in b if a.get(k) != b.get(k)]
+    keys = [k for k in {**a, **b} if a.get(k) != b.get(k)]
     return f" (differs in: {', '.join(keys)})" if keys else ""
 
 
