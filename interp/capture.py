@@ -7,6 +7,7 @@ as soon as every requested site has been seen, and with ``out=PATH`` each batch 
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from collections.abc import Sequence
@@ -19,7 +20,7 @@ from interp import distributed as dist
 from interp.activations import Activations
 from interp.chat import Batch
 from interp.fingerprint import content_ids, fingerprint, run_parts
-from interp.forward import batches, forward, length_order, prepare
+from interp.forward import batches, encode_ids, forward, length_order, prepare
 from interp.hooks import HookContext, StopForward, site_shape
 from interp.models import Model
 from interp.positions import PositionSpec, describe, plan
@@ -122,7 +123,8 @@ def capture(model: Model, prompts: Sequence[str], sites: SiteSpec = "resid_post"
             distributed: bool | None = None) -> Activations | ActivationStore:
     """Capture activations of ``prompts`` at ``sites`` and ``positions``.
 
-    ``sites``: names like ``"blocks.3.hook_resid_post"`` / ``"resid_post.3"``, or a kind (``"resid_post"``)
+    ``prompts``: strings, or token ids (lists of ints or an integer tensor ``[n, T]``: every token real, no chat
+    template). ``sites``: names like ``"blocks.3.hook_resid_post"`` / ``"resid_post.3"``, or a kind (``"resid_post"``)
     meaning every layer (or ``layers``). ``positions``: ``last``, ``post_instruction``, ``all``,
     ``prompt_mean``, ``response_mean`` (needs ``responses``) or explicit ints. ``chat``: wrap prompts in the
     chat template. ``prompt_ids`` default to content ids (a hash of the formatted text and response,
@@ -141,7 +143,7 @@ def capture(model: Model, prompts: Sequence[str], sites: SiteSpec = "resid_post"
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     par = _parallel(distributed, out)
-    texts, encs = prepare(model, prompts, chat=chat, responses=responses, system=system)
+    texts, encs = _encode(model, prompts, chat, responses, system)
     site_list = expand_sites(sites, model.n_layers, layers)
     width, shapes = site_widths(model, site_list)
     ids = _ids(texts, responses, labels, prompt_ids)
@@ -169,6 +171,19 @@ def capture(model: Model, prompts: Sequence[str], sites: SiteSpec = "resid_post"
     tensor, mask = acts_or_store if order is None else _unsort(*acts_or_store, order)
     return Activations(tensor=tensor, sites=[s.name for s in site_list], positions=rule, model_id=model.name,
                        prompt_ids=ids, labels=list(labels) if labels is not None else None, mask=mask, meta=meta)
+
+
+def _encode(model: Model, prompts: Any, chat: bool, responses: Sequence[str] | None, system: str | None
+            ) -> tuple[list[str], list[Any]]:
+    """Strings through :func:`~interp.forward.prepare`; token ids (lists or an integer tensor ``[n, T]``, every
+    token real, e.g. pretokenised SAE data) as they are, each described by its ids for content ids and fingerprint."""
+    items = prompts.tolist() if isinstance(prompts, torch.Tensor) else prompts
+    if isinstance(items, str) or not items or all(isinstance(p, str) for p in items):
+        return prepare(model, prompts, chat=chat, responses=responses, system=system)
+    if responses is not None:
+        raise ValueError("responses= needs prompts given as strings, not token ids")
+    encs = encode_ids(items)
+    return [json.dumps(e.ids) for e in encs], encs
 
 
 def _ids(texts: list[str], responses: Sequence[str] | None, labels: Sequence[Any] | None,

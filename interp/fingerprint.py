@@ -45,6 +45,7 @@ def weights_hash(model: Model) -> str:
                 continue
             flat = p.detach().reshape(-1)
             idx = torch.linspace(0, flat.numel() - 1, steps=min(flat.numel(), _SAMPLES), device=flat.device).long()
+            idx.clamp_(max=flat.numel() - 1)  # float32 rounds n - 1 up to n past 2**24 elements (SmolLM2's embedding)
             h.update(flat[idx].to(torch.float64).cpu().numpy().tobytes())
     return h.hexdigest()[:16]
 

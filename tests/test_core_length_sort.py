@@ -57,3 +57,18 @@ def test_sorted_store_records_its_order_and_refuses_an_unsorted_resume(tiny_mode
     with pytest.raises(FileExistsError, match="differs in: order"):
         interp.capture(m, ps, positions="all", batch_size=3, labels=list(range(10)), progress=False,
                        out=tmp_path / "s")
+
+
+def test_token_ids_capture_as_given(tiny_models, tmp_path):
+    """Pretokenised rows (SAE data) capture as they are, every token real: equal to HF's hidden states."""
+    m = tiny_models("llama")
+    ids = torch.randint(7, 250, (5, 9), generator=torch.Generator().manual_seed(0))
+    a = interp.capture(m, ids, sites="resid_post.0", positions="all", progress=False)
+    with torch.no_grad():
+        hs = m.hf(ids, output_hidden_states=True).hidden_states[1]
+    torch.testing.assert_close(a.tensor[:, 0], hs, rtol=0, atol=1e-5)
+    st = interp.capture(m, [r.tolist() for r in ids], sites="resid_post.0", positions="all", out=tmp_path / "s",
+                        progress=False)
+    assert torch.equal(st.load().tensor, a.tensor) and st.load().prompt_ids == a.prompt_ids
+    with pytest.raises(ValueError, match="responses= needs prompts given as strings"):
+        interp.capture(m, ids, responses=["x"] * 5, progress=False)
