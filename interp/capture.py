@@ -7,6 +7,7 @@ as soon as every requested site has been seen, and with ``out=PATH`` each batch 
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from collections.abc import Sequence
@@ -15,10 +16,11 @@ from typing import Any, overload
 import torch
 from tqdm.auto import tqdm
 
+from interp import distributed as dist
 from interp.activations import Activations
 from interp.chat import Batch
 from interp.fingerprint import content_ids, fingerprint, run_parts
-from interp.forward import batches, forward, prepare
+from interp.forward import batches, encode_ids, forward, length_order, prepare
 from interp.hooks import HookContext, StopForward, site_shape
 from interp.models import Model
 from interp.nnsight_backend import NNsightModel, trace_batch
@@ -28,12 +30,14 @@ from interp.store import ActivationStore
 
 
 def run_batch(model: Model, batch: Batch, sites: list[Site], rule: PositionSpec, out_dtype: torch.dtype,
-              need_logits: bool = False, skip_special: bool = True
+              need_logits: bool = False, skip_special: bool = True, pin: bool = False
               ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """One forward pass keeping ``sites`` at ``rule``; returns ``([b, S, (P,) width], mask, logits)`` on the CPU.
 
     Per-head sites arrive ``[.., n_heads, d_head]`` and are kept flattened to ``n_heads * d_head`` (the
-    concatenated head outputs, as the output projection reads them); every site of one call shares one width."""
+    concatenated head outputs, as the output projection reads them); every site of one call shares one width.
+    Copies off a GPU are non-blocking; ``pin`` puts the CPU buffer in pinned memory so they really overlap (for
+    a buffer that is written out and freed, e.g. a store shard: torch's host allocator recycles it)."""
     p = plan(rule, batch, skip_special=skip_special)
     if isinstance(model, NNsightModel):  # one nnsight trace (locally or on NDIF), the same plan
         ys, logits = trace_batch(model, batch, [(s, p) for s in sites], logits="all" if need_logits else None)
@@ -42,13 +46,16 @@ def run_batch(model: Model, batch: Batch, sites: list[Site], rule: PositionSpec,
     n = len(sites)
     buf: list[torch.Tensor] = []  # [b, S, (P,) d] on the CPU, allocated at the first hook
     seen: set[int] = set()
+    devices: set[torch.device] = set()
 
     def make(i: int):
         def fn(x: torch.Tensor, ctx: HookContext) -> None:
             y = p.apply(x.flatten(2) if x.dim() > 3 else x)
+            devices.add(y.device)
             if not buf:
                 with torch.inference_mode(False):  # a normal tensor, so users can edit it in place later
-                    buf.append(torch.empty((y.shape[0], n, *y.shape[1:]), dtype=out_dtype))
+                    buf.append(torch.empty((y.shape[0], n, *y.shape[1:]), dtype=out_dtype,
+                                           pin_memory=pin and y.is_cuda))
             if y.shape[-1] != buf[0].shape[-1]:
                 raise ValueError(f"{sites[i].name} has width {y.shape[-1]}, the sites before it {buf[0].shape[-1]}: "
                                  f"{WIDTH_HELP}")
@@ -59,6 +66,9 @@ def run_batch(model: Model, batch: Batch, sites: list[Site], rule: PositionSpec,
         return fn
 
     logits = forward(model, batch, [(s, make(i)) for i, s in enumerate(sites)], logits="all" if need_logits else None)
+    for d in devices:
+        if d.type == "cuda":  # the non-blocking copies into buf must land before anyone reads it
+            torch.cuda.synchronize(d)
     logits = None if logits is None else logits.to("cpu")
     missing = [sites[i].name for i in range(n) if i not in seen]
     if missing:
@@ -100,7 +110,8 @@ def capture(model: Model, prompts: Sequence[str], sites: SiteSpec = ..., positio
             labels: Sequence[Any] | None = ..., prompt_ids: Sequence[str] | None = ...,
             dtype: torch.dtype = ..., layers: Sequence[int] | None = ..., system: str | None = ...,
             out: None = ..., overwrite: bool = ..., progress: bool = ...,
-            mean_skip_special: bool = ...) -> Activations: ...
+            mean_skip_special: bool = ..., sort_by_length: bool = ..., distributed: bool | None = ...
+            ) -> Activations: ...
 
 
 @overload
@@ -109,7 +120,8 @@ def capture(model: Model, prompts: Sequence[str], sites: SiteSpec = ..., positio
             labels: Sequence[Any] | None = ..., prompt_ids: Sequence[str] | None = ...,
             dtype: torch.dtype = ..., layers: Sequence[int] | None = ..., system: str | None = ...,
             *, out: str | os.PathLike, overwrite: bool = ..., progress: bool = ...,
-            mean_skip_special: bool = ...) -> ActivationStore: ...
+            mean_skip_special: bool = ..., sort_by_length: bool = ..., distributed: bool | None = ...
+            ) -> ActivationStore: ...
 
 
 def capture(model: Model, prompts: Sequence[str], sites: SiteSpec = "resid_post", positions: PositionSpec = "last",
@@ -117,10 +129,12 @@ def capture(model: Model, prompts: Sequence[str], sites: SiteSpec = "resid_post"
             labels: Sequence[Any] | None = None, prompt_ids: Sequence[str] | None = None,
             dtype: torch.dtype = torch.float32, layers: Sequence[int] | None = None, system: str | None = None,
             out: str | os.PathLike | None = None, overwrite: bool = False,
-            progress: bool = True, mean_skip_special: bool = True) -> Activations | ActivationStore:
+            progress: bool = True, mean_skip_special: bool = True, sort_by_length: bool = False,
+            distributed: bool | None = None) -> Activations | ActivationStore:
     """Capture activations of ``prompts`` at ``sites`` and ``positions``.
 
-    ``sites``: names like ``"blocks.3.hook_resid_post"`` / ``"resid_post.3"``, or a kind (``"resid_post"``)
+    ``prompts``: strings, or token ids (lists of ints or an integer tensor ``[n, T]``: every token real, no chat
+    template). ``sites``: names like ``"blocks.3.hook_resid_post"`` / ``"resid_post.3"``, or a kind (``"resid_post"``)
     meaning every layer (or ``layers``). ``positions``: ``last``, ``post_instruction``, ``all``,
     ``prompt_mean``, ``response_mean`` (needs ``responses``) or explicit ints. ``chat``: wrap prompts in the
     chat template. ``prompt_ids`` default to content ids (a hash of the formatted text and response,
@@ -129,68 +143,157 @@ def capture(model: Model, prompts: Sequence[str], sites: SiteSpec = "resid_post"
     (n_positions,) width]`` (width ``d_model``; ``n_heads * d_head`` for ``attn_z``; ``d_mlp`` for ``mlp_post``;
     one width per call), or with ``out=PATH`` an :class:`ActivationStore` written batch by batch (resumable
     only by the same run: model weights and dtype, sites, positions, texts, labels; refuses to overwrite).
+    ``sort_by_length``: batch the prompts longest first (little padding; faster on mixed lengths); results, ids
+    and labels stay in the caller's order (a store's shards hold the sorted rows and its manifest the order).
+    ``distributed``: split the batches round robin over the ranks of an initialised process group
+    (:mod:`interp.distributed`, e.g. under ``torchrun``): with ``out=`` (the default there) each rank writes its own
+    shards of one store and rank 0 its manifest, byte-identical to a one-process capture; in memory (``True``)
+    every rank gets all results. ``False``: this rank captures everything itself (a call made on one rank only).
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    texts, encs = prepare(model, prompts, chat=chat, responses=responses, system=system)
+    par = _parallel(distributed, out)
+    texts, encs = _encode(model, prompts, chat, responses, system)
     site_list = expand_sites(sites, model.n_layers, layers)
     width, shapes = site_widths(model, site_list)
+    ids = _ids(texts, responses, labels, prompt_ids)
+    rule = describe(positions) + ("" if mean_skip_special or "mean" not in describe(positions) else "+special")
+    meta = {"chat": chat, "batch_size": batch_size, "model_dtype": str(model.dtype), "family": model.spec.family,
+            "site_shapes": shapes}
+    order = length_order(encs) if sort_by_length else None
+    all_batches = batches(model, encs if order is None else [encs[i] for i in order], batch_size)
+    store = None
+    if out is not None:
+        parts = run_parts(model, texts, [s.name for s in site_list], rule, batch_size, dtype, labels, ids,
+                          sort_by_length=sort_by_length)
+        manifest = {"kind": "interp.ActivationStore", "version": 1, "sites": [s.name for s in site_list],
+                    "positions": rule, "model_id": model.name, "d_model": width, "prompt_ids": ids,
+                    "labels": list(labels) if labels is not None else None, "batch_size": batch_size,
+                    "n_shards": len(all_batches), "dtype": str(dtype), "meta": meta, "fingerprint": fingerprint(parts),
+                    "fingerprint_parts": parts, **({} if order is None else {"order": order})}
+        store = _open_store(out, manifest, overwrite, par)
+
+    acts_or_store = capture_batches(model, all_batches, site_list, positions, dtype=dtype, store=store,
+                                    progress=progress, desc=f"capture {model.name}", skip_special=mean_skip_special,
+                                    parallel=par)
+    if store is not None:
+        return store
+    tensor, mask = acts_or_store if order is None else _unsort(*acts_or_store, order)
+    return Activations(tensor=tensor, sites=[s.name for s in site_list], positions=rule, model_id=model.name,
+                       prompt_ids=ids, labels=list(labels) if labels is not None else None, mask=mask, meta=meta)
+
+
+def _encode(model: Model, prompts: Any, chat: bool, responses: Sequence[str] | None, system: str | None
+            ) -> tuple[list[str], list[Any]]:
+    """Strings through :func:`~interp.forward.prepare`; token ids (lists or an integer tensor ``[n, T]``, every
+    token real, e.g. pretokenised SAE data) as they are, each described by its ids for content ids and fingerprint."""
+    items = prompts.tolist() if isinstance(prompts, torch.Tensor) else prompts
+    if isinstance(items, str) or not items or all(isinstance(p, str) for p in items):
+        return prepare(model, prompts, chat=chat, responses=responses, system=system)
+    if responses is not None:
+        raise ValueError("responses= needs prompts given as strings, not token ids")
+    encs = encode_ids(items)
+    return [json.dumps(e.ids) for e in encs], encs
+
+
+def _ids(texts: list[str], responses: Sequence[str] | None, labels: Sequence[Any] | None,
+         prompt_ids: Sequence[str] | None) -> list[str]:
+    """The prompt ids (content ids unless given), after checking labels and ids match the prompts in number."""
     n = len(texts)
     if labels is not None and len(labels) != n:
         raise ValueError(f"{len(labels)} labels for {n} prompts")
     ids = [str(i) for i in prompt_ids] if prompt_ids is not None else content_ids(texts, responses)
     if len(ids) != n:
         raise ValueError(f"{len(ids)} prompt ids for {n} prompts")
-    rule = describe(positions) + ("" if mean_skip_special or "mean" not in describe(positions) else "+special")
-    meta = {"chat": chat, "batch_size": batch_size, "model_dtype": str(model.dtype), "family": model.spec.family,
-            "site_shapes": shapes}
-    all_batches = batches(model, encs, batch_size)
-    store = None
-    if out is not None:
-        parts = run_parts(model, texts, [s.name for s in site_list], rule, batch_size, dtype, labels, ids)
-        manifest = {"kind": "interp.ActivationStore", "version": 1, "sites": [s.name for s in site_list],
-                    "positions": rule, "model_id": model.name, "d_model": width, "prompt_ids": ids,
-                    "labels": list(labels) if labels is not None else None, "batch_size": batch_size,
-                    "n_shards": len(all_batches), "dtype": str(dtype), "meta": meta,
-                    "fingerprint": fingerprint(parts), "fingerprint_parts": parts}
-        store = ActivationStore.open_for_writing(out, manifest, overwrite=overwrite)
+    return ids
 
-    acts_or_store = capture_batches(model, all_batches, site_list, positions, dtype=dtype, store=store,
-                                    progress=progress, desc=f"capture {model.name}", skip_special=mean_skip_special)
-    if store is not None:
-        return store
-    tensor, mask = acts_or_store
-    return Activations(tensor=tensor, sites=[s.name for s in site_list], positions=rule, model_id=model.name,
-                       prompt_ids=ids, labels=list(labels) if labels is not None else None, mask=mask, meta=meta)
+
+def _parallel(distributed: bool | None, out: Any) -> bool:
+    """Whether this capture is split over the ranks (see :func:`capture`'s ``distributed``)."""
+    if distributed is None:
+        if out is not None and dist.launched() and int(os.environ["WORLD_SIZE"]) > 1 and not dist.active():
+            raise ValueError(f"launched with WORLD_SIZE={os.environ['WORLD_SIZE']} but no process group is "
+                             f"initialised, so every process would write the whole store: call "
+                             f"interp.distributed.init_from_env() first (or pass distributed=False)")
+        return out is not None and dist.active()
+    if distributed and not dist.active():
+        raise ValueError("distributed=True needs an initialised process group of more than one process: launch with "
+                         "torchrun and call interp.distributed.init_from_env() first")
+    return bool(distributed)
+
+
+def _open_store(out: str | os.PathLike, manifest: dict[str, Any], overwrite: bool, parallel: bool) -> ActivationStore:
+    """Create or resume the store; split over ranks, rank 0 does it and the others open it once it is there."""
+    if not parallel:
+        return ActivationStore.open_for_writing(out, manifest, overwrite=overwrite)
+    store = dist.on_main(lambda: ActivationStore.open_for_writing(out, manifest, overwrite=overwrite))
+    return store if store is not None else ActivationStore(out)
+
+
+def _unsort(tensor: torch.Tensor, mask: torch.Tensor | None, order: list[int]
+            ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Rows captured in ``order`` put back in the caller's order."""
+    inverse = torch.empty(len(order), dtype=torch.long)
+    inverse[torch.tensor(order, dtype=torch.long)] = torch.arange(len(order))
+    return tensor[inverse], None if mask is None else mask[inverse]
 
 
 def capture_batches(model: Model, all_batches: list[Batch], sites: list[Site], positions: PositionSpec,
                     dtype: torch.dtype = torch.float32, store: ActivationStore | None = None, progress: bool = False,
-                    desc: str = "capture", skip_special: bool = True) -> Any:
-    """The capture loop over prepared batches: ``(tensor, mask)`` in memory, or shards written to ``store``."""
-    results: list[torch.Tensor] = []
-    masks: list[torch.Tensor | None] = []
-    bar = tqdm(total=sum(b.input_ids.shape[0] for b in all_batches), desc=desc, unit="prompt",
+                    desc: str = "capture", skip_special: bool = True, parallel: bool = False) -> Any:
+    """The capture loop over prepared batches: ``(tensor, mask)`` in memory, or shards written to ``store``.
+
+    ``parallel``: this rank runs only its own batches (:func:`interp.distributed.owns`); a failure on any rank
+    stops every rank; rank 0 finishes the store after all shards are written, in memory every rank gets all."""
+    mine = [k for k in range(len(all_batches)) if not parallel or dist.owns(k)]
+    results: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}
+    err = None
+    try:
+        results = _run_batches(model, all_batches, mine, sites, positions, dtype, store, progress and dist.is_main(),
+                               desc, skip_special)
+    except Exception as e:  # every rank must reach the agreement below
+        if not parallel:
+            raise
+        err = e
+    if parallel:
+        dist.agree(err)
+    if store is not None:
+        if parallel:
+            dist.on_main(lambda: store.finish(dist.process_info()))
+            return store.reload()
+        store.finish()
+        return store
+    if parallel:
+        for part in dist.gather_objects(results):
+            results.update(part)
+    got = [results[k] for k in range(len(all_batches))]
+    return _join([a for a, _ in got], [m for _, m in got])
+
+
+def _run_batches(model: Model, all_batches: list[Batch], mine: list[int], sites: list[Site], positions: PositionSpec,
+                 dtype: torch.dtype, store: ActivationStore | None, progress: bool, desc: str, skip_special: bool
+                 ) -> dict[int, tuple[torch.Tensor, torch.Tensor | None]]:
+    """Batches ``mine``: written to ``store`` (skipping shards already there) or returned by index."""
+    pin = store is not None and model.device.type == "cuda"
+    out: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}
+    bar = tqdm(total=sum(all_batches[k].input_ids.shape[0] for k in mine), desc=desc, unit="prompt",
                disable=not progress, leave=False)
     try:
-        for k, batch in enumerate(all_batches):
+        for k in mine:
+            batch = all_batches[k]
             if store is not None and store.has_shard(k):
                 bar.update(batch.input_ids.shape[0])
                 continue
-            acts, mask, _ = run_batch(model, batch, sites, positions, dtype, skip_special=skip_special)
+            acts, mask, _ = run_batch(model, batch, sites, positions, dtype, skip_special=skip_special, pin=pin)
             _check_finite(acts, k)
             if store is not None:
                 store.write_shard(k, acts, mask)
             else:
-                results.append(acts)
-                masks.append(mask)
+                out[k] = (acts, mask)
             bar.update(acts.shape[0])
     finally:
         bar.close()
-    if store is not None:
-        store.finish()
-        return store
-    return _join(results, masks)
+    return out
 
 
 def _check_finite(acts: torch.Tensor, k: int) -> None:

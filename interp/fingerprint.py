@@ -45,6 +45,7 @@ def weights_hash(model: Model) -> str:
                 continue
             flat = p.detach().reshape(-1)
             idx = torch.linspace(0, flat.numel() - 1, steps=min(flat.numel(), _SAMPLES), device=flat.device).long()
+            idx.clamp_(max=flat.numel() - 1)  # float32 rounds n - 1 up to n past 2**24 elements (SmolLM2's embedding)
             h.update(flat[idx].to(torch.float64).cpu().numpy().tobytes())
     return h.hexdigest()[:16]
 
@@ -54,9 +55,13 @@ def _hash_seq(items: Sequence[Any] | None) -> str | None:
 
 
 def run_parts(model: Model, texts: Sequence[str], site_names: Sequence[str], positions: str, batch_size: int,
-              dtype: torch.dtype, labels: Sequence[Any] | None, prompt_ids: Sequence[str]) -> dict[str, Any]:
-    """What a store's contents depend on, part by part (so a refused resume can say which part differs)."""
-    return {"model_id": model.name, "weights": weights_hash(model), "model_dtype": str(model.dtype),
+              dtype: torch.dtype, labels: Sequence[Any] | None, prompt_ids: Sequence[str],
+              sort_by_length: bool = False) -> dict[str, Any]:
+    """What a store's contents depend on, part by part (so a refused resume can say which part differs).
+    Length sorting changes which prompts share a shard, so it is a part (only when on: older stores keep their
+    fingerprints); the number of processes that write the store is not (their shards are identical)."""
+    order = {"order": "length"} if sort_by_length else {}
+    return {**order, "model_id": model.name, "weights": weights_hash(model), "model_dtype": str(model.dtype),
             "sites": list(site_names), "positions": positions, "batch_size": batch_size, "dtype": str(dtype),
             "texts": _hash_seq(list(texts)), "labels": _hash_seq(None if labels is None else list(labels)),
             "prompt_ids": _hash_seq(list(prompt_ids))}

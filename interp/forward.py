@@ -115,6 +115,13 @@ def batches(model: Model, encs: Sequence[Encoded], batch_size: int) -> list[Batc
     return [collate(encs[i:i + batch_size], pad, max_length=model.max_length) for i in range(0, len(encs), batch_size)]
 
 
+def length_order(encs: Sequence[Encoded]) -> list[int]:
+    """Indices of ``encs`` longest first (stable: equal lengths keep their order). Batching in this order puts
+    prompts of similar length together, so left padding wastes little compute; results go back to the caller's
+    order through the inverse permutation."""
+    return sorted(range(len(encs)), key=lambda i: -len(encs[i].ids))
+
+
 def forward(model: Model, batch: Batch, hook_fns: Any = (), *, logits: str | None = "all",
             grad: bool = False, repeat: int = 1, prefix: KV | None = None, start: int = 0, from_layer: int = 0,
             resid: torch.Tensor | None = None) -> torch.Tensor | None:
@@ -339,5 +346,6 @@ def skip_blocks(model: Model, upto: int, resid: torch.Tensor | None = None) -> I
             blocks[i] = b
 
 
-__all__ = ["SKIPPABLE", "Inputs", "batch_of", "can_skip", "batches", "encode_ids", "encodings", "forward", "last_logits", "pad_id",
+__all__ = ["SKIPPABLE", "Inputs", "batch_of", "can_skip", "batches", "encode_ids", "encodings", "forward", "last_logits",
+           "length_order", "pad_id",
            "prefix_cache", "prepare", "resid_pre_cache", "skip_blocks"]

@@ -80,10 +80,22 @@ class ActivationStore:
             tensors["mask"] = mask
         write_safetensors(self.path / shard_name(k), tensors)
 
-    def finish(self) -> None:
+    def finish(self, process: dict[str, Any] | None = None) -> None:
+        """Mark the store complete (after checking every shard is there), recording ``process`` (the writers'
+        world size and backend: the only manifest fields a data-parallel capture writes differently)."""
+        missing = [k for k in range(self.n_shards) if not self.has_shard(k)]
+        if missing:
+            raise RuntimeError(f"{self.path} lacks shards {missing[:5]}{' ...' if len(missing) > 5 else ''}: a writer "
+                               f"stopped early; rerun the capture with the same arguments to resume it")
         self.manifest["complete"] = True
+        self.manifest["process"] = process or {"world_size": 1, "backend": None}
         write_json(self.path / MANIFEST, self.manifest)
         _owned(self.path).clear(temps_only=True)  # a killed writer's temp files
+
+    def reload(self) -> ActivationStore:
+        """Re-read the manifest (another process finished the store)."""
+        self.manifest = read_json(self.path / MANIFEST)
+        return self
 
     # --- reading -----------------------------------------------------------------------------
     @property
@@ -113,6 +125,13 @@ class ActivationStore:
     def __len__(self) -> int:
         return self.n_prompts
 
+    @property
+    def order(self) -> list[int] | None:
+        """For a store captured sorted by length: the caller's index of each stored row (shards hold rows in this
+        order; ``prompt_ids`` and ``labels`` stay in the caller's order). ``None``: rows are in the caller's order."""
+        order = self.manifest.get("order")
+        return None if order is None else list(order)
+
     def shard_bounds(self, k: int) -> tuple[int, int]:
         bs = int(self.manifest["batch_size"])
         return k * bs, min((k + 1) * bs, self.n_prompts)
@@ -127,10 +146,11 @@ class ActivationStore:
                                     f"arguments to resume it")
         t = mmap_safetensors(f)
         lo, hi = self.shard_bounds(k)
-        labels = self.manifest.get("labels")
+        rows = self.manifest.get("order", range(self.n_prompts))[lo:hi]
+        ids, labels = self.manifest["prompt_ids"], self.manifest.get("labels")
         return Activations(tensor=t["activations"], sites=self.sites, positions=self.positions,
-                           model_id=self.manifest.get("model_id", ""), prompt_ids=self.manifest["prompt_ids"][lo:hi],
-                           labels=None if labels is None else labels[lo:hi], mask=t.get("mask"),
+                           model_id=self.manifest.get("model_id", ""), prompt_ids=[ids[i] for i in rows],
+                           labels=None if labels is None else [labels[i] for i in rows], mask=t.get("mask"),
                            meta=dict(self.manifest.get("meta", {})))
 
     def iter_shards(self) -> Iterator[Activations]:
@@ -138,8 +158,15 @@ class ActivationStore:
             yield self.shard(k)
 
     def load(self) -> Activations:
-        """Everything in memory as one :class:`Activations`."""
-        return Activations.concat([a[slice(None)] for a in self.iter_shards()])
+        """Everything in memory as one :class:`Activations`, rows in the caller's order."""
+        acts = Activations.concat([a[slice(None)] for a in self.iter_shards()])
+        order = self.order
+        if order is None:
+            return acts
+        inverse = [0] * len(order)
+        for row, i in enumerate(order):
+            inverse[i] = row
+        return acts[inverse]
 
     def __repr__(self) -> str:
         return (f"ActivationStore({str(self.path)!r}, prompts={self.n_prompts}, sites={len(self.sites)}, "
@@ -156,7 +183,7 @@ def _diff(old: dict[str, Any] | None, new: dict[str, Any]) -> str:
     a, b = (old or {}).get("fingerprint_parts"), new.get("fingerprint_parts")
     if not isinstance(a, dict) or not isinstance(b, dict):
         return ""
-    keys = [k for k in b if a.get(k) != b.get(k)]
+    keys = [k for k in {**a, **b} if a.get(k) != b.get(k)]
     return f" (differs in: {', '.join(keys)})" if keys else ""
 
 

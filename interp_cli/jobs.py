@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from interp import distributed as dist
 from interp.io import OwnedFolder, atomic_write, read_json, write_json
 
 MARKER = ".interp_job.json"
@@ -112,9 +113,18 @@ def job_args(args: argparse.Namespace) -> dict[str, Any]:
     return {k: v for k, v in vars(args).items() if k != "func" and not callable(v)}
 
 
-def run_job(args: argparse.Namespace, name: str, own: Sequence[str], body: Callable[[JobFolder], dict]) -> int:
-    """Claim ``args.out`` for job ``name``, run ``body(folder) -> summary``, write ``run.json``, print the summary."""
-    folder = JobFolder(args.out, name, own, overwrite=args.overwrite)
+def run_job(args: argparse.Namespace, name: str, own: Sequence[str], body: Callable[[JobFolder], dict],
+            others: Callable[[], Any] | None = None) -> int:
+    """Claim ``args.out`` for job ``name``, run ``body(folder) -> summary``, write ``run.json``, print the summary.
+
+    Data parallel (:mod:`interp.distributed`), rank 0 claims the folder and runs ``body`` (the one writer) while
+    every other rank runs ``others()`` (its share of the collective work), once rank 0 holds the folder."""
+    folder = dist.on_main(lambda: JobFolder(args.out, name, own, overwrite=args.overwrite))
+    if folder is None:
+        if others is None:
+            raise ValueError(f"`interp {name}` does not run data-parallel; launch it without torchrun")
+        others()
+        return 0
     summary = body(folder)
     folder.finish(args)
     print_summary(f"interp {name}: {args.out}", summary)

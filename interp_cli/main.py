@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
+from interp import distributed
 from interp.models import DEFAULT_MODEL
 from interp.prompts import read_prompts
 from interp_cli.patch import add_patch_parser
@@ -55,7 +59,9 @@ def cmd_capture(args: argparse.Namespace) -> int:
     if positions.lstrip("-").replace(",", "").replace("-", "").isdigit():
         positions = [int(x) for x in positions.split(",")]
     store = capture(m, prompts, sites=args.sites.split(","), positions=positions, batch_size=args.batch_size,
-                    chat=not args.raw, out=args.out, overwrite=args.overwrite)
+                    chat=not args.raw, out=args.out, overwrite=args.overwrite, sort_by_length=args.sort_by_length)
+    if not distributed.is_main():
+        return 0  # rank 0 prints the summary
     con = Console()
     t = Table(title=f"{store.n_prompts} prompts -> {args.out} ({store.n_shards} shards)")
     for c in ("site", "mean norm", "std of norm", "max norm"):
@@ -106,6 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--raw", action="store_true", help="do not wrap prompts in the chat template")
     p.add_argument("--out", required=True, help="output store folder")
     p.add_argument("--overwrite", action="store_true", help="replace an existing store at --out")
+    p.add_argument("--sort-by-length", action="store_true",
+                   help="batch prompts longest first (less padding, faster on mixed lengths; the store records the "
+                        "row order)")
     p.set_defaults(func=cmd_capture)
 
     for add in SUBCOMMANDS:
@@ -117,12 +126,37 @@ SUBCOMMANDS = (add_refusal_parser, add_probe_parser, add_steer_parser, add_sae_p
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one subcommand. Launched by torchrun, the data-parallel ones (:data:`DATA_PARALLEL`) join the process
+    group torchrun describes (gloo on CPU, NCCL for CUDA); the others refuse to run once per process."""
     args = build_parser().parse_args(argv)
     try:
-        return int(args.func(args) or 0)
+        with _process_group(args):
+            return int(args.func(args) or 0)
     except (ValueError, FileNotFoundError, FileExistsError, TypeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+
+
+@contextmanager
+def _process_group(args: argparse.Namespace) -> Iterator[None]:
+    """The process group of a torchrun launch for the duration of a data-parallel command (none otherwise)."""
+    if not distributed.launched() or int(os.environ["WORLD_SIZE"]) < 2:
+        yield
+        return
+    name = args.command + (f" {args.sae_command}" if getattr(args, "sae_command", None) else "")
+    if name not in DATA_PARALLEL:
+        raise ValueError(f"`interp {name}` does not run data-parallel; launch it without torchrun (data-parallel "
+                         f"commands: {', '.join(DATA_PARALLEL)})")
+    if getattr(args, "device", None) is not None:
+        args.device = distributed.device_for(args.device)
+    distributed.init_from_env(getattr(args, "device", None))
+    try:
+        yield
+    finally:
+        distributed.shutdown()
+
+
+DATA_PARALLEL = ("capture", "sae train")  # commands that split their work over torchrun's processes
 
 
 if __name__ == "__main__":

@@ -41,7 +41,10 @@ def add_sae_parser(sub: Any, model_args: Any) -> None:
 
 
 def cmd_sae_train(args: argparse.Namespace) -> int:
-    return run_job(args, "sae train", ("sae", "saelens", "history.json"), lambda folder: sae_train_job(args, folder))
+    """Launched by torchrun, every rank captures its share of the prompts and trains data-parallel; rank 0 saves,
+    evaluates and writes the page."""
+    return run_job(args, "sae train", ("sae", "saelens", "history.json"), lambda folder: sae_train_job(args, folder),
+                   others=lambda: _train(args))
 
 
 def train_config(args: argparse.Namespace, site: str) -> Any:
@@ -62,13 +65,7 @@ def sae_train_job(args: argparse.Namespace, folder: JobFolder) -> dict[str, Any]
     import sae
     from sae.saelens_io import save_saelens
 
-    prompts = prompts_of(args.prompts, args.column, "--prompts")
-    eval_prompts = prompts_of(args.eval_prompts, args.eval_column, "--eval-prompts") if args.eval_prompts else prompts
-    model = load(args)
-    site = _one_site(model, args.site)
-    cfg = train_config(args, site)
-    acts = interp.capture(model, prompts, sites=site, positions="all", chat=not args.raw)
-    res = sae.train_sae(acts, cfg)
+    model, site, prompts, eval_prompts, acts, res = _train(args)
     res.sae.save(folder.path("sae"))
     save_saelens(res.sae, folder.path("saelens"), model_name=model.name, hook_name=site)
     folder.write_json("history.json", res.history)
@@ -90,6 +87,24 @@ def sae_train_job(args: argparse.Namespace, folder: JobFolder) -> dict[str, Any]
     folder.write_report(f"interp sae train: {model.name} {site}", facts, figures)
     return {"FVU": metrics.fvu, "L0": metrics.l0, "CE recovered (zero)": ce.recovered_zero,
             "dead fraction": metrics.dead_fraction, "saved": str(folder.path("sae"))}
+
+
+def _train(args: argparse.Namespace) -> tuple[Any, str, list[str], list[str], Any, Any]:
+    """Capture every token at the site and train: ``(model, site, prompts, eval prompts, activations,
+    TrainResult)``. Data parallel, each rank captures its share of the batches (all ranks get all tokens) and the
+    ranks train as one; every rank reads both prompt files first, so a bad file stops them all alike."""
+    import interp
+    import sae
+    from interp import distributed
+
+    prompts = prompts_of(args.prompts, args.column, "--prompts")
+    eval_prompts = prompts_of(args.eval_prompts, args.eval_column, "--eval-prompts") if args.eval_prompts else prompts
+    model = load(args)
+    site = _one_site(model, args.site)
+    cfg = train_config(args, site)
+    acts = interp.capture(model, prompts, sites=site, positions="all", chat=not args.raw,
+                          distributed=distributed.active())
+    return model, site, prompts, eval_prompts, acts, sae.train_sae(acts, cfg)
 
 
 def _one_site(model: Any, name: str) -> str:

@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from interp import distributed as dist
 from sae.model import SAE
 from sae.sparse_decoder import Active, sparse_decode, sparse_encode
 
@@ -79,8 +80,17 @@ def _aux_k(sae: SAE, x: torch.Tensor, pre: torch.Tensor, x_hat: torch.Tensor, de
         pre_g = (x - sae.b_dec) @ sae.W_enc + sae.b_enc
         z = torch.zeros_like(pre_g).scatter(-1, idx, torch.relu(pre_g.gather(-1, idx)))
         e_hat = z @ sae.W_dec
-    denom = (resid - resid.mean(0)).pow(2).sum(-1).mean().clamp_min(1e-12)
-    return (e_hat - resid).pow(2).sum(-1).mean() / denom
+    return (e_hat - resid).pow(2).sum(-1).mean() / _batch_variance(resid).clamp_min(1e-12)
+
+
+def _batch_variance(r: torch.Tensor) -> torch.Tensor:
+    """``E ||r - E r||^2`` over the batch; data parallel, over the global batch (every rank's rows), so AuxK's
+    normaliser is the one a single process would use (``r`` carries no gradient)."""
+    if not dist.active():
+        return (r - r.mean(0)).pow(2).sum(-1).mean()
+    n = r.shape[0] * dist.world_size()
+    mean = dist.all_reduce_(r.sum(0)) / n
+    return dist.all_reduce_((r - mean).pow(2).sum()) / n
 
 
 def train_step(sae: SAE, x: torch.Tensor, dead: torch.Tensor, coeffs: dict[str, float], opts: dict[str, Any]) -> StepOut:

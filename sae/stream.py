@@ -40,13 +40,21 @@ class TokenStream:
     ``source``: a tensor ``[..., d]``, an :class:`~interp.activations.Activations`, or an
     :class:`~interp.store.ActivationStore` (anything with ``iter_shards()``). ``site`` picks one site of a
     multi-site capture. ``buffer_tokens`` bounds memory when streaming a store.
+
+    Data parallel (``world > 1``, rank ``rank``), ``batch_size`` is this rank's share of the global batch. In
+    memory every rank draws the same global stream of ``world * batch_size`` rows and keeps its slice, so the
+    ranks' batches together are exactly the one-process batch. From a store each rank reads only its own shards
+    (round robin) through its own shuffling buffer, seeded per rank: no rank reads another's tokens.
     """
 
     def __init__(self, source: Any, batch_size: int, seed: int = 0, site: str | None = None,
-                 buffer_tokens: int = 1 << 18, device: str | torch.device = "cpu"):
+                 buffer_tokens: int = 1 << 18, device: str | torch.device = "cpu", rank: int = 0, world: int = 1):
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if not 0 <= rank < world:
+            raise ValueError(f"rank must be in 0..{world - 1}, got {rank}")
         self.batch_size, self.seed, self.device = batch_size, seed, torch.device(device)
+        self.rank, self.world = rank, world
         self.buffer_tokens = max(buffer_tokens, 2 * batch_size)
         self.site: str | None = None
         self.model_id = ""
@@ -75,6 +83,10 @@ class TokenStream:
             self.d = int(self._tokens.shape[-1])
         else:
             self.d = int(self._store.d_model)
+            if self._store.n_shards < world:
+                raise ValueError(f"the store at {self._store.path} has {self._store.n_shards} shards for {world} "
+                                 f"processes, each of which reads its own; capture with a smaller batch_size or "
+                                 f"train with fewer processes")
         self._it: Iterator[torch.Tensor] | None = None
         self.n_batches = 0
         self.max_buffered = 0  # peak tokens held by the shuffling buffer (store streams)
@@ -97,7 +109,8 @@ class TokenStream:
     # --- in memory: concatenated seeded permutations --------------------------------------------
     def _memory_iter(self) -> Iterator[torch.Tensor]:
         tokens = self._tokens
-        n, b = tokens.shape[0], self.batch_size
+        n, b = tokens.shape[0], self.batch_size * self.world
+        mine = slice(self.rank * self.batch_size, (self.rank + 1) * self.batch_size)
         epoch, pos = 0, 0
         perm = self._perm(n, epoch)
         while True:
@@ -110,20 +123,25 @@ class TokenStream:
                 t = min(need, n - pos)
                 take.append(perm[pos:pos + t])
                 pos, need = pos + t, need - t
-            yield tokens[torch.cat(take)]
+            yield tokens[torch.cat(take)[mine]]
 
-    def _perm(self, n: int, epoch: int) -> torch.Tensor:
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+    def _perm(self, n: int, epoch: int, seed: int | None = None) -> torch.Tensor:
+        g = torch.Generator().manual_seed((self.seed if seed is None else seed) * 1_000_003 + epoch)
         return torch.randperm(n, generator=g)
+
+    def _rank_seed(self) -> int:
+        """The seed of this rank's shard order and shuffling buffer (the plain seed for one process)."""
+        return self.seed if self.world == 1 else self.seed * 65_537 + 7_919 * (self.rank + 1)
 
     # --- on disk: shards through a shuffling buffer ---------------------------------------------
     def _store_iter(self) -> Iterator[torch.Tensor]:
-        store, b = self._store, self.batch_size
-        g = torch.Generator().manual_seed(self.seed)
+        store, b, seed = self._store, self.batch_size, self._rank_seed()
+        g = torch.Generator().manual_seed(seed)
         buf = torch.empty(0, self.d)
         epoch = 0
+        mine = [k for k in range(store.n_shards) if k % self.world == self.rank]
         while True:
-            order = self._perm(store.n_shards, epoch).tolist()
+            order = [mine[i] for i in self._perm(len(mine), epoch, seed).tolist()]
             seen = 0
             for k in order:
                 shard = store.shard(k)

@@ -3,6 +3,12 @@
 Adam with linear warm-up and a final linear decay, unit-norm decoder rows (parallel gradient removed),
 input normalised to ``E||x||^2 = d_in`` and folded into the weights at the end (the returned SAE reads raw
 activations), dead-latent tracking with AuxK, atomic checkpoints and exact resumption.
+
+Data parallel under an initialised process group (e.g. ``torchrun``; :mod:`interp.distributed`): ``batch_size``
+is the global batch, each rank trains on its share, gradients are averaged over ranks before the step (as DDP
+does), latents count as fired when they fired on any rank, and rank 0 alone writes checkpoints and the result.
+With a per-token loss (TopK, ReLU; AuxK's normaliser is taken over the global batch) this is one-process
+training on the same global batch; BatchTopK's selection and JumpReLU's L0 target are batch statistics per rank.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from interp import distributed as dist
 from sae.losses import StepOut, train_step
 from sae.model import SAE, SAEConfig
 from sae.stream import TokenStream
@@ -131,10 +138,14 @@ class Trainer:
     def __init__(self, data: Any, cfg: TrainConfig, out_dir: str | os.PathLike | None = None,
                  sae: SAE | None = None):
         self.cfg = cfg
-        device = torch.device(cfg.device or (sae.device if sae is not None else "cpu"))
+        device = torch.device(dist.device_for(cfg.device) or (sae.device if sae is not None else "cpu"))
         self.device = device
-        self.stream = TokenStream(data, cfg.batch_size, seed=cfg.seed, site=cfg.site, buffer_tokens=cfg.buffer_tokens,
-                                  device=device)
+        self.world, self.rank = dist.world_size(), dist.rank()
+        if cfg.batch_size % self.world:
+            raise ValueError(f"batch_size={cfg.batch_size} (the global batch) does not split over {self.world} "
+                             f"processes; choose a multiple of {self.world}")
+        self.stream = TokenStream(data, cfg.batch_size // self.world, seed=cfg.seed, site=cfg.site,
+                                  buffer_tokens=cfg.buffer_tokens, device=device, rank=self.rank, world=self.world)
         d_in = self.stream.d
         self._fresh = sae is None
         if sae is None:
@@ -171,12 +182,16 @@ class Trainer:
         """Initialise from the data once (done by :meth:`run`; call it yourself to drive :meth:`train_one`)."""
         if not self._initialised:
             self._init_from_data()
+            scale = torch.tensor([self.scale], dtype=torch.float64)
+            dist.broadcast_([*self.sae.state_dict().values(), scale])  # identical replicas, as DDP starts
+            self.scale = float(scale)
             self._initialised = True
 
     @torch.no_grad()
     def _init_from_data(self) -> None:
-        """Input scale and ``b_dec`` from the first batches of a separate copy of the stream (seeded). An SAE
-        handed in (to train further) keeps its weights and reads raw inputs (scale 1)."""
+        """Input scale and ``b_dec`` from the first batches of a separate copy of the stream (seeded; the one-process
+        stream on every rank, so data-parallel training starts where one process would). An SAE handed in (to
+        train further) keeps its weights and reads raw inputs (scale 1)."""
         cfg = self.cfg
         if not self._fresh:
             return
@@ -212,6 +227,7 @@ class Trainer:
         dead = self.tokens_since_fired >= self.dead_after
         out = train_step(sae, x, dead, self._coeffs(), self.opts)
         out.loss.backward()
+        dist.average_gradients(sae.parameters())
         with torch.no_grad():
             g = sae.W_dec.grad
             if g is not None:  # keep decoder rows on the unit sphere: drop the radial gradient
@@ -228,26 +244,40 @@ class Trainer:
             sae.W_dec.div_(sae.W_dec.norm(dim=1, keepdim=True).clamp_min(1e-12))
             if sae.arch == "jumprelu":
                 sae.threshold.clamp_(min=1e-6)
-            if sae.arch == "batchtopk" and out.min_active is not None:
+            min_active = self._global_min(out.min_active) if sae.arch == "batchtopk" else None
+            if min_active is not None:
                 a = cfg.threshold_lr if self.step > 0 else 1.0
-                sae.threshold.mul_(1 - a).add_(a * out.min_active)
-            self.tokens_since_fired += x.shape[0]
-            self.tokens_since_fired[out.fired] = 0
+                sae.threshold.mul_(1 - a).add_(a * min_active)
+            self.tokens_since_fired += x.shape[0] * self.world
+            fired = out.fired if self.world == 1 else dist.all_reduce_(out.fired.to(torch.uint8), "max").bool()
+            self.tokens_since_fired[fired] = 0
         if self.step % cfg.log_every == 0 or self.step == cfg.n_steps - 1:
-            var = (x - x.mean(0)).pow(2).sum(-1).mean().clamp_min(1e-12)
-            rec = {"step": self.step, "tokens": (self.step + 1) * cfg.batch_size, "loss": float(out.loss.detach()),
-                   "mse": float(out.mse), "aux": float(out.aux), "l0": out.l0, "fvu": float(out.mse / var),
-                   "dead": float(dead.float().mean()), "lr": lr}
-            for k, v in rec.items():
-                self.history[k].append(v)
+            self._log(out, x, dead, lr)
         self.step += 1
         return out
+
+    def _global_min(self, v: float | None) -> float | None:
+        """The smallest of the ranks' values (``None`` where a rank had none; ``None`` if all had none)."""
+        t = dist.all_reduce_(torch.tensor([math.inf if v is None else v], dtype=torch.float64), "min")
+        return None if math.isinf(float(t)) else float(t)
+
+    def _log(self, out: StepOut, x: torch.Tensor, dead: torch.Tensor, lr: float) -> None:
+        """One history row; data parallel, the batch numbers are averaged over ranks."""
+        var = (x - x.mean(0)).pow(2).sum(-1).mean().clamp_min(1e-12)
+        vals = torch.tensor([float(out.loss.detach()), float(out.mse), float(out.aux), out.l0,
+                             float(out.mse / var)], dtype=torch.float64)
+        loss, mse, aux, l0, fvu = (dist.all_reduce_(vals) / self.world).tolist()
+        rec = {"step": self.step, "tokens": (self.step + 1) * self.cfg.batch_size, "loss": loss, "mse": mse,
+               "aux": aux, "l0": l0, "fvu": fvu, "dead": float(dead.float().mean()), "lr": lr}
+        for k, v in rec.items():
+            self.history[k].append(v)
 
     # --- loop -----------------------------------------------------------------------------------
     def run(self, callback: Callable[[Trainer], None] | None = None) -> TrainResult:
         cfg = self.cfg
         self.prepare()
-        bar = tqdm(total=cfg.n_steps, initial=self.step, desc=f"SAE {cfg.arch}", unit="step", disable=not cfg.progress)
+        bar = tqdm(total=cfg.n_steps, initial=self.step, desc=f"SAE {cfg.arch}", unit="step",
+                   disable=not cfg.progress or not dist.is_main())
         between_steps = True  # a Ctrl-C inside a step would leave it half applied: then keep the last checkpoint
         try:
             while self.step < cfg.n_steps:
@@ -259,12 +289,13 @@ class Trainer:
                     bar.set_postfix(l0=f"{self.history['l0'][-1]:.1f}", fvu=f"{self.history['fvu'][-1]:.3f}",
                                     dead=f"{self.history['dead'][-1]:.2f}")
                 bar.update(1)
-                if self.out_dir is not None and cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
+                if self.out_dir is not None and cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0 \
+                        and dist.is_main():
                     self.save_checkpoint()
                 if callback is not None:
                     callback(self)
         except KeyboardInterrupt:
-            if self.out_dir is not None and between_steps:
+            if self.out_dir is not None and between_steps and dist.is_main():
                 self.save_checkpoint()
             raise
         finally:
@@ -276,9 +307,9 @@ class Trainer:
         dead = float((self.tokens_since_fired >= self.dead_after).float().mean())
         sae.fold_input_scale_(self.scale)
         sae.cfg.meta.update({"trained_tokens": self.step * self.cfg.batch_size, "input_scale": self.scale,
-                             "train_cfg": self.cfg.comparable()})
+                             "train_cfg": self.cfg.comparable(), **({"processes": self.world} if self.world > 1 else {})})
         if self.out_dir is not None:
-            sae.save(self.out_dir / "sae")
+            dist.on_main(lambda: sae.save(self.out_dir / "sae"))  # one writer; the others wait until it is there
         return TrainResult(sae=sae, history=self.history, input_scale=self.scale, steps=self.step,
                            tokens=self.step * self.cfg.batch_size, out_dir=self.out_dir, dead_fraction=dead)
 
@@ -295,7 +326,7 @@ class Trainer:
         save_bundle(tmp / "sae", dict(self.sae.state_dict()), {"kind": "sae.SAE", "cfg": self.sae.cfg.to_dict()})
         save_bundle(tmp / "state", {"tokens_since_fired": self.tokens_since_fired.cpu()},
                     {"step": self.step, "scale": self.scale, "history": self.history, "cfg": self.cfg.comparable(),
-                     "lr": self.lr})
+                     "lr": self.lr, "processes": self.world})
         opt_state = self.opt.state_dict()
         atomic_write(tmp / "optimizer.pt", lambda p: torch.save(opt_state, p))
         write_json(tmp / "done.json", {"step": self.step})
@@ -322,6 +353,9 @@ class Trainer:
         if diff:
             raise ValueError(f"the checkpoint at {p} was made with different settings ({diff}); resume with the "
                              f"same TrainConfig, or start a new out_dir")
+        if int(meta.get("processes", 1)) != self.world:
+            raise ValueError(f"the checkpoint at {p} was made by {meta.get('processes', 1)} processes and this run has "
+                             f"{self.world}; each replays its own token stream, so resume with the same number")
         sae_t, _ = load_bundle(p / "sae")
         self.sae.load_state_dict(sae_t)
         self.opt.load_state_dict(torch.load(p / "optimizer.pt", map_location=self.device, weights_only=True))

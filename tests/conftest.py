@@ -46,3 +46,81 @@ def sae():
     with torch.no_grad():
         s.b_enc.fill_(-0.3)
     return s
+
+
+def torchrun(*args: str, nproc: int = 2, timeout: float = 120) -> str:
+    """Run ``python -m interp_cli.main ARGS`` under ``torchrun --standalone`` with ``nproc`` CPU processes (gloo, one
+    thread each); the combined output, or a failure that shows it."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--standalone",
+           "-m", "interp_cli.main", *args]
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=REPO)
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, f"torchrun exited {p.returncode}:\n{out[-4000:]}"
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_folder(tmp_path_factory):
+    """The tiny llama saved as an HF folder (what a launched CLI loads)."""
+    from interp.testing.tiny import tiny_model
+
+    path = tmp_path_factory.mktemp("tiny") / "llama"
+    m = tiny_model("llama")
+    m.hf.save_pretrained(path)
+    m.tokenizer.save_pretrained(path)
+    return path
+
+
+def mixed_prompts(n: int, seed: int = 0, longest: int = 24) -> list[str]:
+    """``n`` prompts of 1..``longest`` words of the tiny vocabulary (a mixed-length corpus)."""
+    import random
+
+    words = "the a of to and in is it you that he she was for on are with as i his they be at one have this".split()
+    r = random.Random(seed)
+    return [" ".join(r.choice(words) for _ in range(r.randint(1, longest))) for _ in range(n)]
+
+
+def run_ranks(fn, *args, nproc: int = 2, timeout: float = 120) -> list:
+    """``fn(*args)`` in ``nproc`` processes forked from this one, each with the variables torchrun sets (``RANK``,
+    ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``): a torchrun launch without the seconds of
+    new interpreters. Returns each rank's (picklable) result in rank order; a failing rank fails the test."""
+    import multiprocessing as mp
+    import pickle
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_rank_main, args=(q, r, nproc, port, fn, args)) for r in range(nproc)]
+    for p in procs:
+        p.start()
+    results: dict[int, object] = {}
+    try:
+        for _ in procs:
+            r, ok, val = q.get(timeout=timeout)
+            assert ok, f"rank {r} failed:\n{val}"
+            results[r] = pickle.loads(val)
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.terminate()
+    return [results[r] for r in range(nproc)]
+
+
+def _rank_main(q, rank: int, nproc: int, port: int, fn, args) -> None:
+    import pickle
+    import traceback
+
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(nproc), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(nproc),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    try:  # by value: torch's shared-memory handles would not outlive this process
+        q.put((rank, True, pickle.dumps(fn(*args))))
+    except BaseException:  # reported to the parent, which fails the test with it
+        q.put((rank, False, traceback.format_exc()))
