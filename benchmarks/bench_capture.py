@@ -166,6 +166,7 @@ def ours_vs_saelens(model: interp.Model, label: str, rounds: int, batch_size: in
                     tmp: Path) -> list[dict]:
     """The same packed token rows (no padding) to disk: ``interp.capture`` into a store vs sae-lens's
     ``CacheActivationsRunner`` (shuffle off, one buffer of four model batches per shard) on the same weights."""
+    import tempfile
     from unittest import mock
 
     import sae_lens.cache_activations_runner as car
@@ -176,14 +177,13 @@ def ours_vs_saelens(model: interp.Model, label: str, rounds: int, batch_size: in
     rows = torch.randint(8, model.config.vocab_size, (n_rows, context), generator=torch.Generator().manual_seed(0))
     tl = transformer_lens_model(model)
     dataset = Dataset.from_dict({"input_ids": rows.tolist()})
-    runs = iter(range(10**6))
 
     def theirs():
         per_buffer = 4 * batch_size * context * model.d_model * 4  # bytes of four model batches
         cfg = CacheActivationsRunnerConfig(
             dataset_path="local", model_name=label, model_batch_size=batch_size, hook_name=site, d_in=model.d_model,
             training_tokens=rows.numel(), context_size=context, buffer_size_gb=(per_buffer + 0.5) / 1e9,
-            new_cached_activations_path=str(tmp / f"lens_{next(runs)}"), shuffle=False, device=str(model.device),
+            new_cached_activations_path=tempfile.mkdtemp(dir=tmp), shuffle=False, device=str(model.device),
             prepend_bos=False, streaming=False)
         with mock.patch.object(car, "load_model", lambda **kw: tl):  # its loader fetches by name: hand it our weights
             return car.CacheActivationsRunner(cfg, override_dataset=dataset).run()
