@@ -16,29 +16,14 @@ from steering.bias import bake_addition, memory_only
 from steering.gguf_export import export_gguf
 from steering.serve import baked_for_serving, save_for_serving
 
-IDS = torch.randint(7, 200, (2, 12), generator=torch.Generator().manual_seed(0))
+from .test_steering_bake import IDS, INEXACT, _model, _vec
+
 # which writers can carry a *saved* bias, read off each family's HF modules and config flags; the others carry it
 # in memory only (exact, but refused by every save / serve path)
 SAVES = {"attn": {"llama", "qwen3", "gpt2", "gpt_neox", "qwen3_moe", "olmoe"},   # o_proj bias or attention_bias
          "mlp": {"llama", "gpt2", "gpt_neox"}}                                   # down-projection bias or mlp_bias
-POST_NORMS = {"gemma2", "gemma3_text", "olmo2"}
 CASES = {"embed": dict(sites="resid_pre", layers=[0]), "attn": dict(sites="attn_out", layers=[0, 1]),
          "mlp": dict(sites="resid_post", layers=[0, 1])}
-
-
-def _vec(d, seed=1):
-    return torch.randn(d, generator=torch.Generator().manual_seed(seed))
-
-
-def _model(family):
-    """A tiny model whose existing biases are nonzero (so a bake that overwrote them would show)."""
-    m = tiny_model(family)
-    g = torch.Generator().manual_seed(5)
-    with torch.no_grad():
-        for name, p in m.hf.named_parameters():
-            if name.endswith("bias"):
-                p.add_(0.1 * torch.randn(p.shape, generator=g))
-    return m
 
 
 def _logits(model, *ivs):
@@ -53,7 +38,7 @@ def _rel(a, b):
 def _expected(family, writer):
     if writer == "embed":
         return None
-    if family in POST_NORMS:
+    if family in INEXACT:  # post-sublayer norms
         return "normalises each sublayer"
     if writer == "mlp" and family in MOE_FAMILIES:
         return "mixture of experts"
