@@ -92,6 +92,10 @@ def _register(model: Model, site: Site, fn: HookFn, ctx: HookContext) -> list[Re
         return [model.module(spec.attn_out, site.layer).register_forward_hook(post_hook)]
     if kind == "mlp_out":
         return [model.module(spec.mlp_out, site.layer).register_forward_hook(post_hook)]
+    if kind == "mlp_in":
+        return [model.module(spec.mlp, site.layer).register_forward_pre_hook(pre_hook, with_kwargs=True)]
+    if kind == "mlp_module_out":
+        return [model.module(spec.mlp, site.layer).register_forward_hook(post_hook)]
     if kind == "resid_mid":
         return _register_resid_mid(model, site, fn, ctx)
     if kind == "attn_z":

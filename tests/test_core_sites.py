@@ -126,7 +126,7 @@ def test_moe_parts_sum_to_mlp_out(tiny_models, family):
     m = tiny_models(family)
     shared = m.spec.shared_expert is not None
     kinds = ["experts_out", "shared_expert_out"] if shared else ["experts_out"]
-    assert [s.split(".", 2)[2] for s in m.site_names() if s.startswith("blocks.0.mlp.hook_")] == \
+    assert [s.split(".", 2)[2] for s in m.site_names() if s.startswith("blocks.0.mlp.hook_") and "expert" in s] == \
         [f"mlp.hook_{k}" for k in kinds]
     assert parse_site("blocks.1.mlp.hook_experts_out") == parse_site("routed.1")
     gates: list[torch.Tensor] = []
@@ -145,3 +145,27 @@ def test_moe_parts_sum_to_mlp_out(tiny_models, family):
     with pytest.raises(ValueError, match="is not a mixture of experts"):
         with hooks(tiny_models("llama"), {"experts_out.0": lambda x, ctx: x}):
             pass
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma2"])
+def test_mlp_in_and_module_out_are_the_mlp_modules_own_input_and_output(tiny_models, family):
+    """``mlp_in`` / ``mlp_module_out`` (a transcoder's sites) read the MLP module itself: after the pre-MLP norm's
+    gain, before Gemma's post-MLP norm (so on Gemma ``mlp_module_out`` differs from ``mlp_out``)."""
+    from interp.hooks import module_hooks
+    from interp.sites import parse_site
+
+    m = tiny_models(family)
+    ids = torch.arange(3, 17).reshape(2, 7)
+    raw: dict[str, torch.Tensor] = {}
+    ours: dict[str, torch.Tensor] = {}
+    mlp = m.module(m.spec.mlp, 1)
+    grab = [(mlp, "pre", lambda mod, a, kw: raw.__setitem__("in", (a or (kw.get("hidden_states"),))[0]) or None),
+            (mlp, "post", lambda mod, a, out: raw.__setitem__("out", out) or None)]
+    fns = {"mlp_in.1": lambda x, c: ours.__setitem__("in", x.clone()),
+           "blocks.1.mlp.hook_out": lambda x, c: ours.__setitem__("out", x.clone()),
+           "mlp_out.1": lambda x, c: ours.__setitem__("written", x.clone())}
+    with module_hooks(grab), hooks(m, fns), torch.no_grad():
+        m.hf(ids)
+    assert parse_site("mlp_in.1").name == "blocks.1.mlp.hook_in"
+    assert torch.equal(ours["in"], raw["in"]) and torch.equal(ours["out"], raw["out"])
+    assert torch.equal(ours["written"], ours["out"]) != (family == "gemma2")
