@@ -97,6 +97,13 @@ def _pairs(target: Model, source: Model, layers: Sequence[int], parts: Sequence[
     return out
 
 
+def differs(target: Model, source: Model, layers: Sequence[int], parts: Sequence[str] = ("attn", "mlp")) -> bool:
+    """Whether any weight a transplant of ``parts`` of ``layers`` would copy differs between the two models (a block
+    a fine-tune left untouched, e.g. outside a LoRA's layers, does not)."""
+    check_compatible(target, source)
+    return any(not torch.equal(t, s.to(t.device, t.dtype)) for t, s in _pairs(target, source, layers, parts))
+
+
 @dataclass
 class Transplant:
     """The weight edit of the edit protocol: ``source``'s weights for ``parts`` of ``layers`` (and global parts
@@ -281,5 +288,5 @@ def contextlib_nest(cms: list) -> Iterator[None]:
         yield
 
 
-__all__ = ["transplant", "transplanted", "check_compatible", "greedy_transplant", "TransplantSearch",
+__all__ = ["transplant", "transplanted", "check_compatible", "differs", "greedy_transplant", "TransplantSearch",
            "BLOCK_PARTS", "GLOBAL_PARTS"]

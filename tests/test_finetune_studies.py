@@ -50,11 +50,21 @@ def test_transplant_study_validates_by_generation_with_controls(study, data):
     n = len(data.harmful["test"])
     assert rows[("aligned", "harmful")]["k"] > rows[("base", "harmful")]["k"]
     assert all(r["n"] == n and r["ci95"][0] <= r["rate"] <= r["ci95"][1] for r in study.rates)
-    assert ("base + random aligned blocks (draw 0)", "harmful") in rows
+    assert ("base + random changed aligned blocks (draw 0)", "harmful") in rows
+    drawn = rows[("base + random changed aligned blocks (draw 0)", "harmful")]["blocks"]
+    found_layers = {(p, la) for ls, p in study.found for la in ls}
+    assert not {(b.split(":")[0], int(la)) for b in drawn for la in b.split(":")[1].split(",")} & found_layers
     found = rows[("base + found aligned blocks", "harmful")]["blocks"]
     assert len(found) == len({p for _, p in study.found}) and found
     assert set(study.to_frame("single").columns) >= {"part", "block", "into_base", "out_of_aligned"}
     assert len(study.plot().data) == 1
+
+
+def test_differs_sees_which_blocks_a_fine_tune_changed(pair):
+    from patching.transplant import differs
+
+    base, aligned = pair
+    assert differs(base, aligned, [0], ["mlp"]) and not differs(base, load_model("organism-base"), [0, 1], ["attn"])
 
 
 def test_transplant_study_bad_input(pair, data):

@@ -8,7 +8,8 @@ on harmful prompts minus that on harmless ones, with the aligned model's own ref
    gives the base its refusal;
 3. **validation by generation** on held-out prompts: refusal rates (95% Wilson intervals, the anchored judge) of
    the base, the aligned model, the base with the found blocks, the aligned model with the base's found blocks,
-   and the base with as many randomly drawn blocks of each part (the control).
+   and the base with as many blocks of each part drawn at random among the other blocks the fine-tune changed
+   (the control; blocks it left untouched, e.g. outside a LoRA's layers, would make it trivially weak).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from evals.logits import refusal_score
 from evals.rates import rate
 from interp.forward import prepare
 from interp.models import Model
-from patching.transplant import Transplant, TransplantSearch, check_compatible, greedy_transplant
+from patching.transplant import Transplant, TransplantSearch, check_compatible, differs, greedy_transplant
 from pipelines.refusal.prompt_sets import RefusalData
 from pipelines.refusal.scoring import prompt_logits
 from pipelines.refusal.stages import find_refusal_tokens
@@ -107,22 +108,28 @@ def _single(base: Model, aligned: Model, score: Any, cands: list[Block], s_base:
     return rows
 
 
-def _random_blocks(found: list[Block], cands: list[Block], rng: random.Random) -> list[Block]:
+def _random_blocks(found: list[Block], changed: list[Block], rng: random.Random) -> list[Block] | None:
+    """As many blocks of each part as were found, drawn among the blocks the fine-tune changed that were not found
+    (``None`` when too few are left: the control cannot be drawn)."""
     out: list[Block] = []
-    for part in {p for _, p in found}:
-        pool = [c for c in cands if c[1] == part]
-        out += rng.sample(pool, sum(1 for _, p in found if p == part))
+    for part in sorted({p for _, p in found}):
+        pool = [c for c in changed if c[1] == part and c not in found]
+        need = sum(1 for _, p in found if p == part)
+        if len(pool) < need:
+            return None
+        out += rng.sample(pool, need)
     return out
 
 
-def _rates(base: Model, aligned: Model, found: list[Block], cands: list[Block], data: RefusalData, n_random: int,
+def _rates(base: Model, aligned: Model, found: list[Block], changed: list[Block], data: RefusalData, n_random: int,
            seed: int, max_new_tokens: int, judge: Judge | None) -> list[dict[str, Any]]:
     rng = random.Random(seed)
     conds: list[tuple[str, Model, list]] = [("base", base, []), ("aligned", aligned, []),
                                             ("base + found aligned blocks", base, _apply(base, aligned, found)),
                                             ("aligned + found base blocks", aligned, _apply(aligned, base, found))]
-    conds += [(f"base + random aligned blocks (draw {i})", base,
-               _apply(base, aligned, _random_blocks(found, cands, rng))) for i in range(n_random if found else 0)]
+    draws = [_random_blocks(found, changed, rng) for _ in range(n_random if found else 0)]
+    conds += [(f"base + random changed aligned blocks (draw {i})", base, _apply(base, aligned, d))
+              for i, d in enumerate(draws) if d is not None]
     rows = []
     for name, model, edits in conds:
         for split in ("harmful", "harmless"):
@@ -158,10 +165,12 @@ def transplant_study(base: Model, aligned: Model, data: RefusalData, parts: tupl
         single = _single(base, aligned, score, cands, s_base, s_aligned)
         search = greedy_transplant(base, aligned, score, blocks=blocks, parts=parts, max_steps=max_steps,
                                    progress=progress)
-    rates = _rates(base, aligned, list(search.chosen), cands, data, n_random, seed, max_new_tokens, judge)
+    changed = [c for c in cands if differs(base, aligned, c[0], [c[1]])]
+    rates = _rates(base, aligned, list(search.chosen), changed, data, n_random, seed, max_new_tokens, judge)
     return TransplantStudy(single, search, rates, {"base": s_base, "aligned": s_aligned}, list(tok.strings),
                            meta={"block_size": block_size, "parts": list(parts), "max_steps": max_steps,
-                                 "n_val": len(encs["harmful"]), "seed": seed, "sizes": data.sizes()})
+                                 "n_val": len(encs["harmful"]), "seed": seed, "sizes": data.sizes(),
+                                 "changed": [f"{p}:{_label((b, p))}" for b, p in changed]})
 
 
 __all__ = ["TransplantStudy", "refusal_gap", "transplant_study"]
