@@ -36,31 +36,37 @@ Acts = Mapping[int, torch.Tensor]  # {layer: [b, T, d_sae]} (b = 1 or the pass's
 READ_KINDS = ("resid_pre", "resid_mid", "resid_post", "ln_final_out")
 
 
+def check_transcoder(model: Model, layer: int, tc: Transcoder) -> None:
+    """A clear error unless ``tc`` is a transcoder of ``model``'s layer ``layer`` (width, layer, sites, model id)."""
+    name = getattr(model, "name", "") or ""
+    if not isinstance(tc, Transcoder):
+        raise TypeError(f"layer {layer}: expected a sae.transcoder.Transcoder, got {type(tc).__name__}")
+    if tc.layer != layer:
+        raise ValueError(f"the transcoder given for layer {layer} was made for layer {tc.layer}")
+    if not 0 <= layer < model.n_layers:
+        raise ValueError(f"a transcoder for layer {layer}, but {name} has layers 0..{model.n_layers - 1}")
+    if tc.d_in != model.d_model:
+        raise ValueError(f"the layer-{layer} transcoder has width d_in={tc.d_in} but {name} has d_model="
+                         f"{model.d_model}; use transcoders trained on this model")
+    if tc.cfg.model_id and name and tc.cfg.model_id != name:
+        raise ValueError(f"the layer-{layer} transcoder was trained on {tc.cfg.model_id!r}, not {name!r}; use "
+                         f"transcoders of this model (or clear cfg.model_id if the weights are the same)")
+    kinds = (parse_site(tc.cfg.input_site or "").kind, parse_site(tc.site or "").kind)
+    if kinds != ("mlp_in", "mlp_module_out"):
+        raise ValueError(f"the layer-{layer} transcoder reads {tc.cfg.input_site} and writes {tc.site}; the "
+                         f"replacement model needs transcoders from mlp_in.L to mlp_module_out.L")
+
+
 def check_transcoders(model: Model, transcoders: Sequence[Transcoder] | Mapping[int, Transcoder]
                       ) -> dict[int, Transcoder]:
-    """``{layer: transcoder}`` for every layer of ``model``, checked: width, layer range, site, model id."""
-    items = list(transcoders.items()) if isinstance(transcoders, Mapping) else [(t.layer, t) for t in transcoders]
+    """``{layer: transcoder}`` for every layer of ``model``, each checked by :func:`check_transcoder`."""
+    items = list(transcoders.items()) if isinstance(transcoders, Mapping) else \
+        [(getattr(t, "layer", None), t) for t in transcoders]
     out: dict[int, Transcoder] = {}
-    name = getattr(model, "name", "") or ""
     for layer, tc in items:
-        if not isinstance(tc, Transcoder):
-            raise TypeError(f"layer {layer}: expected a sae.transcoder.Transcoder, got {type(tc).__name__}")
-        if tc.layer != layer:
-            raise ValueError(f"the transcoder given for layer {layer} was made for layer {tc.layer}")
-        if not 0 <= layer < model.n_layers:
-            raise ValueError(f"a transcoder for layer {layer}, but {name} has layers 0..{model.n_layers - 1}")
+        check_transcoder(model, layer, tc)
         if layer in out:
             raise ValueError(f"two transcoders for layer {layer}; give one per layer")
-        if tc.d_in != model.d_model:
-            raise ValueError(f"the layer-{layer} transcoder has width d_in={tc.d_in} but {name} has d_model="
-                             f"{model.d_model}; use transcoders trained on this model")
-        if tc.cfg.model_id and name and tc.cfg.model_id != name:
-            raise ValueError(f"the layer-{layer} transcoder was trained on {tc.cfg.model_id!r}, not {name!r}; use "
-                             f"transcoders of this model (or clear cfg.model_id if the weights are the same)")
-        kinds = (parse_site(tc.cfg.input_site or "").kind, parse_site(tc.site or "").kind)
-        if kinds != ("mlp_in", "mlp_module_out"):
-            raise ValueError(f"the layer-{layer} transcoder reads {tc.cfg.input_site} and writes {tc.site}; the "
-                             f"replacement model needs transcoders from mlp_in.L to mlp_module_out.L")
         out[layer] = tc
     missing = [i for i in range(model.n_layers) if i not in out]
     if missing:
@@ -314,4 +320,4 @@ def unembed(model: Model) -> tuple[Float[torch.Tensor, "V d"], torch.Tensor | No
     return head.weight, getattr(head, "bias", None)
 
 
-__all__ = ["ReplacementModel", "ReplacementRun", "check_transcoders", "unembed"]
+__all__ = ["ReplacementModel", "ReplacementRun", "check_transcoder", "check_transcoders", "unembed"]
