@@ -49,6 +49,7 @@ def cover(scores: torch.Tensor, fraction: float) -> torch.Tensor:
     if not 0.0 <= fraction <= 1.0:
         raise ValueError(f"a pruning threshold is a fraction in [0, 1], got {fraction}")
     s = scores.flatten()
+    s = s[s > 0]
     total = float(s.sum())
     if total <= 0:
         return torch.zeros_like(scores, dtype=torch.bool)

@@ -104,16 +104,20 @@ class _Engine:
 
     def values(self, stash: dict[str, Any], rows: Sequence[Row]) -> torch.Tensor:
         """Each row's value read from a pass's stash (row 0 of its batch)."""
-        vals = []
-        for kind, i in rows:
-            if kind == "feature":
-                layer, pos, f = self.feats[i].tolist()
-                tc = self.rm.transcoders[layer]
-                x = stash["mlp_in"][layer][0, pos].detach().to(tc.dtype)
-                vals.append(x @ tc.W_enc[:, f] + tc.b_enc[f])
-            else:
-                vals.append(self.readouts[i].value({k: v[:1].detach() for k, v in stash["sites"].items()})[0])
-        return torch.stack(vals).detach().to(self.acts.dtype) if vals else torch.zeros(0, dtype=self.acts.dtype)
+        out = torch.zeros(len(rows), dtype=self.acts.dtype)
+        feat = torch.tensor([i if k == "feature" else -1 for k, i in rows], dtype=torch.long)
+        is_feat = (feat >= 0).nonzero()[:, 0]
+        fi = self.feats[feat[is_feat]]
+        for layer in fi[:, 0].unique().tolist():
+            here = fi[:, 0] == layer
+            tc, pos, f = self.rm.transcoders[layer], fi[here, 1], fi[here, 2]
+            x = stash["mlp_in"][layer][0, pos].detach().to(tc.dtype)
+            out[is_feat[here]] = ((x * tc.W_enc[:, f].T).sum(-1) + tc.b_enc[f]).detach().to(out.dtype)
+        sites = {k: v[:1].detach() for k, v in stash["sites"].items()}
+        for b, (kind, i) in enumerate(rows):
+            if kind == "target":
+                out[b] = self.readouts[i].value(sites)[0].detach().to(out.dtype)
+        return out
 
     def zero_pass(self) -> dict[str, Any]:
         """The linearised model with every node at zero: what remains are the constant (bias) terms."""

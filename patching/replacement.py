@@ -239,7 +239,7 @@ class ReplacementModel:
         ``acts`` / ``errors`` (``{layer: [b, T, .]}``, b = 1 or ``batch``) and ``embed [b, T, d]`` replace the
         recorded inputs (layers not given keep theirs). Yields ``stash``, filled by the forward with
         ``mlp_in[L]``, ``mlp_out[L]`` (what the replaced MLP writes), ``embed`` (a leaf with ``grad``) and
-        ``sites[name]`` for each site in ``read``. Use with :meth:`forward_batch` or through :meth:`linear`."""
+        ``sites[name]`` for each site in ``read``; run the forward inside (as :meth:`linear` does)."""
         stash: dict[str, Any] = {"mlp_in": {}, "mlp_out": {}, "sites": {}}
         e = (run.embed[None] if embed is None else embed).expand(batch, *run.embed.shape).clone()
         stash["embed"] = e.requires_grad_(grad)

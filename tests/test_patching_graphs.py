@@ -13,7 +13,7 @@ from interp.forward import forward
 from interp.testing.tiny import tiny_model
 from patching import ReplacementModel, attribution_graph
 from patching.graph_edits import DecoderEdit, FeatureEdit, intervene
-from patching.graph_result import AttributionGraph
+from patching.graph_result import AttributionGraph, normalized_abs
 from patching.graph_targets import Direction, LogitDiff, TopLogits
 from sae.transcoder import Transcoder, TranscoderConfig
 
@@ -119,6 +119,9 @@ def test_edges_into_each_row_sum_to_its_value_minus_its_constant_part(llama64, g
     assert small.n_features == 10 and small.n_active == g.n_active
     assert float(small.rest.abs().max()) > 0 and small.completeness() < 1e-9
     assert torch.allclose(small.values[small.target_offset:], g.values[g.target_offset:])
+    # one ranking round (budget < batch size): the features with the largest direct influence on the targets
+    direct = g.target_weights @ normalized_abs(g.adjacency[g.target_offset:].double())[:, :g.n_features]
+    assert set(map(tuple, small.features.tolist())) == set(map(tuple, g.features[direct.topk(10).indices].tolist()))
 
 
 def test_pruning_tables_files_and_figure(graph64, tmp_path):
