@@ -85,7 +85,9 @@ def apply_to_acts(z: torch.Tensor, edits: Sequence[FeatureEdit], layer: int) -> 
 class DecoderEdit:
     """The edits in the real model: at ``mlp_module_out.L`` add ``(new - old) * W_dec[f]`` at each edit's
     position, ``old`` being the feature's activation on the MLP's current input (read at ``mlp_in.L``).
-    ``transcoders``: a list or ``{layer: Transcoder}`` (only the edited layers are needed)."""
+    ``transcoders``: a list or ``{layer: Transcoder}`` (only the edited layers are needed). Positions index the
+    tokens of a full forward over the prompt; a shorter pass (a KV-cached generation step) sees only the edits
+    whose position it contains, counted from its own start."""
 
     def __init__(self, transcoders: Sequence[Transcoder] | Mapping[int, Transcoder] | ReplacementModel,
                  edits: FeatureEdit | Sequence[FeatureEdit | tuple[int, int, int]]):
@@ -184,6 +186,10 @@ def intervene(rm: ReplacementModel, graph: AttributionGraph, edits: FeatureEdit 
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     edits = as_edits(edits)
+    name = getattr(rm.model, "name", "")
+    if graph.model_id and name and graph.model_id != name or graph.n_layers != rm.n_layers:
+        raise ValueError(f"this graph was made on {graph.model_id!r} ({graph.n_layers} layers), not on {name!r} "
+                         f"({rm.n_layers} layers); intervene with the replacement model that made it")
     run = rm.run(graph.input_ids.tolist(), chat=False)
     _check(edits, rm.transcoders, run.n_positions)
     readouts = graph_readouts(graph)

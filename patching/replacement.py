@@ -122,6 +122,13 @@ def _norm_modules(model: Model) -> dict[str, nn.Module]:
     return out
 
 
+def _norm_input(mod: nn.Module, args: tuple) -> torch.Tensor:
+    if not args:
+        raise RuntimeError(f"{type(mod).__name__} was called without a positional input; the linearised model cannot "
+                           f"read and freeze its scale")
+    return args[0]
+
+
 def _centred(x: torch.Tensor, centre: bool) -> torch.Tensor:
     return x - x.mean(-1, keepdim=True) if centre else x
 
@@ -203,7 +210,7 @@ class ReplacementModel:
 
             def scale(mod: nn.Module, args: tuple, out: Any, key: str = key, centre: bool = parts.centre,
                       eps: float = parts.eps) -> None:
-                xc = _centred(args[0][0].detach(), centre)
+                xc = _centred(_norm_input(mod, args)[0].detach(), centre)
                 rec["scales"][key] = torch.rsqrt(xc.pow(2).mean(-1, keepdim=True) + eps)
             items.append((norm, "post", scale))
         return items
@@ -220,9 +227,7 @@ class ReplacementModel:
 
             def frozen(mod: nn.Module, args: tuple, out: Any, s: torch.Tensor = run.scales[key], parts: Any = parts
                        ) -> torch.Tensor:
-                if not args:
-                    raise RuntimeError(f"{type(mod).__name__} was called without a positional input; cannot freeze it")
-                x = args[0]
+                x = _norm_input(mod, args)
                 y = _centred(x, parts.centre) * s.to(x.dtype)
                 if parts.weight is not None:  # in x's dtype (NormParts.gain works in float32 for Gemma)
                     y = y * (parts.offset + parts.weight.to(x.dtype))

@@ -203,8 +203,14 @@ def test_the_decoder_edit_composes_with_steering_apply(llama64, graph64):
     assert count_hooks(rm.model.hf, ours_only=True) == 0
 
 
-def test_bad_input_gets_a_clear_error(llama64):
+def test_bad_input_gets_a_clear_error(llama64, graph64):
     model = llama64.model
+    with pytest.raises(ValueError, match="outside the prompt's 7 tokens"):
+        intervene(llama64, graph64, FeatureEdit(0, 99, 0))
+    with pytest.raises(ValueError, match="features 0..23"):
+        intervene(llama64, graph64, FeatureEdit(0, 1, 24))
+    with pytest.raises(ValueError, match="mode must be"):
+        intervene(llama64, graph64, FeatureEdit(0, 1, 2), mode="total")
     with pytest.raises(ValueError, match="d_model=64"):
         wide = tiny_model("llama", d_model=32)
         ReplacementModel(model, _transcoders(wide))
