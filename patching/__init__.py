@@ -3,20 +3,24 @@
 Typical flow: ``pairs = make_pairs(model, clean, corrupted)`` then ``sweep_positions(model, pairs, metric)``
 (exact, batched), ``attribute(model, pairs, metric)`` (one forward + backward) and
 ``compare_attribution(...)`` to check the estimate; every sweep is a :class:`Sweep` with ``.plot()``.
+At feature level: ``rm = ReplacementModel(model, transcoders)`` then ``attribution_graph(rm, prompt)`` (an
+:class:`~patching.graph_result.AttributionGraph`); ``patching.graph_edits.intervene`` tests it.
 """
 
 from __future__ import annotations
 
 from patching.activation import patch, sweep_layers, sweep_positions
 from patching.attribution import attribute
+from patching.graphs import attribution_graph
 from patching.heads import ablate_heads
 from patching.masks import learn_mask
 from patching.measures import logit_diff, refusal_score
 from patching.neurons import ablate_neurons
 from patching.path import path_patch
+from patching.replacement import ReplacementModel
 from patching.runs import make_pairs
 from patching.transplant import greedy_transplant, transplant
 
-__all__ = ["ablate_heads", "ablate_neurons", "attribute", "greedy_transplant", "learn_mask", "logit_diff",
-           "make_pairs", "patch", "path_patch", "refusal_score", "sweep_layers", "sweep_positions",
-           "transplant"]
+__all__ = ["ReplacementModel", "ablate_heads", "ablate_neurons", "attribute", "attribution_graph", "greedy_transplant",
+           "learn_mask", "logit_diff", "make_pairs", "patch", "path_patch", "refusal_score", "sweep_layers",
+           "sweep_positions", "transplant"]
