@@ -237,6 +237,34 @@ class AttributionGraph:
         return grid_heatmap(self.influence_grid(), cols, rows, "position", "layer", "influence",
                             title or f"attribution graph: influence on {', '.join(self.target_labels[:3])}")
 
+    def edge_scores(self) -> torch.Tensor:
+        """``B[t, s] * (influence[t] + w[t])`` on the whole graph ``[n, n]``: what an edge carries to the targets."""
+        w = self.node_weights()
+        return normalized_abs(self.adjacency.double()) * (self.node_influence + w)[:, None]
+
+    def page(self, contexts: dict[tuple[int, int], list[str]] | None = None,
+             supernodes: dict[str, list[tuple[int, int, int]]] | None = None, title: str | None = None) -> str:
+        """A self-contained HTML page of the graph (``viz.graph_page``) with the thresholds as controls, starting
+        at this graph's. ``contexts``: ``{(layer, feature): [text, ...]}`` (e.g. from ``sae.contexts.top_contexts``
+        with the layer's transcoder); ``supernodes``: ``{name: [(layer, position, feature), ...]}``."""
+        from viz.graph_page import graph_page
+
+        kind = {"token": "embedding"}
+        rows = self.node_rows()
+        ids = [f"n{r['node']}" for r in rows]
+        nodes = [{"id": ids[i], "kind": kind.get(r["kind"], r["kind"]), "layer": r["layer"], "position": r["position"],
+                  "influence": r["influence"], "activation": r["activation"] or 0.0, "label": r["label"],
+                  "feature": r["feature"], "contexts": (contexts or {}).get((r["layer"], r["feature"]), [])}
+                 for i, r in enumerate(rows)]
+        sc = self.edge_scores()
+        t, src = (self.adjacency != 0).nonzero(as_tuple=True)
+        edges = [(ids[a], ids[b], float(self.adjacency[b, a]), float(sc[b, a])) for b, a in zip(t.tolist(), src.tolist())]
+        groups = {name: [ids[self.feature_node(*f)] for f in members] for name, members in (supernodes or {}).items()}
+        return graph_page(nodes, edges, title or f"attribution graph: {', '.join(self.target_labels[:3])}",
+                          tokens=self.tokens, supernodes=groups, node_threshold=self.node_threshold or 0.8,
+                          edge_threshold=self.edge_threshold or 0.98,
+                          notes=f"{self.n_features} feature nodes of {self.n_active} active; model {self.model_id}")
+
     _TENSORS = ("adjacency", "features", "activations", "input_ids", "target_weights", "target_vectors", "values",
                 "bias", "rest")
     _FIELDS = ("tokens", "n_layers", "target_labels", "target_kinds", "target_sites", "target_positions",

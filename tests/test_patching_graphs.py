@@ -235,3 +235,27 @@ def test_bad_input_gets_a_clear_error(llama64, graph64):
     gpt2 = tiny_model("gpt2")
     with pytest.raises(ValueError, match="q_proj"):
         ReplacementModel(gpt2, _transcoders(gpt2))
+
+
+def test_graph_page_starts_at_the_graphs_own_pruning(graph64, tmp_path):
+    """The page holds every node and edge of the graph, with the graph's influence and edge scores; drawn in
+    headless Chromium at the graph's thresholds it shows what ``viz.graph_page.prune`` keeps."""
+    import json
+    import re
+
+    from viz.graph_page import prune
+
+    f = graph64.features[0].tolist()
+    html = graph64.page(contexts={(f[0], f[2]): ["a <b> context"]}, supernodes={"pair": [tuple(f)]})
+    blob = json.loads(re.search(r"id='graph-data'>(.*?)</script>", html, re.S).group(1).replace("<\\/", "</"))
+    assert len(blob["nodes"]) == graph64.n_nodes and len(blob["edges"]) == int((graph64.adjacency != 0).sum())
+    first = blob["nodes"][0]
+    assert first["contexts"] == ["a <b> context"] and first["influence"] == pytest.approx(
+        float(graph64.node_influence[0]))
+    shown, kept = prune(blob["nodes"], blob["edges"], graph64.node_threshold, graph64.edge_threshold)
+    kept_nodes = {f"n{i}" for i in graph64.node_mask.nonzero().flatten().tolist()}
+    assert kept_nodes <= shown      # here the page's single pass (no re-pruning) keeps the graph's nodes and more
+    from tests.test_viz_graph_page import _drawn
+
+    n, e, _ = _drawn(html, "")
+    assert (n, e) == (len(shown), len(kept))

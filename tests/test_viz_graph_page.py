@@ -57,6 +57,7 @@ def _drawn(page: str, fragment: str) -> tuple[int, int, str]:
                                              (1.0, 1.0, True)])
 def test_browser_draws_what_the_pruning_keeps(node, edge, group):
     nodes, edges, groups = _graph()
+    edges = [(s, t, w, abs(w) * (1 + i % 3)) for i, (s, t, w) in enumerate(edges)]   # scores other than |weight|
     shown, kept = prune(nodes, edges, node, edge)
     if group:
         shown, kept = grouped(shown, kept, groups)
@@ -67,14 +68,14 @@ def test_browser_draws_what_the_pruning_keeps(node, edge, group):
 
 
 def test_pruning_keeps_the_smallest_set_covering_the_share():
-    """Nodes: the shortest run of the most influential that reaches the share (targets always in); with the edge
-    share at 1 every edge between kept nodes stays; a smaller edge share keeps the heaviest edges first."""
+    """Nodes: the shortest run of the most influential (embeddings and targets aside, always in) that reaches the
+    share; with the edge share at 1 every edge between kept nodes stays; a smaller share keeps the top scores."""
     nodes, edges, _ = _graph(1)
-    ranked = sorted((n for n in nodes if n["kind"] != "target"), key=lambda n: -n["influence"])
+    ranked = sorted((n for n in nodes if n["kind"] not in ("target", "embedding")), key=lambda n: -n["influence"])
     total = sum(n["influence"] for n in ranked)
     cum = [sum(n["influence"] for n in ranked[: i + 1]) for i in range(len(ranked))]
     n_keep = next(i + 1 for i, c in enumerate(cum) if c >= 0.6 * total)
-    keep = {n["id"] for n in ranked[:n_keep]} | {"target"}
+    keep = {n["id"] for n in ranked[:n_keep]} | {n["id"] for n in nodes if n["kind"] in ("target", "embedding")}
     shown, kept = prune(nodes, edges, 0.6, 1.0)
     assert {(s, t) for s, t, _ in kept} == {(s, t) for s, t, _ in edges if s in keep and t in keep}
     assert "target" in shown and shown <= keep
@@ -82,6 +83,9 @@ def test_pruning_keeps_the_smallest_set_covering_the_share():
     assert 0 < len(fewer) < len(kept)
     dropped = [abs(e[2]) for e in kept if e not in fewer]
     assert dropped and min(abs(e[2]) for e in fewer) >= max(dropped)
+    scored = [(s, t, w, 1.0 / (1 + abs(w))) for s, t, w in edges]      # a score that reverses the weight order
+    _, by_score = prune(nodes, scored, 0.6, 0.5)
+    assert {e[:2] for e in by_score} != {e[:2] for e in fewer}
 
 
 def test_clicked_node_shows_its_contexts_escaped():

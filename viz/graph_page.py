@@ -2,9 +2,11 @@
 
 Nodes are laid out by layer (rows: token embeddings at the bottom, the target at the top) and position (columns);
 edges are drawn by sign (blue excites, red inhibits) and weight. The page prunes as the paper does and lets the
-reader move both thresholds: nodes are kept by influence until they cover ``node`` of the total (targets always
-kept), then edges between kept nodes by |weight| until they cover ``edge`` of theirs; nodes left without an edge
-are hidden. Supernodes (named groups of node ids) can be merged into one node, their edges summed. Clicking a node
+reader move both thresholds: nodes are kept by influence until they cover ``node`` of the total (embeddings and
+targets always kept), then edges between kept nodes by score (an edge's influence when given, else |weight|)
+until they cover ``edge`` of theirs; nodes left without an edge are hidden. Scores are computed once on the whole
+graph, so the page's pruning equals ``patching.graph_result.AttributionGraph.prune`` up to that function's
+recomputation of influence on the pruned graph. Supernodes (named groups of node ids) can be merged into one node, their edges summed. Clicking a node
 shows its label, activation, influence, top-activating contexts and strongest edges.
 
 The same pruning runs in Python (:func:`prune`), so a test can compare what the browser drew with it. The initial
@@ -35,28 +37,36 @@ def _check(nodes: Sequence[Mapping[str, Any]], edges: Sequence[Sequence[Any]]) -
             raise ValueError(f"graph_page: edge {e[0]!r} -> {e[1]!r} names a node that is not in the node list")
 
 
+def cover(scores: Sequence[float], fraction: float) -> list[bool]:
+    """Mask of the largest positive ``scores`` whose sum first reaches ``fraction`` of their total (ties kept)."""
+    pos = sorted((x for x in scores if x > 0), reverse=True)
+    total = sum(pos)
+    if total <= 0:
+        return [False] * len(scores)
+    acc, k = 0.0, 0
+    for x in pos:
+        acc += x
+        if acc / total >= fraction:
+            break
+        k += 1
+    cut = pos[min(k, len(pos) - 1)]
+    return [x >= cut and x > 0 for x in scores]
+
+
 def prune(nodes: Sequence[Mapping[str, Any]], edges: Sequence[Sequence[Any]], node_threshold: float = 0.8,
           edge_threshold: float = 0.98) -> tuple[set[str], list[tuple[str, str, float]]]:
-    """The page's pruning (mirrored in its JavaScript): kept node ids and kept edges ``(source, target, weight)``."""
-    ranked = sorted((n for n in nodes if n["kind"] != "target"), key=lambda n: (-abs(float(n["influence"])),
-                                                                                 str(n["id"])))
-    total = sum(abs(float(n["influence"])) for n in ranked)
-    keep = {str(n["id"]) for n in nodes if n["kind"] == "target"}
-    acc = 0.0
-    for n in ranked:
-        if total > 0 and acc >= node_threshold * total:
-            break
-        keep.add(str(n["id"]))
-        acc += abs(float(n["influence"]))
-    inner = sorted(((str(s), str(t), float(w)) for s, t, w in edges if str(s) in keep and str(t) in keep),
-                   key=lambda e: (-abs(e[2]), e[0], e[1]))
-    tot_e = sum(abs(e[2]) for e in inner)
-    kept, acc = [], 0.0
-    for e in inner:
-        if tot_e > 0 and acc >= edge_threshold * tot_e:
-            break
-        kept.append(e)
-        acc += abs(e[2])
+    """The page's pruning (mirrored in its JavaScript): kept node ids and kept edges ``(source, target, weight)``.
+
+    Nodes: embeddings and targets always, the others while their influence covers ``node_threshold``; edges
+    between kept nodes while their score (the 4th item of an edge, default ``|weight|``) covers
+    ``edge_threshold``; nodes left without a kept edge are hidden (targets stay)."""
+    free = [n for n in nodes if n["kind"] not in ("embedding", "target")]
+    mask = cover([abs(float(n["influence"])) for n in free], node_threshold)
+    keep = {str(n["id"]) for n, m in zip(free, mask) if m} | {str(n["id"]) for n in nodes
+                                                               if n["kind"] in ("embedding", "target")}
+    inner = [(str(e[0]), str(e[1]), float(e[2]), abs(float(e[3] if len(e) > 3 else e[2]))) for e in edges
+             if str(e[0]) in keep and str(e[1]) in keep]
+    kept = [(s, t, w) for (s, t, w, _), m in zip(inner, cover([e[3] for e in inner], edge_threshold)) if m]
     touched = {e[0] for e in kept} | {e[1] for e in kept}
     kind = {str(n["id"]): n["kind"] for n in nodes}
     shown = {i for i in keep if i in touched or kind[i] == "target"}
@@ -82,7 +92,8 @@ def graph_page(nodes: Sequence[Mapping[str, Any]], edges: Sequence[Sequence[Any]
     """The page as one HTML string. ``nodes``: dicts with ``id``, ``kind`` (embedding / feature / error / target),
     ``layer`` (-1 for embeddings; targets above the last layer), ``position``, ``influence``, and optionally
     ``label``, ``activation``, ``feature`` and ``contexts`` (a list of strings). ``edges``: ``(source, target,
-    weight)`` direct effects. ``tokens``: the prompt's tokens, one per position (column labels)."""
+    weight)`` direct effects, or ``(source, target, weight, score)`` with the score edges are pruned by (default
+    ``|weight|``; an attribution graph passes its edge influence). ``tokens``: the prompt's tokens, one per position (column labels)."""
     _check(nodes, edges)
     for name, v in (("node_threshold", node_threshold), ("edge_threshold", edge_threshold)):
         if not 0.0 < v <= 1.0:
@@ -91,7 +102,8 @@ def graph_page(nodes: Sequence[Mapping[str, Any]], edges: Sequence[Sequence[Any]
               "influence": _num(n["influence"]), "activation": _num(n.get("activation", 0.0)),
               "label": str(n.get("label", n["id"])), "feature": n.get("feature"),
               "contexts": [str(c) for c in n.get("contexts", [])][:10]} for n in nodes]
-    data = {"nodes": clean, "edges": [[str(s), str(t), _num(w)] for s, t, w in edges], "tokens": list(map(str, tokens)),
+    data = {"nodes": clean, "edges": [[str(e[0]), str(e[1]), _num(e[2])] + ([_num(e[3])] if len(e) > 3 else [])
+                                      for e in edges], "tokens": list(map(str, tokens)),
             "supernodes": {str(k): [str(m) for m in v] for k, v in (supernodes or {}).items()},
             "node": node_threshold, "edge": edge_threshold}
     blob = json.dumps(data).replace("</", "<\\/")
@@ -127,18 +139,23 @@ const ctl = {node: document.getElementById('node'), edge: document.getElementByI
              group: document.getElementById('group')};
 ctl.node.value = hash.get('node') || D.node; ctl.edge.value = hash.get('edge') || D.edge;
 ctl.group.checked = hash.get('group') === '1';
+function cover(scores, fraction){
+  const pos = scores.filter(x => x > 0).sort((a, b) => b - a); const total = pos.reduce((a, b) => a + b, 0);
+  if (total <= 0) return scores.map(() => false);
+  let acc = 0, k = 0;
+  for (const x of pos){ acc += x; if (acc / total >= fraction) break; k++; }
+  const cut = pos[Math.min(k, pos.length - 1)];
+  return scores.map(x => x >= cut && x > 0);
+}
 function prune(nt, et){
-  const ranked = D.nodes.filter(n => n.kind !== 'target').sort((a, b) =>
-    (Math.abs(b.influence) - Math.abs(a.influence)) || (a.id < b.id ? -1 : a.id > b.id ? 1 : 0));
-  const total = ranked.reduce((s, n) => s + Math.abs(n.influence), 0);
-  const keep = new Set(D.nodes.filter(n => n.kind === 'target').map(n => n.id));
-  let acc = 0;
-  for (const n of ranked){ if (total > 0 && acc >= nt * total) break; keep.add(n.id); acc += Math.abs(n.influence); }
-  const inner = D.edges.filter(e => keep.has(e[0]) && keep.has(e[1])).sort((a, b) =>
-    (Math.abs(b[2]) - Math.abs(a[2])) || (a[0] < b[0] ? -1 : a[0] > b[0] ? 1 : (a[1] < b[1] ? -1 : a[1] > b[1] ? 1 : 0)));
-  const tot = inner.reduce((s, e) => s + Math.abs(e[2]), 0);
-  const kept = []; acc = 0;
-  for (const e of inner){ if (tot > 0 && acc >= et * tot) break; kept.push(e); acc += Math.abs(e[2]); }
+  const always = n => n.kind === 'embedding' || n.kind === 'target';
+  const free = D.nodes.filter(n => !always(n));
+  const m = cover(free.map(n => Math.abs(n.influence)), nt);
+  const keep = new Set(D.nodes.filter(always).map(n => n.id));
+  free.forEach((n, i) => { if (m[i]) keep.add(n.id); });
+  const inner = D.edges.filter(e => keep.has(e[0]) && keep.has(e[1]));
+  const em = cover(inner.map(e => Math.abs(e.length > 3 ? e[3] : e[2])), et);
+  const kept = inner.filter((e, i) => em[i]).map(e => [e[0], e[1], e[2]]);
   const touched = new Set(); kept.forEach(e => { touched.add(e[0]); touched.add(e[1]); });
   const shown = [...keep].filter(i => touched.has(i) || byId[i].kind === 'target');
   return [shown, kept];
@@ -218,4 +235,4 @@ draw();
 """
 
 
-__all__ = ["graph_page", "grouped", "prune"]
+__all__ = ["cover", "graph_page", "grouped", "prune"]
