@@ -8,6 +8,7 @@ and data fingerprint a resumed run must match).
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -78,10 +79,13 @@ def load_checkpoint(path: str | os.PathLike, params: dict[str, torch.nn.Paramete
     if not (p / "state.json").exists():
         raise FileNotFoundError(f"{p} is not a tune checkpoint (no state.json); pass a checkpoint-N folder")
     saved = read_json(p / "state.json")
-    for key, want in meta.items():
-        if saved.get(key) != want:
-            raise ValueError(f"checkpoint {p} was written with another {key} ({saved.get(key)!r}, this run "
-                             f"{want!r}); resume with the same config and data, or start afresh")
+    for key, want in json.loads(json.dumps(meta)).items():  # as JSON holds it (tuples as lists)
+        have = saved.get(key)
+        if have != want:
+            what = [f"{k}: {have.get(k)!r} vs {want.get(k)!r}" for k in want if have.get(k) != want.get(k)] \
+                if isinstance(have, dict) and isinstance(want, dict) else [f"{have!r} vs {want!r}"]
+            raise ValueError(f"checkpoint {p} was written with another {key} ({'; '.join(what)}, checkpoint vs "
+                             f"this run); resume with the same config and data, or start afresh")
     tensors = read_safetensors(p / "trainable.safetensors")
     if set(tensors) != set(params):
         raise ValueError(f"checkpoint {p} holds other trainable weights than this model "
