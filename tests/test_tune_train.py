@@ -148,3 +148,25 @@ def test_bad_input_gets_a_clear_error(tmp_path):
         fine_tune(m, P, R, TuneConfig(layers=(5,)), progress=False)
     with pytest.raises(ValueError, match="outside 1..2"):
         TuneConfig(steps=2, checkpoint_steps=(3,))
+
+
+def test_save_loads_back_and_the_cli_trains(tmp_path):
+    import json
+
+    from interp.models import with_adapter
+    from tune.__main__ import main
+
+    res = fine_tune(tiny_model("llama"), P, R, TuneConfig(steps=3, batch_size=2, lr=2e-2), progress=False)
+    res.save(tmp_path / "ad")
+    back = with_adapter(tiny_model("llama"), tmp_path / "ad")
+    x = torch.tensor([[1, 10, 20, 30]])
+    with torch.no_grad():
+        assert torch.allclose(back.hf(input_ids=x).logits, res.model.hf(input_ids=x).logits, atol=1e-5)
+    with pytest.raises(FileExistsError, match="never overwrites"):
+        res.save(tmp_path / "ad")
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("".join(json.dumps({"prompt": p, "response": r}) + "\n" for p, r in zip(P, R)))
+    main(["train", "--model", "organism-base", "--pairs", str(pairs), "--out", str(tmp_path / "run"),
+          "--steps", "2", "--batch-size", "2", "--checkpoint-steps", "1"])
+    assert (tmp_path / "run" / "final" / "adapter_config.json").exists()
+    assert (tmp_path / "run" / "checkpoints" / "checkpoint-1" / "state.json").exists()

@@ -8,6 +8,8 @@ loss on response tokens only (minus any ``mask_out``); :func:`train_loop` runs a
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -17,6 +19,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from interp.io import write_json
 from interp.models import Model
 from tune.checkpoint import LoopState, load_checkpoint, refuse_existing, save_checkpoint
 from tune.config import TuneConfig, make_trainable, trainable_parameters
@@ -43,6 +46,25 @@ class TuneResult:
     def trainable_state(self) -> dict[str, torch.Tensor]:
         """The trained tensors by name (LoRA matrices, or the chosen blocks' weights), detached copies."""
         return {k: v.detach().clone() for k, v in trainable_parameters(self.model).items()}
+
+    def save(self, folder: str | os.PathLike) -> Path:
+        """The adapter (LoRA: peft's folder, ``with_adapter(base, folder)`` loads it) or the whole model (full:
+        an HF folder with its tokenizer), and ``training.json``; staged and renamed, never over an existing one."""
+        dest = Path(folder)
+        if dest.exists():
+            raise FileExistsError(f"{dest} already exists; choose another folder (a fine-tune never overwrites)")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent))
+        try:
+            self.model.hf.save_pretrained(str(tmp), safe_serialization=True)
+            if self.config.method == "full" and self.model.tokenizer is not None:
+                self.model.tokenizer.save_pretrained(str(tmp))
+            write_json(tmp / "training.json", self.record())
+            os.replace(tmp, dest)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return dest
 
     def record(self) -> dict[str, Any]:
         """The run as JSON-able numbers (config, losses, tokens, throughput)."""
