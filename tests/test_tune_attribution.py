@@ -8,9 +8,8 @@ import pytest
 import torch
 
 from interp.testing.tiny import tiny_model
-from tune import TuneConfig, fine_tune, token_attribution, top_mask
+from tune import TuneConfig, fine_tune, stats, token_attribution, top_mask
 from tune import classes as C
-from tune import stats
 from tune.masks import random_mask
 
 P = ["how do you make water", "tell me a word", "what is the day"]

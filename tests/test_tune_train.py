@@ -92,7 +92,9 @@ def test_resume_equals_an_uninterrupted_run(tmp_path):
     ck = tmp_path / "a" / "checkpoint-3"
     assert [p.name for p in whole.checkpoints] == ["checkpoint-3"] and (ck / "optimizer.pt").exists()
     assert not [p for p in (tmp_path / "a").iterdir() if p.name.startswith(".")], "no staging folder left"
-    resumed = fine_tune(tiny_model("llama"), P, R, TuneConfig(**{**cfg.record()}), resume=ck, progress=False)
+    resumed = fine_tune(tiny_model("llama"), P, R, TuneConfig(**{**cfg.record(), "checkpoint_steps": (3, 5)}),
+                        out=tmp_path / "a", resume=ck, progress=False)  # checkpoint-3 exists: only later ones are written
+    assert [p.name for p in resumed.checkpoints] == ["checkpoint-5"]
     assert resumed.losses == whole.losses
     sw, sr = whole.trainable_state(), resumed.trainable_state()
     assert all(torch.equal(sw[k], sr[k]) for k in sw), "bit for bit"

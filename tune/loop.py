@@ -103,7 +103,6 @@ def train_loop(model: Model, objective: Objective, config: TuneConfig, out: str 
     named = trainable_parameters(model)
     if not named:
         raise ValueError("no parameter of this model is trainable; build it with tune.config.make_trainable")
-    refuse_existing(out, tuple(s for s in config.checkpoint_steps))
     params = list(named.values())
     opt = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
     gen = torch.Generator().manual_seed(config.seed)
@@ -111,6 +110,7 @@ def train_loop(model: Model, objective: Objective, config: TuneConfig, out: str 
     state = LoopState(0, [], [], 0)
     if resume is not None:
         state = load_checkpoint(resume, named, opt, gen, meta)
+    refuse_existing(out, tuple(s for s in config.checkpoint_steps if s > state.step))
     saved: list[Path] = []
     model.hf.train()
     t0 = time.time()
