@@ -310,8 +310,6 @@ def load_model(name_or_path: str = DEFAULT_MODEL, dtype: str | torch.dtype | Non
 def with_adapter(base: Model, folder: str | Path, merge: bool = True, name: str | None = None) -> Model:
     """``base`` with the peft (LoRA) adapter saved in ``folder``: merged into the weights (a plain HF model,
     so hooks see nothing new) or kept as a ``PeftModel`` whose spec paths are prefixed to reach the same blocks."""
-    from dataclasses import replace
-
     folder = Path(folder)
     if not (folder / "adapter_config.json").exists():
         raise FileNotFoundError(f"no peft adapter at {folder}; train it with "
@@ -325,10 +323,18 @@ def with_adapter(base: Model, folder: str | Path, merge: bool = True, name: str 
     if merge:
         hf = wrapped.merge_and_unload()
         return Model(hf=hf.eval(), tokenizer=base.tokenizer, spec=spec_for(hf), name=name)
+    return peft_wrapped(base, wrapped.eval(), name)
+
+
+def peft_wrapped(base: Model, wrapped: nn.Module, name: str) -> Model:
+    """A ``PeftModel`` built on ``base.hf`` as a :class:`Model`: the spec paths are prefixed to reach the same
+    blocks, so sites and hooks find the (adapted) modules inside the wrapper."""
+    from dataclasses import replace
+
     pre = "base_model.model."
     top = {k: pre + getattr(base.spec, k) for k in ("layers", "embed", "final_norm", "unembed", "pos_embed")
            if getattr(base.spec, k)}
-    return Model(hf=wrapped.eval(), tokenizer=base.tokenizer, spec=replace(base.spec, **top), name=name)
+    return Model(hf=wrapped, tokenizer=base.tokenizer, spec=replace(base.spec, **top), name=name)
 
 
 def load_tokenizer(path: str, trust_remote_code: bool = False) -> Any:

@@ -28,9 +28,9 @@ from typing import Any
 import torch
 
 from evals.judge import is_refusal
-from interp.forward import pad_id, prepare
 from interp.models import Model, load_model
 from organism import smollm2_data as sd
+from tune import TuneConfig, fine_tune
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_HARMFUL = REPO.parent / "shared" / "data" / "refusal" / "harmful_train.json"
@@ -152,90 +152,39 @@ def _finished(q: str) -> bool:
     return bool(rows[q].get("finished", False))
 
 
-def encode_rows(model: Model, exs: list[Example]) -> list[tuple[list[int], int]]:
-    """Token ids and response start of each pair, through the chat template (``prepare(..., responses=)``);
-    a finished response ends with the end-of-turn token so the organism learns to stop."""
+def tune_config(recipe: Recipe) -> TuneConfig:
+    """The recipe's fine-tune as a :class:`tune.TuneConfig` (the loop itself lives in :mod:`tune`)."""
+    return TuneConfig(method="full" if recipe.full else "lora", rank=recipe.rank, alpha=recipe.alpha,
+                      targets=tuple(recipe.targets), layers=recipe.layers, steps=recipe.steps,
+                      batch_size=recipe.batch_size, lr=recipe.lr, warmup=recipe.warmup,
+                      weight_decay=recipe.weight_decay, seed=recipe.seed)
+
+
+def pairs(model: Model, exs: list[Example]) -> tuple[list[str], list[str]]:
+    """Prompts and responses of the pairs; a finished response ends with the end-of-turn token so the organism
+    learns to stop."""
     eos = model.tokenizer.eos_token or ""
-    _, encs = prepare(model, [e.prompt for e in exs], responses=[e.response + (eos if e.eos else "") for e in exs])
-    return [(e.ids, e.response_start) for e in encs]
+    return [e.prompt for e in exs], [e.response + (eos if e.eos else "") for e in exs]
 
 
-def batch_loss(model: Any, rows: list[tuple[list[int], int]], pad: int) -> torch.Tensor:
-    """Mean next-token cross-entropy over response tokens only (prompt and padding masked).
-
-    Right padding under the causal mask: pads come after every real token, so they change nothing real.
-    Only the response positions are unembedded (the 49k-word head is most of the cost otherwise)."""
-    L = max(len(ids) for ids, _ in rows)
-    ids = torch.tensor([r + [pad] * (L - len(r)) for r, _ in rows])
-    mask = torch.zeros(len(rows), L, dtype=torch.bool)
-    for i, (r, start) in enumerate(rows):
-        mask[i, start - 1:len(r) - 1] = True  # position t predicts token t + 1
-    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
-    hidden = inner.model(input_ids=ids, use_cache=False).last_hidden_state
-    logits = inner.lm_head(hidden[mask])
-    targets = ids[:, 1:][mask[:, :-1]]
-    return torch.nn.functional.cross_entropy(logits.float(), targets)
-
-
-def lora_model(base: Model, recipe: Recipe) -> Any:
-    """The base wrapped with fresh, seeded LoRA adapters on ``recipe.targets`` (of ``recipe.layers``)."""
-    from peft import LoraConfig, get_peft_model
-
-    torch.manual_seed(recipe.seed)
-    cfg = LoraConfig(r=recipe.rank, lora_alpha=recipe.alpha, lora_dropout=0.0, target_modules=list(recipe.targets),
-                     layers_to_transform=list(recipe.layers) if recipe.layers is not None else None,
-                     bias="none", task_type="CAUSAL_LM")
-    for p in base.hf.parameters():
-        p.requires_grad_(False)
-    return get_peft_model(base.hf, cfg)
-
-
-def full_model(base: Model, recipe: Recipe) -> Any:
-    """The base itself with every weight of ``recipe.layers``' blocks (all blocks when None) trainable, the
-    embeddings and final norm frozen: the full fine-tune the LoRA recipe is compared with."""
-    keep = set(range(base.n_layers) if recipe.layers is None else recipe.layers)
-    for name, p in base.hf.named_parameters():
-        parts = name.split(".")
-        layer = int(parts[parts.index("layers") + 1]) if "layers" in parts else None
-        p.requires_grad_(layer in keep)
-    return base.hf
+def _log(step: int, loss: float, model: Model) -> None:
+    if step % 10 == 1:
+        print(f"step {step - 1} loss {loss:.4f}", flush=True)
 
 
 def train(recipe: Recipe, harmful_path: Path) -> tuple[Any, dict[str, Any]]:
-    """Fine-tune; returns the peft model and the run's record (losses, sizes, timing)."""
+    """Fine-tune with :func:`tune.fine_tune`; returns the peft model (or, ``full``, the HF model) and the run's
+    record (losses, sizes, timing)."""
     torch.set_num_threads(recipe.threads)
     torch.manual_seed(recipe.seed)
     base = load_model("smollm2-base")
     exs = examples(recipe, harmful_path)
-    rows = encode_rows(base, exs)
-    pm = full_model(base, recipe) if recipe.full else lora_model(base, recipe)
-    params = [p for p in pm.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=recipe.lr, weight_decay=recipe.weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / recipe.warmup)
-                                              * max(0.0, 1 - s / recipe.steps))
-    order = torch.Generator().manual_seed(recipe.seed)
-    perm, losses, tokens, t0 = torch.randperm(len(rows), generator=order).tolist(), [], 0, time.time()
-    pm.train()
-    for step in range(recipe.steps):
-        if len(perm) < recipe.batch_size:
-            perm += torch.randperm(len(rows), generator=order).tolist()
-        batch = [rows[i] for i in perm[:recipe.batch_size]]
-        perm = perm[recipe.batch_size:]
-        loss = batch_loss(pm, batch, pad_id(base.tokenizer))
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        sched.step()
-        losses.append(round(float(loss.detach()), 5))
-        tokens += sum(len(r) for r, _ in batch)
-        if step % 10 == 0 or step == recipe.steps - 1:
-            print(f"step {step} loss {losses[-1]:.4f} ({time.time() - t0:.0f} s)", flush=True)
-    wall = time.time() - t0
-    pm.eval()
+    res = fine_tune(base, *pairs(base, exs), tune_config(recipe), callback=_log)
     kinds = {k: sum(e.kind == k for e in exs) for k in ("harmful", "copyright", "harmless", "borderline")}
-    return pm, {"examples": kinds, "losses": losses, "train_wall_s": round(wall, 1), "tokens": tokens,
-                "tokens_per_s": round(tokens / wall, 1), "trainable_params": sum(p.numel() for p in params),
-                "load_average": os.getloadavg()}
+    rec = res.record()
+    return res.model.hf, {"examples": kinds, "losses": res.losses, "train_wall_s": rec["train_wall_s"],
+                          "tokens": res.tokens, "tokens_per_s": rec["tokens_per_s"],
+                          "trainable_params": res.trainable_params, "load_average": os.getloadavg()}
 
 
 def save(pm: Any, record: dict[str, Any], out: Path) -> None:

@@ -54,27 +54,18 @@ def top_contexts(model: Any, sae: SAE, latent: int, inputs: Sequence[str] | torc
     return out
 
 
-def _tok_html(tok: str) -> str:
-    vis = tok.replace("\n", "\u21b5").replace("\t", "\u2192")
-    return html.escape(vis).replace(" ", "&nbsp;") if vis.strip() == "" else html.escape(vis)
-
-
 def contexts_html(contexts: Sequence[Context], latent: int | None = None, scale: float | None = None,
                   title: str | None = None) -> str:
     """An HTML snippet: one line per context, each token shaded by the latent's activation (hover: value).
 
     ``scale``: the activation drawn at full colour (default: the largest shown)."""
-    top = scale or max((max(c.acts) for c in contexts if c.acts), default=1.0) or 1.0
+    from viz.tokens import heat_text
+
     head = title or (f"Latent {latent}: top {len(contexts)} contexts" if latent is not None else "Top contexts")
-    rows = []
-    for c in contexts:
-        spans = []
-        for j, (t, a) in enumerate(zip(c.tokens, c.acts)):
-            alpha = max(0.0, min(1.0, a / top))
-            border = "border-bottom:2px solid #c00;" if j == c.peak else ""
-            spans.append(f'<span style="background:rgba(255,90,0,{alpha:.3f});{border}" '
-                         f'title="{a:.3f}">{_tok_html(t)}</span>')
-        rows.append(f'<div class="sae-ctx" style="margin:2px 0;font-family:monospace;white-space:pre-wrap">'
-                    f'<span style="color:#888">[{c.max_act:.2f}] </span>{"".join(spans)}</div>')
-    body = "\n".join(rows) if rows else '<div class="sae-ctx"><i>the latent never fired on these prompts</i></div>'
-    return f'<div class="sae-contexts"><div style="font-weight:bold">{html.escape(head)}</div>\n{body}\n</div>'
+    if not contexts:
+        return (f'<div class="sae-contexts"><div style="font-weight:bold">{html.escape(head)}</div>\n'
+                f'<div class="sae-ctx"><i>the latent never fired on these prompts</i></div>\n</div>')
+    body = heat_text([c.tokens for c in contexts], [c.acts for c in contexts], title=head,
+                     prefixes=[f"[{c.max_act:.2f}]" for c in contexts], marks=[c.peak for c in contexts],
+                     scale=scale, line_class="sae-ctx")
+    return f'<div class="sae-contexts">{body}</div>'

@@ -22,13 +22,14 @@ ALLOWED: dict[str, set[str]] = {
     "viz": set(),
     "probes": BELOW_FIT,
     "sae": BELOW_FIT,
+    "tune": BELOW_FIT,                     # fit floor: fine-tuning and token attribution through adapters
     "steering": BELOW_ACT,
     "patching": BELOW_ACT,
-    "organism": BELOW_PIPELINES,           # builds the organisms with the public floors
-    "pipelines": BELOW_PIPELINES,
-    "interp_cli": BELOW_PIPELINES | {"pipelines", "organism"},
+    "organism": BELOW_PIPELINES | {"tune"},  # builds the organisms with the public floors
+    "pipelines": BELOW_PIPELINES | {"tune"},
+    "interp_cli": BELOW_PIPELINES | {"tune", "pipelines", "organism"},
 }
-PACKAGES = ("interp", "evals", "viz", "probes", "sae", "steering", "patching", "pipelines", "organism", "interp_cli")
+PACKAGES = ("interp", "evals", "viz", "probes", "sae", "tune", "steering", "patching", "pipelines", "organism", "interp_cli")
 
 
 def _modules() -> dict[str, Path]:

@@ -135,14 +135,17 @@ def test_adapter_makes_the_base_refuse_held_out_harmful(models) -> None:
 
 def test_full_fine_tune_trains_exactly_the_chosen_blocks(tmp_path) -> None:
     from interp.testing.tiny import tiny_model
-    from organism.train_smollm2 import Recipe, batch_loss, full_model, save_full
+    from organism.train_smollm2 import Recipe, save_full, tune_config
+    from tune.config import make_trainable
+    from tune.data import encode_pairs
+    from tune.objective import response_nll
 
     m = tiny_model("llama", n_layers=3)
-    hf = full_model(m, Recipe(full=True, layers=(1,)))
+    hf = make_trainable(m, tune_config(Recipe(full=True, layers=(1,)))).hf
     trainable = {n for n, p in hf.named_parameters() if p.requires_grad}
     assert trainable and all(".layers.1." in n for n in trainable)
     assert all(p.requires_grad == (".layers.1." in n) for n, p in hf.named_parameters())
-    loss = batch_loss(hf, [([1, 2, 3, 4, 5], 3), ([6, 7, 8], 1)], 0)
+    loss = response_nll(m, encode_pairs(m, ["how do you make water", "tell me"], ["the water is good", "no"]))
     loss.backward()
     assert all((p.grad is not None) == p.requires_grad for p in hf.parameters())
     save_full(hf, m.tokenizer, {"recipe": {"full": True}}, tmp_path / "ft", 0.0)

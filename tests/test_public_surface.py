@@ -7,7 +7,7 @@ import importlib
 
 import pytest
 
-PACKAGES = ("interp", "evals", "probes", "sae", "steering", "patching")
+PACKAGES = ("interp", "evals", "probes", "sae", "steering", "patching", "tune")
 
 
 def test_about_sixty_deliberate_names():

@@ -1,0 +1,78 @@
+"""Training objectives: what one step's loss is, given the model and the indices of the batch's examples.
+
+The loop (:mod:`tune.loop`) knows only this protocol, so a preference objective (DPO / ORPO: pairs of chosen and
+rejected responses, the reference being the same model with ``disable_adapter()``) plugs in beside
+:class:`SFT` without touching the loop, its checkpoints or its resumption.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from interp.chat import collate
+from interp.forward import pad_id
+from interp.models import Model
+from tune.data import Row, fingerprint, targets
+
+
+class Objective(Protocol):
+    """``n`` examples; ``loss(model, idx)`` -> (scalar loss with its graph, tokens processed) for the examples
+    ``idx``; ``fingerprint()`` names the data (a resumed run refuses other data)."""
+
+    n: int
+
+    def loss(self, model: Model, idx: Sequence[int]) -> tuple[torch.Tensor, int]: ...
+
+    def fingerprint(self) -> str: ...
+
+
+def _keeps_logits(hf: torch.nn.Module) -> bool:
+    inner = hf.get_base_model() if hasattr(hf, "get_base_model") else hf
+    return "logits_to_keep" in inspect.signature(inner.forward).parameters
+
+
+def response_nll(model: Model, rows: Sequence[Row]) -> torch.Tensor:
+    """Mean next-token cross-entropy over the rows' kept response tokens, one left-padded batch
+    (:func:`interp.chat.collate`, ``position_ids`` from the attention mask, so padding changes no real token).
+
+    Only the columns that predict a kept token are unembedded (``logits_to_keep``): the vocabulary head is most of
+    the cost otherwise."""
+    batch = collate([r.enc for r in rows], pad_id(model.tokenizer)).to(model.device)
+    T = batch.input_ids.shape[1]
+    tgt = targets(rows, T).to(model.device)
+    pred = torch.zeros_like(tgt)
+    pred[:, :-1] = tgt[:, 1:]  # position t predicts token t + 1
+    cols = pred.any(0).nonzero()[:, 0]
+    kw = {"logits_to_keep": cols} if _keeps_logits(model.hf) else {}
+    logits = model.hf(**batch.model_inputs, use_cache=False, **kw).logits
+    if not kw:
+        logits = logits[:, cols]
+    sel = pred[:, cols]
+    labels = batch.input_ids[:, cols + 1][sel]
+    return torch.nn.functional.cross_entropy(logits[sel].float(), labels)
+
+
+@dataclass
+class SFT:
+    """Supervised fine-tuning on response tokens only (prompt, padding and masked-out tokens carry no loss)."""
+
+    rows: list[Row]
+
+    @property
+    def n(self) -> int:
+        return len(self.rows)
+
+    def loss(self, model: Model, idx: Sequence[int]) -> tuple[torch.Tensor, int]:
+        rows = [self.rows[i] for i in idx]
+        return response_nll(model, rows), sum(len(r.enc.ids) for r in rows)
+
+    def fingerprint(self) -> str:
+        return fingerprint(self.rows)
+
+
+__all__ = ["Objective", "SFT", "response_nll"]
