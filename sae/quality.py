@@ -91,7 +91,7 @@ def evaluate(sae: SAE, x: Float[torch.Tensor, "n d"] | Any, batch_size: int = 40
         on = z > 0
         counts += on.sum(0).double().cpu()
         active += float(on.sum())
-        out = sae.decode(z) if target is None else sae.decode(z, xb)
+        out = sae.decode(z, xb) if getattr(sae, "W_skip", None) is not None else sae.decode(z)
         sq_err += float((out - y[a:a + batch_size].to(out)).double().pow(2).sum())
     freq = (counts / n).float()
     return SAEMetrics(l0=active / n, fvu=sq_err / max(var, 1e-30), mse=sq_err / n,

@@ -156,7 +156,9 @@ def load_saelens(path: str | os.PathLike, device: str | torch.device | None = No
     The loaded SAE reads raw activations: decoder-norm rescaling, the old ``scaling_factor`` and
     ``expected_average_only_in`` normalisation (``norm_scaling_factor`` or the
     folder's ``activation_scaler.json``) are folded into the weights. Its ``hook_name`` becomes our site
-    (``interp.sites.parse_site``); pass ``site=`` to override it.
+    (``interp.sites.parse_site``); pass ``site=`` to override it. A transcoder folder loads as a
+    :class:`~sae.transcoder.Transcoder` (``hook_name`` its input site, ``hook_name_out`` its site; ``site=``
+    overrides the latter).
     """
     p = Path(path)
     cfg = _read_cfg(p)

@@ -15,11 +15,20 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from interp.capture import capture
 from interp.forward import Inputs
 from interp.sites import Site
-from sae.trainer import TrainConfig, Trainer, TrainResult, train_sae
+from sae.train_config import TrainConfig, TrainResult
+from sae.trainer import Trainer, train_sae
 from sae.transcoder import Transcoder, TranscoderConfig
+
+# The encoder starts at this fraction of the decoder's transpose, so the untrained latents add little noise to the
+# prediction (an SAE's starting point is near the identity; a transcoder's is not). Started at the full transpose,
+# JumpReLU's thresholds first rise to silence that noise and L0 collapses: on the organism's layer 0 after 200 steps,
+# FVU 0.146 at L0 4.8 vs 0.018 at L0 16.2 (target 16) with 0.3; TopK is unchanged (0.015).
+ENCODER_INIT = 0.3
 
 
 def pair_sites(layer: int) -> tuple[str, str]:
@@ -90,6 +99,8 @@ def fit_transcoder(data: Any, layer: int = 0, cfg: TrainConfig | None = None, sk
     tcfg = TranscoderConfig(d_in=d, d_sae=cfg.d_sae or cfg.expansion * d, arch=cfg.arch, k=k, layer=layer, skip=skip,
                             input_site=sites[0], site=sites[1], model_id=model_id or getattr(data, "model_id", ""))
     tc = Transcoder(tcfg, seed=cfg.seed)
+    with torch.no_grad():
+        tc.W_enc.mul_(ENCODER_INIT)
     return train_sae(data, cfg, out_dir=out_dir, resume=resume, callback=callback, sae=tc, fresh=True)
 
 
@@ -131,10 +142,11 @@ def train_transcoder(model: Any, inputs: Inputs, layers: int | Sequence[int] | N
     ``out_dir``: each layer's checkpoints and result under ``OUT/layer_L``. Keyword overrides set ``TrainConfig``
     fields, e.g. ``train_transcoder(model, ids, arch="jumprelu", k=16, total_tokens=100_000)``."""
     layers = check_layers(model, layers)
+    cfg = TrainConfig(**{**asdict(cfg or TrainConfig()), **overrides, "site": None, "target_site": None})  # per layer
     pairs = capture_pairs(model, inputs, layers, batch_size=capture_batch_size, chat=chat)
     results = {}
     for layer in layers:
         sub = None if out_dir is None else Path(out_dir) / f"layer_{layer}"
         results[layer] = fit_transcoder(pairs, layer, cfg, skip=skip, out_dir=sub, resume=resume,
-                                        model_id=getattr(model, "name", ""), **overrides)
+                                        model_id=getattr(model, "name", ""))
     return TranscoderTraining(results)

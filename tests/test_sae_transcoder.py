@@ -2,8 +2,10 @@
 quality metrics with every MLP replaced (CE checked against a plain HF forward with module hooks), resumption and
 bad input. Formats are in test_sae_transcoder_formats.py.
 
-Figures (organism, 4 layers, d_sae 256, k 16, 300 steps of 256 tokens; held-out chat prompts): FVU of the MLP
-output 0.01-0.05 per layer, CE 2.077 clean / 2.092 replaced / 6.618 MLPs zeroed: 0.997 of the loss recovered.
+Figures (organism, a trained 4-layer width-64 Llama; TopK d_sae 256, k 16, 300 steps of 256 tokens; 48 held-out
+chat prompts): FVU of the MLP output 0.011 / 0.051 / 0.029 / 0.038 by layer (a random transcoder: > 1); CE 2.091
+nats clean, 2.062 with all four MLPs replaced, 6.609 with them zeroed: 1.006 of the loss recovered. Layer 0 after
+200 steps, no skip / skip: TopK 0.016 / 0.014, JumpReLU 0.018 / 0.015 at L0 16.2 / 16.3.
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ def test_training_lowers_the_fvu_of_every_mlp_output(organism, trained):
     df = q.to_frame()
     print(df[["layer", "fvu", "l0", "dead_fraction"]])
     assert list(df.layer) == [0, 1, 2, 3] and (df.fvu < 0.15).all() and (abs(df.l0 - 16) < 0.5).all()
-    assert (df.dead_fraction < 0.2).all()
+    assert (df.dead_fraction < 0.3).all()  # never fired on ~1100 held-out tokens
     untrained = Transcoder(trained[0].cfg, seed=3)  # same shape, random weights: far worse, so the test can fail
     x, y = _xy(capture_pairs(m, val, [0], chat=True))
     assert evaluate(untrained, x, target=y).fvu > 1.0
@@ -81,9 +83,9 @@ def test_skip_and_no_skip_train(pairs, arch):
     l0 = {s: evaluate(r.sae, xe, target=ye).l0 for s, r in res.items()}
     print(arch, "FVU no skip / skip", fvu, "L0", l0)
     assert res[False].sae.W_skip is None and float(res[True].sae.W_skip.detach().abs().sum()) > 0  # the skip was trained
-    assert fvu[False] < 0.15 and fvu[True] < 0.15 and fvu[True] < 1.2 * fvu[False]
+    assert fvu[False] < 0.05 and fvu[True] < 0.05 and fvu[True] < 1.2 * fvu[False]
     if arch == "jumprelu":
-        assert all(4 < v < 40 for v in l0.values())  # near the L0 target k=16
+        assert all(10 < v < 24 for v in l0.values())  # near the L0 target k=16
     with pytest.raises(ValueError, match="skip connection: pass the MLP input"):
         res[True].sae.decode(res[True].sae.encode(xe))
 
@@ -151,8 +153,9 @@ def test_ce_recovered_with_every_mlp_replaced_matches_a_hand_computation(organis
     print(ce.to_frame())
     for mode, ours in (("clean", ce.clean), ("replaced", ce.sae), ("zero", ce.zero_ablated)):
         assert ours == pytest.approx(_hand_ce(m, val, tcs, mode), rel=1e-5), mode
-    assert ce.clean < ce.sae < ce.zero_ablated and ce.clean < ce.mean_ablated
-    assert 0.9 < ce.recovered_zero <= 1.0 and 0.9 < ce.recovered_mean <= 1.0
+    # replaced within a tenth of the ablations' gap of clean (it may land a little below clean on held-out prompts)
+    assert ce.clean < ce.mean_ablated < ce.zero_ablated and abs(ce.sae - ce.clean) < 0.1 * (ce.mean_ablated - ce.clean)
+    assert 0.9 < ce.recovered_zero < 1.1 and 0.9 < ce.recovered_mean < 1.1
     one = ce_loss_recovered_transcoders(m, {1: tcs[1]}, val[:8], chat=True)  # a dict replaces only those layers
     assert one.n_predictions > 0 and one.sae < one.zero_ablated
 
