@@ -221,3 +221,21 @@ def test_bad_input_gets_clear_errors(tiny_models, organism):
     with pytest.raises(ValueError, match="use sae.transcoder_train.fit_transcoder"):
         from sae.trainer import train_sae
         train_sae((x, x), total_tokens=256, batch_size=64)
+
+
+def test_pairs_stream_from_a_store(tmp_path, tiny_models):
+    from sae.stream import TokenStream
+
+    m = tiny_models("llama")
+    ids = torch.randint(7, 256, (24, 16), generator=torch.Generator().manual_seed(2))
+    store = capture_pairs(m, ids, [0, 1], batch_size=6, out=tmp_path / "pairs")  # 4 shards on disk
+    mem = capture_pairs(m, ids, [0, 1])
+    x, y = _xy(mem, 1)
+    s = TokenStream(store, 64, site="mlp_in.1", target_site="mlp_module_out.1", buffer_tokens=128)
+    assert (s.d, s.d_out) == (64, 64)
+    xb, yb = s.split(next(s))
+    idx = torch.cdist(xb, x).argmin(1)  # each streamed input row is a captured one, with its own output beside it
+    torch.testing.assert_close(xb, x[idx], atol=1e-6, rtol=0)
+    torch.testing.assert_close(yb, y[idx], atol=1e-6, rtol=0)
+    r = fit_transcoder(store, 1, arch="topk", d_sae=128, k=8, total_tokens=64 * 20, batch_size=64, progress=False)
+    assert r.sae.cfg.input_site == "blocks.1.mlp.hook_in" and r.steps == 20
