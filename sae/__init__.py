@@ -1,5 +1,7 @@
 """Sparse autoencoders: train (ReLU/TopK/BatchTopK/JumpReLU), evaluate, read/write sae-lens, load
-published SAEs from the local HF cache (``from_pretrained``), analyse, intervene.
+published SAEs from the local HF cache (``from_pretrained``), analyse, intervene. Transcoders (an MLP's input ->
+its output): ``Transcoder``, ``train_transcoder``; formats in ``sae.saelens_io`` and ``sae.circuit_tracer_io``,
+quality in ``sae.transcoder_quality``.
 
 Submodules load lazily, so ``import sae`` needs neither Triton nor sae-lens. ``sae`` never imports
 ``steering``; interventions follow the shared protocol ``hook_fns(model) -> {site: fn(x, ctx)}``.
@@ -23,6 +25,8 @@ _EXPORTS = {
     "top_contexts": "sae.contexts",
     "LatentSteering": "sae.edits",
     "LatentAblation": "sae.edits",
+    "Transcoder": "sae.transcoder",
+    "train_transcoder": "sae.transcoder_train",
 }
 
 __all__ = sorted(_EXPORTS)

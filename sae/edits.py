@@ -89,6 +89,39 @@ class SAESplice:
         return {site: lambda x, ctx: _at_positions(x, f(x), self.positions)}
 
 
+class TranscoderSplice:
+    """Replace each MLP's output (``mlp_module_out.L``) by its transcoder's prediction from that MLP's input
+    (``mlp_in.L``, read in the same pass): every MLP of ``transcoders`` at once. ``transcoders``: ``{layer: tc}`` or
+    one per layer (checked by :func:`sae.transcoder.check_transcoders`). ``keep_error=True`` adds the error back
+    (outputs unchanged, the computation routed through the latents). ``last_latents``: ``{layer: z}`` of the last run."""
+
+    def __init__(self, transcoders: Any, keep_error: bool = False):
+        self.transcoders, self.keep_error = transcoders, keep_error
+        self.last_latents: dict[int, torch.Tensor] = {}
+
+    def hook_fns(self, model: Any) -> dict[str, HookFn]:
+        from interp.sites import Site
+        from sae.transcoder import check_transcoders
+
+        fns: dict[str, HookFn] = {}
+        for layer, tc in check_transcoders(model, self.transcoders).items():
+            key = f"transcoder_in.{layer}"
+
+            def stash(x: torch.Tensor, ctx: Any, key: str = key) -> None:
+                ctx.data[key] = x
+
+            def replace(y: torch.Tensor, ctx: Any, key: str = key, tc: Any = tc, layer: int = layer) -> torch.Tensor:
+                x = ctx.data.pop(key).to(tc.device)
+                z = tc.encode(x)
+                self.last_latents[layer] = z.detach()
+                pred = tc.decode(z, x).to(y.device, y.dtype)
+                return pred + (y - pred).detach() if self.keep_error else pred
+
+            fns[Site("mlp_in", layer).name] = stash
+            fns[Site("mlp_module_out", layer).name] = replace
+        return fns
+
+
 class LatentSteering:
     """Add ``coefficient * W_dec[latent]`` (the decoder vector) for each latent at the SAE's site."""
 

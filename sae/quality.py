@@ -1,4 +1,6 @@
-"""SAE quality: L0, fraction of variance unexplained, dead/dense latents, cross-entropy loss recovered."""
+"""SAE quality: L0, fraction of variance unexplained, dead/dense latents, cross-entropy loss recovered.
+
+Transcoders: ``evaluate(tc, mlp_in, target=mlp_out)`` and :mod:`sae.transcoder_quality`."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from jaxtyping import Float
 from evals.logits import cross_entropy
 from interp.chat import Batch
 from interp.forward import Inputs, batches, encodings, forward
+from interp.sites import parse_site
 from sae.model import SAE
 
 
@@ -63,29 +66,33 @@ class SAEMetrics:
 
 @torch.no_grad()
 def evaluate(sae: SAE, x: Float[torch.Tensor, "n d"] | Any, batch_size: int = 4096, dense_threshold: float = 0.1,
-             site: str | None = None) -> SAEMetrics:
+             site: str | None = None, target: Float[torch.Tensor, "n d"] | None = None) -> SAEMetrics:
     """L0, FVU, MSE and dead (never fire) / dense (fire on more than ``dense_threshold`` of tokens) fractions.
 
-    ``x``: a tensor ``[..., d]`` or ``Activations`` (``site`` picks one; real tokens only)."""
+    ``x``: a tensor ``[..., d]`` or ``Activations`` (``site`` picks one; real tokens only). ``target``: what the
+    output should be (default ``x``; a transcoder's MLP output ``[..., d]``, same tokens): FVU and MSE are of it."""
     if not isinstance(x, torch.Tensor):
         x = x.flat_tokens(site or (sae.site if sae.site in x.sites else x.sites[0]))
     x = x.reshape(-1, x.shape[-1])
+    y = x if target is None else target.reshape(-1, target.shape[-1])
     sae._check_width(x)
     n = x.shape[0]
-    if n == 0:
-        raise ValueError("no tokens to evaluate")
+    if n == 0 or y.shape != x.shape:
+        raise ValueError("no tokens to evaluate" if n == 0 else
+                         f"target {tuple(target.shape)} does not match the inputs {tuple(x.shape)}: one row per token")
     counts = torch.zeros(sae.d_sae, dtype=torch.float64)
     sq_err = 0.0
     active = 0.0
-    mean = x.double().mean(0)
-    var = float((x.double() - mean).pow(2).sum())
+    mean = y.double().mean(0)
+    var = float((y.double() - mean).pow(2).sum())
     for a in range(0, n, batch_size):
         xb = x[a:a + batch_size].to(sae.device, sae.dtype)
         z = sae.encode(xb)
         on = z > 0
         counts += on.sum(0).double().cpu()
         active += float(on.sum())
-        sq_err += float((sae.decode(z) - xb).double().pow(2).sum())
+        out = sae.decode(z, xb) if getattr(sae, "W_skip", None) is not None else sae.decode(z)
+        sq_err += float((out - y[a:a + batch_size].to(out)).double().pow(2).sum())
     freq = (counts / n).float()
     return SAEMetrics(l0=active / n, fvu=sq_err / max(var, 1e-30), mse=sq_err / n,
                       dead_fraction=float((freq == 0).float().mean()),
@@ -141,15 +148,24 @@ def ce_loss_recovered(model: Any, sae: SAE, inputs: Inputs, site: str | None = N
     from sae.edits import SAESplice, check_site
 
     site = check_site(sae, model, site)
+    return ce_recovered(model, inputs, SAESplice(sae, site=site).hook_fns(model), [site], batch_size, chat)
+
+
+@torch.no_grad()
+def ce_recovered(model: Any, inputs: Inputs, splice: dict[str, Any], sites: list[str], batch_size: int = 8,
+                 chat: bool = False) -> CELossRecovered:
+    """Next-token loss on ``inputs`` with the ``splice`` hooks (``{site: fn(x, ctx)}``) against the clean model and
+    against every one of ``sites`` zero- / mean-ablated at once (the means over real tokens of the clean run)."""
+    sites = [parse_site(s, model.n_layers).name for s in sites]
     bs = batches(model, encodings(model, inputs, chat), batch_size)
-    acc: dict[str, Any] = {"sum": None, "n": 0}
+    acc: dict[str, dict[str, Any]] = {s: {"sum": None, "n": 0} for s in sites}
     cur: dict[str, Any] = {}
 
     def collect(x: torch.Tensor, ctx: Any) -> None:
-        m = cur["mask"].to(x.device)
+        m, a = cur["mask"].to(x.device), acc[ctx.site.name]
         s = x[m].double().sum(0)
-        acc["sum"] = s if acc["sum"] is None else acc["sum"] + s
-        acc["n"] += int(m.sum())
+        a["sum"] = s if a["sum"] is None else a["sum"] + s
+        a["n"] += int(m.sum())
 
     def ce(b: Batch, fns: Any) -> tuple[float, int]:
         return cross_entropy(forward(model, b, fns), b.input_ids, predicted(b))
@@ -158,17 +174,18 @@ def ce_loss_recovered(model: Any, sae: SAE, inputs: Inputs, site: str | None = N
     n_pred = 0
     for b in bs:
         cur["mask"] = b.attention_mask.bool()
-        total, n = ce(b, {site: collect})
+        total, n = ce(b, {s: collect for s in sites})
         tot["clean"] += total
         n_pred += n
     if n_pred == 0:
         raise ValueError("no next-token predictions: give prompts of at least two tokens")
-    mean = (acc["sum"] / max(acc["n"], 1)).float()
-    splice = SAESplice(sae, site=site).hook_fns(model)
+    means = {s: (a["sum"] / max(a["n"], 1)).float() for s, a in acc.items()}
+    zero = {s: (lambda x, ctx: torch.zeros_like(x)) for s in sites}
+    mean = {s: (lambda x, ctx: means[ctx.site.name].to(x).expand_as(x).clone()) for s in sites}
     for b in bs:
         tot["sae"] += ce(b, splice)[0]
-        tot["zero"] += ce(b, {site: lambda x, ctx: torch.zeros_like(x)})[0]
-        tot["mean"] += ce(b, {site: lambda x, ctx: mean.to(x).expand_as(x).clone()})[0]
+        tot["zero"] += ce(b, zero)[0]
+        tot["mean"] += ce(b, mean)[0]
     c = {k: v / n_pred for k, v in tot.items()}
 
     def rec(abl: float) -> float:

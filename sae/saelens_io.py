@@ -4,7 +4,10 @@ We write sae-lens 6.x inference configs (``standard``, ``topk``, ``jumprelu``; B
 ``jumprelu`` with its threshold, as sae-lens does) so ``sae_lens.SAE.load_from_disk`` reads our SAEs.
 We read those, sae-lens training checkpoints (``topk``/``batchtopk`` with decoder-norm rescaling) and
 pre-6.0 configs, folding every input transform into the weights so the loaded SAE reads raw activations.
-No import of ``sae_lens`` is needed.
+Transcoders (:class:`~sae.transcoder.Transcoder`) go both ways as sae-lens 6.x's ``transcoder``,
+``skip_transcoder``, ``jumprelu_transcoder`` and ``jumprelu_skip_transcoder`` (``hook_name`` the MLP input,
+``hook_name_out`` its output in ``metadata``; sae-lens keeps ``W_skip`` as ``[d_out, d_in]``, the transpose of ours;
+sae-lens has no TopK transcoder). No import of ``sae_lens`` is needed.
 """
 
 from __future__ import annotations
@@ -18,11 +21,15 @@ from typing import Any
 import torch
 
 from sae.model import SAE, SAEConfig
+from sae.transcoder import Transcoder, TranscoderConfig
 
 CFG = "cfg.json"
 WEIGHTS = "sae_weights.safetensors"
 _ARCH_OUT = {"relu": "standard", "topk": "topk", "jumprelu": "jumprelu", "batchtopk": "jumprelu"}
 _SUPPORTED_IN = ("standard", "topk", "jumprelu", "batchtopk")
+_TC_ARCH = {("relu", False): "transcoder", ("relu", True): "skip_transcoder", ("jumprelu", False): "jumprelu_transcoder",
+            ("jumprelu", True): "jumprelu_skip_transcoder"}
+_TC_IN = {v: k for k, v in _TC_ARCH.items()}
 
 
 def _saelens_version() -> str:
@@ -42,17 +49,29 @@ def save_saelens(sae: SAE, path: str | os.PathLike, overwrite: bool = False, mod
         raise FileExistsError(f"{p} is a file; choose a folder path")
     if not overwrite and any((p / f).exists() for f in (CFG, WEIGHTS)):
         raise FileExistsError(f"{p} already holds an SAE; pass overwrite=True to replace it, or choose another path")
+    cfg, tensors = (_transcoder_files if isinstance(sae, Transcoder) else _sae_files)(sae, model_name, hook_name)
+    p.mkdir(parents=True, exist_ok=True)
+    write_safetensors(p / WEIGHTS, {k: v.detach().contiguous() for k, v in tensors.items()})
+    write_json(p / CFG, cfg)
+    return p
+
+
+def _metadata(c: SAEConfig, model_name: str | None, hook_name: str | None) -> dict[str, Any]:
+    return {"sae_lens_version": _saelens_version(), "sae_lens_training_version": _saelens_version(),
+            "model_name": model_name or c.model_id or None, "hook_name": hook_name or c.site,
+            "hook_head_index": None, "interp_arch": c.arch, "interp_k": c.k, "interp_meta": _jsonable(c.meta)}
+
+
+def _sae_files(sae: SAE, model_name: str | None, hook_name: str | None
+               ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """``cfg.json`` and the weights of an SAE."""
     c = sae.cfg
     arch = _ARCH_OUT[c.arch]
     cfg: dict[str, Any] = {
         "architecture": arch, "d_in": c.d_in, "d_sae": c.d_sae, "dtype": str(sae.dtype).replace("torch.", ""),
         "device": "cpu", "apply_b_dec_to_input": bool(c.apply_b_dec_to_input), "normalize_activations": "none",
         "reshape_activations": "hook_z" if (c.site or "").endswith("hook_z") else "none",
-        "metadata": {
-            "sae_lens_version": _saelens_version(), "sae_lens_training_version": _saelens_version(),
-            "model_name": model_name or c.model_id or None, "hook_name": hook_name or c.site,
-            "hook_head_index": None, "interp_arch": c.arch, "interp_k": c.k, "interp_meta": _jsonable(c.meta),
-        },
+        "metadata": _metadata(c, model_name, hook_name),
     }
     if arch == "topk":
         cfg["k"] = int(c.k)
@@ -60,10 +79,28 @@ def save_saelens(sae: SAE, path: str | os.PathLike, overwrite: bool = False, mod
     tensors = {"W_enc": sae.W_enc, "b_enc": sae.b_enc, "W_dec": sae.W_dec, "b_dec": sae.b_dec}
     if arch == "jumprelu":
         tensors["threshold"] = sae.threshold
-    p.mkdir(parents=True, exist_ok=True)
-    write_safetensors(p / WEIGHTS, {k: v.detach() for k, v in tensors.items()})
-    write_json(p / CFG, cfg)
-    return p
+    return cfg, tensors
+
+
+def _transcoder_files(tc: Transcoder, model_name: str | None, hook_name: str | None
+                      ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """``cfg.json`` and the weights of a transcoder (``hook_name`` overrides the input hook)."""
+    c = tc.cfg
+    arch = _TC_ARCH.get((c.arch, c.skip))
+    if arch is None:
+        raise ValueError(f"sae-lens has no {c.arch} transcoder (only ReLU and JumpReLU, with or without skip); save "
+                         f"this one with sae.circuit_tracer_io.save_circuit_tracer or Transcoder.save")
+    md = {**_metadata(c, model_name, hook_name or c.input_site), "hook_name_out": c.site, "hook_head_index_out": None,
+          "interp_layer": c.layer}
+    cfg = {"architecture": arch, "d_in": c.d_in, "d_sae": c.d_sae, "d_out": c.d_in,
+           "dtype": str(tc.dtype).replace("torch.", ""), "device": "cpu", "apply_b_dec_to_input": False,
+           "normalize_activations": "none", "reshape_activations": "none", "metadata": md}
+    tensors = {"W_enc": tc.W_enc, "b_enc": tc.b_enc, "W_dec": tc.W_dec, "b_dec": tc.b_dec}
+    if c.arch == "jumprelu":
+        tensors["threshold"] = tc.threshold
+    if tc.W_skip is not None:
+        tensors["W_skip"] = tc.W_skip.T  # sae-lens: x @ W_skip.T
+    return cfg, tensors
 
 
 def _jsonable(obj: Any) -> Any:
@@ -119,12 +156,16 @@ def load_saelens(path: str | os.PathLike, device: str | torch.device | None = No
     The loaded SAE reads raw activations: decoder-norm rescaling, the old ``scaling_factor`` and
     ``expected_average_only_in`` normalisation (``norm_scaling_factor`` or the
     folder's ``activation_scaler.json``) are folded into the weights. Its ``hook_name`` becomes our site
-    (``interp.sites.parse_site``); pass ``site=`` to override it.
+    (``interp.sites.parse_site``); pass ``site=`` to override it. A transcoder folder loads as a
+    :class:`~sae.transcoder.Transcoder` (``hook_name`` its input site, ``hook_name_out`` its site; ``site=``
+    overrides the latter).
     """
     p = Path(path)
     cfg = _read_cfg(p)
     md = cfg.get("metadata") or {}
     arch_in = cfg.get("architecture", "standard")
+    if arch_in in _TC_IN:
+        return _load_transcoder(p, cfg, device, dtype, site)
     w = _read_weights(p, cfg)
     _fold_input_transforms(w, cfg, p, norm_scaling_factor)
     arch, k = _our_arch(arch_in, cfg, md, w.get("threshold"), p)
@@ -159,8 +200,9 @@ def _read_cfg(p: Path) -> dict[str, Any]:
         cfg = _upgrade_pre6(cfg)
     md = cfg.get("metadata") or {}
     arch_in = cfg.get("architecture", "standard")
-    if arch_in not in _SUPPORTED_IN:
-        raise ValueError(f"sae-lens architecture {arch_in!r} is not supported here; supported: {_SUPPORTED_IN}")
+    if arch_in not in _SUPPORTED_IN and arch_in not in _TC_IN:
+        raise ValueError(f"sae-lens architecture {arch_in!r} is not supported here; supported: "
+                         f"{_SUPPORTED_IN + tuple(_TC_IN)}")
     if cfg.get("activation_fn", "relu") not in ("relu", "topk", None) and arch_in == "standard":
         raise ValueError(f"activation {cfg['activation_fn']!r} is not supported; only ReLU standard SAEs load")
     if md.get("hook_head_index") is not None or cfg.get("hook_head_index") is not None:
@@ -229,3 +271,45 @@ def _our_arch(arch_in: str, cfg: dict[str, Any], md: dict[str, Any], threshold: 
     if md.get("interp_arch") == "batchtopk" and md.get("interp_k"):
         return "batchtopk", int(md["interp_k"])
     return "jumprelu", None
+
+
+def _load_transcoder(p: Path, cfg: dict[str, Any], device: str | torch.device | None, dtype: str | None,
+                     site: str | None) -> Transcoder:
+    """A sae-lens transcoder folder as our :class:`Transcoder` (``site``: override the output hook)."""
+    import re
+
+    from safetensors.torch import load_file
+
+    arch, skip = _TC_IN[cfg["architecture"]]
+    md = cfg.get("metadata") or {}
+    d_in, d_out = int(cfg["d_in"]), int(cfg.get("d_out", cfg["d_in"]))
+    if d_out != d_in:
+        raise ValueError(f"{p}: a transcoder from width {d_in} to width {d_out} is not supported; ours map an MLP's "
+                         f"input to its output, both of the model's width")
+    if (cfg.get("normalize_activations") or "none") != "none":
+        raise ValueError(f"{p}: normalize_activations={cfg['normalize_activations']!r} is not supported for transcoders")
+    w = load_file(str(p / WEIGHTS))
+    hook_in = md.get("hook_name") or cfg.get("hook_name")
+    hook_out = site or md.get("hook_name_out") or cfg.get("hook_name_out")
+    layer = md.get("interp_layer")
+    if layer is None:
+        m = re.match(r"^blocks\.(\d+)\.", str(hook_in or hook_out or ""))
+        layer = int(m.group(1)) if m else 0
+    meta = {"source": "sae-lens", "path": str(p), "hook_name": hook_in, "hook_name_out": hook_out,
+            "architecture": cfg["architecture"], **(md["interp_meta"] if isinstance(md.get("interp_meta"), dict) else {})}
+    tcfg = TranscoderConfig(d_in=d_in, d_sae=int(w["W_enc"].shape[1]), arch=arch, layer=int(layer), skip=skip,
+                            input_site=hook_in, site=hook_out, model_id=md.get("model_name") or "",
+                            dtype=str(dtype or cfg.get("dtype", "float32")).replace("torch.", ""), meta=meta)
+    tc = Transcoder(tcfg, seed=None)
+    state = {k: w[k] for k in ("W_enc", "b_enc", "W_dec", "b_dec")}
+    if arch == "jumprelu":
+        state["threshold"] = w["threshold"]
+    if skip:
+        state["W_skip"] = w["W_skip"].T
+    want = {k: tuple(v.shape) for k, v in tc.state_dict().items()}
+    got = {k: tuple(v.shape) for k, v in state.items()}
+    if want != got:
+        raise ValueError(f"{p}: weight shapes {got} do not match a {cfg['architecture']} of d_in={d_in}, "
+                         f"d_sae={tcfg.d_sae} ({want})")
+    tc.load_state_dict({k: v.to(tcfg.torch_dtype) for k, v in state.items()})
+    return tc.to(device) if device is not None else tc

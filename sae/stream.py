@@ -7,6 +7,7 @@ A store is read shard by shard through a shuffling buffer, so memory stays bound
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator
 from typing import Any
 
@@ -34,12 +35,27 @@ def _pick_site(sites: list[str], site: str | None, what: str) -> str:
     return canon
 
 
+def _pair(xy: tuple) -> tuple[torch.Tensor, int]:
+    """``(x, y)`` with one row per token each -> ``[n, d + d_out]`` side by side, and ``d_out``."""
+    if len(xy) != 2 or not all(isinstance(t, torch.Tensor) for t in xy):
+        raise TypeError("paired training data is a tuple (inputs, targets) of two tensors [..., d]")
+    x, y = (t.reshape(-1, t.shape[-1]) if t.dim() >= 2 else t for t in xy)
+    if x.dim() != 2 or y.dim() != 2 or x.shape[0] != y.shape[0]:
+        raise ValueError(f"inputs {tuple(xy[0].shape)} and targets {tuple(xy[1].shape)} must be [..., d] with the same "
+                         f"tokens (one target row per input row)")
+    return torch.cat([x.float(), y.float()], -1), int(y.shape[-1])
+
+
 class TokenStream:
     """Infinite, deterministic stream of ``[batch_size, d]`` float32 token batches.
 
     ``source``: a tensor ``[..., d]``, an :class:`~interp.activations.Activations`, or an
     :class:`~interp.store.ActivationStore` (anything with ``iter_shards()``). ``site`` picks one site of a
     multi-site capture. ``buffer_tokens`` bounds memory when streaming a store.
+
+    Paired (a transcoder's input and target): ``source`` a tuple ``(x, y)`` of tensors ``[..., d]`` and ``[..., d_out]``
+    with the same tokens, or a capture holding both sites, ``site`` the input and ``target_site`` the target. Batches
+    are then ``[batch_size, d + d_out]``, the pair side by side (shuffled together); :meth:`split` parts them.
 
     Data parallel (``world > 1``, rank ``rank``), ``batch_size`` is this rank's share of the global batch. In
     memory every rank draws the same global stream of ``world * batch_size`` rows and keeps its slice, so the
@@ -48,7 +64,8 @@ class TokenStream:
     """
 
     def __init__(self, source: Any, batch_size: int, seed: int = 0, site: str | None = None,
-                 buffer_tokens: int = 1 << 18, device: str | torch.device = "cpu", rank: int = 0, world: int = 1):
+                 buffer_tokens: int = 1 << 18, device: str | torch.device = "cpu", rank: int = 0, world: int = 1,
+                 target_site: str | None = None):
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if not 0 <= rank < world:
@@ -60,18 +77,29 @@ class TokenStream:
         self.model_id = ""
         self._store = None
         self._tokens: torch.Tensor | None = None
-        if isinstance(source, torch.Tensor):
+        self.target_site: str | None = None
+        self.d_out: int | None = None  # the target's width when paired
+        if isinstance(source, tuple):
+            self._tokens, self.d_out = _pair(source)
+            self.site, self.target_site = site, target_site
+        elif isinstance(source, torch.Tensor):
             if source.dim() < 2:
                 raise ValueError(f"activations must be [..., d], got shape {tuple(source.shape)}")
             self._tokens = source.reshape(-1, source.shape[-1])
             self.site = site
         elif hasattr(source, "iter_shards"):
             self._store = source
-            self.site = _pick_site(list(source.sites), site, f"store {getattr(source, 'path', '')}")
+            what = f"store {getattr(source, 'path', '')}"
+            self.site = _pick_site(list(source.sites), site, what)
+            if target_site is not None:
+                self.target_site, self.d_out = _pick_site(list(source.sites), target_site, what), int(source.d_model)
             self.model_id = source.manifest.get("model_id", "") if hasattr(source, "manifest") else ""
         elif hasattr(source, "flat_tokens") and hasattr(source, "sites"):
             self.site = _pick_site(list(source.sites), site, "these Activations")
             self._tokens = source.flat_tokens(self.site)
+            if target_site is not None:
+                self.target_site = _pick_site(list(source.sites), target_site, "these Activations")
+                self._tokens, self.d_out = _pair((self._tokens, source.flat_tokens(self.target_site)))
             self.model_id = source.model_id
         else:
             raise TypeError(f"cannot train on {type(source).__name__}; pass a tensor [n, d], Activations or an "
@@ -80,7 +108,7 @@ class TokenStream:
             if self._tokens.shape[0] == 0:
                 raise ValueError("no tokens to train on (empty activations)")
             _bad_values(self._tokens, "the training activations")
-            self.d = int(self._tokens.shape[-1])
+            self.d = int(self._tokens.shape[-1]) - (self.d_out or 0)
         else:
             self.d = int(self._store.d_model)
             if self._store.n_shards < world:
@@ -100,6 +128,19 @@ class TokenStream:
             self._it = self._memory_iter() if self._tokens is not None else self._store_iter()
         self.n_batches += 1
         return next(self._it).to(self.device, torch.float32)
+
+    def split(self, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """A batch as ``(x [B, d], y [B, d_out])``; ``y`` is ``None`` for an unpaired stream."""
+        if self.d_out is None:
+            return batch, None
+        return batch[:, :self.d], batch[:, self.d:]
+
+    def copy(self, batch_size: int) -> TokenStream:
+        """The one-process stream of the same data from its start, in batches of ``batch_size`` (no data copied)."""
+        c = copy.copy(self)
+        c.batch_size, c.rank, c.world, c._it, c.n_batches, c.max_buffered = batch_size, 0, 1, None, 0, 0
+        c.buffer_tokens = max(self.buffer_tokens, 2 * batch_size)
+        return c
 
     def skip(self, n: int) -> None:
         """Advance ``n`` batches without using them (replays the shuffle; no SAE compute)."""
@@ -137,7 +178,7 @@ class TokenStream:
     def _store_iter(self) -> Iterator[torch.Tensor]:
         store, b, seed = self._store, self.batch_size, self._rank_seed()
         g = torch.Generator().manual_seed(seed)
-        buf = torch.empty(0, self.d)
+        buf = torch.empty(0, self.d + (self.d_out or 0))
         epoch = 0
         mine = [k for k in range(store.n_shards) if k % self.world == self.rank]
         while True:
@@ -146,6 +187,8 @@ class TokenStream:
             for k in order:
                 shard = store.shard(k)
                 tok = shard.flat_tokens(self.site).to(torch.float32)
+                if self.target_site is not None:
+                    tok = torch.cat([tok, shard.flat_tokens(self.target_site).to(torch.float32)], -1)
                 _bad_values(tok, f"shard {k} of the store at {store.path}")
                 seen += tok.shape[0]
                 buf = torch.cat([buf, tok])

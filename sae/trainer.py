@@ -4,6 +4,10 @@ Adam with linear warm-up and a final linear decay, unit-norm decoder rows (paral
 input normalised to ``E||x||^2 = d_in`` and folded into the weights at the end (the returned SAE reads raw
 activations), dead-latent tracking with AuxK, atomic checkpoints and exact resumption.
 
+The same loop trains a transcoder (:mod:`sae.transcoder_train`) on paired data (an input and a target per token,
+:class:`~sae.stream.TokenStream`): the loss is the prediction's error on the target, which is normalised by its own
+scale, and ``b_dec`` starts at the target's mean; both scales are folded in at the end.
+
 Data parallel under an initialised process group (e.g. ``torchrun``; :mod:`interp.distributed`): ``batch_size``
 is the global batch, each rank trains on its share, gradients are averaged over ranks before the step (as DDP
 does), latents count as fired when they fired on any rank, and rank 0 alone writes checkpoints and the result.
@@ -17,7 +21,7 @@ import math
 import os
 import shutil
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -28,101 +32,9 @@ from interp import distributed as dist
 from sae.losses import StepOut, train_step
 from sae.model import SAE, SAEConfig
 from sae.stream import TokenStream
+from sae.train_config import TrainConfig, TrainResult
 
-# fields that may differ between an interrupted run and its resumption
-_RUNTIME_FIELDS = {"progress", "checkpoint_every", "log_every", "device"}
-
-
-@dataclass
-class TrainConfig:
-    """Hyper-parameters. ``d_sae`` defaults to ``expansion * d_in``; ``lr`` to ``2e-4 / sqrt(d_sae / 2**14)``
-    (Gao et al.); ``k`` is the active count (TopK/BatchTopK) and the JumpReLU target L0 unless
-    ``target_l0`` is set; ``dead_after_tokens`` defaults to ``max(10 * batch_size, total_tokens // 10)``."""
-
-    arch: str = "topk"
-    d_sae: int | None = None
-    expansion: int = 8
-    k: int | None = 32
-    total_tokens: int = 2_000_000
-    batch_size: int = 4096
-    lr: float | None = None
-    lr_end_frac: float = 0.0
-    warmup_steps: int = 50
-    decay_frac: float = 0.2
-    betas: tuple[float, float] = (0.9, 0.999)
-    grad_clip: float | None = 1.0
-    l1_coefficient: float = 2.0
-    l0_coefficient: float = 10.0
-    target_l0: float | None = None
-    jumprelu_bandwidth: float = 0.1
-    preact_coefficient: float = 0.1
-    sparsity_warmup_frac: float = 0.05
-    aux_coefficient: float = 1 / 32
-    k_aux: int | None = None
-    dead_after_tokens: int | None = None
-    threshold_lr: float = 0.01
-    normalize_input: bool = True
-    decoder: str = "auto"
-    backend: str = "auto"
-    seed: int = 0
-    buffer_tokens: int = 1 << 18
-    site: str | None = None
-    checkpoint_every: int | None = None
-    log_every: int = 10
-    progress: bool = True
-    device: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.decoder not in ("auto", "sparse", "dense"):
-            raise ValueError(f"decoder must be 'auto', 'sparse' or 'dense', got {self.decoder!r}")
-        if self.total_tokens < self.batch_size:
-            raise ValueError(f"total_tokens={self.total_tokens} is less than one batch ({self.batch_size})")
-        self.betas = tuple(self.betas)
-
-    @property
-    def n_steps(self) -> int:
-        return self.total_tokens // self.batch_size
-
-    def lr_at(self, step: int, base: float) -> float:
-        """Linear warm-up, constant, then linear decay to ``lr_end_frac * base`` over the last ``decay_frac``."""
-        if step < self.warmup_steps:
-            return base * (step + 1) / self.warmup_steps
-        decay_start = int(self.n_steps * (1 - self.decay_frac))
-        if step >= decay_start and self.decay_frac > 0:
-            t = (step - decay_start) / max(1, self.n_steps - decay_start)
-            return base * (1 - t * (1 - self.lr_end_frac))
-        return base
-
-    def comparable(self) -> dict[str, Any]:
-        return {k: v for k, v in asdict(self).items() if k not in _RUNTIME_FIELDS}
-
-
-@dataclass
-class TrainResult:
-    """The trained SAE (reads raw activations), its history (lists per logged step) and run facts."""
-
-    sae: SAE
-    history: dict[str, list[float]]
-    input_scale: float
-    steps: int
-    tokens: int
-    out_dir: Path | None = None
-    dead_fraction: float = 0.0
-    meta: dict[str, Any] = field(default_factory=dict)
-
-    def to_frame(self) -> Any:
-        """One row per logged step: ``step``, ``tokens``, ``loss``, ``mse``, ``aux``, ``l0``, ``fvu``, ``dead``
-        (fraction of latents counted dead then) and ``lr``."""
-        import pandas as pd
-
-        return pd.DataFrame({k: list(v) for k, v in self.history.items()})
-
-    def plot(self, x: str = "step", title: str = "SAE training") -> Any:
-        """Loss, FVU (log scale), L0 and dead fraction against ``step`` (or ``tokens``)."""
-        from viz.sae import training_curves
-
-        return training_curves(self.history, keys=("loss", "fvu", "l0", "dead"), x=x, title=title)
-
+__all__ = ["TrainConfig", "TrainResult", "Trainer", "train_sae"]
 
 def _adam(params: list[torch.nn.Parameter], lr: float, betas: tuple[float, float]) -> torch.optim.Adam:
     """Fused Adam (one pass over each parameter) where this torch and device support it."""
@@ -136,7 +48,9 @@ class Trainer:
     """Holds the optimisation state; :func:`train_sae` is the usual entry point."""
 
     def __init__(self, data: Any, cfg: TrainConfig, out_dir: str | os.PathLike | None = None,
-                 sae: SAE | None = None):
+                 sae: SAE | None = None, fresh: bool | None = None):
+        """``sae``: train this one further (``fresh=True``: as if new: scales, ``b_dec`` and thresholds from the data;
+        how a transcoder is trained). Paired data needs a transcoder handed in."""
         self.cfg = cfg
         device = torch.device(dist.device_for(cfg.device) or (sae.device if sae is not None else "cpu"))
         self.device = device
@@ -145,23 +59,26 @@ class Trainer:
             raise ValueError(f"batch_size={cfg.batch_size} (the global batch) does not split over {self.world} "
                              f"processes; choose a multiple of {self.world}")
         self.stream = TokenStream(data, cfg.batch_size // self.world, seed=cfg.seed, site=cfg.site,
-                                  buffer_tokens=cfg.buffer_tokens, device=device, rank=self.rank, world=self.world)
-        d_in = self.stream.d
-        self._fresh = sae is None
+                                  buffer_tokens=cfg.buffer_tokens, device=device, rank=self.rank, world=self.world,
+                                  target_site=cfg.target_site)
+        d_in, d_out = self.stream.d, self.stream.d_out
+        self._fresh = sae is None if fresh is None else fresh
+        if sae is None and d_out is not None:
+            raise ValueError("paired (input, target) data trains a transcoder: use sae.transcoder_train.fit_transcoder")
         if sae is None:
             d_sae = cfg.d_sae or cfg.expansion * d_in
             k = cfg.k if cfg.arch in ("topk", "batchtopk") else None
             sae = SAE(SAEConfig(d_in=d_in, d_sae=d_sae, arch=cfg.arch, k=k, site=self.stream.site,
                                 model_id=self.stream.model_id), seed=cfg.seed)
-        elif sae.d_in != d_in:
-            raise ValueError(f"the SAE reads width {sae.d_in} but the activations have width {d_in}")
-        elif not sae.cfg.apply_b_dec_to_input:
-            raise ValueError("training needs an SAE whose encoder reads x - b_dec (apply_b_dec_to_input=True)")
+        elif sae.d_in != d_in or d_out not in (None, sae.d_in):
+            raise ValueError(f"the SAE reads width {sae.d_in} but the activations have width {d_in}"
+                             + ("" if d_out is None else f" (targets {d_out})"))
         self.sae = sae.to(device)
         self.lr = cfg.lr or 2e-4 / math.sqrt(self.sae.d_sae / 2 ** 14)
         self.opt = _adam(list(self.sae.parameters()), self.lr, cfg.betas)
         self.step = 0
         self.scale = 1.0
+        self.target_scale: float | None = None if d_out is None else 1.0
         self.tokens_since_fired = torch.zeros(self.sae.d_sae, dtype=torch.long, device=device)
         self.history: dict[str, list[float]] = {k: [] for k in
                                                 ("step", "tokens", "loss", "mse", "aux", "l0", "fvu", "dead", "lr")}
@@ -182,9 +99,10 @@ class Trainer:
         """Initialise from the data once (done by :meth:`run`; call it yourself to drive :meth:`train_one`)."""
         if not self._initialised:
             self._init_from_data()
-            scale = torch.tensor([self.scale], dtype=torch.float64)
+            scale = torch.tensor([self.scale, self.target_scale or 1.0], dtype=torch.float64)
             dist.broadcast_([*self.sae.state_dict().values(), scale])  # identical replicas, as DDP starts
-            self.scale = float(scale)
+            self.scale = float(scale[0])
+            self.target_scale = None if self.target_scale is None else float(scale[1])
             self._initialised = True
 
     @torch.no_grad()
@@ -195,23 +113,27 @@ class Trainer:
         cfg = self.cfg
         if not self._fresh:
             return
-        src = self.stream._store if self.stream._store is not None else self.stream._tokens
-        probe = TokenStream(src, cfg.batch_size, seed=cfg.seed, site=self.stream.site,
-                            buffer_tokens=cfg.buffer_tokens, device=self.device)
+        probe = self.stream.copy(cfg.batch_size)
         n = max(1, min(cfg.n_steps, (1 << 16) // cfg.batch_size))
-        xs = torch.cat([next(probe) for _ in range(n)])
-        sq = xs.pow(2).sum(-1).mean().item()
-        if sq <= 0:
-            raise ValueError("the training activations are all zero; check the site and capture")
-        self.scale = math.sqrt(self.sae.d_in / sq) if cfg.normalize_input else 1.0
+        xs, ys = probe.split(torch.cat([next(probe) for _ in range(n)]))
+        self.scale = self._norm_scale(xs, "training activations")
         xs = xs * self.scale
-        self.sae.b_dec.copy_(xs.mean(0))
+        if ys is not None:
+            self.target_scale = self._norm_scale(ys, "targets")
+        self.sae.b_dec.copy_(xs.mean(0) if ys is None else (ys * self.target_scale).mean(0))
         if self.sae.arch == "jumprelu":
             # start near the target L0: each latent's threshold at the matching quantile of its pre-activations
             target = self.opts["target_l0"] or max(1, self.sae.d_sae // 32)
             q = 1.0 - min(0.999, target / self.sae.d_sae)
             pre = self.sae.pre_acts(xs[: 1 << 13])
             self.sae.threshold.copy_(pre.quantile(q, dim=0).clamp_min(1e-3))
+
+    def _norm_scale(self, t: torch.Tensor, what: str) -> float:
+        """The factor that makes ``E ||t||^2 = d`` (1 without ``normalize_input``)."""
+        sq = t.pow(2).sum(-1).mean().item()
+        if sq <= 0:
+            raise ValueError(f"the {what} are all zero; check the site and capture")
+        return math.sqrt(t.shape[-1] / sq) if self.cfg.normalize_input else 1.0
 
     # --- one step -------------------------------------------------------------------------------
     def _coeffs(self) -> dict[str, float]:
@@ -220,12 +142,13 @@ class Trainer:
         base = {"relu": cfg.l1_coefficient, "jumprelu": cfg.l0_coefficient}.get(cfg.arch, 0.0)
         return {"sparsity": base * ramp, "aux": cfg.aux_coefficient, "preact": cfg.preact_coefficient}
 
-    def train_one(self, x: torch.Tensor) -> StepOut:
-        """One optimisation step on a raw batch ``x [B, d_in]`` (normalised here)."""
+    def train_one(self, x: torch.Tensor, y: torch.Tensor | None = None) -> StepOut:
+        """One optimisation step on a raw batch ``x [B, d_in]`` (a transcoder's targets ``y``; normalised here)."""
         sae, cfg = self.sae, self.cfg
         x = x * self.scale
+        y = None if y is None else y * self.target_scale
         dead = self.tokens_since_fired >= self.dead_after
-        out = train_step(sae, x, dead, self._coeffs(), self.opts)
+        out = train_step(sae, x, dead, self._coeffs(), self.opts, target=y)
         out.loss.backward()
         dist.average_gradients(sae.parameters())
         with torch.no_grad():
@@ -252,7 +175,7 @@ class Trainer:
             fired = out.fired if self.world == 1 else dist.all_reduce_(out.fired.to(torch.uint8), "max").bool()
             self.tokens_since_fired[fired] = 0
         if self.step % cfg.log_every == 0 or self.step == cfg.n_steps - 1:
-            self._log(out, x, dead, lr)
+            self._log(out, x if y is None else y, dead, lr)
         self.step += 1
         return out
 
@@ -283,7 +206,7 @@ class Trainer:
             while self.step < cfg.n_steps:
                 batch = next(self.stream)
                 between_steps = False
-                self.train_one(batch)
+                self.train_one(*self.stream.split(batch))
                 between_steps = True
                 if self.history["l0"] and self.step % cfg.log_every == 1:
                     bar.set_postfix(l0=f"{self.history['l0'][-1]:.1f}", fvu=f"{self.history['fvu'][-1]:.3f}",
@@ -305,13 +228,18 @@ class Trainer:
     def _finish(self) -> TrainResult:
         sae = self.sae
         dead = float((self.tokens_since_fired >= self.dead_after).float().mean())
-        sae.fold_input_scale_(self.scale)
+        if self.target_scale is None:
+            sae.fold_input_scale_(self.scale)
+        else:
+            sae.fold_input_scale_(self.scale, self.target_scale)
+            sae.cfg.meta["target_scale"] = self.target_scale
         sae.cfg.meta.update({"trained_tokens": self.step * self.cfg.batch_size, "input_scale": self.scale,
                              "train_cfg": self.cfg.comparable(), **({"processes": self.world} if self.world > 1 else {})})
         if self.out_dir is not None:
             dist.on_main(lambda: sae.save(self.out_dir / "sae"))  # one writer; the others wait until it is there
         return TrainResult(sae=sae, history=self.history, input_scale=self.scale, steps=self.step,
-                           tokens=self.step * self.cfg.batch_size, out_dir=self.out_dir, dead_fraction=dead)
+                           tokens=self.step * self.cfg.batch_size, out_dir=self.out_dir, dead_fraction=dead,
+                           target_scale=self.target_scale)
 
     # --- checkpoints ----------------------------------------------------------------------------
     def save_checkpoint(self) -> Path:
@@ -325,7 +253,8 @@ class Trainer:
             shutil.rmtree(tmp)
         save_bundle(tmp / "sae", dict(self.sae.state_dict()), {"kind": "sae.SAE", "cfg": self.sae.cfg.to_dict()})
         save_bundle(tmp / "state", {"tokens_since_fired": self.tokens_since_fired.cpu()},
-                    {"step": self.step, "scale": self.scale, "history": self.history, "cfg": self.cfg.comparable(),
+                    {"step": self.step, "scale": self.scale, "target_scale": self.target_scale,
+                     "history": self.history, "cfg": self.cfg.comparable(),
                      "lr": self.lr, "processes": self.world})
         opt_state = self.opt.state_dict()
         atomic_write(tmp / "optimizer.pt", lambda p: torch.save(opt_state, p))
@@ -361,26 +290,29 @@ class Trainer:
         self.opt.load_state_dict(torch.load(p / "optimizer.pt", map_location=self.device, weights_only=True))
         self.tokens_since_fired = tensors["tokens_since_fired"].to(self.device)
         self.step, self.scale, self.lr = int(meta["step"]), float(meta["scale"]), float(meta["lr"])
+        self.target_scale = None if meta.get("target_scale") is None else float(meta["target_scale"])
         self.history = {k: list(v) for k, v in meta["history"].items()}
         self._initialised = True
         self.stream.skip(self.step)
 
 
 def train_sae(data: Any, cfg: TrainConfig | None = None, out_dir: str | os.PathLike | None = None,
-              resume: bool = True, callback: Callable[[Trainer], None] | None = None, **overrides: Any) -> TrainResult:
+              resume: bool = True, callback: Callable[[Trainer], None] | None = None, sae: SAE | None = None,
+              fresh: bool | None = None, **overrides: Any) -> TrainResult:
     """Train an SAE on ``data`` (tensor ``[n, d]``, ``Activations`` or ``ActivationStore``).
 
     With ``out_dir``, checkpoints go to ``OUT/checkpoint`` (every ``checkpoint_every`` steps and on Ctrl-C)
     and the result to ``OUT/sae``; a run with the same config resumes from the checkpoint when
     ``resume=True``. Keyword overrides set ``TrainConfig`` fields, e.g. ``train_sae(x, arch="topk", k=16)``.
+    ``sae`` / ``fresh``: a model to train (see :class:`Trainer`; a transcoder: :mod:`sae.transcoder_train`).
     """
     cfg = cfg or TrainConfig()
     if overrides:
         cfg = TrainConfig(**{**asdict(cfg), **overrides})
     if out_dir is not None and (Path(out_dir) / "sae").exists():
         raise FileExistsError(f"{Path(out_dir) / 'sae'} already holds a trained SAE; load it with SAE.load(...) "
-                              f"or choose another out_dir")
-    trainer = Trainer(data, cfg, out_dir=out_dir)
+                              f"(a transcoder: Transcoder.load(...)) or choose another out_dir")
+    trainer = Trainer(data, cfg, out_dir=out_dir, sae=sae, fresh=fresh)
     ckpt = Path(out_dir) / "checkpoint" if out_dir is not None else None
     if ckpt is not None and ckpt.exists():
         if not resume:

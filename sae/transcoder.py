@@ -10,9 +10,12 @@ post-MLP norm); the replacement model and attribution graphs (``patching.graphs`
 
 from __future__ import annotations
 
+import math
 import os
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -78,6 +81,21 @@ class Transcoder(SAE):
         """Predicted MLP output of the MLP input ``x``."""
         return self.decode(self.encode(x), x)
 
+    @torch.no_grad()
+    def fold_input_scale_(self, scale: float, out_scale: float | None = None) -> None:
+        """Turn a transcoder trained to map ``x * scale`` to ``y * out_scale`` into one mapping raw ``x`` to raw
+        ``y``, keeping unit-norm decoder rows; latents become ``1/out_scale`` of the trained ones."""
+        out = scale if out_scale is None else out_scale
+        for s in (scale, out):
+            if not (math.isfinite(s) and s > 0):
+                raise ValueError(f"scales must be positive finite numbers, got {scale}, {out_scale}")
+        self.W_enc.mul_(scale / out)
+        for t in (self.b_enc, self.b_dec, self.threshold):
+            if t is not None:
+                t.div_(out)
+        if self.W_skip is not None:
+            self.W_skip.mul_(scale / out)
+
     def save(self, path: str | os.PathLike, overwrite: bool = False) -> Path:
         """Save as a bundle folder (atomic; refuses to overwrite)."""
         tensors = dict(self.state_dict())
@@ -97,3 +115,38 @@ class Transcoder(SAE):
 
 
 register_kind("sae.Transcoder", Transcoder.load)
+
+
+def check_transcoders(model: Any, transcoders: Mapping[int, Transcoder] | Iterable[Transcoder]) -> dict[int, Transcoder]:
+    """``{layer: transcoder}`` after checking they fit ``model`` (width, layer range, model id, one per layer).
+
+    A dict may cover some layers; a list or tuple must hold one transcoder for every layer of the model."""
+    n, d = int(model.n_layers), int(model.d_model)
+    name = getattr(model, "name", "") or "the model"
+    items = list(transcoders.items()) if isinstance(transcoders, Mapping) else [(None, t) for t in transcoders]
+    if not items:
+        raise ValueError("no transcoders given")
+    if not isinstance(transcoders, Mapping) and len(items) != n:
+        raise ValueError(f"{len(items)} transcoders for the {n} layers of {name}; give one per layer, or a dict "
+                         f"{{layer: transcoder}} to replace only some layers")
+    out: dict[int, Transcoder] = {}
+    for key, tc in items:
+        if not isinstance(tc, Transcoder):
+            raise TypeError(f"expected a sae.transcoder.Transcoder, got {type(tc).__name__}")
+        layer = tc.layer if key is None else int(key)
+        if key is not None and layer != tc.layer:
+            raise ValueError(f"the transcoder under key {layer} was trained for layer {tc.layer}; key it by its layer")
+        if not 0 <= layer < n:
+            raise ValueError(f"a transcoder for layer {layer} does not fit {name}, whose layers are 0..{n - 1}")
+        if layer in out:
+            raise ValueError(f"two transcoders for layer {layer}; give one per layer")
+        if tc.d_in != d:
+            raise ValueError(f"the transcoder for layer {layer} reads width {tc.d_in} but {name} has d_model={d}; "
+                             f"train or load transcoders for this model (sae.transcoder_train.train_transcoder)")
+        mid = tc.cfg.model_id
+        if mid and getattr(model, "name", "") and mid != model.name and not tc.cfg.meta.get("allow_other_model"):
+            raise ValueError(f"the transcoder for layer {layer} was trained on {mid!r}, not {model.name!r}; use "
+                             f"transcoders of this model, or set tc.cfg.meta['allow_other_model'] = True if the two "
+                             f"are the same weights under another name")
+        out[layer] = tc
+    return dict(sorted(out.items()))
