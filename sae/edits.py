@@ -3,7 +3,9 @@
 Each object follows the project's intervention protocol (shared with ``steering``, never imported here):
 ``hook_fns(model) -> {site: fn(x, ctx)}``, used as ``with interp.hooks.hooks(model, iv.hook_fns(model)):``.
 ``positions`` limits the edit to some sequence positions (``None``: every position, including tokens
-generated later).
+generated later). ``skip_sink=True`` (latent steering and ablation) leaves each prompt's first real token alone:
+in many models it is an attention sink whose activations are orders of magnitude larger than the rest, where an
+SAE trained without it is out of distribution; it reads the token state ``steering.apply`` records.
 """
 
 from __future__ import annotations
@@ -66,6 +68,29 @@ def _at_positions(x: torch.Tensor, new: torch.Tensor, positions: Sequence[int] |
     return out
 
 
+def _keep_sink(x: torch.Tensor, new: torch.Tensor, ctx: Any) -> torch.Tensor:
+    """``new`` with each row's first real prompt token (the attention sink) set back to ``x``. Reads the pass's
+    token state, which ``steering.apply`` / ``steering.generate`` put in the hooks' shared data."""
+    st = getattr(ctx, "data", {}).get("token_state")
+    if st is None:
+        raise ValueError("skip_sink=True needs to know each row's first real token: apply the edit with "
+                         "steering.apply(...) or steering.generate(...), not bare interp.hooks")
+    if st.past > 0:   # a cached pass holds generated tokens only
+        return new
+    start = st.prompt.start.to(x.device)
+    rows = torch.arange(x.shape[0], device=x.device)
+    inside = start < x.shape[1]
+    out = new.clone()
+    out[rows[inside], start[inside]] = x[rows[inside], start[inside]]
+    return out
+
+
+def _edit(x: torch.Tensor, new: torch.Tensor, ctx: Any, positions: Sequence[int] | slice | None,
+          skip_sink: bool) -> torch.Tensor:
+    out = _at_positions(x, new, positions)
+    return _keep_sink(x, out, ctx) if skip_sink else out
+
+
 class SAESplice:
     """Replace the site's activation by the SAE reconstruction (``keep_error=True``: add the error back,
     a no-op on outputs but it routes the computation through the latents for patching)."""
@@ -126,8 +151,8 @@ class LatentSteering:
     """Add ``coefficient * W_dec[latent]`` (the decoder vector) for each latent at the SAE's site."""
 
     def __init__(self, sae: SAE, latents: int | Sequence[int], coefficient: float | Sequence[float] = 1.0,
-                 site: str | None = None, positions: Sequence[int] | slice | None = None):
-        self.sae, self.site, self.positions = sae, site, positions
+                 site: str | None = None, positions: Sequence[int] | slice | None = None, skip_sink: bool = False):
+        self.sae, self.site, self.positions, self.skip_sink = sae, site, positions, skip_sink
         self.latents = [latents] if isinstance(latents, int) else list(latents)
         _check_latents(sae, self.latents)
         coefs = [coefficient] * len(self.latents) if isinstance(coefficient, (int, float)) else list(coefficient)
@@ -144,7 +169,7 @@ class LatentSteering:
         site = check_site(self.sae, model, self.site)
         v = self.vector()
         f = _flat(lambda x: x + v.to(x.device, x.dtype))
-        return {site: lambda x, ctx: _at_positions(x, f(x), self.positions)}
+        return {site: lambda x, ctx: _edit(x, f(x), ctx, self.positions, self.skip_sink)}
 
 
 class LatentAblation:
@@ -153,8 +178,9 @@ class LatentAblation:
     Everything the SAE fails to reconstruct passes through untouched, so only the chosen latents change."""
 
     def __init__(self, sae: SAE, latents: int | Sequence[int], value: float = 0.0, site: str | None = None,
-                 positions: Sequence[int] | slice | None = None, only_active: bool = True):
+                 positions: Sequence[int] | slice | None = None, only_active: bool = True, skip_sink: bool = False):
         self.sae, self.site, self.positions, self.value = sae, site, positions, float(value)
+        self.skip_sink = skip_sink
         self.latents = [latents] if isinstance(latents, int) else list(latents)
         self.only_active = only_active
         _check_latents(sae, self.latents)
@@ -173,7 +199,7 @@ class LatentAblation:
             return x + delta.to(x.device, x.dtype)
 
         f = _flat(edit)
-        return {site: lambda x, ctx: _at_positions(x, f(x), self.positions)}
+        return {site: lambda x, ctx: _edit(x, f(x), ctx, self.positions, self.skip_sink)}
 
 
 def _check_latents(sae: SAE, latents: list[int]) -> None:

@@ -105,8 +105,16 @@ def test_diff_study_steers_both_ways_with_controls(diff, data):
             "tuned, random latents ablated (draw 0)", "base, random latents added (draw 0)"} <= conds
     rand = next(r for r in diff.rates if r["condition"].startswith("tuned, random"))
     assert not set(rand["latents"]) & set(diff.top)
-    assert len(diff.to_frame("latents")) == 8 and "context" in diff.to_frame("latents").columns
+    frame = diff.to_frame("latents")
+    assert len(frame) == 8 and "context" in frame.columns and frame["latent"].tolist()[:4] == diff.top
     assert diff.plot().data
+
+
+def test_sae_training_rows_leave_out_each_prompts_first_token():
+    from pipelines.finetune.diffing import _real_tokens_but_first
+
+    mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1], [0, 0, 0, 0, 1]])
+    assert _real_tokens_but_first(mask).int().tolist() == [[0, 0, 0, 1, 1], [0, 1, 1, 1, 1], [0, 0, 0, 0, 0]]
 
 
 def test_diff_study_bad_input(pair, data):

@@ -161,3 +161,35 @@ def test_top_contexts_and_html(tiny_models):
     assert html.count('class="sae-ctx"') == len(ctxs) and "Latent 7" in html
     esc = contexts_html([Context(0, 1, ["<b>", "x"], [1.0, 0.0], 0, 1.0)])
     assert "&lt;b&gt;" in esc and "<b>" not in esc.replace('<div style="font-weight:bold">', "")
+
+
+@pytest.mark.parametrize("kind", ["steer", "ablate"])
+def test_skip_sink_leaves_each_rows_first_real_token(tiny_models, kind):
+    """In a left-padded batch under ``steering.apply``, ``skip_sink=True`` edits every real token but each row's
+    first one; without the token state (bare hooks) it is a clear error."""
+    import steering
+    from interp.forward import batches, forward, prepare
+
+    model = tiny_models("llama")
+    sae = SAE(SAEConfig(model.d_model, 128, arch="relu", site="resid_post.1"), seed=3)
+    edit = (LatentSteering(sae, [5, 9], coefficient=[3.0, -2.0], skip_sink=True) if kind == "steer" else
+            LatentAblation(sae, list(range(64)), skip_sink=True))
+    (batch,) = batches(model, prepare(model, PROMPTS[:3], chat=False)[1], 3)
+    seen: list[torch.Tensor] = []
+
+    def run(*edits):
+        seen.clear()
+        with steering.apply(model, *edits), hooks(model, {"blocks.1.hook_resid_post": lambda x, c: seen.append(x)}):
+            forward(model, batch)
+        return seen[0]
+
+    base, new = run(), run(edit)
+    mask = batch.attention_mask.bool()
+    first = mask.long().argmax(1)
+    rows = torch.arange(3)
+    assert torch.equal(new[rows, first], base[rows, first])
+    rest = mask.clone()
+    rest[rows, first] = False
+    assert (new - base)[rest].abs().amax(-1).min() > 1e-6
+    with pytest.raises(ValueError, match="steering.apply"), hooks(model, edit.hook_fns(model)):
+        forward(model, batch)

@@ -1,6 +1,7 @@
 """What did a fine-tune change? SAE model diffing: one SAE (trained on the base model's activations, or yours)
 read in both models on the same prompts, latents ranked by the change, their top contexts, and steering the top
-latents both ways with random-latent controls.
+latents both ways with random-latent controls. The SAE is trained without each prompt's first token (an attention
+sink whose activations can be 100x the others', e.g. in SmolLM2) and the edits leave that token alone.
 
 The causal check: in the tuned model, ablating the latents the fine-tune amplified most (error term kept) should
 remove the tuned behaviour (refusal on held-out harmful prompts) more than ablating as many random latents that
@@ -54,7 +55,7 @@ class DiffStudy:
             return pd.DataFrame(self.rates)
         if which != "latents":
             raise ValueError(f"which must be 'rates' or 'latents', got {which!r}")
-        frame = self.diff.to_frame().head(len(self.diff.ranking.indices))
+        frame = self.diff.to_frame().dropna(subset=["rank"]).sort_values("rank").reset_index(drop=True)
         frame["context"] = [" | ".join(self.contexts.get(int(i), [])[:2]) for i in frame["latent"]]
         return frame
 
@@ -68,8 +69,18 @@ class DiffStudy:
         return fig.update_layout(title=title or "Refusal when steering the fine-tune's top SAE latents")
 
 
+def _real_tokens_but_first(mask: torch.Tensor) -> torch.Tensor:
+    """``[B, T]`` mask of each row's real tokens less its first one (the attention sink, whose activations are
+    orders of magnitude larger than the rest in many models and would take over the SAE)."""
+    first = mask.long().argmax(1)
+    out = mask.bool().clone()
+    out[torch.arange(mask.shape[0]), first] = False
+    return out
+
+
 def _train_base_sae(base: Model, site: str, prompts: list[str], d_sae: int, k: int, seed: int) -> SAE:
-    xs = [x[b.attention_mask.bool()] for x, b in site_tokens(base, site, prompts, batch_size=16, chat=True)]
+    xs = [x[_real_tokens_but_first(b.attention_mask)] for x, b in site_tokens(base, site, prompts, batch_size=16,
+                                                                                chat=True)]
     x = torch.cat(xs)
     steps_tokens = max(len(x) * 8, 4096)
     res = train_sae(x, arch="topk", d_sae=d_sae, k=k, total_tokens=steps_tokens, batch_size=min(1024, len(x)),
@@ -106,19 +117,19 @@ def _steer_rates(base: Model, tuned: Model, sae: SAE, d: LatentDiff, top: list[i
     delta = d.delta[top].clamp_min(0).tolist()
     rows = [{"condition": "tuned", "split": "harmful", **_gen_rate(tuned, harm, [], max_new_tokens, judge)},
             {"condition": "tuned, top latents ablated", "split": "harmful",
-             **_gen_rate(tuned, harm, [LatentAblation(sae, top)], max_new_tokens, judge)},
+             **_gen_rate(tuned, harm, [LatentAblation(sae, top, skip_sink=True)], max_new_tokens, judge)},
             {"condition": "base", "split": "harmless", **_gen_rate(base, safe, [], max_new_tokens, judge)},
             {"condition": "base, top latents added", "split": "harmless",
-             **_gen_rate(base, safe, [LatentSteering(sae, top, delta)], max_new_tokens, judge)}]
+             **_gen_rate(base, safe, [LatentSteering(sae, top, delta, skip_sink=True)], max_new_tokens, judge)}]
     norm = float(LatentSteering(sae, top, delta).vector().norm())
     for i in range(n_random):
         rand = _random_latents(sae, top, d.freq_tuned, rng)
         rows.append({"condition": f"tuned, random latents ablated (draw {i})", "split": "harmful", "latents": rand,
-                     **_gen_rate(tuned, harm, [LatentAblation(sae, rand)], max_new_tokens, judge)})
+                     **_gen_rate(tuned, harm, [LatentAblation(sae, rand, skip_sink=True)], max_new_tokens, judge)})
         v = LatentSteering(sae, rand, 1.0).vector()
         scale = norm / max(float(v.norm()), 1e-12)
         rows.append({"condition": f"base, random latents added (draw {i})", "split": "harmless", "latents": rand,
-                     **_gen_rate(base, safe, [LatentSteering(sae, rand, scale)], max_new_tokens, judge)})
+                     **_gen_rate(base, safe, [LatentSteering(sae, rand, scale, skip_sink=True)], max_new_tokens, judge)})
     return rows
 
 
