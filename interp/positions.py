@@ -121,6 +121,17 @@ def plan(rule: PositionSpec, batch: Batch, skip_special: bool = True) -> Plan:
     raise ValueError(f"unknown position rule {rule!r}; use one of {RULES} or explicit int positions")
 
 
+def without_first(mask: torch.Tensor) -> torch.Tensor:
+    """``[B, T]`` mask of each row's real tokens less its first one: the attention sink, whose activations many
+    models (SmolLM2, Llama, Gemma) make orders of magnitude larger than the rest, so dictionaries leave it out.
+    Works for left or right padding."""
+    m = mask.bool().clone()
+    has = m.any(1)
+    rows = torch.arange(m.shape[0], device=m.device)[has]
+    m[rows, m[has].long().argmax(1)] = False
+    return m
+
+
 def _last_true(m: torch.Tensor) -> torch.Tensor:
     """Index of the last True per row of ``m [B, T]`` (-1 when none)."""
     T = m.shape[1]

@@ -19,6 +19,7 @@ import torch
 
 from interp.capture import capture
 from interp.forward import Inputs
+from interp.positions import without_first
 from interp.sites import Site
 from sae.train_config import TrainConfig, TrainResult
 from sae.trainer import Trainer, train_sae
@@ -133,17 +134,23 @@ class TranscoderTraining:
 
 def train_transcoder(model: Any, inputs: Inputs, layers: int | Sequence[int] | None = None,
                      cfg: TrainConfig | None = None, skip: bool = False, capture_batch_size: int = 8, chat: bool = False,
-                     out_dir: str | os.PathLike | None = None, resume: bool = True, **overrides: Any
-                     ) -> TranscoderTraining:
+                     out_dir: str | os.PathLike | None = None, resume: bool = True, skip_sink: bool = False,
+                     **overrides: Any) -> TranscoderTraining:
     """Per-layer transcoders of ``model``'s MLPs at ``layers`` (``None``: all) trained on ``inputs`` (prompts, or
     token ids ``[n, T]``): one capture of every layer's MLP input and output (in memory; for more data than memory,
     :func:`capture_pairs` with ``out=`` and :func:`fit_transcoder` per layer), then one transcoder per layer.
     ``capture_batch_size``: prompts per capture pass (``batch_size`` is the trainer's, in tokens).
     ``out_dir``: each layer's checkpoints and result under ``OUT/layer_L``. Keyword overrides set ``TrainConfig``
-    fields, e.g. ``train_transcoder(model, ids, arch="jumprelu", k=16, total_tokens=100_000)``."""
+    fields, e.g. ``train_transcoder(model, ids, arch="jumprelu", k=16, total_tokens=100_000)``. ``skip_sink``: leave
+    each prompt's first token out of the data (``interp.positions.without_first``: an attention sink, where an MLP
+    may write a massive activation that would dominate the loss)."""
     layers = check_layers(model, layers)
     cfg = TrainConfig(**{**asdict(cfg or TrainConfig()), **overrides, "site": None, "target_site": None})  # per layer
     pairs = capture_pairs(model, inputs, layers, batch_size=capture_batch_size, chat=chat)
+    if skip_sink:
+        if pairs.mask is None:
+            raise ValueError("skip_sink needs per-token activations with a mask (prompts or token ids as inputs)")
+        pairs.mask = without_first(pairs.mask)
     results = {}
     for layer in layers:
         sub = None if out_dir is None else Path(out_dir) / f"layer_{layer}"

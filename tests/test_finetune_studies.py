@@ -111,10 +111,11 @@ def test_diff_study_steers_both_ways_with_controls(diff, data):
 
 
 def test_sae_training_rows_leave_out_each_prompts_first_token():
-    from pipelines.finetune.diffing import _real_tokens_but_first
+    from interp.positions import without_first
 
-    mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1], [0, 0, 0, 0, 1]])
-    assert _real_tokens_but_first(mask).int().tolist() == [[0, 0, 0, 1, 1], [0, 1, 1, 1, 1], [0, 0, 0, 0, 0]]
+    mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1], [0, 0, 0, 0, 1], [1, 1, 0, 0, 0], [0, 0, 0, 0, 0]])
+    assert without_first(mask).int().tolist() == [[0, 0, 0, 1, 1], [0, 1, 1, 1, 1], [0, 0, 0, 0, 0],
+                                                  [0, 1, 0, 0, 0], [0, 0, 0, 0, 0]]
 
 
 def test_diff_study_bad_input(pair, data):

@@ -239,3 +239,20 @@ def test_pairs_stream_from_a_store(tmp_path, tiny_models):
     torch.testing.assert_close(yb, y[idx], atol=1e-6, rtol=0)
     r = fit_transcoder(store, 1, arch="topk", d_sae=128, k=8, total_tokens=64 * 20, batch_size=64, progress=False)
     assert r.sae.cfg.input_site == "blocks.1.mlp.hook_in" and r.steps == 20
+
+
+def test_skip_sink_trains_on_every_token_but_each_prompts_first(organism, pairs):
+    """``skip_sink=True`` equals training on the captured pairs with each prompt's first token removed by hand."""
+    from interp.positions import without_first
+
+    m, train, _ = organism
+    cfg = dict(FAST, total_tokens=2560)
+    got = train_transcoder(m, train, [0], chat=True, arch="topk", skip_sink=True, **cfg)[0]
+    acts, _ = pairs
+    keep = without_first(acts.mask)
+    a, b = pair_sites(0)
+    cols = acts.tensor.permute(0, 2, 1, 3)[keep]
+    x, y = cols[:, acts.sites.index(a)], cols[:, acts.sites.index(b)]
+    assert x.shape[0] == int(acts.mask.sum()) - acts.mask.shape[0]
+    want = fit_transcoder((x, y), 0, arch="topk", model_id=m.name, **cfg).sae
+    assert all(torch.equal(p, q) for p, q in zip(got.state_dict().values(), want.state_dict().values()))

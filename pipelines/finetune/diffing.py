@@ -22,6 +22,7 @@ from evals.judge import Judge, judge_many
 from evals.rates import rate
 from interp.capture import capture
 from interp.models import Model
+from interp.positions import without_first
 from pipelines.refusal.prompt_sets import RefusalData
 from sae.analysis import LatentDiff, diff_latents
 from sae.contexts import top_contexts
@@ -69,17 +70,8 @@ class DiffStudy:
         return fig.update_layout(title=title or "Refusal when steering the fine-tune's top SAE latents")
 
 
-def _real_tokens_but_first(mask: torch.Tensor) -> torch.Tensor:
-    """``[B, T]`` mask of each row's real tokens less its first one (the attention sink, whose activations are
-    orders of magnitude larger than the rest in many models and would take over the SAE)."""
-    first = mask.long().argmax(1)
-    out = mask.bool().clone()
-    out[torch.arange(mask.shape[0]), first] = False
-    return out
-
-
 def _train_base_sae(base: Model, site: str, prompts: list[str], d_sae: int, k: int, seed: int) -> SAE:
-    xs = [x[_real_tokens_but_first(b.attention_mask)] for x, b in site_tokens(base, site, prompts, batch_size=16,
+    xs = [x[without_first(b.attention_mask)] for x, b in site_tokens(base, site, prompts, batch_size=16,
                                                                                 chat=True)]
     x = torch.cat(xs)
     steps_tokens = max(len(x) * 8, 4096)
