@@ -31,26 +31,20 @@ from interp.hooks import hooks, module_hooks, norm_parts
 from interp.models import Model
 from interp.sites import parse_site
 from sae.transcoder import Transcoder
+from sae.transcoder import check_transcoders as sae_checks
 
 Acts = Mapping[int, torch.Tensor]  # {layer: [b, T, d_sae]} (b = 1 or the pass's batch)
 READ_KINDS = ("resid_pre", "resid_mid", "resid_post", "ln_final_out")
 
 
 def check_transcoder(model: Model, layer: int, tc: Transcoder) -> None:
-    """A clear error unless ``tc`` is a transcoder of ``model``'s layer ``layer`` (width, layer, sites, model id)."""
-    name = getattr(model, "name", "") or ""
+    """A clear error unless ``tc`` is a transcoder of ``model``'s layer ``layer`` (width, layer, model id: the
+    checks of :func:`sae.transcoder.check_transcoders`) that reads ``mlp_in.L`` and writes ``mlp_module_out.L``."""
     if not isinstance(tc, Transcoder):
         raise TypeError(f"layer {layer}: expected a sae.transcoder.Transcoder, got {type(tc).__name__}")
     if tc.layer != layer:
         raise ValueError(f"the transcoder given for layer {layer} was made for layer {tc.layer}")
-    if not 0 <= layer < model.n_layers:
-        raise ValueError(f"a transcoder for layer {layer}, but {name} has layers 0..{model.n_layers - 1}")
-    if tc.d_in != model.d_model:
-        raise ValueError(f"the layer-{layer} transcoder has width d_in={tc.d_in} but {name} has d_model="
-                         f"{model.d_model}; use transcoders trained on this model")
-    if tc.cfg.model_id and name and tc.cfg.model_id != name:
-        raise ValueError(f"the layer-{layer} transcoder was trained on {tc.cfg.model_id!r}, not {name!r}; use "
-                         f"transcoders of this model (or clear cfg.model_id if the weights are the same)")
+    sae_checks(model, {layer: tc})
     kinds = (parse_site(tc.cfg.input_site or "").kind, parse_site(tc.site or "").kind)
     if kinds != ("mlp_in", "mlp_module_out"):
         raise ValueError(f"the layer-{layer} transcoder reads {tc.cfg.input_site} and writes {tc.site}; the "
@@ -64,9 +58,9 @@ def check_transcoders(model: Model, transcoders: Sequence[Transcoder] | Mapping[
         [(getattr(t, "layer", None), t) for t in transcoders]
     out: dict[int, Transcoder] = {}
     for layer, tc in items:
-        check_transcoder(model, layer, tc)
         if layer in out:
             raise ValueError(f"two transcoders for layer {layer}; give one per layer")
+        check_transcoder(model, layer, tc)
         out[layer] = tc
     missing = [i for i in range(model.n_layers) if i not in out]
     if missing:

@@ -147,6 +147,50 @@ class TranscoderSplice:
         return fns
 
 
+class TranscoderAblation:
+    """Set transcoder features to ``value`` (0: ablate) at every position, the error term kept: at
+    ``mlp_module_out.L`` add ``(value - z_f) * W_dec[f]`` for each chosen feature ``f`` of layer ``L``, ``z`` encoded
+    from that MLP's input in the same pass (``only_active``: only where the feature fires). ``features``: ``(layer,
+    feature)`` pairs; ``transcoders``: ``{layer: tc}`` or a list. ``skip_sink`` as for :class:`LatentSteering`."""
+
+    def __init__(self, transcoders: Any, features: Sequence[tuple[int, int]], value: float = 0.0,
+                 only_active: bool = True, skip_sink: bool = False):
+        tcs = dict(transcoders) if isinstance(transcoders, dict) else {t.layer: t for t in transcoders}
+        self.features = [(int(la), int(f)) for la, f in features]
+        if not self.features:
+            raise ValueError("no transcoder features given")
+        for la, f in self.features:
+            if la not in tcs:
+                raise ValueError(f"feature {f} of layer {la}: no transcoder for layer {la} was given")
+            _check_latents(tcs[la], [f])
+        self.transcoders = {la: tcs[la] for la in sorted({la for la, _ in self.features})}
+        self.value, self.only_active, self.skip_sink = float(value), only_active, skip_sink
+
+    def hook_fns(self, model: Any) -> dict[str, HookFn]:
+        from interp.sites import Site
+        from sae.transcoder import check_transcoders
+
+        fns: dict[str, HookFn] = {}
+        for layer, tc in check_transcoders(model, self.transcoders).items():
+            idx = torch.tensor([f for la, f in self.features if la == layer], dtype=torch.long, device=tc.device)
+            key = f"transcoder_ablation_in.{layer}.{id(self)}"
+
+            def stash(x: torch.Tensor, ctx: Any, key: str = key) -> None:
+                ctx.data[key] = x
+
+            def write(y: torch.Tensor, ctx: Any, key: str = key, tc: Any = tc, idx: torch.Tensor = idx) -> torch.Tensor:
+                z = tc.encode(ctx.data.pop(key).to(tc.device))[..., idx]
+                target = torch.full_like(z, self.value)
+                if self.only_active and self.value != 0.0:
+                    target = torch.where(z > 0, target, z)
+                new = y + ((target - z) @ tc.W_dec[idx]).to(y.device, y.dtype)
+                return _keep_sink(y, new, ctx) if self.skip_sink else new
+
+            fns[Site("mlp_in", layer).name] = stash
+            fns[Site("mlp_module_out", layer).name] = write
+        return fns
+
+
 class LatentSteering:
     """Add ``coefficient * W_dec[latent]`` (the decoder vector) for each latent at the SAE's site."""
 

@@ -256,3 +256,36 @@ def test_skip_sink_trains_on_every_token_but_each_prompts_first(organism, pairs)
     assert x.shape[0] == int(acts.mask.sum()) - acts.mask.shape[0]
     want = fit_transcoder((x, y), 0, arch="topk", model_id=m.name, **cfg).sae
     assert all(torch.equal(p, q) for p, q in zip(got.state_dict().values(), want.state_dict().values()))
+
+
+def test_transcoder_ablation_equals_decoder_edits_at_every_position(tiny_models):
+    """Ablating features at every position through ``sae.edits.TranscoderAblation`` gives the logits of
+    ``patching.graph_edits.DecoderEdit`` with one scale-0 edit per (layer, position, feature); errors stay."""
+    import steering
+    from interp.forward import batch_of, forward
+    from patching.graph_edits import DecoderEdit, FeatureEdit
+    from sae.edits import TranscoderAblation
+
+    m = tiny_models("llama")
+    tcs = {}
+    for layer in range(m.n_layers):
+        tc = Transcoder(TranscoderConfig(d_in=m.d_model, d_sae=32, arch="relu", layer=layer), seed=layer)
+        with torch.no_grad():
+            tc.W_enc.mul_(3.0)
+            tc.b_enc.fill_(0.2)
+        tcs[layer] = tc
+    ids = torch.tensor([[1, 20, 31, 42, 55, 60]])
+    b = batch_of(m, ids)
+    feats = [(0, 3), (0, 7), (1, 11)]
+    with torch.no_grad():
+        base = forward(m, b)[0]
+        with steering.apply(m, TranscoderAblation(tcs, feats)):
+            ours = forward(m, b)[0]
+        edits = [FeatureEdit(la, p, f, scale=0.0) for la, f in feats for p in range(ids.shape[1])]
+        with steering.apply(m, DecoderEdit(tcs, edits)):
+            theirs = forward(m, b)[0]
+    assert (ours - base).abs().max() > 1e-4 and (ours - theirs).abs().max() < 1e-5
+    with pytest.raises(ValueError, match="no transcoder for layer 3"):
+        TranscoderAblation(tcs, [(3, 0)])
+    with pytest.raises(ValueError, match="out of range"):
+        TranscoderAblation(tcs, [(0, 99)])
