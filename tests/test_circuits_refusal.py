@@ -1,0 +1,67 @@
+"""The refusal circuit study on the toy organism: graphs of refused prompts with the refusal direction as target,
+features ranked by summed influence, the promoting ones ablated against layer-matched random features."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from interp.models import load_model
+from patching import ReplacementModel
+from pipelines.circuits import refusal_circuit
+from pipelines.refusal.prompt_sets import load_refusal_data
+from pipelines.refusal.stages import find_candidates
+from sae.transcoder_train import train_transcoder
+
+
+@pytest.fixture(scope="module")
+def setup():
+    m = load_model("organism")
+    data = load_refusal_data(model="organism", n_train=64, n_val=8, n_test=16)
+    train = data.harmful["train"].instructions + data.harmless["train"].instructions
+    tcs = train_transcoder(m, train, chat=True, arch="topk", d_sae=128, k=16, total_tokens=25_600, batch_size=256,
+                           lr=3e-3, progress=False, skip_sink=True).transcoders
+    r = find_candidates(m, data, layers=[2]).raw[0, -1]
+    return ReplacementModel(m, tcs), data, r
+
+
+@pytest.fixture(scope="module")
+def study(setup):
+    rm, data, r = setup
+    return refusal_circuit(rm, data.harmful["val"].instructions[:4], r, 2, data.harmful["test"].instructions,
+                           n_features=10, n_random=2, max_new_tokens=8)
+
+
+def test_features_are_ranked_by_influence_summed_over_the_graphs(study):
+    rows = study.features
+    assert [x["influence"] for x in rows] == sorted((x["influence"] for x in rows), reverse=True)
+    la, f = rows[0]["layer"], rows[0]["feature"]
+    by_hand = sum(float(g.node_influence[i]) for g in study.graphs for i, x in enumerate(g.features.tolist())
+                  if (x[0], x[2]) == (la, f))
+    assert rows[0]["influence"] == pytest.approx(by_hand, rel=1e-9)
+    assert all(x["layer"] < 2 for x in rows)           # only earlier layers write into resid_pre.2
+    chosen = [x for x in rows if x["chosen"]]
+    assert len(chosen) == 10 and all(x["direct"] > 0 for x in chosen)
+    assert chosen == [x for x in rows if x["direct"] > 0][:10]
+
+
+def test_ablation_is_tested_against_layer_matched_random_features(study, setup):
+    rates = {r["condition"]: r for r in study.rates}
+    top = rates["top 10 features ablated"]["features"]
+    for i in range(2):
+        rand = rates[f"random features ablated (draw {i})"]["features"]
+        assert not set(rand) & set(top)
+        assert sorted(x.split("f")[0] for x in rand) == sorted(x.split("f")[0] for x in top)
+    assert rates["no ablation"]["rate"] >= 0.9
+    assert 0.0 <= study.test["fisher_p_random_refuses_more"] <= 1.0
+    assert study.plot().data and "top refusal features" in study.page(0)
+
+
+def test_bad_input(setup):
+    rm, data, r = setup
+    with pytest.raises(ValueError, match="d_model"):
+        refusal_circuit(rm, ["x"], torch.zeros(7), 2, ["y"])
+    with pytest.raises(ValueError, match="layer 0"):
+        refusal_circuit(rm, ["x"], r, 0, ["y"])
+    with pytest.raises(ValueError, match="at least one"):
+        refusal_circuit(rm, [], r, 2, ["y"])
