@@ -83,7 +83,7 @@ def test_transplant_study_bad_input(pair, data):
 def diff(pair, data):
     base, aligned = pair
     return diff_study(base, aligned, data, layer=2, d_sae=128, k=8, n_steer=4, top=8, n_random=1,
-                      max_new_tokens=8)
+                      max_new_tokens=8, strengths=(1.0, 8.0))
 
 
 def test_diff_study_ranks_the_change_by_hand(diff, pair, data):
@@ -101,8 +101,8 @@ def test_diff_study_ranks_the_change_by_hand(diff, pair, data):
 
 def test_diff_study_steers_both_ways_with_controls(diff, data):
     conds = {r["condition"] for r in diff.rates}
-    assert {"tuned", "tuned, top latents ablated", "base", "base, top latents added",
-            "tuned, random latents ablated (draw 0)", "base, random latents added (draw 0)"} <= conds
+    assert {"tuned", "tuned, top latents ablated", "base", "base, top latents added x1", "base, top latents added x8",
+            "tuned, random latents ablated (draw 0)", "base, random latents added x8 (draw 0)"} <= conds
     rand = next(r for r in diff.rates if r["condition"].startswith("tuned, random"))
     assert not set(rand["latents"]) & set(diff.top)
     frame = diff.to_frame("latents")

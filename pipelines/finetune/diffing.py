@@ -103,34 +103,41 @@ def _gen_rate(model: Model, prompts: list[str], edits: list, max_new_tokens: int
 
 
 def _steer_rates(base: Model, tuned: Model, sae: SAE, d: LatentDiff, top: list[int], data: RefusalData,
-                 n_random: int, seed: int, max_new_tokens: int, judge: Judge | None) -> list[dict[str, Any]]:
+                 n_random: int, seed: int, max_new_tokens: int, judge: Judge | None,
+                 strengths: tuple[float, ...]) -> list[dict[str, Any]]:
     rng = random.Random(seed)
     harm, safe = data.harmful["test"].instructions, data.harmless["test"].instructions
-    delta = d.delta[top].clamp_min(0).tolist()
+    delta = d.delta[top].clamp_min(0)
+    draws = [_random_latents(sae, top, d.freq_tuned, rng) for _ in range(n_random)]
     rows = [{"condition": "tuned", "split": "harmful", **_gen_rate(tuned, harm, [], max_new_tokens, judge)},
-            {"condition": "tuned, top latents ablated", "split": "harmful",
-             **_gen_rate(tuned, harm, [LatentAblation(sae, top, skip_sink=True)], max_new_tokens, judge)},
-            {"condition": "base", "split": "harmless", **_gen_rate(base, safe, [], max_new_tokens, judge)},
-            {"condition": "base, top latents added", "split": "harmless",
-             **_gen_rate(base, safe, [LatentSteering(sae, top, delta, skip_sink=True)], max_new_tokens, judge)}]
-    norm = float(LatentSteering(sae, top, delta).vector().norm())
-    for i in range(n_random):
-        rand = _random_latents(sae, top, d.freq_tuned, rng)
-        rows.append({"condition": f"tuned, random latents ablated (draw {i})", "split": "harmful", "latents": rand,
-                     **_gen_rate(tuned, harm, [LatentAblation(sae, rand, skip_sink=True)], max_new_tokens, judge)})
-        v = LatentSteering(sae, rand, 1.0).vector()
-        scale = norm / max(float(v.norm()), 1e-12)
-        rows.append({"condition": f"base, random latents added (draw {i})", "split": "harmless", "latents": rand,
-                     **_gen_rate(base, safe, [LatentSteering(sae, rand, scale, skip_sink=True)], max_new_tokens, judge)})
+            {"condition": "tuned, top latents ablated", "split": "harmful", "latents": top,
+             **_gen_rate(tuned, harm, [LatentAblation(sae, top, skip_sink=True)], max_new_tokens, judge)}]
+    rows += [{"condition": f"tuned, random latents ablated (draw {i})", "split": "harmful", "latents": rand,
+              **_gen_rate(tuned, harm, [LatentAblation(sae, rand, skip_sink=True)], max_new_tokens, judge)}
+             for i, rand in enumerate(draws)]
+    rows.append({"condition": "base", "split": "harmless", **_gen_rate(base, safe, [], max_new_tokens, judge)})
+    norm = float(LatentSteering(sae, top, delta.tolist()).vector().norm())
+    for s in strengths:
+        add = LatentSteering(sae, top, (s * delta).tolist(), skip_sink=True)
+        rows.append({"condition": f"base, top latents added x{s:g}", "split": "harmless", "latents": top,
+                     "strength": s, **_gen_rate(base, safe, [add], max_new_tokens, judge)})
+        for i, rand in enumerate(draws):
+            scale = s * norm / max(float(LatentSteering(sae, rand, 1.0).vector().norm()), 1e-12)
+            rows.append({"condition": f"base, random latents added x{s:g} (draw {i})", "split": "harmless",
+                         "latents": rand, "strength": s,
+                         **_gen_rate(base, safe, [LatentSteering(sae, rand, scale, skip_sink=True)], max_new_tokens,
+                                     judge)})
     return rows
 
 
 def diff_study(base: Model, tuned: Model, data: RefusalData, layer: int, sae: SAE | None = None,
                sae_prompts: list[str] | None = None, d_sae: int = 2048, k: int = 32, n_steer: int = 10,
                top: int = 20, n_random: int = 3, max_new_tokens: int = 24, seed: int = 0,
-               judge: Judge | None = None) -> DiffStudy:
+               judge: Judge | None = None, strengths: tuple[float, ...] = (1.0, 8.0, 32.0)) -> DiffStudy:
     """Train (or take) an SAE on the base at ``resid_post.{layer}``, rank latents by the fine-tune's change at the
-    harmful val prompts' last token, and steer the ``n_steer`` most amplified both ways (module docstring).
+    harmful val prompts' last token, and steer the ``n_steer`` most amplified both ways (module docstring): ablated
+    in the tuned model, added to the base with their measured increases times each of ``strengths`` (random
+    latents: the same norm).
 
     ``sae_prompts`` (default: both classes' train prompts) are the base activations the SAE is trained on."""
     site = f"blocks.{layer}.hook_resid_post"
@@ -148,7 +155,7 @@ def diff_study(base: Model, tuned: Model, data: RefusalData, layer: int, sae: SA
     probe = val + data.harmless["val"].instructions
     contexts = {int(i): ["".join(c.tokens) for c in top_contexts(tuned, sae, int(i), probe, top=3, chat=True, site=site)]
                 for i in d.ranking.indices.tolist()}
-    rates = _steer_rates(base, tuned, sae, d, chosen, data, n_random, seed, max_new_tokens, judge)
+    rates = _steer_rates(base, tuned, sae, d, chosen, data, n_random, seed, max_new_tokens, judge, strengths)
     return DiffStudy(d, contexts, rates, sae, meta={"site": site, "layer": layer, "n_steer": n_steer,
                                                     "seed": seed, "sizes": data.sizes()})
 
