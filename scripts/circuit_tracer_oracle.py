@@ -69,11 +69,10 @@ def tokenizer(folder: Path, out: Path):
 
 def build(in_dir: Path, out_dir: Path):
     """circuit-tracer's ReplacementModel on the saved Llama and transcoders."""
-    from transformers import LlamaForCausalLM
-    from transformer_lens.pretrained.weight_conversions import convert_llama_weights
-
     from circuit_tracer import ReplacementModel
     from circuit_tracer.transcoder import load_transcoder_set
+    from transformer_lens.pretrained.weight_conversions import convert_llama_weights
+    from transformers import LlamaForCausalLM
 
     hf = LlamaForCausalLM.from_pretrained(in_dir / "model", torch_dtype=torch.float32).eval()
     tok = tokenizer(in_dir / "model", out_dir / "tokenizer")
@@ -98,9 +97,8 @@ def build(in_dir: Path, out_dir: Path):
 def main(in_dir: Path, out_dir: Path) -> None:
     from importlib.metadata import version
 
-    from safetensors.torch import save_file
-
     from circuit_tracer import attribute
+    from safetensors.torch import save_file
 
     spec = json.loads((in_dir / "prompt.json").read_text())
     ids = torch.tensor(spec["ids"], dtype=torch.long)

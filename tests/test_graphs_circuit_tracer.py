@@ -108,7 +108,8 @@ def both(tmp_path_factory):
     res = subprocess.run([str(ORACLE_PY), str(ORACLE), str(d / "in"), str(d / "out")], env=env, cwd=d,
                          capture_output=True, text=True, timeout=600)
     if res.returncode != 0:
-        raise AssertionError(f"the circuit-tracer oracle failed ({res.returncode}):\n{res.stderr[-4000:]}")
+        raise AssertionError(f"the circuit-tracer oracle failed ({res.returncode}; if .oracle-venv is broken, "
+                             f"delete it and run `bash scripts/oracle_venv.sh`):\n{res.stderr[-4000:]}")
     from safetensors.torch import load_file
 
     theirs = load_file(str(d / "out" / "graph.safetensors"))
