@@ -103,9 +103,10 @@ def _top_logits(rm: ReplacementModel, run: ReplacementRun, t: TopLogits) -> list
     probs = run.logits[-1].double().softmax(-1)
     tok = rm.model.tokenizer
     if t.tokens is not None:
-        if len(t.tokens) == 0:
+        given = [t.tokens] if isinstance(t.tokens, (str, int)) else list(t.tokens)
+        if not given:
             raise ValueError("TopLogits(tokens=...) needs at least one token")
-        ids = torch.tensor([token_id(tok, x, W.shape[0]) for x in t.tokens], dtype=torch.long)
+        ids = torch.tensor([token_id(tok, x, W.shape[0]) for x in given], dtype=torch.long)
         chosen = probs[ids].tolist(), ids.tolist()
     else:
         top = probs.topk(min(t.k, probs.shape[0]))

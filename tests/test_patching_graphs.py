@@ -144,6 +144,10 @@ def test_constant_positions_and_explicit_logit_tokens(llama64, graph64):
     sub[:, errs] = 0.0
     assert (c.adjacency - sub).abs().max() < 1e-12
     assert float((c.bias - full.bias[nodes]).abs().max()) > 1e-4                 # position 0 moved into the bias
+    one = attribution_graph(llama64, IDS, TopLogits(tokens=top[0]), chat=False)
+    assert one.n_targets == 1 and torch.allclose(one.target_vectors[0], W[top[0]] - W.mean(0))
+    with pytest.raises(ValueError, match="at least one token"):
+        attribution_graph(llama64, IDS, TopLogits(tokens=[]), chat=False)
     with pytest.raises(ValueError, match="constant_positions"):
         attribution_graph(llama64, IDS, chat=False, constant_positions=7)
 
