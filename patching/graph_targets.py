@@ -43,10 +43,13 @@ class Readout:
 @dataclass
 class TopLogits:
     """The most likely next tokens at the last position: at most ``k``, stopping once their probabilities sum to
-    ``prob``; each target is its logit minus the mean logit, weighted by its probability."""
+    ``prob``; each target is its logit minus the mean logit, weighted by its probability. ``tokens`` (ids or
+    one-token strings) names the tokens instead, in that order (``k`` and ``prob`` are then unused), as
+    circuit-tracer's ``attribute(attribution_targets=ids)``."""
 
     k: int = 10
     prob: float = 0.95
+    tokens: Sequence[int | str] | None = None
 
 
 @dataclass
@@ -98,12 +101,20 @@ def _top_logits(rm: ReplacementModel, run: ReplacementRun, t: TopLogits) -> list
         raise ValueError(f"TopLogits needs k >= 1 and 0 < prob <= 1, got k={t.k}, prob={t.prob}")
     W, b = unembed(rm.model)
     probs = run.logits[-1].double().softmax(-1)
-    top = probs.topk(min(t.k, probs.shape[0]))
-    n = int((top.values.cumsum(0) < t.prob).sum()) + 1
-    mean_w, mean_b = W.mean(0), (0.0 if b is None else float(b.mean()))
     tok = rm.model.tokenizer
+    if t.tokens is not None:
+        given = [t.tokens] if isinstance(t.tokens, (str, int)) else list(t.tokens)
+        if not given:
+            raise ValueError("TopLogits(tokens=...) needs at least one token")
+        ids = torch.tensor([token_id(tok, x, W.shape[0]) for x in given], dtype=torch.long)
+        chosen = probs[ids].tolist(), ids.tolist()
+    else:
+        top = probs.topk(min(t.k, probs.shape[0]))
+        n = int((top.values.cumsum(0) < t.prob).sum()) + 1
+        chosen = top.values[:n].tolist(), top.indices[:n].tolist()
+    mean_w, mean_b = W.mean(0), (0.0 if b is None else float(b.mean()))
     out = []
-    for p, i in zip(top.values[:n].tolist(), top.indices[:n].tolist()):
+    for p, i in zip(*chosen):
         name = (tok.convert_ids_to_tokens(i) if tok is not None else None) or str(i)
         const = 0.0 if b is None else float(b[i]) - mean_b
         out.append(Readout(f"logit {name!r}", "logit", FINAL, run.n_positions - 1,

@@ -30,11 +30,13 @@ from patching.replacement import ReplacementModel, ReplacementRun
 Row = tuple[str, int]  # ("feature", index into the active features) or ("target", index into the readouts)
 
 
-def active_features(run: ReplacementRun) -> tuple[torch.Tensor, torch.Tensor]:
-    """Every non-zero feature activation of a run: ``(index [n, 3] (layer, position, feature), values [n])``."""
+def active_features(run: ReplacementRun, start: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every non-zero feature activation of a run at positions ``>= start``: ``(index [n, 3] (layer, position,
+    feature), values [n])``, sorted by layer, position, feature."""
     idx, vals = [], []
     for layer, z in run.acts.items():
         nz = z.nonzero()
+        nz = nz[nz[:, 0] >= start]
         idx.append(torch.cat([torch.full((nz.shape[0], 1), layer, dtype=torch.long), nz.cpu()], 1))
         vals.append(z[nz[:, 0], nz[:, 1]])
     return torch.cat(idx), torch.cat(vals)
@@ -43,9 +45,12 @@ def active_features(run: ReplacementRun) -> tuple[torch.Tensor, torch.Tensor]:
 class _Engine:
     """The linearised forward of ``batch_size`` copies (kept for every backward) and the edge read-out."""
 
-    def __init__(self, rm: ReplacementModel, run: ReplacementRun, readouts: list[Readout], batch_size: int):
+    def __init__(self, rm: ReplacementModel, run: ReplacementRun, readouts: list[Readout], batch_size: int,
+                 constant_positions: int = 0):
         self.rm, self.run, self.readouts, self.B = rm, run, readouts, batch_size
-        self.feats, self.acts = active_features(run)
+        self.c = constant_positions
+        self.feats, self.acts = active_features(run, self.c)
+        self.errors = {layer: torch.cat([torch.zeros_like(e[:self.c]), e[self.c:]]) for layer, e in run.errors.items()}
         self.sites = sorted({r.site for r in readouts})
         self.T, self.L = run.n_positions, rm.n_layers
         self.n_cols = len(self.feats) + self.L * self.T + self.T
@@ -97,7 +102,7 @@ class _Engine:
                 pos, f = self.feats[idx, 1], self.feats[idx, 2]
                 per = g.to(tc.dtype) @ tc.W_dec[f].detach().T                      # [n, T, n_layer_feats]
                 out[:, idx] = per[:, pos, torch.arange(idx.numel())] * self.acts[idx]
-            out[:, err0 + layer * self.T: err0 + (layer + 1) * self.T] = (g * self.run.errors[layer]).sum(-1)
+            out[:, err0 + layer * self.T: err0 + (layer + 1) * self.T] = (g * self.errors[layer]).sum(-1)
         if grads[-1] is not None:
             out[:, -self.T:] = (grads[-1][:n].detach() * self.run.embed).sum(-1)
         return out
@@ -120,10 +125,11 @@ class _Engine:
         return out
 
     def zero_pass(self) -> dict[str, Any]:
-        """The linearised model with every node at zero: what remains are the constant (bias) terms."""
-        run = self.run
-        zeros = {layer: torch.zeros_like(a)[None] for layer, a in run.acts.items()}
-        errs = {layer: torch.zeros_like(e)[None] for layer, e in run.errors.items()}
+        """The linearised model with every node at zero: what remains are the constant (bias) terms (with the MLP
+        outputs at the constant positions, which are no nodes)."""
+        run, c = self.run, self.c
+        zeros = {layer: torch.cat([a[:c], torch.zeros_like(a[c:])])[None] for layer, a in run.acts.items()}
+        errs = {layer: (e - self.errors[layer])[None] for layer, e in run.errors.items()}
         return self.rm.linear(run, zeros, errs, torch.zeros_like(run.embed)[None], read=self.sites)
 
 
@@ -170,14 +176,18 @@ def _feature_rows(eng: _Engine, R0: torch.Tensor, w: torch.Tensor, budget: int, 
 def attribution_graph(rm: ReplacementModel, prompt: str | Sequence[int] | torch.Tensor,
                       target: Target | Sequence[Target] | None = None, *, chat: bool = True, max_positions: int = 64,
                       max_feature_nodes: int | None = None, batch_size: int = 32, node_threshold: float = 0.8,
-                      edge_threshold: float = 0.98, progress: bool = False) -> AttributionGraph:
+                      edge_threshold: float = 0.98, constant_positions: int = 0, progress: bool = False
+                      ) -> AttributionGraph:
     """The attribution graph of ``prompt`` for ``target`` (default :class:`~patching.graph_targets.TopLogits`;
     also ``LogitDiff(a, b)``, ``Direction(vector, site)`` or a list of them).
 
     ``max_positions``: the graph budget in tokens (a longer prompt is refused); ``max_feature_nodes``: at most this
     many feature nodes, the most influential ones (ranked from the rows computed so far); ``batch_size``: target
     rows per backward pass; ``node_threshold`` / ``edge_threshold``: the influence fractions pruning keeps
-    (:meth:`AttributionGraph.prune`). Exact identity: see :mod:`patching.graphs`."""
+    (:meth:`AttributionGraph.prune`); ``constant_positions``: the first this many positions' MLP outputs are
+    constants, not nodes (no features there, their error nodes zero, their part in each row's ``bias``), as
+    circuit-tracer holds position 0, the BOS attention sink, whose features are artifacts (pass 1 to match it).
+    Exact identity: see :mod:`patching.graphs`."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     if max_feature_nodes is not None and max_feature_nodes < 0:
@@ -185,7 +195,10 @@ def attribution_graph(rm: ReplacementModel, prompt: str | Sequence[int] | torch.
     t0 = time.perf_counter()
     run = rm.run(prompt, chat, max_positions)
     readouts = resolve_targets(rm, run, target)
-    eng = _Engine(rm, run, readouts, batch_size)
+    if not 0 <= constant_positions < run.n_positions:
+        raise ValueError(f"constant_positions must be in 0..{run.n_positions - 1} (the prompt has {run.n_positions} "
+                         f"tokens), got {constant_positions}")
+    eng = _Engine(rm, run, readouts, batch_size, constant_positions)
     n_f = len(eng.feats)
     t_rows = [("target", j) for j in range(len(readouts))]
     R0 = torch.cat([eng.rows(t_rows[i:i + batch_size]) for i in range(0, len(t_rows), batch_size)])
@@ -226,7 +239,7 @@ def _assemble(eng: _Engine, readouts: list[Readout], chosen: list[int], RF: torc
         torch.stack([r.vector.detach().to(R0.dtype) for r in readouts]), [r.const for r in readouts],
         values.detach(), bias.detach(), rest.detach(), n_active=n_f, node_threshold=node_threshold,
         edge_threshold=edge_threshold, model_id=getattr(eng.rm.model, "name", ""),
-        meta={"seconds": round(seconds, 4), "batch_size": eng.B})
+        meta={"seconds": round(seconds, 4), "batch_size": eng.B, "constant_positions": eng.c})
 
 
 __all__ = ["active_features", "attribution_graph"]

@@ -124,6 +124,34 @@ def test_edges_into_each_row_sum_to_its_value_minus_its_constant_part(llama64, g
     assert set(map(tuple, small.features.tolist())) == set(map(tuple, g.features[direct.topk(10).indices].tolist()))
 
 
+
+def test_constant_positions_and_explicit_logit_tokens(llama64, graph64):
+    """``constant_positions=1`` (circuit-tracer's BOS convention): no feature nodes at position 0, its error nodes
+    zero, its MLP outputs in the bias; every other edge as in the full graph. ``TopLogits(tokens=)`` in order."""
+    g = graph64
+    top = llama64.run(IDS, chat=False).logits[-1].double().softmax(-1).topk(3).indices.tolist()
+    c = attribution_graph(llama64, IDS, TopLogits(tokens=top[::-1]), chat=False, constant_positions=1)
+    assert int(c.features[:, 1].min()) == 1 and c.completeness() < 1e-9
+    W = llama64.model.hf.lm_head.weight.double()
+    assert torch.allclose(c.target_vectors, W[top[::-1]] - W.mean(0))
+    keep = (g.features[:, 1] >= 1).nonzero()[:, 0]
+    assert torch.equal(c.features, g.features[keep])
+    errs = [c.error_node(L, 0) for L in range(c.n_layers)]
+    assert float(c.adjacency[:, errs].abs().max()) == 0.0
+    full = attribution_graph(llama64, IDS, TopLogits(tokens=top[::-1]), chat=False)
+    nodes = torch.cat([keep, torch.arange(full.n_features, full.n_nodes)])
+    sub = full.adjacency[nodes][:, nodes]
+    sub[:, errs] = 0.0
+    assert (c.adjacency - sub).abs().max() < 1e-12
+    assert float((c.bias - full.bias[nodes]).abs().max()) > 1e-4                 # position 0 moved into the bias
+    one = attribution_graph(llama64, IDS, TopLogits(tokens=top[0]), chat=False)
+    assert one.n_targets == 1 and torch.allclose(one.target_vectors[0], W[top[0]] - W.mean(0))
+    with pytest.raises(ValueError, match="at least one token"):
+        attribution_graph(llama64, IDS, TopLogits(tokens=[]), chat=False)
+    with pytest.raises(ValueError, match="constant_positions"):
+        attribution_graph(llama64, IDS, chat=False, constant_positions=7)
+
+
 def test_pruning_tables_files_and_figure(graph64, tmp_path):
     g = graph64
     infl = g.node_influence
