@@ -42,6 +42,7 @@ from interp.forward import forward
 from interp.testing.tiny import tiny_model
 from patching import ReplacementModel, attribution_graph
 from patching.graph_targets import TopLogits
+from sae.circuit_tracer_io import save_circuit_tracer
 from sae.transcoder import Transcoder, TranscoderConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -55,12 +56,13 @@ pytestmark = pytest.mark.skipif(not ORACLE_PY.exists(), reason="the circuit-trac
 
 
 def _transcoders(model, d_sae: int = 32) -> list[Transcoder]:
-    """Seeded random transcoders with sparse activations (about a quarter active): layer 0 ReLU, layer 1 JumpReLU,
-    both with a skip connection (circuit-tracer's ``TranscoderSet.skip_connection`` is layer 0's, applied to every
-    layer: with a skip on some layers only, its linearised model drops the others' skip gradient)."""
+    """Seeded random JumpReLU transcoders with sparse activations (about a quarter active), every layer with a skip
+    connection: circuit-tracer's transcoder set shares one activation and one skip setting over its layers (its
+    ``TranscoderSet.skip_connection`` is layer 0's; with a skip on some layers only, its linearised model drops the
+    others' skip gradient), and ``sae.circuit_tracer_io.save_circuit_tracer`` refuses a mixed set."""
     out = []
     for layer in range(model.n_layers):
-        arch = "relu" if layer == 0 else "jumprelu"
+        arch = "jumprelu"
         tc = Transcoder(TranscoderConfig(d_in=model.d_model, d_sae=d_sae, arch=arch, layer=layer, skip=True),
                         seed=layer)
         g = torch.Generator().manual_seed(200 + layer)
@@ -77,30 +79,16 @@ def _transcoders(model, d_sae: int = 32) -> list[Transcoder]:
     return out
 
 
-def _save_circuit_tracer_layout(tc: Transcoder, path: Path) -> None:
-    """One transcoder in circuit-tracer's file layout (what its ``load_transcoder_set`` reads)."""
-    from safetensors.torch import save_file
-
-    t = {"W_enc": tc.W_enc.detach().T.contiguous(), "W_dec": tc.W_dec.detach().contiguous(),
-         "b_enc": tc.b_enc.detach().contiguous(), "b_dec": tc.b_dec.detach().contiguous()}
-    if tc.W_skip is not None:
-        t["W_skip"] = tc.W_skip.detach().T.contiguous()
-    if tc.threshold is not None:
-        t["activation_function.threshold"] = tc.threshold.detach().contiguous()
-    save_file(t, str(path))
-
-
 @pytest.fixture(scope="module")
 def both(tmp_path_factory):
     """Our replacement model and circuit-tracer's graph of the same prompt (run once, in the oracle venv)."""
     model = tiny_model("llama")
     rm = ReplacementModel(model, _transcoders(model))
     d = tmp_path_factory.mktemp("ct")
-    (d / "in" / "transcoders").mkdir(parents=True)
+    (d / "in").mkdir(parents=True)
     model.hf.save_pretrained(d / "in" / "model")
     model.tokenizer.save_pretrained(d / "in" / "model")
-    for layer, tc in rm.transcoders.items():
-        _save_circuit_tracer_layout(tc, d / "in" / "transcoders" / f"layer_{layer}.safetensors")
+    save_circuit_tracer(rm.transcoders, d / "in" / "transcoders")   # our writer, read by circuit-tracer's loader
     (d / "in" / "prompt.json").write_text(json.dumps({"ids": IDS, "batch_size": 64}))
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
