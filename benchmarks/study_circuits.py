@@ -53,7 +53,7 @@ def graph_costs(rm: ReplacementModel, r: torch.Tensor, layer: int, prompts: list
     for p in prompts:
         with PeakRSS() as mem:
             t0 = time.perf_counter()
-            g = attribution_graph(rm, p, target, max_feature_nodes=budget, max_positions=128)
+            g = attribution_graph(rm, p, target, max_feature_nodes=budget, max_positions=256)
             dt = time.perf_counter() - t0
         rows.append({"tokens": g.n_positions, "active": g.n_active, "feature_nodes": g.n_features, "s": dt,
                      "peak_mb": mem.growth_mb, "completeness": g.completeness()})
@@ -83,7 +83,7 @@ def main() -> None:
     folder = Path(args.cache) if args.cache else cache_dir() / "transcoders" / args.model / f"d{args.d_sae}_k{args.k}"
     tcs = transcoders(model, train, folder, args.d_sae, args.k, args.tokens)
     held = data.harmless["val"].instructions[:16] + data.harmful["val"].instructions[:16]
-    q = evaluate_transcoders(model, tcs, held, chat=True)
+    q = evaluate_transcoders(model, tcs, held, chat=True, skip_sink=True)
     print(q.to_frame().to_string(), q.summary(), flush=True)
     small = load_refusal_data(model=args.model, n_train=64, n_val=64, n_test=args.n_eval)
     r = find_candidates(model, small, layers=[args.layer]).raw[0, -1]
@@ -92,7 +92,7 @@ def main() -> None:
     rm = ReplacementModel(model, tcs)
     t0 = time.time()
     res = refusal_circuit(rm, refused, r, args.layer, data.harmful["test"].instructions, n_features=args.n_features,
-                          n_random=3, max_feature_nodes=args.budget, max_new_tokens=24)
+                          n_random=3, max_feature_nodes=args.budget, max_positions=160, max_new_tokens=24)
     t_study = time.time() - t0
     print(res.to_frame().head(25).to_string(), res.to_frame("rates").to_string(), res.test, flush=True)
     Path("/tmp/refusal_circuit_graph.html").write_text(res.page(0), encoding="utf-8")
@@ -106,8 +106,9 @@ def report(args, q, res, costs, t_study: float, t_total: float) -> str:
     fvu = q.to_frame()["fvu"].tolist()
     lines = [f"### Refusal circuit on {args.model} (transcoders, attribution graphs, ablation test)", "",
              f"Transcoders: TopK, d_sae {args.d_sae}, k {args.k}, {args.tokens} tokens per layer, first token of each "
-             f"prompt left out (attention sink). Held-out FVU of the MLP output by layer (sink included): "
-             f"{', '.join(f'{x:.2f}' for x in fvu)}. CE with every MLP replaced: {s}.", "",
+             f"prompt left out (attention sink). Held-out FVU of the MLP output by layer (sink left out): "
+             f"{', '.join(f'{x:.2f}' for x in fvu)}. CE with every MLP replaced at every token, the sink included "
+             f"(whose massive MLP writes the transcoders were not trained on): {s}.", "",
              f"Target: the refusal direction (difference of means, train split) at resid_pre.{args.layer}, last "
              f"token; {len(res.graphs)} refused harmful train prompts graphed (budget {args.budget} feature nodes).",
              "", "| condition | refused | n | rate | 95% CI |", "|---|---|---|---|---|"]

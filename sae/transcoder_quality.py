@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from interp.forward import Inputs
+from interp.positions import without_first
 from interp.sites import Site
 from sae.edits import TranscoderSplice
 from sae.quality import CELossRecovered, SAEMetrics, ce_recovered, evaluate
@@ -63,11 +64,15 @@ def ce_loss_recovered_transcoders(model: Any, transcoders: Any, inputs: Inputs, 
 
 
 def evaluate_transcoders(model: Any, transcoders: Any, inputs: Inputs, batch_size: int = 8, chat: bool = False,
-                         ce: bool = True, dense_threshold: float = 0.1) -> TranscoderQuality:
+                         ce: bool = True, dense_threshold: float = 0.1, skip_sink: bool = False) -> TranscoderQuality:
     """FVU of each MLP's output, L0 and dead latents per layer (one capture of every MLP's input and output on
-    ``inputs``), and with ``ce`` the CE loss recovered with every MLP replaced."""
+    ``inputs``), and with ``ce`` the CE loss recovered with every MLP replaced. ``skip_sink``: the per-layer figures
+    leave each prompt's first token out (as ``train_transcoder(skip_sink=True)`` trains); CE still replaces every
+    token's MLP output, the sink's included."""
     tcs = check_transcoders(model, transcoders)
     pairs = capture_pairs(model, inputs, list(tcs), batch_size=batch_size, chat=chat)
+    if skip_sink and pairs.mask is not None:
+        pairs.mask = without_first(pairs.mask)
     layers = {}
     for layer, tc in tcs.items():
         site_in, site_out = pair_sites(layer)

@@ -289,3 +289,10 @@ def test_transcoder_ablation_equals_decoder_edits_at_every_position(tiny_models)
         TranscoderAblation(tcs, [(3, 0)])
     with pytest.raises(ValueError, match="out of range"):
         TranscoderAblation(tcs, [(0, 99)])
+
+
+def test_quality_without_the_sink_counts_one_token_fewer_per_prompt(organism, trained):
+    m, _, val = organism
+    full = evaluate_transcoders(m, trained.transcoders, val[:6], chat=True, ce=False)
+    less = evaluate_transcoders(m, trained.transcoders, val[:6], chat=True, ce=False, skip_sink=True)
+    assert all(less.layers[la].n_tokens == full.layers[la].n_tokens - 6 for la in full.layers)
