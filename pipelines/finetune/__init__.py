@@ -7,16 +7,9 @@ and its base) and what it changed (SAE model diffing), on any HF model and its f
 
 from __future__ import annotations
 
+from pipelines.finetune.elasticity import elasticity_study
+from pipelines.finetune.masking import masking_study
 from pipelines.finetune.transplant import TransplantStudy, transplant_study
 
 __all__ = ["TransplantStudy", "elasticity_study", "masking_study", "transplant_study"]
 
-
-def __getattr__(name: str):
-    if name == "masking_study":
-        from pipelines.finetune.masking import masking_study
-        return masking_study
-    if name == "elasticity_study":
-        from pipelines.finetune.elasticity import elasticity_study
-        return elasticity_study
-    raise AttributeError(f"module 'pipelines.finetune' has no attribute {name!r}")
