@@ -209,7 +209,7 @@ def _curve(name: str, start_name: str, start: Model, pairs: Pairs, config: TuneC
 
     record(0, float("nan"), start)
     with fresh_tune(start, *pairs, config,
-                    callback=lambda s, l, m: record(s, l, m) if s % eval_every == 0 or s == config.steps else None):
+                    callback=lambda s, loss, m: record(s, loss, m) if s % eval_every == 0 or s == config.steps else None):
         pass
     return Curve(name, start_name, rows, {k: torch.stack(v) for k, v in per.items()})
 
