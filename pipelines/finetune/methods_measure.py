@@ -80,7 +80,12 @@ def own_direction(model: Model, data: RefusalData, tokens: RefusalTokens, batch_
         li, how = sel.layer_index, "filters"
     else:
         cut = max(1, math.floor(model.n_layers * (1 - SelectionConfig().prune_layer_fraction)))
-        li, how = int(torch.nan_to_num(scores.bypass[:cut, -1], nan=math.inf).argmin()), "lowest bypass"
+        bypass = torch.nan_to_num(scores.bypass[:, -1], nan=math.inf)
+        bypass[cand.raw[:, -1].norm(dim=-1) < 1e-6] = math.inf  # e.g. layer 0: one template token, no difference
+        li, how = int(bypass[:cut].argmin()), "lowest bypass"
+    if not cand.raw[li, -1].norm() > 1e-6:
+        raise ValueError("harmful and harmless prompts have the same mean activation at every layer, so there is no "
+                         "refusal direction; check the prompt sets")
     raw = cand.raw[li, -1].float()
     return Direction(cand.layers[li], raw, raw / raw.norm(), how)
 
