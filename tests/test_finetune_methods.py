@@ -51,7 +51,7 @@ def test_preference_loss_equals_a_hand_computation(kind):
     model = make_trainable(base, TuneConfig(rank=4, targets=TARGETS))
     torch.manual_seed(1)
     with torch.no_grad():
-        for n, p in model.hf.named_parameters():
+        for p in model.hf.parameters():
             if p.requires_grad:
                 p.normal_(0, 0.2)  # a policy away from its reference, so the reference term matters
     loss, _ = obj.loss(model, [0, 1])

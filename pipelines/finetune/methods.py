@@ -27,8 +27,16 @@ from evals.judge import Judge
 from interp.forward import prepare
 from interp.models import Model, from_hf
 from pipelines.finetune.methods_data import preference_pairs, reasoned_refusals
-from pipelines.finetune.methods_measure import (behaviour, capability_cost, concentration_index, group_effects,
-                                                holders, layer_effects, own_direction, steerability)
+from pipelines.finetune.methods_measure import (
+    behaviour,
+    capability_cost,
+    concentration_index,
+    group_effects,
+    holders,
+    layer_effects,
+    own_direction,
+    steerability,
+)
 from pipelines.refusal.prompt_sets import RefusalData
 from pipelines.refusal.scoring import refusal_tokens
 from pipelines.refusal.stages import RefusalTokens

@@ -1,7 +1,8 @@
 """What the methods study measures on one model: behaviour, refusal concentration, capability cost, steerability.
 
 Concentration is read on the model's own refusal direction ``r`` (difference of means at the last
-post-instruction token, the layer chosen by the refusal job's filters) and its own refusal tokens: the first-token
+post-instruction token, the layer chosen by the refusal job's filters) and the refusal tokens its method trained
+(first tokens of its training refusals): the first-token
 refusal score on the harmful val prompts drops by how much when ``r`` is projected out of one layer's writers
 (attention and MLP outputs of that layer) alone, of one writer group at every layer, of one head or one MLP neuron
 (mean-ablated); a seeded random unit direction orthogonal to ``r`` (and random neurons) are the controls.
