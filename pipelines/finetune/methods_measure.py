@@ -120,9 +120,9 @@ def group_effects(model: Model, encs: list, tokens: list[int], r: torch.Tensor, 
 
 
 def concentration_index(per_layer: list[float], top: int) -> dict[str, float]:
-    """Share of the total positive per-layer effect held by the ``top`` layers, and the Gini index of the positive
-    per-layer effects (:mod:`tune.stats`)."""
-    x = torch.tensor(per_layer, dtype=torch.float64)
+    """Share of the total absolute per-layer effect held by the ``top`` layers, and the Gini index of the absolute
+    per-layer effects (:mod:`tune.stats`): absolute, since ablating ``r`` from one layer may raise the score too."""
+    x = torch.tensor(per_layer, dtype=torch.float64).abs()
     shares = cumulative_shares(x)
     return {f"top{top}_share": shares[min(top, len(shares)) - 1], "gini": gini(x)}
 
