@@ -36,9 +36,10 @@ def _keeps_logits(hf: torch.nn.Module) -> bool:
     return "logits_to_keep" in inspect.signature(inner.forward).parameters
 
 
-def response_nll(model: Model, rows: Sequence[Row]) -> torch.Tensor:
-    """Mean next-token cross-entropy over the rows' kept response tokens, one left-padded batch
-    (:func:`interp.chat.collate`, ``position_ids`` from the attention mask, so padding changes no real token).
+def kept_logits(model: Model, rows: Sequence[Row]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One left-padded batch of ``rows`` (:func:`interp.chat.collate`, ``position_ids`` from the attention mask, so
+    padding changes no real token): the logits that predict each kept response token ``[N, vocab]``, those tokens
+    ``[N]`` and the row each came from ``[N]`` (row-major order).
 
     Only the columns that predict a kept token are unembedded (``logits_to_keep``): the vocabulary head is most of
     the cost otherwise."""
@@ -53,8 +54,22 @@ def response_nll(model: Model, rows: Sequence[Row]) -> torch.Tensor:
     if not kw:
         logits = logits[:, cols]
     sel = pred[:, cols]
-    labels = batch.input_ids[:, cols + 1][sel]
-    return torch.nn.functional.cross_entropy(logits[sel].float(), labels)
+    return logits[sel], batch.input_ids[:, cols + 1][sel], sel.nonzero()[:, 0]
+
+
+def response_nll(model: Model, rows: Sequence[Row]) -> torch.Tensor:
+    """Mean next-token cross-entropy over the rows' kept response tokens (:func:`kept_logits`)."""
+    logits, labels, _ = kept_logits(model, rows)
+    return torch.nn.functional.cross_entropy(logits.float(), labels)
+
+
+def response_logps(model: Model, rows: Sequence[Row]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row, the summed log-probability of its kept response tokens ``[B]`` (graph kept) and how many there
+    are ``[B]``: the sequence log-likelihoods a preference loss compares."""
+    logits, labels, row = kept_logits(model, rows)
+    lp = torch.log_softmax(logits.float(), -1).gather(-1, labels[:, None])[:, 0]
+    sums = torch.zeros(len(rows), device=lp.device, dtype=lp.dtype).index_add(0, row, lp)
+    return sums, torch.bincount(row, minlength=len(rows)).to(lp.dtype)
 
 
 @dataclass
@@ -75,4 +90,4 @@ class SFT:
         return fingerprint(self.rows)
 
 
-__all__ = ["Objective", "SFT", "response_nll"]
+__all__ = ["Objective", "SFT", "kept_logits", "response_logps", "response_nll"]

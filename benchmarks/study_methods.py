@@ -1,0 +1,96 @@
+"""Post-training methods compared on SmolLM2-135M-Instruct: SFT, reasoning SFT and ORPO (or DPO) from the same base
+and data (the realistic organism's pair builder), short LoRA runs; the table goes to stdout and, with ``--write``,
+into ``benchmarks/RESULTS_finetune.md`` under ``### Post-training methods compared``.
+
+``nice -n 19 python benchmarks/study_methods.py --steps 60 [--write]`` (one run at a time; single-threaded)
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from interp.models import load_model  # noqa: E402
+from organism import smollm2_data as sd  # noqa: E402
+from organism import train_smollm2 as ts  # noqa: E402
+from pipelines.finetune.methods import MethodsConfig, compare_methods  # noqa: E402
+from pipelines.finetune.methods_data import reasoned_refusals  # noqa: E402
+from pipelines.refusal.prompt_sets import load_refusal_data  # noqa: E402
+from tune.config import TuneConfig  # noqa: E402
+
+HEADING = "### Post-training methods compared"
+COLUMNS = ["model", "harmful_refusal", "harmless_refusal", "ce_vs_base", "direction_layer", "all_writers_effect",
+           "attention_share", "top3_share", "gini", "top_head", "top_neuron", "add_refusal@2", "add_random@2",
+           "ablate_refusal", "ablate_random"]
+
+
+def training_data(base, n: int, seed: int) -> dict[str, list[str]]:
+    """``n`` harmful (our refusals) and ``n`` harmless (the base's cached answers) pairs of the organism's recipe."""
+    recipe = replace(ts.Recipe(seed=seed), n_harmful=n, n_extra=0, n_realistic=0, n_copyright=0, n_harmless=n,
+                     n_borderline=0)
+    exs = ts.examples(recipe, ts.DEFAULT_HARMFUL)
+    prompts, responses = ts.pairs(base, exs)
+    harm = [i for i, e in enumerate(exs) if e.kind == "harmful"][:n]
+    safe = [i for i, e in enumerate(exs) if e.kind == "harmless"][:n]
+    eos = base.tokenizer.eos_token or ""
+    return {"harmful": [prompts[i] for i in harm], "refusals": [responses[i] for i in harm],
+            "harmless": [prompts[i] for i in safe], "answers": [responses[i] for i in safe],
+            "reasoned": reasoned_refusals(len(harm), seed, [exs[i].response for i in harm], suffix=eos)}
+
+
+def write(table: str, command: str, machine: str) -> None:
+    path = REPO / "benchmarks" / "RESULTS_finetune.md"
+    text = path.read_text() if path.exists() else "# Fine-tuning results\n"
+    block = f"{HEADING}\n\n`{command}`\n\n{machine}\n\n{table}\n"
+    if HEADING in text:
+        head, rest = text.split(HEADING, 1)
+        nxt = rest.find("\n### ")
+        text = head + block + (rest[nxt + 1:] if nxt >= 0 else "")
+    else:
+        text = text.rstrip() + "\n\n" + block
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--n", type=int, default=64, help="harmful and harmless training pairs each")
+    ap.add_argument("--preference", default="orpo", choices=("orpo", "dpo"))
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--write", action="store_true")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    t0 = time.time()
+    base = load_model("smollm2-base")
+    tr = training_data(base, args.n, args.seed)
+    data = load_refusal_data(model="smollm2-base", n_train=32, n_val=16, n_test=32)
+    ce = [r for r in sd.harmless("test") if r["instruction"] in sd.base_answers()][:32] or sd.harmless("val")[:32]
+    answers = sd.base_answers()
+    ce_prompts = [r["instruction"] for r in ce if r["instruction"] in answers]
+    cfg = MethodsConfig(tune=TuneConfig(steps=args.steps, rank=8, alpha=16, targets=ts.TARGETS,
+                                        layers=tuple(range(14, 30)), lr=2e-3, batch_size=8), max_new_tokens=24)
+    study = compare_methods(base, tr["harmful"], tr["refusals"], tr["harmless"], tr["answers"], data, ce_prompts,
+                            [answers[q] for q in ce_prompts], reasoned=tr["reasoned"],
+                            methods=("sft", "reasoning_sft", args.preference), config=cfg, seed=args.seed)
+    df = study.to_frame()
+    table = df[[c for c in COLUMNS if c in df.columns]].to_markdown(index=False, floatfmt=".3g")
+    print(table)
+    machine = f"{platform.machine()}, {platform.processor() or 'cpu'}, torch {torch.__version__}, 1 thread, " \
+              f"{time.time() - t0:.0f} s"
+    if args.write:
+        write(table, "nice -n 19 python benchmarks/study_methods.py " + " ".join(argv or sys.argv[1:]), machine)
+
+
+if __name__ == "__main__":
+    main()
