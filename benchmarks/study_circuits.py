@@ -73,6 +73,8 @@ def main() -> None:
     ap.add_argument("--budget", type=int, default=512)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--cache", default=None)
+    ap.add_argument("--rank-by", default="influence", choices=("influence", "direct"))
+    ap.add_argument("--no-costs", action="store_true", help="skip the graph cost rows")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     t_start = time.time()
@@ -92,13 +94,15 @@ def main() -> None:
     rm = ReplacementModel(model, tcs)
     t0 = time.time()
     res = refusal_circuit(rm, refused, r, args.layer, data.harmful["test"].instructions, n_features=args.n_features,
-                          n_random=3, max_feature_nodes=args.budget, max_positions=160, max_new_tokens=24)
+                          n_random=3, max_feature_nodes=args.budget, max_positions=160, max_new_tokens=24,
+                          rank_by=args.rank_by)
     t_study = time.time() - t0
     print(res.to_frame().head(25).to_string(), res.to_frame("rates").to_string(), res.test, flush=True)
     Path("/tmp/refusal_circuit_graph.html").write_text(res.page(0), encoding="utf-8")
-    costs = graph_costs(rm, r, args.layer, [refused[0], refused[0] + " " + refused[1], " ".join(refused[:4])],
-                        args.budget)
-    write_text(RESULTS, report(args, q, res, costs, t_study, time.time() - t_start))
+    costs = [] if args.no_costs else graph_costs(rm, r, args.layer, [refused[0], refused[0] + " " + refused[1],
+                                                                      " ".join(refused[:4])], args.budget)
+    out = RESULTS if args.rank_by == "influence" else RESULTS.with_name(f"RESULTS_circuits_{args.rank_by}.md")
+    write_text(out, report(args, q, res, costs, t_study, time.time() - t_start))
 
 
 def report(args, q, res, costs, t_study: float, t_total: float) -> str:
@@ -110,7 +114,8 @@ def report(args, q, res, costs, t_study: float, t_total: float) -> str:
              f"{', '.join(f'{x:.2f}' for x in fvu)}. CE with every MLP replaced at every token, the sink included "
              f"(whose massive MLP writes the transcoders were not trained on): {s}.", "",
              f"Target: the refusal direction (difference of means, train split) at resid_pre.{args.layer}, last "
-             f"token; {len(res.graphs)} refused harmful train prompts graphed (budget {args.budget} feature nodes).",
+             f"token; {len(res.graphs)} refused harmful train prompts graphed (budget {args.budget} feature nodes); "
+             f"features chosen by {args.rank_by}.",
              "", "| condition | refused | n | rate | 95% CI |", "|---|---|---|---|---|"]
     lines += [f"| {r['condition']} | {r['k']} | {r['n']} | {r['rate']:.2f} | {r['ci95'][0]:.2f}-{r['ci95'][1]:.2f} |"
               for r in res.rates]
@@ -126,7 +131,8 @@ def report(args, q, res, costs, t_study: float, t_total: float) -> str:
     lines += [f"| {c['tokens']} | {c['active']} | {c['feature_nodes']} | {c['s']:.1f} | {c['peak_mb']:.0f} | "
               f"{c['completeness']:.2e} |" for c in costs]
     lines += ["", f"Study {t_study:.0f} s, whole run {t_total:.0f} s. {machine()}. Command: `python "
-              f"benchmarks/study_circuits.py --model {args.model} --layer {args.layer} --threads {args.threads}`.", ""]
+              f"benchmarks/study_circuits.py --model {args.model} --layer {args.layer} --threads {args.threads} "
+              f"--rank-by {args.rank_by}`.", ""]
     return "\n".join(lines)
 
 

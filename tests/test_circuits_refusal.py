@@ -57,6 +57,16 @@ def test_ablation_is_tested_against_layer_matched_random_features(study, setup):
     assert study.plot().data and "top refusal features" in study.page(0)
 
 
+def test_rank_by_direct_chooses_the_largest_direct_writers(setup):
+    rm, data, r = setup
+    st = refusal_circuit(rm, data.harmful["val"].instructions[:2], r, 2, data.harmful["test"].instructions[:4],
+                         n_features=5, n_random=1, max_new_tokens=4, rank_by="direct")
+    chosen = [x for x in st.features if x["chosen"]]
+    assert sorted(x["direct"] for x in chosen) == sorted(x["direct"] for x in st.features)[-5:]
+    with pytest.raises(ValueError, match="rank_by"):
+        refusal_circuit(rm, ["x"], r, 2, ["y"], rank_by="magic")
+
+
 def test_bad_input(setup):
     rm, data, r = setup
     with pytest.raises(ValueError, match="d_model"):

@@ -121,10 +121,15 @@ def _cos_diff(rows: list[dict[str, Any]], tcs: dict[int, Any], sae: SAE, latents
 def refusal_circuit(rm: ReplacementModel, prompts: list[str], direction: torch.Tensor, layer: int,
                     eval_harmful: list[str], n_features: int = 10, n_random: int = 3, max_feature_nodes: int = 512,
                     max_positions: int = 64, max_new_tokens: int = 24, seed: int = 0, judge: Judge | None = None,
-                    diff: tuple[SAE, list[int]] | None = None, batch_size: int = 32) -> RefusalCircuit:
+                    diff: tuple[SAE, list[int]] | None = None, batch_size: int = 32,
+                    rank_by: str = "influence") -> RefusalCircuit:
     """Graphs of ``prompts`` (refused harmful ones) with the refusal ``direction [d]`` at ``resid_pre.{layer}``,
     last token, as target; the top ``n_features`` by summed influence ablated on ``eval_harmful`` against
-    ``n_random`` layer-matched random draws (module docstring). ``diff``: ``(sae, latents)`` to compare with."""
+    ``n_random`` layer-matched random draws (module docstring). ``diff``: ``(sae, latents)`` to compare with.
+    ``rank_by``: which promoting features are chosen, the most influential (``"influence"``, the paper's measure)
+    or those with the largest summed direct effect on the target (``"direct"``: the writers of the projection)."""
+    if rank_by not in ("influence", "direct"):
+        raise ValueError(f"rank_by must be 'influence' or 'direct', got {rank_by!r}")
     model: Model = rm.model
     if direction.shape[-1] != model.d_model:
         raise ValueError(f"the direction has width {direction.shape[-1]} but {model.name} has d_model={model.d_model}")
@@ -142,6 +147,8 @@ def refusal_circuit(rm: ReplacementModel, prompts: list[str], direction: torch.T
     if diff is not None:
         _cos_diff(rows, rm.transcoders, *diff)
     promoting = [x for x in rows if x["direct"] > 0]
+    if rank_by == "direct":
+        promoting.sort(key=lambda x: -x["direct"])
     if len(promoting) < n_features:
         raise ValueError(f"the graphs hold {len(promoting)} features that push the target up, fewer than "
                          f"n_features={n_features}; graph more prompts or raise max_feature_nodes")
@@ -163,7 +170,8 @@ def refusal_circuit(rm: ReplacementModel, prompts: list[str], direction: torch.T
             if n_rand else None, "top_rate": rates[1]["rate"], "random_rate": k_rand / n_rand if n_rand else None}
     return RefusalCircuit(rows, rates, test, graphs, meta={"layer": layer, "site": site, "n_features": n_features,
                                                             "n_prompts": len(prompts), "seed": seed,
-                                                            "max_feature_nodes": max_feature_nodes})
+                                                            "max_feature_nodes": max_feature_nodes,
+                                                            "rank_by": rank_by})
 
 
 __all__ = ["RefusalCircuit", "refusal_circuit"]
