@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-ORDER = ["capture", "probes", "steering", "refusal", "refusal_full", "sae", "patching", "gpu"]
+ORDER = ["capture", "probes", "steering", "refusal", "refusal_full", "sae", "patching", "finetune", "finetune_speed",
+         "circuits", "circuits_direct", "graphs", "gpu"]
 
 
 def main() -> None:
