@@ -49,7 +49,8 @@ SKIP = "skip"  # a TraceEdit's gate: this batch has no token to edit
 # where a site kind is reached: (path in the ArchSpec, "input" | "output", rank in a block's execution order)
 _TAPS: dict[str, tuple[str, str, int]] = {
     "resid_pre": ("", "input", 0), "attn_z": ("attn_proj", "input", 2), "attn_out": ("attn_out", "output", 3),
-    "mlp_post": ("mlp_proj", "input", 4), "mlp_out": ("mlp_out", "output", 5), "resid_post": ("", "output", 6),
+    "mlp_in": ("mlp", "input", 4), "mlp_post": ("mlp_proj", "input", 5), "mlp_module_out": ("mlp", "output", 6),
+    "mlp_out": ("mlp_out", "output", 7), "resid_post": ("", "output", 8),
 }
 UNSUPPORTED = ("through the nnsight backend; supported there: interp.capture, interp.logits, interp.token_logprobs, "
                "interp.forward.forward / last_logits without hooks, and steering.apply with steering's own "
