@@ -19,7 +19,7 @@ BLOCK_KINDS: dict[str, str] = {
     "mlp_out": "hook_mlp_out",
     "attn_z": "attn.hook_z",
     "mlp_post": "mlp.hook_post",
-    # the MLP module's own input and output (after the pre-MLP norm with its gain; before any post-MLP norm, which
+    # the MLP module's own input and output (after any pre-MLP norm with its gain; before any post-MLP norm, which
     # only Gemma-2/3 and OLMo-2 have), the sites a transcoder reads and writes; named as circuit-tracer names them
     "mlp_in": "mlp.hook_in",
     "mlp_module_out": "mlp.hook_out",
