@@ -33,3 +33,17 @@ def test_the_rest_stays_reachable_from_submodules():
     assert callable(sae.quality.ce_loss_recovered) and callable(sae.analysis.separating_latents)
     with pytest.raises(AttributeError):
         sae.no_such_thing  # noqa: B018
+
+
+def test_every_package_is_installed_by_pyproject():
+    """A package missing from ``[tool.setuptools.packages.find] include`` imports from the repository root (the
+    tests) but not from an installed copy: every top-level package must match one of the globs."""
+    import fnmatch
+    import tomllib
+
+    from .conftest import REPO
+    from .test_architecture import PACKAGES as FLOORS
+
+    include = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
+    missing = [p for p in FLOORS if not any(fnmatch.fnmatch(p, g) for g in include)]
+    assert not missing, f"add {missing} to pyproject.toml's [tool.setuptools.packages.find] include"
