@@ -24,13 +24,13 @@ from typing import Any
 
 import torch
 
-import steering
-from evals.judge import Judge, judge_many
-from evals.rates import fisher_greater, rate
+from evals.judge import Judge
+from evals.rates import fisher_greater
 from interp.models import Model
 from patching import ReplacementModel, attribution_graph
 from patching.graph_result import AttributionGraph
 from patching.graph_targets import Direction
+from pipelines.finetune.runs import refusal_rate
 from sae.edits import TranscoderAblation
 from sae.model import SAE
 
@@ -162,8 +162,8 @@ def refusal_circuit(rm: ReplacementModel, prompts: list[str], direction: torch.T
     rates = []
     for name, feats in conds:
         edits = [TranscoderAblation(rm.transcoders, feats, skip_sink=True)] if feats else []
-        g = steering.generate(model, eval_harmful, *edits, max_new_tokens=max_new_tokens, progress=False)
-        rates.append({"condition": name, "features": [f"L{la}f{f}" for la, f in feats], **rate(judge_many(judge, g.texts))})
+        rates.append({"condition": name, "features": [f"L{la}f{f}" for la, f in feats],
+                      **refusal_rate(model, eval_harmful, judge, max_new_tokens, edits)})
     k_rand = sum(x["k"] for x in rates[2:])
     n_rand = sum(x["n"] for x in rates[2:])
     test = {"fisher_p_random_refuses_more": fisher_greater(k_rand, n_rand, rates[1]["k"], rates[1]["n"])

@@ -17,12 +17,11 @@ from typing import Any
 
 import torch
 
-import steering
-from evals.judge import Judge, judge_many
-from evals.rates import rate
+from evals.judge import Judge
 from interp.capture import capture
 from interp.models import Model
 from interp.positions import without_first
+from pipelines.finetune.runs import refusal_rate
 from pipelines.refusal.prompt_sets import RefusalData
 from sae.analysis import LatentDiff, diff_latents
 from sae.contexts import top_contexts
@@ -98,8 +97,7 @@ def _random_latents(sae: SAE, top: list[int], freq: torch.Tensor, rng: random.Ra
 
 
 def _gen_rate(model: Model, prompts: list[str], edits: list, max_new_tokens: int, judge: Judge | None) -> dict:
-    g = steering.generate(model, prompts, *edits, max_new_tokens=max_new_tokens, progress=False)
-    return rate(judge_many(judge, g.texts))
+    return refusal_rate(model, prompts, judge, max_new_tokens, edits)
 
 
 def _steer_rates(base: Model, tuned: Model, sae: SAE, d: LatentDiff, top: list[int], data: RefusalData,

@@ -20,9 +20,9 @@ from typing import Any
 import torch
 
 from evals.judge import Judge
-from evals.rates import fisher_greater, rate
+from evals.rates import fisher_greater
 from interp.models import Model
-from pipelines.finetune.runs import fresh_tune, refusals, refuse_shared_adapter
+from pipelines.finetune.runs import fresh_tune, refusal_rate, refuse_shared_adapter
 from tune import TuneConfig, token_attribution
 from tune.attribution import TokenAttribution
 from tune.data import check_pairs
@@ -84,7 +84,7 @@ def _check_q(q: float) -> None:
 def _behaviour(model: Model, harmful: Sequence[str], harmless: Sequence[str], metrics: Mapping[str, Metric],
                judge: Judge | None, max_new_tokens: int, name: str) -> tuple[list[dict[str, Any]], dict[str, float]]:
     with torch.no_grad():
-        rows = [{"condition": name, "split": split, **rate(refusals(model, ps, judge, max_new_tokens))}
+        rows = [{"condition": name, "split": split, **refusal_rate(model, ps, judge, max_new_tokens, batch_size=32)}
                 for split, ps in (("harmful", harmful), ("harmless", harmless))]
         return rows, {k: float(f(model)) for k, f in metrics.items()}
 

@@ -17,14 +17,14 @@ from typing import Any
 import torch
 
 import steering
-from evals.judge import Judge, judge_many
+from evals.judge import Judge
 from evals.logits import cross_entropy, refusal_score
-from evals.rates import rate
 from interp.forward import batches, forward, prepare
 from interp.models import Model
 from patching.heads import head_ablation_sweep, head_means
 from patching.measures import refusal_score as refusal_metric
 from patching.neurons import neuron_ablation_effect, neuron_contrast, neuron_means
+from pipelines.finetune.runs import refusal_rate
 from pipelines.refusal.config import SelectionConfig
 from pipelines.refusal.prompt_sets import RefusalData
 from pipelines.refusal.scoring import prompt_logits
@@ -51,9 +51,8 @@ def behaviour(model: Model, data: RefusalData, max_new_tokens: int, batch_size: 
     """Refusal rate (95% Wilson interval) of greedy generations on the held-out harmful and harmless test prompts."""
     out = {}
     for split in ("harmful", "harmless"):
-        g = steering.generate(model, getattr(data, split)["test"].instructions, max_new_tokens=max_new_tokens,
-                              batch_size=batch_size, progress=False)
-        out[split] = rate(judge_many(judge, g.texts))
+        out[split] = refusal_rate(model, getattr(data, split)["test"].instructions, judge, max_new_tokens,
+                                  batch_size=batch_size)
     return out
 
 
@@ -157,9 +156,7 @@ def steerability(model: Model, data: RefusalData, d: Direction, strengths: tuple
     rows: list[dict[str, Any]] = []
 
     def add(split: str, edit: str, alpha: float, direction: str, ivs: list) -> None:
-        g = steering.generate(model, getattr(data, split)["test"].instructions, *ivs, max_new_tokens=max_new_tokens,
-                              batch_size=batch_size, progress=False)
-        r = rate(judge_many(judge, g.texts))
+        r = refusal_rate(model, getattr(data, split)["test"].instructions, judge, max_new_tokens, ivs, batch_size)
         rows.append({"split": split, "edit": edit, "alpha": alpha, "direction": direction, "rate": r["rate"],
                      "k": r["k"], "n": r["n"], "low": r["ci95"][0], "high": r["ci95"][1]})
 

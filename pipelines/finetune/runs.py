@@ -16,6 +16,7 @@ from typing import Any
 
 import steering
 from evals.judge import Judge, judge_many
+from evals.rates import rate
 from interp.models import Model
 from tune import TuneConfig, fine_tune
 from tune.loop import Callback, TuneResult
@@ -57,10 +58,19 @@ def fresh_tune(model: Model, prompts: Sequence[str], responses: Sequence[str], c
 
 
 def refusals(model: Model, prompts: Sequence[str], judge: Judge | None, max_new_tokens: int,
-             batch_size: int = 32) -> list[bool]:
-    """The judge's verdict on the model's greedy answer to each prompt (``True`` = refused)."""
-    g = steering.generate(model, list(prompts), max_new_tokens=max_new_tokens, batch_size=batch_size, progress=False)
+             batch_size: int = 32, interventions: Sequence[Any] = ()) -> list[bool]:
+    """The judge's verdict on the model's greedy answer to each prompt (``True`` = refused), with
+    ``interventions`` applied during generation."""
+    g = steering.generate(model, list(prompts), *interventions, max_new_tokens=max_new_tokens, batch_size=batch_size,
+                          progress=False)
     return judge_many(judge, g.texts)
 
 
-__all__ = ["fresh_tune", "is_peft", "refusals", "refuse_shared_adapter"]
+def refusal_rate(model: Model, prompts: Sequence[str], judge: Judge | None, max_new_tokens: int,
+                 interventions: Sequence[Any] = (), batch_size: int = 16) -> dict[str, Any]:
+    """``{"rate", "k", "n", "ci95"}`` (``evals.rates.rate``) of :func:`refusals`: the studies' validation by
+    generation."""
+    return rate(refusals(model, prompts, judge, max_new_tokens, batch_size, interventions))
+
+
+__all__ = ["fresh_tune", "is_peft", "refusal_rate", "refusals", "refuse_shared_adapter"]

@@ -21,12 +21,12 @@ from typing import Any
 import torch
 
 import steering
-from evals.judge import Judge, judge_many
+from evals.judge import Judge
 from evals.logits import refusal_score
-from evals.rates import rate
 from interp.forward import prepare
 from interp.models import Model
 from patching.transplant import Transplant, TransplantSearch, check_compatible, differs, greedy_transplant
+from pipelines.finetune.runs import refusal_rate
 from pipelines.refusal.prompt_sets import RefusalData
 from pipelines.refusal.scoring import prompt_logits
 from pipelines.refusal.stages import find_refusal_tokens
@@ -134,8 +134,8 @@ def _rates(base: Model, aligned: Model, found: list[Block], changed: list[Block]
     for name, model, edits in conds:
         for split in ("harmful", "harmless"):
             prompts = getattr(data, split)["test"].instructions
-            g = steering.generate(model, prompts, *edits, max_new_tokens=max_new_tokens, progress=False)
-            rows.append({"condition": name, "split": split, **rate(judge_many(judge, g.texts)),
+            rows.append({"condition": name, "split": split,
+                         **refusal_rate(model, prompts, judge, max_new_tokens, edits),
                          "blocks": [f"{iv.parts[0]}:{','.join(map(str, iv.layers))}" for iv in edits]})
     return rows
 
