@@ -1,0 +1,144 @@
+"""Cross-language similarity of parallel prompts by layer: is a sentence closer to its own translation than to other
+sentences of the other language?
+
+Every language's activations are centred on that language's own mean (per layer) before the cosine, which removes
+what all sentences of a language share; the raw, uncentred cosine is reported beside it (it is dominated by the
+components all prompts share, so matched and mismatched pairs look alike). For each ordered pair of languages:
+matched-pair cosine (a sentence and its translation), the mismatched-pair baseline (every other pairing), retrieval
+accuracy (the nearest other-language neighbour is the translation; chance 1/n) with its Wilson interval, and a
+shuffled-pairing control (the same statistics against a seeded random pairing).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from itertools import permutations as ordered_pairs
+from typing import Any
+
+import pandas as pd
+import torch
+
+from evals.rates import wilson
+from interp.models import Model
+from pipelines.directions.similarity_data import item_activations
+from probes.similarity import permutations
+from viz.directions_similarity import cross_language_by_layer
+
+KEYS = ("matched", "mismatched", "retrieval", "raw_matched", "raw_mismatched", "raw_retrieval",
+        "shuffled_matched", "shuffled_retrieval")
+
+
+def check_parallel(parallel: Mapping[str, Sequence[str]]) -> dict[str, list[str]]:
+    """``parallel`` as ``{lang: [text, ...]}`` with >= 2 languages and one translation of each of >= 3 sentences in
+    every language."""
+    par = {str(k): [str(t) for t in v] for k, v in parallel.items()}
+    if len(par) < 2:
+        raise ValueError(f"cross-language similarity needs >= 2 languages, got {list(par)}")
+    counts = {k: len(v) for k, v in par.items()}
+    if len(set(counts.values())) != 1:
+        raise ValueError(f"parallel prompts must hold one translation of every sentence in each language (aligned by "
+                         f"index), got unequal counts {counts}")
+    if next(iter(counts.values())) < 3:
+        raise ValueError(f"need at least 3 parallel sentences per language, got {counts}")
+    return par
+
+
+def pair_cosines(A: torch.Tensor, B: torch.Tensor, centre: bool = True) -> torch.Tensor:
+    """Cosines ``[L, n, n]`` between the rows of ``A [L, n, d]`` and of ``B [L, n, d]``, each centred on its own mean
+    over items first when ``centre``."""
+    A, B = A.double(), B.double()
+    if centre:
+        A, B = A - A.mean(-2, keepdim=True), B - B.mean(-2, keepdim=True)
+    A = A / A.norm(dim=-1, keepdim=True).clamp_min(1e-30)
+    B = B / B.norm(dim=-1, keepdim=True).clamp_min(1e-30)
+    return A @ B.transpose(-1, -2)
+
+
+def pairing_stats(C: torch.Tensor, pairing: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """For cosines ``C [L, n, n]`` and a pairing (row ``i`` goes with column ``pairing[i]``): mean paired cosine ``[L]``,
+    mean cosine of every other pairing ``[L]``, and retrieval accuracy ``[L]`` (row's argmax is its pair)."""
+    n = C.shape[-1]
+    hit = torch.zeros(n, n, dtype=torch.bool)
+    hit[torch.arange(n), pairing] = True
+    matched = C[:, hit].mean(-1)
+    mismatched = C[:, ~hit].mean(-1)
+    retrieval = (C.argmax(-1) == pairing).double().mean(-1)
+    return matched, mismatched, retrieval
+
+
+def language_stats(acts: Mapping[str, torch.Tensor], seed: int = 0) -> dict[tuple[str, str], torch.Tensor]:
+    """``{(source, target): stats [len(KEYS), L]}`` over ordered pairs of languages from ``acts {lang: X [L, n, d]}``."""
+    langs = list(acts)
+    n = acts[langs[0]].shape[-2]
+    ident = torch.arange(n)
+    shuffled = permutations(n, 1, seed)[0]
+    out = {}
+    for a, b in ordered_pairs(langs, 2):
+        C, R = pair_cosines(acts[a], acts[b], True), pair_cosines(acts[a], acts[b], False)
+        m, mm, ret = pairing_stats(C, ident)
+        rm, rmm, rret = pairing_stats(R, ident)
+        sm, _, sret = pairing_stats(C, shuffled)
+        out[(a, b)] = torch.stack([m, mm, ret, rm, rmm, rret, sm, sret])
+    return out
+
+
+@dataclass
+class CrossLanguageSimilarity:
+    """Per ordered language pair, ``stats[(source, target)] [len(KEYS), L]`` (rows named by :data:`KEYS`); ``n``
+    sentences per language."""
+
+    layers: list[int]
+    languages: list[str]
+    n: int
+    stats: dict[tuple[str, str], torch.Tensor]
+
+    def mean_over_pairs(self) -> dict[str, torch.Tensor]:
+        """Each statistic ``[L]`` averaged over the ordered language pairs."""
+        s = torch.stack(list(self.stats.values())).mean(0)
+        return {k: s[i] for i, k in enumerate(KEYS)}
+
+    def to_frame(self, pairs: bool = True) -> pd.DataFrame:
+        """One row per (layer, source, target), or with ``pairs=False`` per layer averaged over pairs (``source`` and
+        ``target`` = ``"mean"``); retrieval carries its Wilson 95% interval over the ``n`` (per pair) or pooled
+        sentences."""
+        items = list(self.stats.items()) if pairs else [(("mean", "mean"), torch.stack(list(self.stats.values())).mean(0))]
+        n_trials = self.n if pairs else self.n * len(self.stats)
+        rows = []
+        for (a, b), s in items:
+            for k, v in enumerate(self.layers):
+                row: dict[str, Any] = {"layer": v, "source": a, "target": b, "n": self.n}
+                row.update({key: float(s[i, k]) for i, key in enumerate(KEYS)})
+                row["gap"] = row["matched"] - row["mismatched"]
+                row["raw_gap"] = row["raw_matched"] - row["raw_mismatched"]
+                row["retrieval_lo"], row["retrieval_hi"] = wilson(round(row["retrieval"] * n_trials), n_trials)
+                row["chance"] = 1 / self.n
+                rows.append(row)
+        return pd.DataFrame(rows)
+
+    def plot(self) -> Any:
+        m = self.mean_over_pairs()
+        cos = {"matched (centred)": m["matched"], "mismatched (centred)": m["mismatched"],
+               "matched raw": m["raw_matched"], "mismatched raw": m["raw_mismatched"],
+               "shuffled pairing (centred)": m["shuffled_matched"]}
+        ret = {"retrieval (centred)": m["retrieval"], "retrieval raw": m["raw_retrieval"],
+               "retrieval shuffled pairing": m["shuffled_retrieval"]}
+        return cross_language_by_layer(cos, ret, self.layers,
+                                       title=f"cross-language similarity ({', '.join(self.languages)}; n={self.n})")
+
+
+def cross_language_similarity(model: Model, parallel: Mapping[str, Sequence[str]], layers: Sequence[int] | None = None,
+                              positions: Any = "prompt_mean", template: str = "{text}", seed: int = 0,
+                              batch_size: int = 16) -> CrossLanguageSimilarity:
+    """Cross-language similarity of ``parallel {lang: [sentence, ...]}`` (aligned by index) in ``model``'s residual
+    stream after each block; plain text, chat template off; ``positions`` default: the mean over the sentence's tokens
+    (BOS left out)."""
+    par = check_parallel(parallel)
+    if "{text}" not in template:
+        raise ValueError(f"template {template!r} has no {{text}} field")
+    acts, layer_list = {}, None
+    for lang, texts in par.items():
+        acts[lang], layer_list = item_activations(model, [template.format(text=t) for t in texts], layers, positions,
+                                                  batch_size)
+    n = len(next(iter(par.values())))
+    return CrossLanguageSimilarity(layers=layer_list, languages=list(par), n=n, stats=language_stats(acts, seed))
