@@ -12,7 +12,13 @@ from scipy.stats import kendalltau, pearsonr, spearmanr
 
 from evals.rates import wilson
 from pipelines.directions.similarity import category_rsa, rsa
-from pipelines.directions.similarity_data import category_matrix, load_categories, load_parallel
+from pipelines.directions.similarity_data import (
+    MEAN_AFTER_FIRST,
+    category_matrix,
+    item_activations,
+    load_categories,
+    load_parallel,
+)
 from pipelines.directions.similarity_language import (
     check_parallel,
     cross_language_similarity,
@@ -203,6 +209,18 @@ def test_typicality_and_cross_language_run_on_a_tiny_model(tiny_models):
     frame = cl.to_frame()
     assert len(frame) == 2 and set(frame["source"]) == {"en", "xx"} and cl.plot() is not None
     assert len(cl.to_frame(pairs=False)) == 1 and (frame["chance"] == 1 / 3).all()
+
+
+def test_mean_after_first_leaves_out_the_sink_token_in_padded_batches(tiny_models):
+    model = tiny_models("llama")
+    texts = ["the boy is old", "water", "where is the old house by the water now ?"]
+    X, _ = item_activations(model, texts, layers=[0], positions=MEAN_AFTER_FIRST, batch_size=3)
+    for i, t in enumerate(texts):
+        ids = model.tokenizer(t)["input_ids"]
+        with torch.no_grad():
+            h = model.hf(torch.tensor([ids]), output_hidden_states=True).hidden_states[1][0].double()
+        ref = h[1:].mean(0) if len(ids) > 1 else h[0]
+        torch.testing.assert_close(X[0, i], ref, atol=1e-5, rtol=0)
 
 
 def test_our_data_loads_and_is_well_formed():

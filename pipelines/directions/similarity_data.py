@@ -12,6 +12,7 @@ import torch
 
 from interp.capture import capture
 from interp.models import Model
+from interp.positions import without_first
 
 LANGUAGES = ("en", "fr", "de", "es", "zh")
 
@@ -54,15 +55,27 @@ def category_matrix(categories: Sequence[Any], superordinates: Sequence[Any] | N
     return target
 
 
+MEAN_AFTER_FIRST = "mean_after_first"
+
+
 def item_activations(model: Model, texts: Sequence[str], layers: Sequence[int] | None = None,
                      positions: Any = "last", batch_size: int = 16) -> tuple[torch.Tensor, list[int]]:
     """``X [L, n, d]`` (float64) of plain texts (no chat template) at the residual stream after each block in
-    ``layers`` (default: all), at ``positions`` (``"last"``: the last token; ``"prompt_mean"``: mean over the text's
-    tokens, BOS left out), and the layer indices."""
+    ``layers`` (default: all), at ``positions``: any capture rule (``"last"``: the last token; ``"prompt_mean"``: mean
+    over the tokens less the special ones), or ``"mean_after_first"``: mean over the real tokens after the first, the
+    attention sink (Gemma's BOS; with the chat template off SmolLM2 has no BOS and its first word is the sink, whose
+    huge activations would dominate a mean). Returns the layer indices too."""
     layer_list = list(range(model.n_layers)) if layers is None else [int(v) for v in layers]
     bad = [v for v in layer_list if not 0 <= v < model.n_layers]
     if bad:
         raise ValueError(f"layers {bad} out of range for {model.n_layers} blocks")
-    acts = capture(model, list(texts), sites="resid_post", positions=positions, chat=False, layers=layer_list,
+    rule = "all" if positions == MEAN_AFTER_FIRST else positions
+    acts = capture(model, list(texts), sites="resid_post", positions=rule, chat=False, layers=layer_list,
                    batch_size=batch_size, progress=False)
-    return acts.tensor.double().transpose(0, 1).contiguous(), layer_list
+    X = acts.tensor.double()
+    if positions == MEAN_AFTER_FIRST:
+        keep = without_first(acts.mask)
+        keep = torch.where(keep.any(1, keepdim=True), keep, acts.mask.bool())  # a one-token text keeps its token
+        w = keep.double() / keep.sum(1, keepdim=True)
+        X = torch.einsum("nltd,nt->nld", X, w)
+    return X.transpose(0, 1).contiguous(), layer_list

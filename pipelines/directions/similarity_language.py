@@ -21,7 +21,7 @@ import torch
 
 from evals.rates import wilson
 from interp.models import Model
-from pipelines.directions.similarity_data import item_activations
+from pipelines.directions.similarity_data import MEAN_AFTER_FIRST, item_activations
 from probes.similarity import permutations
 from viz.directions_similarity import cross_language_by_layer
 
@@ -128,11 +128,11 @@ class CrossLanguageSimilarity:
 
 
 def cross_language_similarity(model: Model, parallel: Mapping[str, Sequence[str]], layers: Sequence[int] | None = None,
-                              positions: Any = "prompt_mean", template: str = "{text}", seed: int = 0,
+                              positions: Any = MEAN_AFTER_FIRST, template: str = "{text}", seed: int = 0,
                               batch_size: int = 16) -> CrossLanguageSimilarity:
     """Cross-language similarity of ``parallel {lang: [sentence, ...]}`` (aligned by index) in ``model``'s residual
     stream after each block; plain text, chat template off; ``positions`` default: the mean over the sentence's tokens
-    (BOS left out)."""
+    after the first (the attention sink; see :func:`item_activations`)."""
     par = check_parallel(parallel)
     if "{text}" not in template:
         raise ValueError(f"template {template!r} has no {{text}} field")
