@@ -1,5 +1,5 @@
 """Representational similarity on real models: category RSA (binary and graded superordinate targets) and typicality
-gradients on SmolLM2-135M-Instruct by layer, with permutation p-values; cross-language similarity of our parallel
+gradients on SmolLM2-135M-Instruct by layer, with permutation p-values and a random-weights twin as control; cross-language similarity of our parallel
 sentences on Gemma 3 270M (multilingual, no chat template) and on SmolLM2 for comparison. Tables to stdout and, with
 ``--write``, to ``benchmarks/RESULTS_similarity.md``.
 
@@ -21,7 +21,12 @@ sys.path.insert(0, str(REPO))
 from benchmarks._common import machine, table, write_text  # noqa: E402
 from interp.models import load_model  # noqa: E402
 from pipelines.directions.similarity import category_rsa  # noqa: E402
-from pipelines.directions.similarity_data import category_matrix, load_categories, load_parallel  # noqa: E402
+from pipelines.directions.similarity_data import (  # noqa: E402
+    category_matrix,
+    load_categories,
+    load_parallel,
+    random_init,
+)
 from pipelines.directions.similarity_language import cross_language_similarity  # noqa: E402
 from pipelines.directions.similarity_typicality import typicality  # noqa: E402
 
@@ -59,6 +64,23 @@ def typicality_section(model, data, args) -> list[str]:
             res.summary(), ""]
 
 
+def control_section(model, data, args) -> list[str]:
+    """Category RSA and typicality on randomly initialised weights: what the tokenizer and architecture alone give."""
+    twin = random_init(model, args.seed)
+    rs = category_rsa(twin, data["items"], data["categories"], n_perm=args.n_perm, seed=args.seed).to_frame()
+    kw = {"n_perm": args.n_perm, "n_boot": args.n_boot, "seed": args.seed}
+    ty_twin = typicality(twin, data["items"], data["categories"], data["typicality"], **kw)
+    ty_real = typicality(model, data["items"], data["categories"], data["typicality"], **kw)
+    ty, diff = ty_twin.to_frame(), ty_real.compare(ty_twin)
+    ty = ty[ty.category == "pooled"].reset_index(drop=True)
+    rows = [{"layer": int(rs.layer[k]), "r_binary": rs.r[k], "p_fwe": rs.p_fwe[k], "typicality_rho": ty.rho[k],
+             "typicality_p_fwe": ty.p_fwe[k], "trained_minus_random_rho": diff["difference"][k],
+             "diff_lo": diff["lo"][k], "diff_hi": diff["hi"][k]} for k in range(len(rs))]
+    title = (f"Random-weights control: {twin.name}, same items, targets and settings; typicality trained - random "
+             f"with its paired bootstrap 95% interval")
+    return [table(title, rows, list(rows[0]))]
+
+
 def language_section(model, parallel, args) -> list[str]:
     res = cross_language_similarity(model, parallel, seed=args.seed)
     f = res.to_frame(pairs=False)
@@ -71,8 +93,8 @@ def language_section(model, parallel, args) -> list[str]:
     pair_rows = [{"source": r.source, "target": r.target, "retrieval": r.retrieval, "gap": r.gap,
                   "shuffled_retrieval": r.shuffled_retrieval} for r in at.itertuples()]
     title = (f"Cross-language similarity on {model.name} ({len(parallel)} languages x {res.n} parallel sentences; mean "
-             f"over the sentence's tokens; each language centred on its own mean; averaged over the "
-             f"{len(res.stats)} ordered pairs; chance retrieval {1 / res.n:.3f})")
+             f"over the sentence's tokens after the first (the attention sink); each language centred on its own mean; "
+             f"averaged over the {len(res.stats)} ordered pairs; chance retrieval {1 / res.n:.3f})")
     return [table(title, rows, cols), table(f"Per pair at layer {int(f.layer[best])} ({model.name})", pair_rows,
                                             list(pair_rows[0]))]
 
@@ -92,7 +114,7 @@ def main(argv: list[str] | None = None) -> None:
     out = ["# Representational similarity (issue 14 item 4)", "",
            f"`nice -n 19 python benchmarks/study_similarity.py {' '.join(argv or sys.argv[1:])}`", "", machine(), ""]
     smol = load_model("smollm2-base")
-    out += rsa_section(smol, data, args) + typicality_section(smol, data, args)
+    out += rsa_section(smol, data, args) + typicality_section(smol, data, args) + control_section(smol, data, args)
     print("\n".join(out), flush=True)
     for name in args.language_models:
         model = smol if name == "smollm2-base" else load_model(name)

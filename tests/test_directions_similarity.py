@@ -18,6 +18,7 @@ from pipelines.directions.similarity_data import (
     item_activations,
     load_categories,
     load_parallel,
+    random_init,
 )
 from pipelines.directions.similarity_language import (
     check_parallel,
@@ -158,6 +159,11 @@ def test_typicality_finds_a_planted_gradient_and_not_a_shuffled_one():
     shuffled = list(np.random.default_rng(8).permutation(ratings))
     null = typicality_stats(dist, groups, shuffled, [0], n_perm=200, n_boot=200)
     assert null.p.item() > 0.05 and "null result" in null.summary()
+    paired = res.compare(null)                                    # same items, seed and n_boot: shared resamples
+    assert paired["difference"][0] == pytest.approx(res.pooled.item() - null.pooled.item()) and paired["lo"][0] > 0
+    assert (res.compare(res)[["difference", "lo", "hi"]] == 0).all().all()
+    with pytest.raises(ValueError, match="same items"):
+        res.compare(typicality_stats(dist, groups, ratings, [0], n_perm=10, n_boot=20))
     assert set(res.to_frame()["category"]) == {"pooled", 0, 1, 2, 3}
 
 
@@ -195,6 +201,17 @@ def test_category_rsa_on_a_tiny_model_equals_a_plain_hf_forward(tiny_models):
     frame = res.to_frame()
     assert list(frame["layer"]) == [0, 1] and frame["p"].between(0, 1).all()
     assert res.plot() is not None and res.plot(layer=1) is not None and "layer" in res.summary()
+
+
+def test_random_init_twin_keeps_the_architecture_and_tokenizer_not_the_weights(tiny_models):
+    model = tiny_models("llama")
+    twin = random_init(model, seed=3)
+    assert twin.tokenizer is model.tokenizer and twin.n_layers == model.n_layers and "random init" in twin.name
+    a, b = model.hf.state_dict(), twin.hf.state_dict()
+    assert a.keys() == b.keys() and not torch.equal(a["model.layers.0.mlp.up_proj.weight"],
+                                                    b["model.layers.0.mlp.up_proj.weight"])
+    assert torch.equal(random_init(model, seed=3).hf.state_dict()["model.embed_tokens.weight"],
+                       b["model.embed_tokens.weight"])
 
 
 def test_typicality_and_cross_language_run_on_a_tiny_model(tiny_models):

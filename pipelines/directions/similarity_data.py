@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from interp.capture import capture
-from interp.models import Model
+from interp.models import Model, from_hf
 from interp.positions import without_first
 
 LANGUAGES = ("en", "fr", "de", "es", "zh")
@@ -53,6 +53,21 @@ def category_matrix(categories: Sequence[Any], superordinates: Sequence[Any] | N
         same_sup = torch.tensor([[a == b for b in sup] for a in sup])
         target[same_sup & ~same] = between
     return target
+
+
+def random_init(model: Model, seed: int = 0) -> Model:
+    """The same architecture and tokenizer with freshly initialised weights (HF's own init, seeded): the control for
+    what tokenisation and architecture alone give a similarity study, without learned structure."""
+    import copy
+
+    from transformers import AutoModelForCausalLM
+
+    cfg = copy.deepcopy(model.hf.config)
+    if hasattr(cfg, "quantization_config"):  # a GGUF-loaded model's config; the twin is plain float
+        del cfg.quantization_config
+    torch.manual_seed(seed)
+    hf = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    return from_hf(hf.eval(), model.tokenizer, name=f"{model.name} (random init)")
 
 
 MEAN_AFTER_FIRST = "mean_after_first"

@@ -71,6 +71,18 @@ class TypicalityResult:
     group_hi: torch.Tensor
     distance: torch.Tensor
     metric: str
+    boot: torch.Tensor | None = None
+
+    def compare(self, other: TypicalityResult) -> pd.DataFrame:
+        """Pooled rho of this result minus ``other``'s by layer, with a paired bootstrap 95% interval: both must come
+        from the same items, groups, ``n_boot`` and seed (so they share their resamples), e.g. a model and its
+        :func:`~pipelines.directions.similarity_data.random_init` twin."""
+        if self.boot is None or other.boot is None or self.boot.shape != other.boot.shape or \
+                self.groups != other.groups or self.distance.shape[-1] != other.distance.shape[-1]:
+            raise ValueError("compare needs two typicality results of the same items, groups, n_boot and seed")
+        d = self.boot - other.boot
+        return pd.DataFrame({"layer": self.layers, "difference": (self.pooled - other.pooled).tolist(),
+                             "lo": d.nanquantile(0.025, 0).tolist(), "hi": d.nanquantile(0.975, 0).tolist()})
 
     def to_frame(self) -> pd.DataFrame:
         """One row per (layer, category) and per layer for ``category == "pooled"``."""
@@ -98,7 +110,10 @@ class TypicalityResult:
 
 def typicality_stats(distance: torch.Tensor, groups: Sequence[Any], ratings: Sequence[float], layers: Sequence[int],
                      n_perm: int = 1000, n_boot: int = 1000, seed: int = 0, metric: str = "cosine") -> TypicalityResult:
-    """The prototype-effect statistics of leave-one-out distances ``distance [L, n]`` against ``ratings [n]``."""
+    """The prototype-effect statistics of leave-one-out distances ``distance [L, n]`` against ``ratings [n]``.
+
+    Permutations and bootstrap resamples are seeded by ``seed``: two results with one seed and the same items share
+    them, so :meth:`TypicalityResult.compare` is a paired comparison."""
     gid, names = group_ids(groups)
     rating = torch.as_tensor(list(ratings), dtype=torch.float64)
     if rating.shape[0] != distance.shape[-1]:
@@ -123,7 +138,8 @@ def typicality_stats(distance: torch.Tensor, groups: Sequence[Any], ratings: Seq
     return TypicalityResult(layers=list(layers), groups=names, pooled=pooled, p=p_greater(pooled, null), p_fwe=fwe,
                             lo=boot.nanquantile(0.025, 0), hi=boot.nanquantile(0.975, 0),
                             null_hi=null.nanquantile(0.975, 0), per_group=torch.stack(per), group_p=torch.stack(gp),
-                            group_lo=torch.stack(glo), group_hi=torch.stack(ghi), distance=distance, metric=metric)
+                            group_lo=torch.stack(glo), group_hi=torch.stack(ghi), distance=distance, metric=metric,
+                            boot=boot)
 
 
 def _rho_boot(close: torch.Tensor, rating: torch.Tensor, boots: torch.Tensor) -> torch.Tensor:
