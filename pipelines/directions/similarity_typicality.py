@@ -97,7 +97,8 @@ class TypicalityResult:
 
     def summary(self) -> str:
         k = int(torch.nan_to_num(self.pooled, nan=-2.0).argmax())
-        verdict = "a prototype effect" if self.p_fwe[k] < 0.05 else "a null result (family-wise p >= 0.05)"
+        verdict = ("above the within-category permutation null (check a random_init twin with compare() before "
+                   "reading it as learned)" if self.p_fwe[k] < 0.05 else "a null result (family-wise p >= 0.05)")
         return (f"best layer {self.layers[k]}: pooled rho = {float(self.pooled[k]):.3f} "
                 f"[{float(self.lo[k]):.3f}, {float(self.hi[k]):.3f}], p = {float(self.p[k]):.3g}, "
                 f"family-wise p = {float(self.p_fwe[k]):.3g}: {verdict}")
