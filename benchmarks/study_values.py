@@ -79,7 +79,8 @@ def run_xl(args) -> str:
     model = load_model(args.xl_model)
     ids = prepare(model, ["Bonjour."], chat=False)[1][0].ids
     bos = model.tokenizer.bos_token_id
-    xl = cross_lingual_transfer(model, load_dilemmas(), source="en", target="fr", chat=False, **_kw(args, model.n_layers))
+    xl = cross_lingual_transfer(model, load_dilemmas(), source="en", target="fr", chat=False,
+                                **_kw(args, model.n_layers, args.xl_layer_step))
     df = xl.to_frame()
     rows = [{"layer": int(r.layer), "cosine en/fr fit": float(r.cosine), "AUROC en": float(r.auroc_en),
              "AUROC fr": float(r.auroc_fr), "transfer AUROC en->fr": float(r.transfer_auroc_en_to_fr),
@@ -92,8 +93,8 @@ def run_xl(args) -> str:
     return out
 
 
-def _kw(args, n_layers: int) -> dict:
-    return dict(layers=list(range(0, n_layers, args.layer_step)), max_items=(args.max_calibration, args.max_test),
+def _kw(args, n_layers: int, step: int | None = None) -> dict:
+    return dict(layers=list(range(0, n_layers, step or args.layer_step)), max_items=(args.max_calibration, args.max_test),
                 n_random=args.n_random, alphas=args.alphas, select_alpha=args.select_alpha, top_k=args.top_k,
                 batch_size=args.batch_size, seed=args.seed, letters=tuple(args.letters))
 
@@ -110,6 +111,7 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--layer-step", type=int, default=1, help="fit and select among every k-th layer")
+    ap.add_argument("--xl-layer-step", type=int, default=None, help="--layer-step for the cross-lingual model")
     ap.add_argument("--max-calibration", type=int, default=None, help="at most this many calibration items")
     ap.add_argument("--max-test", type=int, default=None, help="at most this many held-out test items")
     ap.add_argument("--letters", nargs=2, default=["A", "B"], help="option letters (single tokens of the tokenizer)")
