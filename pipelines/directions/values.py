@@ -9,6 +9,7 @@ and the value-sensitive layers chosen by a stated rule (held-out separation x ca
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,7 +29,8 @@ from steering.strength import ResidualNorms, residual_norms
 
 RULE = ("score(layer) = max(AUROC_heldout - 0.5, 0) x max(effect, 0), effect = (mean P(pole | +alpha) - mean "
         "P(pole | -alpha)) / 2 on the calibration items, steering that one layer with the unit direction at alpha x "
-        "its mean residual norm; the top_k layers by score (ties by effect)")
+        "its mean residual norm; the top_k layers by score (ties by effect), only layers with a positive score; none "
+        "positive: the one layer with the largest effect, with a warning")
 
 
 @dataclass
@@ -173,7 +175,11 @@ def select_layers(model: Model, vectors: ValueVectors | Direction, items: Sequen
     effect = torch.tensor(eff)
     score = (torch.nan_to_num(sep, nan=0.5) - 0.5).clamp_min(0) * effect.clamp_min(0)
     order = sorted(range(len(layers)), key=lambda j: (-float(score[j]), -float(effect[j])))
-    chosen = sorted(layers[j] for j in order[:top_k])
+    positive = [j for j in order if float(score[j]) > 0][:top_k]
+    if not positive:
+        warnings.warn(f"select_layers: no layer has a positive separation x effect score (alpha={alpha}); steering "
+                      f"at the best layer by effect only, so expect a null", stacklevel=2)
+    chosen = sorted(layers[j] for j in (positive or order[:1]))
     return LayerSelection(layers, sep, effect, torch.tensor(plus), torch.tensor(minus), score, chosen, float(alpha),
                           base.rate(), len(items), norms)
 
