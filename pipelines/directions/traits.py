@@ -176,7 +176,7 @@ def _check_inputs(statements_by_trait: Mapping[str, Sequence[str]], levels: Mapp
 
 
 def fit_scale(trait: str, acts: Activations, groups: list[int], order: list[str], rule: BandRule, n_layers: int,
-              n_folds: int = 5, seed: int = 0, l2: float = 1e-3, on_empty: str = "raise") -> TraitScale:
+              n_folds: int = 5, seed: int = 0, l2: float = 1e-2, on_empty: str = "raise") -> TraitScale:
     """One trait's scale from captured level activations (labels: level names, ``groups``: question index)."""
     g = graded_direction(acts, order=order, groups=groups, n_folds=n_folds, seed=seed, warn=False)
     slope, intercept = affine_to_levels(g.level_means)
@@ -186,7 +186,7 @@ def fit_scale(trait: str, acts: Activations, groups: list[int], order: list[str]
     err = _calibration_error(X, ylev, groups, order, n_folds, seed)
     ends = (ylev == 0) | (ylev == len(order) - 1)
     idx = ends.nonzero().flatten()
-    scores = cross_validate(X[idx], (ylev[idx] > 0).long(), groups=[groups[i] for i in idx.tolist()],
+    scores = cross_validate(acts[idx.tolist()], (ylev[idx] > 0).long(), groups=[groups[i] for i in idx.tolist()],
                             n_folds=n_folds, seed=seed, l2=l2, progress=False)
     return TraitScale(trait=trait, levels=order, graded=g, slope=slope.float(), intercept=intercept.float(),
                       band=band, heldout_error=err, auroc=scores, band_note=note)
@@ -195,7 +195,7 @@ def fit_scale(trait: str, acts: Activations, groups: list[int], order: list[str]
 def trait_scales(model: Model, statements_by_trait: Mapping[str, Sequence[str]], *,
                  levels: Mapping[str, Mapping[str, str]] = LEVEL_PROMPTS, layers: Sequence[int] | None = None,
                  site: str = "resid_post", positions: Any = "last", rule: BandRule = BandRule(), n_folds: int = 5,
-                 seed: int = 0, l2: float = 1e-3, batch_size: int = 16, chat: bool = True,
+                 seed: int = 0, l2: float = 1e-2, batch_size: int = 16, chat: bool = True,
                  on_empty: str = "raise") -> TraitScales:
     """Calibrated scales for each trait in ``statements_by_trait`` (``{trait: statements}``).
 
