@@ -16,8 +16,13 @@ from interp.forward import prepare
 from pipelines.directions.traits import affine_to_levels, trait_scales
 from pipelines.directions.traits_analysis import capture_contrast, corpus_signature
 from pipelines.directions.traits_band import BandRule, choose_band, heldout_min_d
-from pipelines.directions.traits_data import LEVEL_PROMPTS, SYCOPHANCY_PROMPTS, TRAITS, persona_statements, \
-    sycophancy_items
+from pipelines.directions.traits_data import (
+    LEVEL_PROMPTS,
+    SYCOPHANCY_PROMPTS,
+    TRAITS,
+    persona_statements,
+    sycophancy_items,
+)
 from pipelines.directions.traits_decompose import decompose
 from pipelines.directions.traits_steer import level_vector, residual_fraction, steer_levels
 
