@@ -81,19 +81,23 @@ def corpus_signature(scales: TraitScales, corpora: Mapping[str, Sequence[str] | 
                      model: Model | None = None, chat: bool = True, n_boot: int = 1000, seed: int = 0,
                      batch_size: int = 16) -> TraitSignature:
     """Each corpus (texts captured like the scales' items but with no system prompt, or Activations at the same
-    sites) read on every trait in level units; intervals from ``n_boot`` bootstrap resamples of its texts."""
+    sites) read in level units on every trait that has a band; intervals from ``n_boot`` bootstrap resamples of
+    its texts."""
     if not corpora:
         raise ValueError("corpora is empty; give {name: texts}")
+    traits = [t for t in scales.traits if scales[t].band]
+    if not traits:
+        raise ValueError("no trait has a band to read a corpus on; rerun trait_scales with a looser BandRule")
     g = torch.Generator().manual_seed(seed)
     rows = []
     for texts in corpora.values():
         X = _capture_like(scales, model, texts, chat, batch_size)
-        lv = torch.stack([scales[t].level(X) for t in scales.traits], 1).double()      # [n, T]
+        lv = torch.stack([scales[t].level(X) for t in traits], 1).double()               # [n, T]
         idx = torch.randint(len(lv), (n_boot, len(lv)), generator=g)
         boot = lv[idx].mean(1)                                                           # [B, T]
-        rnd = torch.stack([_random_reading(scales, t, X, seed + 1).mean() for t in scales.traits])
+        rnd = torch.stack([_random_reading(scales, t, X, seed + 1).mean() for t in traits])
         rows.append((lv.mean(0), percentile(boot, 0.025), percentile(boot, 0.975), rnd, len(lv)))
-    return TraitSignature(scales.traits, list(corpora), torch.stack([r[0] for r in rows]).float(),
+    return TraitSignature(traits, list(corpora), torch.stack([r[0] for r in rows]).float(),
                           torch.stack([r[1] for r in rows]), torch.stack([r[2] for r in rows]),
                           torch.stack([r[3] for r in rows]).float(), [r[4] for r in rows], n_boot, scales.model_id)
 
