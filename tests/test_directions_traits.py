@@ -13,7 +13,7 @@ import torch
 import steering
 from evals.logits import kl_div
 from interp.forward import prepare
-from pipelines.directions.traits import affine_to_levels, trait_scales
+from pipelines.directions.traits import affine_to_levels, fit_scale, trait_scales
 from pipelines.directions.traits_analysis import capture_contrast, corpus_signature
 from pipelines.directions.traits_band import BandRule, choose_band, heldout_min_d
 from pipelines.directions.traits_data import (
@@ -79,17 +79,17 @@ def test_levels_ordered_band_by_its_rule_and_calibrated(scales):
     assert len(scales.to_frame()) == 8 and len(scales.plot().data) == 2 and scales.plot("auroc")
 
 
-def test_trait_auroc_matches_sklearn_on_the_same_folds(scales):
+def _sklearn_worst(s, acts) -> tuple[float, list[float]]:
+    """Largest |ours - scikit-learn| held-out AUROC on our probe's folds (same C), and sklearn's values."""
     from sklearn.linear_model import LogisticRegression
     from sklearn.metrics import roc_auc_score
     from sklearn.preprocessing import StandardScaler
 
     from probes.logistic import sklearn_C
 
-    s, acts = scales["kindness"], scales.acts["kindness"]
     row = {pid: i for i, pid in enumerate(acts.prompt_ids)}
     X = acts.tensor.double().numpy()
-    worst = 0.0
+    worst, theirs_all = 0.0, []
     for f, fold in enumerate(s.auroc.folds):
         tr, te = [row[i] for i in fold["train"]], [row[i] for i in fold["test"]]
         ytr = np.array([acts.labels[i] == "high" for i in tr]).astype(int)
@@ -99,8 +99,24 @@ def test_trait_auroc_matches_sklearn_on_the_same_folds(scales):
             ref = LogisticRegression(C=sklearn_C(s.auroc.meta["l2"], len(tr)), tol=1e-10, max_iter=10_000)
             ref.fit(sc.transform(X[tr, j]), ytr)
             theirs = roc_auc_score(yte, ref.decision_function(sc.transform(X[te, j])))
+            theirs_all.append(theirs)
             worst = max(worst, abs(float(s.auroc.auroc[f, j]) - theirs))
+    return worst, theirs_all
+
+
+def test_trait_auroc_matches_sklearn_on_the_same_folds(model, scales):
+    worst, _ = _sklearn_worst(scales["kindness"], scales.acts["kindness"])
     assert worst < 0.01
+    # and where the AUROC is not saturated: levels assigned to 36 distinct statements at random
+    from interp.capture import capture
+
+    qs = _statements(36, seed=11)
+    labels = [("low", "moderate", "high")[i % 3] for i in range(36)]
+    acts = capture(model, qs, labels=labels, prompt_ids=[f"noise:{i}" for i in range(36)], progress=False)
+    s = fit_scale("noise", acts, list(range(36)), ["low", "moderate", "high"], BandRule(), 4, n_folds=3,
+                  on_empty="report")
+    worst, theirs = _sklearn_worst(s, acts)
+    assert worst < 0.01 and min(theirs) < 0.9
 
 
 def test_band_rule_no_layer_meets_raises_or_reports(scales):
