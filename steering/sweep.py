@@ -9,6 +9,11 @@ direction of the same strength.
 A text metric takes the generated texts (``list[str]``, from :func:`steering.generate`); a logit metric
 (``on="logits"``) takes the next-token logits at each prompt's last token ``[n_prompts, vocab]`` (from
 ``interp.forward.last_logits``). Either returns one number.
+
+Every sweep also reports what the strength costs, per alpha, for the steered edit and each random control:
+``kl``, the mean over prompts of KL(steered || unsteered) of the next-token distributions at each prompt's last
+token (``evals.kl_div``), and, with ``reference_texts=``, ``ce``, the cross-entropy (nats / token) of those texts
+under the edit (``evals.cross_entropy``; ``baseline_ce`` without it). ``.plot()`` shows behaviour and cost together.
 """
 
 from __future__ import annotations
@@ -22,7 +27,8 @@ import torch
 from jaxtyping import Float
 from tqdm.auto import tqdm
 
-from interp.forward import batches, last_logits, prepare
+from evals.logits import cross_entropy, kl_div
+from interp.forward import batches, forward, last_logits, prepare
 from interp.models import Model
 from steering._args import check_finite
 from steering.apply import apply
@@ -46,31 +52,51 @@ class AlphaSweep:
     model_id: str
     seeds: list[int] = field(default_factory=list)
     intervention: str = ""
+    kl: Float[torch.Tensor, " n_alphas"] | None = None
+    random_kl: Float[torch.Tensor, "n_random n_alphas"] | None = None
+    ce: Float[torch.Tensor, " n_alphas"] | None = None
+    random_ce: Float[torch.Tensor, "n_random n_alphas"] | None = None
+    baseline_ce: float | None = None
 
     @property
     def effect(self) -> Float[torch.Tensor, " n_alphas"]:
         """Steered minus the mean of the random controls, per alpha (what the direction adds over any direction)."""
         return self.steered - self.random.mean(0)
 
+    def _cost(self, name: str, row: int | None, i: int) -> float | None:
+        """Cost ``name`` ('kl' / 'ce') of the steered edit (``row=None``) or random control ``row`` at alpha ``i``."""
+        t = getattr(self, name if row is None else f"random_{name}")
+        return None if t is None else float(t[i] if row is None else t[row, i])
+
     def to_frame(self) -> Any:
-        """Long table: one row per (alpha, condition[, seed]), with the baseline as ``condition='baseline'``."""
+        """Long table: one row per (alpha, condition[, seed]), with the baseline as ``condition='baseline'``;
+        ``kl`` (mean KL(steered || unsteered), nats) and ``ce`` (nats / token on the reference texts) columns."""
         import pandas as pd
 
-        rows = [{"alpha": a, "condition": "steered", "seed": None, "value": float(v)}
-                for a, v in zip(self.alphas, self.steered.tolist(), strict=True)]
-        for seed, row in zip(self.seeds, self.random.tolist(), strict=True):
-            rows += [{"alpha": a, "condition": "random", "seed": seed, "value": float(v)}
-                     for a, v in zip(self.alphas, row, strict=True)]
-        rows.append({"alpha": None, "condition": "baseline", "seed": None, "value": self.baseline})
+        rows = [{"alpha": a, "condition": "steered", "seed": None, "value": float(v), "kl": self._cost("kl", None, i),
+                 "ce": self._cost("ce", None, i)} for i, (a, v) in enumerate(zip(self.alphas, self.steered.tolist(),
+                                                                                 strict=True))]
+        for j, (seed, row) in enumerate(zip(self.seeds, self.random.tolist(), strict=True)):
+            rows += [{"alpha": a, "condition": "random", "seed": seed, "value": float(v), "kl": self._cost("kl", j, i),
+                      "ce": self._cost("ce", j, i)} for i, (a, v) in enumerate(zip(self.alphas, row, strict=True))]
+        rows.append({"alpha": None, "condition": "baseline", "seed": None, "value": self.baseline,
+                     "kl": 0.0 if self.kl is not None else None, "ce": self.baseline_ce})
         df = pd.DataFrame(rows)
         df["metric"], df["on"], df["n_prompts"], df["model_id"] = self.metric, self.on, self.n_prompts, self.model_id
         return df
 
     def plot(self) -> Any:
-        from viz.steering import alpha_curve
+        """Behaviour vs alpha against its controls; with costs measured, the KL (and CE) curves beneath it."""
+        title = f"{self.metric} vs alpha ({self.model_id}, {self.n_prompts} prompts)"
+        if self.kl is None:
+            from viz.steering import alpha_curve
 
-        return alpha_curve(self.alphas, self.steered, self.random, self.baseline, metric=self.metric,
-                           title=f"{self.metric} vs alpha ({self.model_id}, {self.n_prompts} prompts)")
+            return alpha_curve(self.alphas, self.steered, self.random, self.baseline, metric=self.metric, title=title)
+        from viz.directions_traits import alpha_cost_curve
+
+        return alpha_cost_curve(self.alphas, self.steered, self.random, self.baseline, self.kl, self.random_kl,
+                                ce=self.ce, random_ce=self.random_ce, baseline_ce=self.baseline_ce,
+                                metric=self.metric, title=title + " and its cost")
 
     def __repr__(self) -> str:
         pairs = ", ".join(f"{a:g}: {s:.3g} (random {r:.3g})" for a, s, r in
@@ -78,13 +104,38 @@ class AlphaSweep:
         return f"AlphaSweep({self.metric}, baseline {self.baseline:.3g}; {pairs})"
 
 
+def _logits_under(model: Model, prompt_batches: list, ivs: tuple) -> torch.Tensor:
+    """Next-token logits ``[n_prompts, vocab]`` at each prompt's last token with ``ivs`` attached."""
+    with apply(model, *ivs) as handle:
+        rows = []
+        for b in prompt_batches:
+            handle.set_batch(b)
+            rows.append(last_logits(model, b).cpu())
+    return torch.cat(rows)
+
+
+def _ce_under(model: Model, text_batches: list, ivs: tuple) -> float:
+    """Cross-entropy (nats / token) of plain texts with ``ivs`` attached; each row's first real token (predicted
+    from padding) is left out."""
+    total, count = 0.0, 0
+    with apply(model, *ivs) as handle:
+        for b in text_batches:
+            handle.set_batch(b)
+            logits = forward(model, b, logits="all").cpu()
+            m = b.attention_mask.bool()
+            keep = m & torch.cat([torch.zeros_like(m[:, :1]), m[:, :-1]], 1)
+            s, n = cross_entropy(logits, b.input_ids, keep)
+            total, count = total + s, count + n
+    if count == 0:
+        raise ValueError("the reference texts give no token to predict; pass texts of two tokens or more")
+    return total / count
+
+
 def _evaluator(model: Model, prompts: list[str], metric: Callable[[Any], Any], on: str, max_new_tokens: int,
                batch_size: int, chat: bool, system: str | None, generate_kwargs: dict[str, Any]
-               ) -> Callable[[tuple], float]:
-    """``ivs -> metric value`` for a text or a logit metric (prompts prepared once for logits)."""
-    if on == "logits":
-        encs = prepare(model, prompts, chat=chat, system=system)[1]
-        prompt_batches = batches(model, encs, batch_size)
+               ) -> tuple[Callable[[tuple], float], list]:
+    """``ivs -> metric value`` for a text or a logit metric, and the prompt batches (prepared once)."""
+    prompt_batches = batches(model, prepare(model, prompts, chat=chat, system=system)[1], batch_size)
 
     def run(ivs: tuple) -> float:
         if on == "text":
@@ -92,16 +143,28 @@ def _evaluator(model: Model, prompts: list[str], metric: Callable[[Any], Any], o
                             system=system, progress=False, **generate_kwargs)
             value = metric(list(gens.texts))
         else:
-            with apply(model, *ivs) as handle:
-                rows = []
-                for b in prompt_batches:
-                    handle.set_batch(b)
-                    rows.append(last_logits(model, b).cpu())
-            value = metric(torch.cat(rows))
+            value = metric(_logits_under(model, prompt_batches, ivs))
         if isinstance(value, torch.Tensor):
             value = value.item() if value.numel() == 1 else value
         return check_finite(value, f"metric {getattr(metric, '__name__', 'metric')}")
-    return run
+    return run, prompt_batches
+
+
+def _coster(model: Model, prompt_batches: list, reference_texts: Sequence[str] | None, batch_size: int
+            ) -> tuple[Callable[[tuple], tuple[float, float]], float]:
+    """``ivs -> (mean KL(steered || unsteered) over the prompts, CE on the reference texts or NaN)``, and the
+    unsteered CE (NaN without reference texts)."""
+    plain = _logits_under(model, prompt_batches, ())
+    refs = None
+    if reference_texts is not None:
+        if isinstance(reference_texts, str) or not list(reference_texts):
+            raise ValueError("reference_texts must be a non-empty list of strings (plain text, no chat template)")
+        refs = batches(model, prepare(model, list(reference_texts), chat=False)[1], batch_size)
+
+    def cost(ivs: tuple) -> tuple[float, float]:
+        kl = float(kl_div(_logits_under(model, prompt_batches, ivs), plain).mean()) if ivs else 0.0
+        return kl, math.nan if refs is None else _ce_under(model, refs, ivs)
+    return cost, math.nan if refs is None else _ce_under(model, refs, ())
 
 
 def _control(make_intervention: Callable[[float], Any], make_control: Callable[[float, int], Any] | None,
@@ -115,17 +178,7 @@ def _control(make_intervention: Callable[[float], Any], make_control: Callable[[
     return iv.random_like(model, seed=seed)
 
 
-def alpha_sweep(model: Model, prompts: Sequence[str], make_intervention: Callable[[float], Any],
-                alphas: Sequence[float], metric: Callable[[Any], Any], *, on: str = "text", n_random: int = 1,
-                seed: int = 0, make_control: Callable[[float, int], Any] | None = None, max_new_tokens: int = 32,
-                batch_size: int = 16, chat: bool = True, system: str | None = None, progress: bool = True,
-                **generate_kwargs: Any) -> AlphaSweep:
-    """``metric`` at each alpha for ``make_intervention(alpha)``, for ``n_random`` same-strength random controls
-    (``intervention.random_like(model, seed)``, or ``make_control(alpha, seed)``), and with no intervention.
-
-    ``on="text"``: ``metric(texts: list[str])`` over greedy generations (``max_new_tokens``; extra keyword
-    arguments go to :func:`steering.generate`); ``on="logits"``: ``metric(logits [n_prompts, vocab])``.
-    """
+def _check_sweep(on: str, prompts: Any, alphas: Sequence[float], n_random: int) -> list[float]:
     if on not in ON:
         raise ValueError(f"on must be one of {ON}: 'text' for a metric of generated texts (e.g. "
                          f"evals.refusal_rate), 'logits' for a metric of last-token logits; got {on!r}")
@@ -136,25 +189,51 @@ def alpha_sweep(model: Model, prompts: Sequence[str], make_intervention: Callabl
         raise ValueError("alphas is empty; give e.g. [0, 0.25, 0.5, 1]")
     if n_random < 0:
         raise ValueError(f"n_random must be >= 0, got {n_random}")
+    return alpha_list
+
+
+def alpha_sweep(model: Model, prompts: Sequence[str], make_intervention: Callable[[float], Any],
+                alphas: Sequence[float], metric: Callable[[Any], Any], *, on: str = "text", n_random: int = 1,
+                seed: int = 0, make_control: Callable[[float, int], Any] | None = None, max_new_tokens: int = 32,
+                batch_size: int = 16, chat: bool = True, system: str | None = None, progress: bool = True,
+                cost: bool = True, reference_texts: Sequence[str] | None = None,
+                **generate_kwargs: Any) -> AlphaSweep:
+    """``metric`` at each alpha for ``make_intervention(alpha)``, for ``n_random`` same-strength random controls
+    (``intervention.random_like(model, seed)``, or ``make_control(alpha, seed)``), and with no intervention.
+
+    ``on="text"``: ``metric(texts: list[str])`` over greedy generations (``max_new_tokens``; extra keyword
+    arguments go to :func:`steering.generate`); ``on="logits"``: ``metric(logits [n_prompts, vocab])``.
+    ``cost``: also measure, for every edit, the mean KL(steered || unsteered) of the prompts' next-token
+    distributions and, with ``reference_texts`` (plain text), their cross-entropy under the edit.
+    """
+    alpha_list = _check_sweep(on, prompts, alphas, n_random)
     prompts = list(prompts)
-    run = _evaluator(model, prompts, metric, on, max_new_tokens, batch_size, chat, system, generate_kwargs)
+    run, prompt_batches = _evaluator(model, prompts, metric, on, max_new_tokens, batch_size, chat, system,
+                                     generate_kwargs)
+    coster, base_ce = _coster(model, prompt_batches, reference_texts, batch_size) if cost else (None, math.nan)
     seeds = [seed + j for j in range(n_random)]
+    vals = torch.full((1 + n_random, len(alpha_list), 3), math.nan, dtype=torch.float64)   # value, kl, ce
     bar = tqdm(total=1 + len(alpha_list) * (1 + n_random), desc="alpha sweep", disable=not progress, leave=False)
     try:
         baseline = run(())
         bar.update()
-        steered, random = [], [[math.nan] * len(alpha_list) for _ in seeds]
         for i, a in enumerate(alpha_list):
-            steered.append(run((make_intervention(a),)))
-            bar.update()
-            for j, s in enumerate(seeds):
-                random[j][i] = run((_control(make_intervention, make_control, model, a, s),))
+            for row in range(1 + n_random):
+                iv = make_intervention(a) if row == 0 else _control(make_intervention, make_control, model, a,
+                                                                    seeds[row - 1])
+                vals[row, i, 0] = run((iv,))
+                if coster is not None:
+                    vals[row, i, 1:] = torch.tensor(coster((iv,)), dtype=torch.float64)
                 bar.update()
     finally:
         bar.close()
-    return AlphaSweep(alpha_list, torch.tensor(steered), torch.tensor(random).reshape(n_random, len(alpha_list)),
-                      baseline, getattr(metric, "__name__", type(metric).__name__), on, len(prompts), model.name,
-                      seeds, _describe(make_intervention(alpha_list[-1])))
+    has_ce = cost and reference_texts is not None
+    return AlphaSweep(alpha_list, vals[0, :, 0].float(), vals[1:, :, 0].float(), baseline,
+                      getattr(metric, "__name__", type(metric).__name__), on, len(prompts), model.name, seeds,
+                      _describe(make_intervention(alpha_list[-1])),
+                      kl=vals[0, :, 1].float() if cost else None, random_kl=vals[1:, :, 1].float() if cost else None,
+                      ce=vals[0, :, 2].float() if has_ce else None, random_ce=vals[1:, :, 2].float() if has_ce else None,
+                      baseline_ce=base_ce if has_ce else None)
 
 
 def _describe(iv: Any) -> str:
