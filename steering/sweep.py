@@ -92,7 +92,7 @@ class AlphaSweep:
             from viz.steering import alpha_curve
 
             return alpha_curve(self.alphas, self.steered, self.random, self.baseline, metric=self.metric, title=title)
-        from viz.directions_traits import alpha_cost_curve
+        from viz.steering import alpha_cost_curve
 
         return alpha_cost_curve(self.alphas, self.steered, self.random, self.baseline, self.kl, self.random_kl,
                                 ce=self.ce, random_ce=self.random_ce, baseline_ce=self.baseline_ce,

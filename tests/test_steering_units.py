@@ -202,7 +202,7 @@ def test_alpha_sweep_logits_and_text_with_controls():
     assert abs(float(sw.steered[2]) - sw.baseline) > 1e-3 and sw.effect.shape == (3,)
     df = sw.to_frame()
     assert set(df.condition) == {"steered", "random", "baseline"} and len(df) == 3 + 6 + 1
-    assert len(sw.plot().data) == 3
+    assert len(sw.plot().data) == 6  # behaviour and KL: steered + 2 random controls each
     txt = steering.alpha_sweep(m, PROMPTS[:2], make, [0.0, 1.0], evals.refusal_rate, max_new_tokens=3,
                                progress=False)
     assert txt.on == "text" and 0 <= txt.baseline <= 1 and txt.random.shape == (1, 2)
