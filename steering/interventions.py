@@ -172,6 +172,39 @@ class _Intervention:
         return replace(self, condition=Condition(direction, threshold, above))
 
 
+def _unit_checks(iv: Any, what: str) -> None:
+    """Check ``iv.unit`` / ``iv.norms``: ``"raw"`` takes ``what`` as given, ``"residual"`` as a fraction of each
+    layer's mean residual norm (``norms``: :func:`steering.residual_norms` or one number per layer)."""
+    name = type(iv).__name__
+    if iv.unit not in UNITS:
+        raise ValueError(f"{name} unit must be one of {UNITS}, got {iv.unit!r}")
+    if iv.unit == "residual" and iv.norms is None:
+        raise ValueError("unit='residual' needs norms=: measure them with steering.residual_norms(model, "
+                         "prompts, site=...) or give one number per layer")
+    if iv.unit == "raw" and iv.norms is not None:
+        raise ValueError(f"norms= is only used with unit='residual' ({what} as a fraction of the residual norm); "
+                         "pass unit='residual' or drop norms=")
+    if isinstance(iv.norms, ResidualNorms) and iv.norms.site not in iv.kinds:
+        warnings.warn(f"{name} acts at {iv.kinds} but its norms were measured at {iv.norms.site!r}; "
+                      f"measure them at the site you steer", stacklevel=4)
+    iv._scale = None
+
+
+def _unit_table(iv: Any, model: Model) -> None:
+    """Resolve ``iv.norms`` to ``{layer: mean norm}`` for this model (``None`` for ``unit='raw'``)."""
+    name = type(iv).__name__
+    iv._scale = norm_table(iv.norms, model.n_layers, f"{name} norms") if iv.unit == "residual" else None
+
+
+def _unit_scale(iv: Any, layer: int) -> float:
+    """The mean residual norm at ``layer`` (``unit='residual'``), or an error naming the layers measured."""
+    if layer not in iv._scale:
+        raise ValueError(f"{type(iv).__name__} norms have no value for layer {layer} (they cover "
+                         f"{sorted(iv._scale)}); measure it: steering.residual_norms(model, prompts, "
+                         f"layers=[..., {layer}])")
+    return iv._scale[layer]
+
+
 @dataclass(eq=False)
 class AddVector(_Intervention):
     """``x + alpha * v`` at ``layers`` x ``sites``. Same convention as the steering-vectors library when
@@ -198,31 +231,17 @@ class AddVector(_Intervention):
     def __post_init__(self) -> None:
         self._vecs = per_layer_vectors(self.vector, "AddVector vector")
         self.alpha = check_finite(self.alpha, "AddVector alpha")
-        if self.unit not in UNITS:
-            raise ValueError(f"AddVector unit must be one of {UNITS}, got {self.unit!r}")
-        if self.unit == "residual" and self.norms is None:
-            raise ValueError("unit='residual' needs norms=: measure them with steering.residual_norms(model, "
-                             "prompts, site=...) or give one number per layer")
-        if self.unit == "raw" and self.norms is not None:
-            raise ValueError("norms= is only used with unit='residual' (alpha as a fraction of the residual norm); "
-                             "pass unit='residual' or drop norms=")
         self._common_checks()
-        if isinstance(self.norms, ResidualNorms) and self.norms.site not in self.kinds:
-            warnings.warn(f"AddVector adds at {self.kinds} but its norms were measured at {self.norms.site!r}; "
-                          f"measure them at the site you steer", stacklevel=3)
-        self._scale: dict[int, float] | None = None
+        _unit_checks(self, "alpha")
 
     def site_edits(self, model: Model) -> dict[str, SiteEdit]:
-        self._scale = norm_table(self.norms, model.n_layers, "AddVector norms") if self.unit == "residual" else None
+        _unit_table(self, model)
         return super().site_edits(model)
 
     def _edit(self, vec: torch.Tensor, layer: int) -> LowRankEdit:
         if self._scale is None:
             return LowRankEdit.add(self.alpha * vec)
-        if layer not in self._scale:
-            raise ValueError(f"AddVector norms have no value for layer {layer} (they cover {sorted(self._scale)}); "
-                             f"measure it: steering.residual_norms(model, prompts, layers=[..., {layer}])")
-        return LowRankEdit.add(self.alpha * self._scale[layer] * unit(vec, "AddVector vector"))
+        return LowRankEdit.add(self.alpha * _unit_scale(self, layer) * unit(vec, "AddVector vector"))
 
     def added_norms(self, model: Model) -> dict[int, float]:
         """``{layer: norm of what is added}``: the strength in the residual stream's own units."""
@@ -262,7 +281,10 @@ class DirectionalAblation(Ablate):
 
 @dataclass(eq=False)
 class Clamp(_Intervention):
-    """Set the projection on ``r = unit(direction)`` to ``value``: ``x + (value - x . r) r``."""
+    """Set the projection on ``r = unit(direction)`` to ``value``: ``x + (value - x . r) r``.
+
+    ``unit="residual"`` (with ``norms=``, as for :class:`AddVector`) reads ``value`` as a fraction of each
+    layer's mean residual norm, so one value means the same strength at every layer."""
 
     direction: Any
     value: float
@@ -271,14 +293,22 @@ class Clamp(_Intervention):
     positions: Any = "all"
     scope: str = "both"
     condition: Condition | None = None
+    unit: str = "raw"
+    norms: ResidualNorms | Any = None
 
     def __post_init__(self) -> None:
         self._vecs = per_layer_vectors(self.direction, "Clamp direction")
         self.value = check_finite(self.value, "Clamp value")
         self._common_checks()
+        _unit_checks(self, "value")
+
+    def site_edits(self, model: Model) -> dict[str, SiteEdit]:
+        _unit_table(self, model)
+        return super().site_edits(model)
 
     def _edit(self, vec: torch.Tensor, layer: int) -> LowRankEdit:
-        return LowRankEdit.clamp(unit(vec, "direction"), self.value)
+        scale = 1.0 if self._scale is None else _unit_scale(self, layer)
+        return LowRankEdit.clamp(unit(vec, "direction"), self.value * scale)
 
 
 @dataclass(eq=False)

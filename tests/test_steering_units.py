@@ -162,6 +162,23 @@ def test_addvector_in_residual_units():
         steering.AddVector(v, layers=1, unit="residual", norms=norms, sites="resid_pre")
 
 
+def test_clamp_in_residual_units_sets_the_projection_to_a_fraction_of_the_norm():
+    m = tiny_model("llama", n_layers=2)
+    norms = steering.residual_norms(m, PROMPTS)
+    r = _vec(m.d_model, 3)
+    got = _post(m, steering.Clamp(r, value=0.25, layers=[0, 1], unit="residual", norms=norms))
+    for j in range(2):
+        proj = got.tensor[:, j][got.mask] @ (r / r.norm())
+        torch.testing.assert_close(proj, torch.full_like(proj, 0.25 * norms.at(j)), rtol=1e-4, atol=1e-4)
+    raw = _post(m, steering.Clamp(r, value=0.25 * norms.at(1), layers=1), layers=[1])
+    same = _post(m, steering.Clamp(r, value=0.25, layers=1, unit="residual", norms=norms), layers=[1])
+    torch.testing.assert_close(same.tensor, raw.tensor, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="value as a fraction"):
+        steering.Clamp(r, value=1.0, layers=1, norms=norms)
+    with pytest.raises(ValueError, match="Clamp norms have no value for layer 1"):
+        steering.Clamp(r, value=1.0, layers=1, unit="residual", norms={0: 1.0}).site_edits(m)
+
+
 def test_random_like_keeps_strength_and_changes_direction():
     m = tiny_model("llama", n_layers=3)
     d = Direction.from_vectors(torch.stack([_vec(m.d_model, i) for i in range(3)]),
