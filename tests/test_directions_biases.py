@@ -185,8 +185,10 @@ def test_overlap_and_checkpoints(model, items, family):
     same = compare_checkpoints(family, family)
     assert torch.allclose(same.cosine, torch.ones_like(same.cosine), atol=1e-5)
     other = tiny_model("llama", seed=1, initializer_range=0.2)
-    cmp = compare_checkpoints(model, other, items=items)
+    cmp = compare_checkpoints(family, other, items=items)                  # a family and a model to fit
     assert cmp.cosine.shape == (2, model.n_layers) and cmp.cosine.abs().max() < 0.9   # unrelated weights
     assert len(cmp.to_frame()) == 2 * model.n_layers and cmp.plot().data
     with pytest.raises(ValueError, match="the families differ"):
-        compare_checkpoints(family, bias_directions(model, items, layers=[1]))
+        compare_checkpoints(family, dataclasses.replace(family, probes={"suggested": family.probes["suggested"]}))
+    with pytest.raises(ValueError, match="pass items"):
+        compare_checkpoints(family, other)

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 import probes
+from evals.metrics import auroc
 from interp.capture import capture
 from interp.chat import has_chat_template
 from interp.forward import prepare
@@ -36,13 +37,16 @@ class BiasConfig:
     """Settings of :func:`bias_directions`. ``tie_tol``: layers within this AUROC of the best tie (broken by
     Cohen's d, then the middle, never the lowest captured layer while another ties); ``lexical_margin``: a bias
     is lexically separable when the bag-of-tokens probe comes within this of the best layer's AUROC;
-    ``transfer_min``: the LODO AUROC (worst held-out source, at the best layer) a direction must reach to transfer."""
+    ``transfer_min``: the LODO AUROC (worst held-out source, at the best layer) a direction must reach to transfer;
+    ``lexical_l2``: the bag-of-tokens probe's ridge (its features are sparse and outnumber the samples: with a
+    weak ridge it fits question-specific tokens and understates how visible the cue is)."""
 
     n_folds: int = 5
     seed: int = 0
     tie_tol: float = 0.005
     lexical_margin: float = 0.02
     transfer_min: float = 0.7
+    lexical_l2: float = 1.0
     lodo: bool = True
     batch_size: int = 16
     l2: float = 1e-3
@@ -52,8 +56,7 @@ class BiasConfig:
 @dataclass
 class BiasProbe:
     """One bias: held-out ``auroc`` / ``control_auroc`` ``[n_layers]`` (mean over folds), the lexical baseline's
-    AUROC (scalar, one feature set), ``lodo [n_sources, n_layers]`` (None without LODO) and the lexical LODO
-    ``[n_sources]``, the chosen layer and the difference-of-means ``direction`` over every captured layer."""
+    XX, the chosen layer and the difference-of-means ``direction`` over every captured layer."""
 
     bias: str
     sites: list[str]
@@ -188,21 +191,33 @@ def _check_items(items: Sequence[BiasItem], lodo: bool) -> dict[str, list[BiasIt
     return by_bias
 
 
+def _mean_diff_lodo(X: torch.Tensor, y: torch.Tensor, source: list[str]) -> torch.Tensor:
+    """Leave-one-dataset-out AUROC ``[n_sources]`` (sorted names) of a difference of means on the first layer of ``X``."""
+    out = []
+    for s in sorted(set(source)):
+        held = torch.tensor([x == s for x in source])
+        d = probes.diff_of_means(X[~held], y[~held])
+        out.append(float(auroc(d.project(X[held])[:, 0], y[held])))
+    return torch.tensor(out)
+
+
 def _fit_bias(bias: str, X: torch.Tensor, X_lex: torch.Tensor, its: list[BiasItem], sites: list[str],
               cfg: BiasConfig, model_id: str = "") -> BiasProbe:
     """Probe, controls, lexical baseline, LODO and direction of one bias from ``X [2m, L, d]`` (uncued first)."""
     y = torch.tensor([0] * len(its) + [1] * len(its))
     groups = [i.item for i in its] * 2
     source = [i.source for i in its] * 2
-    kw = dict(groups=groups, n_folds=cfg.n_folds, seed=cfg.seed, l2=cfg.l2, progress=False)
-    cv = probes.cross_validate(X, y, control=True, **kw)
-    lex = probes.cross_validate(X_lex, y, control=False, **kw)
+    kw = dict(groups=groups, n_folds=cfg.n_folds, seed=cfg.seed, progress=False)
+    cv = probes.cross_validate(X, y, control=True, l2=cfg.l2, **kw)
+    lex = probes.cross_validate(X_lex, y, control=False, l2=cfg.lexical_l2, **kw)
+    lex_md = probes.cross_validate(X_lex, y, control=False, method="mean_diff", **kw)
     lodo = lex_lodo = None
     if cfg.lodo:
         lodo = probes.transfer_matrix(X, y, datasets=source, groups=groups, n_folds=cfg.n_folds, seed=cfg.seed,
                                       l2=cfg.l2).lodo
         lex_lodo = probes.transfer_matrix(X_lex, y, datasets=source, groups=groups, n_folds=cfg.n_folds,
-                                          seed=cfg.seed, l2=cfg.l2).lodo[:, 0]
+                                          seed=cfg.seed, l2=cfg.lexical_l2).lodo[:, 0]
+        lex_lodo = torch.maximum(lex_lodo, _mean_diff_lodo(X_lex, y, source))
     direction = probes.diff_of_means(X, y)
     meta = {"bias": bias, "n_items": len(its)}
     direction = Direction(vectors=direction.vectors, norms=direction.norms, sites=list(sites),
@@ -213,7 +228,7 @@ def _fit_bias(bias: str, X: torch.Tensor, X_lex: torch.Tensor, its: list[BiasIte
                        **sub.provenance_kwargs(model_id=model_id, meta=meta))
     control = cv.control_auroc.nanmean(0) if cv.control_auroc is not None else torch.full((len(sites),), float("nan"))
     return BiasProbe(bias=bias, sites=list(sites), auroc=cv.mean("auroc"), auroc_std=cv.auroc.std(0),
-                     control_auroc=control, lexical_auroc=float(lex.mean("auroc")[0]),
+                     control_auroc=control, lexical_auroc=max(float(lex.mean("auroc")[0]), float(lex_md.mean("auroc")[0])),
                      choice=choose_bias_layer(cv, cfg.tie_tol), direction=direction, subspace=sub,
                      sources=sorted(set(source)), lodo=lodo, lexical_lodo=lex_lodo, n_items=len(its),
                      margin=cfg.lexical_margin, transfer_min=cfg.transfer_min)
