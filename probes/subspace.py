@@ -10,7 +10,7 @@ import torch
 from probes._checks import ProbeData, as_data, encode_labels
 from probes._linalg import class_means, orthonormalize, sign_by_labels, top_components
 from probes.directions import _pairs
-from probes.objects import Subspace
+from probes.objects import Direction, Subspace
 
 
 def _subspace(bases: torch.Tensor, strengths: torch.Tensor, data: ProbeData, method: str,
@@ -103,3 +103,44 @@ def pca_subspace(X: Any, y: Any = None, k: int = 8, *, pairs: Sequence[tuple[int
         s = s / data.n ** 0.5
     V = sign_by_labels(V, data.X, data.y)
     return _subspace(V, s, data, "pca_diff_subspace" if paired else "pca_subspace")
+
+
+def _orth(A: torch.Tensor) -> torch.Tensor:
+    """An orthonormal basis ``[..., d, r]`` of the row space of ``A [..., k, d]`` (rank-deficient rows dropped)."""
+    U, s, _ = torch.linalg.svd(A.transpose(-1, -2), full_matrices=False)
+    keep = s > s.amax(-1, keepdim=True) * max(A.shape[-2:]) * torch.finfo(A.dtype).eps
+    if not bool(keep.all()):
+        if A.dim() > 2:
+            raise ValueError("a basis is rank deficient; give full-rank bases when passing a batch of them")
+        U = U[:, keep]
+    return U
+
+
+def principal_angles(A: Any, B: Any, layer: int | str | None = None) -> torch.Tensor:
+    """Principal angles (radians, float64, ascending) between the spans of the rows of ``A [..., k_a, d]`` and ``B [..., k_b, d]``.
+
+    Bases need not be orthonormal. ``A`` / ``B`` may be :class:`Subspace` s (all layers ``[n_layers, k]``, or one
+    ``layer``) or :class:`Direction` s (one row per layer). Small angles come from sines, large ones from cosines
+    (Knyazev and Argentati's rule), so both ends are accurate; ``min(k_a, k_b)`` angles per leading index.
+    """
+    A, B = (_basis_rows(t, layer) for t in (A, B))
+    if A.shape[-1] != B.shape[-1]:
+        raise ValueError(f"the bases have widths {A.shape[-1]} and {B.shape[-1]}; they come from different models")
+    Qa, Qb = _orth(A.double()), _orth(B.double())
+    if Qa.shape[-1] < Qb.shape[-1]:
+        Qa, Qb = Qb, Qa
+    cos = torch.linalg.svdvals(Qa.transpose(-1, -2) @ Qb).clamp(max=1.0)          # descending
+    resid = Qb - Qa @ (Qa.transpose(-1, -2) @ Qb)
+    sin = torch.linalg.svdvals(resid).clamp(max=1.0).flip(-1)                       # ascending -> pairs with cos
+    return torch.where(cos ** 2 > 0.5, torch.arcsin(sin), torch.arccos(cos))
+
+
+def _basis_rows(t: Any, layer: int | str | None) -> torch.Tensor:
+    if isinstance(t, Subspace):
+        return t.bases if layer is None else t.at(layer)
+    if isinstance(t, Direction):
+        return t.vectors[:, None] if layer is None else t.at(layer)[None]
+    t = torch.as_tensor(t)
+    if t.dim() < 2:
+        raise ValueError(f"a basis is [k, d] (rows span the subspace), got shape {tuple(t.shape)}")
+    return t
