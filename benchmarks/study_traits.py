@@ -41,8 +41,9 @@ def persona_rows(trait: str) -> list[dict]:
     return rows
 
 
-def sklearn_auroc(scale, acts) -> torch.Tensor:
-    """scikit-learn's held-out AUROC ``[n_folds, n_layers]`` on the folds our probe used (same l2 as C)."""
+def sklearn_auroc(scale, acts, top=None) -> torch.Tensor:
+    """scikit-learn's held-out AUROC ``[n_folds, n_layers]`` on the folds our probe used (same l2 as C); ``scale``
+    is a trait scale (positive label: its top level) or plain ``ProbeScores`` with ``top`` the positive label."""
     from sklearn.linear_model import LogisticRegression
     from sklearn.metrics import roc_auc_score
     from sklearn.preprocessing import StandardScaler
@@ -51,15 +52,16 @@ def sklearn_auroc(scale, acts) -> torch.Tensor:
 
     row = {pid: i for i, pid in enumerate(acts.prompt_ids)}
     X = acts.tensor.double().numpy()
-    top = scale.levels[-1]
-    out = torch.zeros(len(scale.auroc.folds), X.shape[1])
-    for f, fold in enumerate(scale.auroc.folds):
+    scores = scale if hasattr(scale, "folds") else scale.auroc
+    top = scale.levels[-1] if top is None else top
+    out = torch.zeros(len(scores.folds), X.shape[1])
+    for f, fold in enumerate(scores.folds):
         tr, te = [row[i] for i in fold["train"]], [row[i] for i in fold["test"]]
         ytr = np.array([acts.labels[i] == top for i in tr], dtype=int)
         yte = np.array([acts.labels[i] == top for i in te], dtype=int)
         for j in range(X.shape[1]):
             sc = StandardScaler().fit(X[tr, j])
-            ref = LogisticRegression(C=sklearn_C(scale.auroc.meta["l2"], len(tr)), tol=1e-8, max_iter=5000)
+            ref = LogisticRegression(C=sklearn_C(scores.meta["l2"], len(tr)), tol=1e-8, max_iter=5000)
             ref.fit(sc.transform(X[tr, j]), ytr)
             out[f, j] = roc_auc_score(yte, ref.decision_function(sc.transform(X[te, j])))
     return out
@@ -135,12 +137,41 @@ def section_steering(model, scales, trait: str, rows: list[dict], ks: list[float
     return out
 
 
+def section_statements(model, rows: dict[str, list[dict]], n: int) -> list[str]:
+    """The trait AUROC that is not saturated: statements that express the trait vs statements that deny it
+    (the persona data's label), asked with no system prompt, last token of resid_post; ours vs scikit-learn."""
+    from interp.capture import capture
+    from probes import cross_validate
+
+    lines = [f"## Trait AUROC on the statements themselves ({n} per trait, half expressing the trait, no system "
+             "prompt; 5 folds; logistic l2=1e-3)", "",
+             "| trait | best layer | held-out AUROC there | mean over layers | shuffled-label control (mean) | "
+             "ours vs sklearn: max abs diff of the fold-mean AUROC (any layer) | of any one fold's |",
+             "|---|---|---|---|---|---|---|"]
+    for t, rs in rows.items():
+        pos = [r for r in rs if r["answer_matching_behavior"].strip() == "Yes"][: n // 2]
+        neg = [r for r in rs if r["answer_matching_behavior"].strip() == "No"][: n // 2]
+        acts = capture(model, [r["question"] for r in pos + neg], sites="resid_post", positions="last",
+                       labels=["expresses"] * len(pos) + ["denies"] * len(neg), progress=False)
+        sc = cross_validate(acts, positive="expresses", progress=False)
+        auc = sc.auroc.mean(0)
+        ref = sklearn_auroc(sc, acts, top="expresses").to(sc.auroc)
+        diff, mean_diff = float((sc.auroc - ref).abs().max()), float((auc - ref.mean(0)).abs().max())
+        best = int(auc.argmax())
+        lines.append(f"| {t} | {best} | {float(auc[best]):.3f} | {float(auc.mean()):.3f} | "
+                     f"{float(sc.control_auroc.mean()):.3f} | {mean_diff:.4f} | {diff:.4f} |")
+    return lines + [""]
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--n", type=int, default=40, help="statements per trait")
     ap.add_argument("--min-d", type=float, default=0.3)
     ap.add_argument("--n-boot", type=int, default=200)
     ap.add_argument("--steer-trait", default="extraversion")
+    ap.add_argument("--statements-only", type=int, default=0, metavar="N",
+                    help="only the statement-level trait AUROC (N statements per trait), written to "
+                         "RESULTS_traits_statements.md")
     ap.add_argument("--write", action="store_true")
     args = ap.parse_args(argv)
     out_path = REPO / "benchmarks" / "RESULTS_traits.md"
@@ -151,6 +182,15 @@ def main(argv: list[str] | None = None) -> None:
     t0 = time.time()
     model = load_model("smollm2-base")
     rows = {t: persona_rows(t) for t in TRAITS}
+    if args.statements_only:
+        cmd = ' '.join(argv if argv is not None else sys.argv[1:])
+        text = "\n".join([f"# Trait AUROC on SmolLM2-135M-Instruct\n\n`nice -n 19 python benchmarks/study_traits.py "
+                          f"{cmd}`\n\n{machine()}\n"] + section_statements(model, rows, args.statements_only)
+                         + [f"Total {time.time() - t0:.0f} s."]) + "\n"
+        print(text)
+        if args.write:
+            write_text(out_path.with_name("RESULTS_traits_statements.md"), text)
+        return
     scales = trait_scales(model, {t: [r["question"] for r in rows[t][:args.n]] for t in TRAITS},
                           rule=BandRule(min_d=args.min_d), on_empty="report")
     lines = ["# Trait scales on SmolLM2-135M-Instruct", "",

@@ -11,7 +11,7 @@ import torch
 
 from interp.testing.tiny import tiny_model
 from pipelines.directions.biases import BiasConfig, bias_directions, choose_bias_layer
-from pipelines.directions.biases_causal import answer_table, bias_causal_test, flip_counts, forced_choice
+from pipelines.directions.biases_causal import answer_table, bias_causal_test, choose_options, flip_counts
 from pipelines.directions.biases_compare import compare_checkpoints
 from pipelines.directions.biases_items import BIASES, load_bias_items, make_items
 from probes.subspace import principal_angles
@@ -142,12 +142,12 @@ def test_layer_choice_never_takes_layer_zero_on_a_tie():
     assert choose_bias_layer(alone, tol=0.005).index == 0                    # best on its own: layer 0 stands
 
 
-def test_forced_choice_matches_hf(model, items):
+def test_choose_options_matches_hf(model, items):
     its = items[:12]
-    got = forced_choice(model, [i.cued for i in its], LABELS)
+    got = choose_options(model, [i.cued for i in its], LABELS)
     assert got.tolist() == [_hf_answer(model, i.cued) for i in its]
-    with pytest.raises(ValueError, match="single token"):
-        forced_choice(model, [its[0].cued], ("A", "B", "C", "D"))
+    with pytest.raises(ValueError, match="not a single known token"):
+        choose_options(model, [its[0].cued], ("A", "B", "C", "D"))
 
 
 def test_causal_test_against_hooked_hf(model, items, family):

@@ -39,6 +39,7 @@ def test_every_package_is_installed_by_pyproject():
     """A package missing from ``[tool.setuptools.packages.find] include`` imports from the repository root (the
     tests) but not from an installed copy: every top-level package must match one of the globs."""
     import fnmatch
+
     import tomllib
 
     from .conftest import REPO

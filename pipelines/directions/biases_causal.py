@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 import steering
+from evals.choice import chosen, letter_ids
 from evals.rates import fisher_greater, rate
 from interp.chat import has_chat_template
 from interp.models import Model
@@ -23,32 +24,12 @@ from pipelines.directions.biases import BiasFamily
 from pipelines.directions.biases_items import BiasItem
 
 
-def option_token_ids(model: Model, letters: Sequence[str]) -> list[list[int]]:
-    """For each option label, the single-token spellings of it (``"A"``, ``" A"``): what an answer starts with."""
-    tok = model.tokenizer
-    out = []
-    for lab in letters:
-        ids = sorted({ids[0] for s in (lab, " " + lab) if len(ids := tok.encode(s, add_special_tokens=False)) == 1})
-        if not ids:
-            raise ValueError(f"option label {lab!r} is no single token of {model.name}'s tokenizer; build items with "
-                             f"make_items(letters=...) using labels it has")
-        out.append(ids)
-    unk = getattr(tok, "unk_token_id", None)
-    flat = [i for ids in out for i in ids]
-    if len(set(flat)) < len(flat) or (unk is not None and unk in flat):
-        raise ValueError(f"option labels {tuple(letters)} share tokens (or map to unknown) in {model.name}'s "
-                         f"tokenizer; choose labels that are distinct single tokens")
-    return out
-
-
-def forced_choice(model: Model, prompts: Sequence[str], letters: Sequence[str], chat: bool = True,
-                  batch_size: int = 16) -> torch.Tensor:
-    """The option each prompt's next-token logits prefer: ``[n]`` indices into ``letters``; each option scores the
-    logsumexp of its spellings' logits. Runs inside any ``steering.apply`` block around it."""
-    ids = option_token_ids(model, letters)
-    lg = logits(model, list(prompts), chat=chat, batch_size=batch_size)         # [n, vocab]
-    scores = torch.stack([lg[:, i].logsumexp(-1) for i in ids], -1)
-    return scores.argmax(-1)
+def choose_options(model: Model, prompts: Sequence[str], letters: Sequence[str], chat: bool = True,
+                   batch_size: int = 16) -> torch.Tensor:
+    """The option each prompt's next-token logits prefer: ``[n]`` indices into ``letters`` (each option scored over
+    its single-token spellings, :func:`evals.choice.chosen`). Runs inside any ``steering.apply`` block around it."""
+    ids = letter_ids(model.tokenizer, letters)
+    return chosen(logits(model, list(prompts), chat=chat, batch_size=batch_size), ids)
 
 
 @dataclass
@@ -122,7 +103,7 @@ def answer_table(model: Model, items: Sequence[BiasItem], chat: bool | None = No
         by_labels.setdefault(i.letters, []).extend([i.uncued, i.cued])
     for letters, prompts in by_labels.items():
         prompts = list(dict.fromkeys(prompts))
-        out.update(zip(prompts, forced_choice(model, prompts, letters, chat, batch_size).tolist(), strict=True))
+        out.update(zip(prompts, choose_options(model, prompts, letters, chat, batch_size).tolist(), strict=True))
     return out
 
 
@@ -198,9 +179,9 @@ def bias_causal_test(model: Model, family: BiasFamily, items: Sequence[BiasItem]
     res.added_norms = iv.added_norms(model)
     cued = torch.tensor([letters.index(i.cued_option) for i in flipped])
     with steering.apply(model, iv):
-        out = forced_choice(model, prompts, letters, chat, batch_size)
+        out = choose_options(model, prompts, letters, chat, batch_size)
     res.recovered, res.still_cued = (out == ref).tolist(), (out == cued).tolist()
     for seed in range(n_random):
         with steering.apply(model, iv.random_like(model, seed=seed)):
-            res.random_recovered.append((forced_choice(model, prompts, letters, chat, batch_size) == ref).tolist())
+            res.random_recovered.append((choose_options(model, prompts, letters, chat, batch_size) == ref).tolist())
     return res
