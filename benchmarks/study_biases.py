@@ -90,6 +90,9 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--max-flipped", type=int, default=20)
     ap.add_argument("--biases", default=",".join(BIASES))
+    ap.add_argument("--causal-only", action="store_true",
+                    help="only the causal test, on the base model, probing at --band only (many items, so enough of "
+                         "them flip); written to RESULTS_biases_causal.md")
     ap.add_argument("--write", action="store_true")
     args = ap.parse_args()
     args.band = [int(x) for x in args.band.split(",")]
@@ -102,6 +105,8 @@ def main() -> None:
     fam_a = bias_directions(base, items, layers=layers, config=cfg)
     print(fam_a.summary().to_string(), flush=True)
     out = family_tables(fam_a) + causal_tables(base, fam_a, items, args)
+    if args.causal_only:
+        return _write(args, items, layers, t0, out, "RESULTS_biases_causal.md", "causal test")
     del base
     aligned = load_model("smollm2-aligned")
     fam_b = bias_directions(aligned, items, layers=layers, config=cfg)
@@ -111,6 +116,10 @@ def main() -> None:
     wide.columns = [f"L{c}" for c in wide.columns]
     out += [f"#### cosine between smollm2-base and smollm2-aligned directions per bias per layer (chance |cos| ~ "
             f"{cmp.chance:.3f})", _md(wide.reset_index())]
+    _write(args, items, layers, t0, out, "RESULTS_biases.md", "bias directions")
+
+
+def _write(args, items, layers, t0: float, out: list[str], name: str, what: str) -> None:
     command = "nice -n 19 python benchmarks/study_biases.py " + " ".join(sys.argv[1:])
     text = "\n\n".join(["### Cue-induced bias directions (issue 14, item 2)", f"`{command}`",
                         f"{len(items)} items ({args.n_per_source} questions per source x 2 sources per bias), "
@@ -118,8 +127,8 @@ def main() -> None:
                         f"{time.time() - t0:.0f} s in all.", *out]) + "\n"
     print(text)
     if args.write:
-        path = REPO / "benchmarks" / "RESULTS_biases.md"
-        atomic_write(path, lambda tmp: Path(tmp).write_text("# Results: bias directions\n\n" + text))
+        path = REPO / "benchmarks" / name
+        atomic_write(path, lambda tmp: Path(tmp).write_text(f"# Results: {what}\n\n" + text))
 
 
 if __name__ == "__main__":

@@ -188,6 +188,8 @@ def test_overlap_and_checkpoints(model, items, family):
     cmp = compare_checkpoints(family, other, items=items)                  # a family and a model to fit
     assert cmp.cosine.shape == (2, model.n_layers) and cmp.cosine.abs().max() < 0.9   # unrelated weights
     assert len(cmp.to_frame()) == 2 * model.n_layers and cmp.plot().data
+    top = bias_directions(model, items, layers=[model.n_layers - 1])             # a model beside a one-layer family
+    assert compare_checkpoints(top, other, items=items).sites == top.sites
     with pytest.raises(ValueError, match="the families differ"):
         compare_checkpoints(family, dataclasses.replace(family, probes={"suggested": family.probes["suggested"]}))
     with pytest.raises(ValueError, match="pass items"):

@@ -261,3 +261,12 @@ def test_persona_statements_loader():
     assert len(qs["extraversion"]) == 5 and all(isinstance(q, str) and q for q in qs["extraversion"])
     with pytest.raises(FileNotFoundError, match="persona"):
         persona_statements(folder, traits=("charm",))
+
+
+def test_band_runs_are_neighbours_among_the_captured_layers():
+    """With layers subsampled (``range(0, 30, 3)``) a run is neighbours in the captured list, not model layers
+    one apart (which would make every run one layer long)."""
+    from pipelines.directions.traits_band import _runs
+
+    assert _runs([True, True, False, True, True, True]) == [[0, 1], [3, 4, 5]]
+    assert _runs([False, False]) == []

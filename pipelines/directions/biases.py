@@ -263,3 +263,7 @@ def bias_directions(model: Model, items: Sequence[BiasItem], layers: Sequence[in
         out[bias] = _fit_bias(bias, X, lexical_features(model, prompts, chat), its, sites, cfg,
                              model.name)
     return BiasFamily(model_id=model.name, sites=sites, probes=out, config=cfg)
+
+
+__all__ = ["bias_directions", "BiasConfig", "BiasFamily", "BiasProbe", "capture_items", "choose_bias_layer",
+           "lexical_features"]

@@ -185,3 +185,6 @@ def bias_causal_test(model: Model, family: BiasFamily, items: Sequence[BiasItem]
         with steering.apply(model, iv.random_like(model, seed=seed)):
             res.random_recovered.append((choose_options(model, prompts, letters, chat, batch_size) == ref).tolist())
     return res
+
+
+__all__ = ["answer_table", "bias_causal_test", "BiasCausal", "choose_options", "flip_counts"]

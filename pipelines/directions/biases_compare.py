@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from interp.models import Model
+from interp.sites import parse_site
 from pipelines.directions.biases import BiasConfig, BiasFamily, bias_directions
 from pipelines.directions.biases_items import BiasItem
 from probes.compare import cosine_by_layer, cosine_matrix
@@ -68,7 +69,11 @@ def compare_checkpoints(a: BiasFamily | Model, b: BiasFamily | Model, items: Seq
                         layers: Sequence[int] | None = None, config: BiasConfig | None = None,
                         names: tuple[str, str] | None = None) -> CheckpointComparison:
     """The same bias analysis on two checkpoints (models, or families already fitted on the same items and
-    layers) and the cosine between their directions per bias per layer."""
+    layers) and the cosine between their directions per bias per layer. A model given beside a family is fitted
+    on the family's layers unless ``layers=`` says otherwise."""
+    if layers is None:                      # a model fitted beside a family: on the family's layers
+        fitted = next((x for x in (a, b) if isinstance(x, BiasFamily)), None)
+        layers = None if fitted is None else [parse_site(s).layer for s in fitted.sites]
     fa, fb = _family(a, items, layers, config), _family(b, items, layers, config)
     if fa.biases != fb.biases or fa.sites != fb.sites:
         raise ValueError(f"the families differ (biases {fa.biases} vs {fb.biases}, sites {fa.sites[:2]}... vs "
@@ -80,3 +85,6 @@ def compare_checkpoints(a: BiasFamily | Model, b: BiasFamily | Model, items: Seq
     d = fa.direction(fa.biases[0]).d_model
     return CheckpointComparison(names or (fa.model_id, fb.model_id), fa.biases, fa.sites, cos, cross, fa.sites[j],
                                 fa, fb, math.sqrt(2 / (math.pi * d)))
+
+
+__all__ = ["CheckpointComparison", "compare_checkpoints"]

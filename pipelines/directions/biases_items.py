@@ -182,3 +182,7 @@ def write_items(path: str | Path = ITEMS_FILE, **kwargs: Any) -> int:
 
 if __name__ == "__main__":
     print(f"wrote {write_items()} items to {ITEMS_FILE}")
+
+
+__all__ = ["BIASES", "BiasItem", "CUES", "DATA", "FACTS_FILE", "INSTRUCTION", "ITEMS_FILE", "LETTERS",
+           "load_bias_items", "make_items", "SOURCES", "write_items"]

@@ -67,3 +67,6 @@ def bias_overlap(family: Any, layer: int | None = None) -> BiasOverlap:
         angles = torch.stack([torch.stack([principal_angles(a, b) for b in B]) for a in B]).rad2deg()
     site = family.sites[dirs[0].layers.index(layer)]
     return BiasOverlap(names, site, cos, angles, math.sqrt(2 / (math.pi * V.shape[-1])))
+
+
+__all__ = ["bias_overlap", "BiasOverlap"]

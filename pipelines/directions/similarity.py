@@ -121,3 +121,6 @@ def category_rsa(model: Model, items: Sequence[str], categories: Sequence[Any], 
     check_target(target, len(items))                 # fail before the forward passes
     X, layer_list = item_activations(model, format_items(items, template), layers, positions, batch_size)
     return rsa(X, target, layer_list, items, metric=metric, method=method, n_perm=n_perm, seed=seed)
+
+
+__all__ = ["category_rsa", "check_items", "format_items", "rsa", "RSAResult", "TEMPLATE"]

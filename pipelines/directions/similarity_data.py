@@ -94,3 +94,7 @@ def item_activations(model: Model, texts: Sequence[str], layers: Sequence[int] |
         w = keep.double() / keep.sum(1, keepdim=True)
         X = torch.einsum("nltd,nt->nld", X, w)
     return X.transpose(0, 1).contiguous(), layer_list
+
+
+__all__ = ["category_matrix", "item_activations", "LANGUAGES", "load_categories", "load_parallel",
+           "MEAN_AFTER_FIRST", "random_init"]

@@ -142,3 +142,7 @@ def cross_language_similarity(model: Model, parallel: Mapping[str, Sequence[str]
                                                   batch_size)
     n = len(next(iter(par.values())))
     return CrossLanguageSimilarity(layers=layer_list, languages=list(par), n=n, stats=language_stats(acts, seed))
+
+
+__all__ = ["check_parallel", "cross_language_similarity", "CrossLanguageSimilarity", "KEYS", "language_stats",
+           "pair_cosines", "pairing_stats"]

@@ -165,3 +165,6 @@ def typicality(model: Model, items: Sequence[str], categories: Sequence[Any], ra
     distance = prototype_distance(X, categories, metric=metric)
     return typicality_stats(distance, categories, ratings, layer_list, n_perm=n_perm, n_boot=n_boot, seed=seed,
                             metric=metric)
+
+
+__all__ = ["typicality", "typicality_stats", "TypicalityResult"]

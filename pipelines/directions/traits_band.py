@@ -15,17 +15,17 @@ ON_EMPTY = ("raise", "report")
 class BandRule:
     """Eligible layers: not among the first / last ``edge`` layers of the model, levels in order in every
     held-out fold, and held-out adjacent-level Cohen's d (mean over folds, min over adjacent pairs) at least
-    ``min_d``. The band is the longest run of consecutive eligible layers (ties: the run whose centre is nearest
-    the model's middle layer); it must hold at least ``min_len`` layers."""
+    ``min_d``. The band is the longest run of consecutive eligible layers among those captured (ties: the run
+    whose centre is nearest the model's middle layer); it must hold at least ``min_len`` layers."""
 
     min_d: float = 0.3
     edge: int = 1
     min_len: int = 1
 
     def describe(self) -> str:
-        return (f"longest run of consecutive layers, excluding the first and last {self.edge} of the model, where "
-                f"the levels are in order in every held-out fold and the held-out adjacent-level Cohen's d (fold "
-                f"mean, min over adjacent pairs) >= {self.min_d:g}; ties: nearest the middle layer; at least "
+        return (f"longest run of consecutive captured layers, excluding the first and last {self.edge} of the "
+                f"model, where the levels are in order in every held-out fold and the held-out adjacent-level "
+                f"Cohen's d (fold mean, min over adjacent pairs) >= {self.min_d:g}; ties: nearest the middle layer; at least "
                 f"{self.min_len} layer(s)")
 
 
@@ -36,13 +36,14 @@ def heldout_min_d(g: GradedDirection) -> torch.Tensor:
     return g.heldout_adjacent_d.mean(0).min(-1).values
 
 
-def _runs(layers: list[int], ok: list[bool]) -> list[list[int]]:
-    """Runs of consecutive model layers (as indices into ``layers``) where ``ok`` holds."""
+def _runs(ok: list[bool]) -> list[list[int]]:
+    """Runs of consecutive captured layers (as indices into the captured list) where ``ok`` holds: with every layer
+    captured these are consecutive model layers; with a subsample (``range(0, 30, 3)``) neighbours in it."""
     runs: list[list[int]] = []
-    for j, (layer, good) in enumerate(zip(layers, ok, strict=True)):
+    for j, good in enumerate(ok):
         if not good:
             continue
-        if runs and layers[runs[-1][-1]] == layer - 1:
+        if runs and runs[-1][-1] == j - 1:
             runs[-1].append(j)
         else:
             runs.append([j])
@@ -60,7 +61,7 @@ def choose_band(g: GradedDirection, rule: BandRule, n_layers: int, trait: str = 
     ordered = g.heldout_monotonic.all(0)
     ok = [bool(ordered[j]) and float(dmin[j]) >= rule.min_d and rule.edge <= layer < n_layers - rule.edge
           for j, layer in enumerate(layers)]
-    runs = [r for r in _runs(layers, ok) if len(r) >= rule.min_len]
+    runs = [r for r in _runs(ok) if len(r) >= rule.min_len]
     if runs:
         mid = (n_layers - 1) / 2
         best = max(runs, key=lambda r: (len(r), -abs((layers[r[0]] + layers[r[-1]]) / 2 - mid)))
