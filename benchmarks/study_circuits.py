@@ -72,6 +72,8 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=150_000)
     ap.add_argument("--budget", type=int, default=512)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--graph-page", default="runs/refusal_circuit_graph.html",
+                    help="where to write the first graph's interactive page")
     ap.add_argument("--cache", default=None)
     ap.add_argument("--rank-by", default="influence", choices=("influence", "direct"))
     ap.add_argument("--no-costs", action="store_true", help="skip the graph cost rows")
@@ -98,7 +100,7 @@ def main() -> None:
                           rank_by=args.rank_by)
     t_study = time.time() - t0
     print(res.to_frame().head(25).to_string(), res.to_frame("rates").to_string(), res.test, flush=True)
-    Path("/tmp/refusal_circuit_graph.html").write_text(res.page(0), encoding="utf-8")
+    write_text(args.graph_page, res.page(0))
     costs = [] if args.no_costs else graph_costs(rm, r, args.layer, [refused[0], refused[0] + " " + refused[1],
                                                                       " ".join(refused[:4])], args.budget)
     out = RESULTS if args.rank_by == "influence" else RESULTS.with_name(f"RESULTS_circuits_{args.rank_by}.md")

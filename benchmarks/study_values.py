@@ -120,19 +120,15 @@ def main() -> None:
     torch.manual_seed(args.seed)
     parts = args.parts.split(",")
     blocks = []
-    if "values" in parts or "partisan" in parts:
-        model = load_model(args.model)
-        if "values" in parts:
+    studies = {"values": ("Value vector", "liberty vs collective welfare (en)", value_study, load_dilemmas),
+               "partisan": ("Partisan direction", "Democratic vs Republican (pole D)", partisan_direction,
+                            load_statements)}
+    model = load_model(args.model) if set(studies) & set(parts) else None
+    for part, (title, label, run, load) in studies.items():
+        if part in parts:
             t = time.time()
-            blocks.append(f"#### Value vector ({args.model})\n\n" +
-                          study_block("liberty vs collective welfare (en)",
-                                      value_study(model, load_dilemmas(), **_kw(args, model.n_layers)), time.time() - t))
-            print(blocks[-1], flush=True)
-        if "partisan" in parts:
-            t = time.time()
-            blocks.append(f"#### Partisan direction ({args.model})\n\n" +
-                          study_block("Democratic vs Republican (pole D)",
-                                      partisan_direction(model, load_statements(), **_kw(args, model.n_layers)), time.time() - t))
+            res = run(model, load(), **_kw(args, model.n_layers))
+            blocks.append(f"#### {title} ({args.model})\n\n" + study_block(label, res, time.time() - t))
             print(blocks[-1], flush=True)
     if "xl" in parts:
         blocks.append(run_xl(args))

@@ -104,8 +104,9 @@ class AlphaSweep:
         return f"AlphaSweep({self.metric}, baseline {self.baseline:.3g}; {pairs})"
 
 
-def _logits_under(model: Model, prompt_batches: list, ivs: tuple) -> torch.Tensor:
-    """Next-token logits ``[n_prompts, vocab]`` at each prompt's last token with ``ivs`` attached."""
+def logits_under(model: Model, prompt_batches: list, ivs: Sequence[Any]) -> torch.Tensor:
+    """Next-token logits ``[n_prompts, vocab]`` at each prompt's last token with the interventions ``ivs``
+    attached (each batch declared, so ``positions='post_instruction'`` edits work)."""
     with apply(model, *ivs) as handle:
         rows = []
         for b in prompt_batches:
@@ -143,7 +144,7 @@ def _evaluator(model: Model, prompts: list[str], metric: Callable[[Any], Any], o
                             system=system, progress=False, **generate_kwargs)
             value = metric(list(gens.texts))
         else:
-            value = metric(_logits_under(model, prompt_batches, ivs))
+            value = metric(logits_under(model, prompt_batches, ivs))
         if isinstance(value, torch.Tensor):
             value = value.item() if value.numel() == 1 else value
         return check_finite(value, f"metric {getattr(metric, '__name__', 'metric')}")
@@ -154,7 +155,7 @@ def _coster(model: Model, prompt_batches: list, reference_texts: Sequence[str] |
             ) -> tuple[Callable[[tuple], tuple[float, float]], float]:
     """``ivs -> (mean KL(steered || unsteered) over the prompts, CE on the reference texts or NaN)``, and the
     unsteered CE (NaN without reference texts)."""
-    plain = _logits_under(model, prompt_batches, ())
+    plain = logits_under(model, prompt_batches, ())
     refs = None
     if reference_texts is not None:
         if isinstance(reference_texts, str) or not list(reference_texts):
@@ -162,7 +163,7 @@ def _coster(model: Model, prompt_batches: list, reference_texts: Sequence[str] |
         refs = batches(model, prepare(model, list(reference_texts), chat=False)[1], batch_size)
 
     def cost(ivs: tuple) -> tuple[float, float]:
-        kl = float(kl_div(_logits_under(model, prompt_batches, ivs), plain).mean()) if ivs else 0.0
+        kl = float(kl_div(logits_under(model, prompt_batches, ivs), plain).mean()) if ivs else 0.0
         return kl, math.nan if refs is None else _ce_under(model, refs, ivs)
     return cost, math.nan if refs is None else _ce_under(model, refs, ())
 
@@ -242,4 +243,4 @@ def _describe(iv: Any) -> str:
     return f"{type(iv).__name__}({', '.join(parts)})"
 
 
-__all__ = ["AlphaSweep", "alpha_sweep"]
+__all__ = ["AlphaSweep", "alpha_sweep", "logits_under"]

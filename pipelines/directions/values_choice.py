@@ -18,10 +18,10 @@ import torch
 from evals.choice import letter_ids, option_logprobs
 from evals.rates import rate
 from interp.chat import has_chat_template
-from interp.forward import batches, last_logits, prepare
+from interp.forward import batches, prepare
 from interp.models import Model
 from pipelines.directions.values_data import ChoiceItem
-from steering.apply import apply
+from steering.sweep import logits_under
 
 
 @dataclass
@@ -85,12 +85,7 @@ def choice_logits(model: Model, items: Sequence[ChoiceItem], interventions: Sequ
                   batch_size: int) -> torch.Tensor:
     """Next-token logits ``[n, vocab]`` of the items' prompts under ``interventions``."""
     _, encs = prepare(model, [i.prompt(chat) for i in items], chat=chat)
-    rows = []
-    with apply(model, *interventions) as handle:
-        for b in batches(model, encs, batch_size):
-            handle.set_batch(b)
-            rows.append(last_logits(model, b).cpu())
-    return torch.cat(rows)
+    return logits_under(model, batches(model, encs, batch_size), interventions)
 
 
 class PoleMetric:
