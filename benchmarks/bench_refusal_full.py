@@ -22,7 +22,8 @@ import torch
 HERE = Path(__file__).resolve().parent
 
 
-def run(model: str, threads: int | None, out: Path) -> tuple[dict[str, float], float, int, dict]:
+def run(model: str, threads: int | None, out: Path, ablate_positions: str = "all"
+        ) -> tuple[dict[str, float], float, int, dict]:
     """One default run into ``out``: seconds per stage, total seconds, forward passes, metrics."""
     from pipelines.refusal import RefusalConfig, run_refusal
 
@@ -47,7 +48,8 @@ def run(model: str, threads: int | None, out: Path) -> tuple[dict[str, float], f
     m = interp.load_model(model)
     handle = m.hf.register_forward_pre_hook(count)
     try:
-        res = run_refusal(RefusalConfig.from_flat(model=model, threads=threads), out, progress=progress, model=m)
+        cfg = RefusalConfig.from_flat(model=model, threads=threads, ablate_positions=ablate_positions)
+        res = run_refusal(cfg, out, progress=progress, model=m)
     finally:
         handle.remove()
     return seconds, time.perf_counter() - t0, n_fwd, res.metrics
@@ -77,19 +79,23 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
     ap.add_argument("--out", default=str(HERE / "RESULTS_refusal_full.md"), help="results file (default: %(default)s)")
     ap.add_argument("--keep", default=None, help="keep the run folder here (default: a temporary folder)")
+    ap.add_argument("--ablate-positions", choices=("all", "post_instruction"), default="all",
+                    help="the run's ablation positions (default: %(default)s, the paper's)")
     args = ap.parse_args()
     folder = Path(args.keep) if args.keep else Path(tempfile.mkdtemp()) / "run"
     load0 = os.getloadavg()
-    seconds, total, n_fwd, metrics = run(args.model, args.threads, folder)
+    seconds, total, n_fwd, metrics = run(args.model, args.threads, folder, args.ablate_positions)
     load1 = os.getloadavg()
     rows = "\n".join(f"| {s} | {t:.1f} |" for s, t in seconds.items())
-    text = (f"### The main job end to end: `interp refusal --model {args.model}` (defaults)\n\n"
+    flag = "" if args.ablate_positions == "all" else f" --ablate-positions {args.ablate_positions}"
+    text = (f"### The main job end to end: `interp refusal --model {args.model}{flag}` "
+            f"({'defaults' if not flag else 'otherwise defaults'})\n\n"
             f"| stage | s |\n|---|---|\n{rows}\n| **total (incl. model load)** | **{total:.1f}** |\n\n"
             f"Forward passes (model calls, generation steps included): {n_fwd}.\n\n" + "\n".join(headline(metrics)) +
             f"\n\nMachine: {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__} "
             f"({torch.get_num_threads()} threads); load average before {load0[0]:.1f}, after {load1[0]:.1f}. "
             f"Command: `python benchmarks/bench_refusal_full.py --model {args.model}"
-            f"{f' --threads {args.threads}' if args.threads else ''}`.\n")
+            f"{f' --threads {args.threads}' if args.threads else ''}{flag}`.\n")
     Path(args.out).write_text(text)
     print(text)
     if not args.keep:

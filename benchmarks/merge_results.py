@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-ORDER = ["capture", "probes", "steering", "refusal", "refusal_full", "sae", "patching", "finetune", "finetune_speed",
-         "circuits", "circuits_direct", "graphs", "gpu"]
+ORDER = ["capture", "probes", "steering", "refusal", "refusal_full", "refusal_positions", "sae", "patching", "finetune",
+         "finetune_speed", "circuits", "circuits_direct", "graphs", "traits", "traits_statements", "biases",
+         "biases_causal", "values", "similarity", "gpu"]
 
 
 def main() -> None:

@@ -46,6 +46,9 @@ def add_refusal_parser(sub: Any, model_args: Any) -> None:
                    "exactly; exhaustive: score every candidate exactly (default: %(default)s)")
     p.add_argument("--top-k", type=int, default=8, help="candidates scored exactly with --search estimate "
                    "(default: %(default)s)")
+    p.add_argument("--ablate-positions", choices=("all", "post_instruction"), default="all", help="where a "
+                   "candidate is ablated: every token (the paper; bakeable into weights) or the prompt's "
+                   "post-instruction tokens and every generated token (hooks only) (default: %(default)s)")
     p.add_argument("--threads", type=int, default=None, help="torch threads for the run (default: torch's own)")
     p.add_argument("--layers", default=None, help="comma-separated candidate layers (default: all)")
     p.add_argument("--seed", type=int, default=0, help="seed for data splits and random controls (default: %(default)s)")
@@ -82,7 +85,8 @@ def cmd_refusal(args: argparse.Namespace) -> int:
         device=args.device, layers=[int(x) for x in args.layers.split(",")] if args.layers else None,
         save_model=args.save_model, borderline=args.borderline, borderline_column=args.borderline_column,
         n_borderline=args.n_borderline, min_refusals=args.min_refusals, diagnosis_alpha=args.diagnosis_alpha,
-        judge=args.judge, search=args.search, top_k=args.top_k, threads=args.threads)
+        judge=args.judge, search=args.search, top_k=args.top_k, threads=args.threads,
+        ablate_positions=args.ablate_positions)
     con = Console()
     state = {s: ("waiting", None) for s in STAGES}
     t_start = time.perf_counter()
@@ -144,7 +148,9 @@ def summary_table(m: dict) -> Any:
     if ev:
         for k, r in ev["refusal"].items():
             t.add_row(f"refusal rate: {k}" + (" (over-refusal)" if k.startswith("borderline") else ""), _rate(r))
-        t.add_row("hook vs baked max |logit diff|", f"{ev['hook_vs_baked']['max_abs_logit_diff']:.2e}")
+        diff = ev["hook_vs_baked"]["max_abs_logit_diff"]
+        t.add_row("hook vs baked max |logit diff|", "not bakeable (post-instruction ablation)" if diff is None
+                  else f"{diff:.2e}")
         kc = ev["harmless_kl_ce"]
         if kc:
             t.add_row("harmless KL (first response token)", f"{kc['kl_first_response_token']:.4f}")

@@ -28,11 +28,16 @@ class RowEdits:
     ``mlp_out`` (row ``i`` equals ``DirectionalAblation(ablate[i])`` run alone). ``add [rows, d]``: vectors
     added at ``resid_pre`` of ``add_layer[i]`` (row ``i`` equals ``AddVector(add[i], layers=add_layer[i],
     sites="resid_pre")`` run alone). Where both apply at one site, the ablation runs first.
+
+    ``ablate_mask [rows, T]`` (bool, the prompt pass's columns): ablate only those tokens, e.g. each row's
+    post-instruction tokens (``Batch.post_mask`` repeated per candidate), which equals
+    ``DirectionalAblation(ablate[i], positions="post_instruction")`` on that pass; ``None``: every token.
     """
 
     ablate: Float[torch.Tensor, "rows d"] | None = None
     add: Float[torch.Tensor, "rows d"] | None = None
     add_layer: Int[torch.Tensor, " rows"] | None = None
+    ablate_mask: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.ablate is None and self.add is None:
@@ -42,6 +47,12 @@ class RowEdits:
         for name, t in (("ablate", self.ablate), ("add", self.add)):
             if t is not None and t.dim() != 2:
                 raise ValueError(f"RowEdits.{name} must be [rows, d], got shape {tuple(t.shape)}")
+        if self.ablate_mask is not None:
+            if self.ablate is None:
+                raise ValueError("RowEdits(ablate_mask=...) restricts an ablation: pass ablate=[rows, d] too")
+            if self.ablate_mask.dim() != 2 or self.ablate_mask.shape[0] != self.ablate.shape[0]:
+                raise ValueError(f"RowEdits.ablate_mask must be Bool[rows, T] with rows = {self.ablate.shape[0]}, "
+                                 f"got shape {tuple(self.ablate_mask.shape)}")
 
     @property
     def rows(self) -> int:
@@ -58,9 +69,16 @@ class RowEdits:
         steps: dict[str, list[Callable[[torch.Tensor], torch.Tensor]]] = {}
         if self.ablate is not None:
             r = self.ablate.to(model.device, model.dtype)
+            keep = None if self.ablate_mask is None else self.ablate_mask.to(model.device, model.dtype)
 
             def ablate(x: torch.Tensor) -> torch.Tensor:
-                return x - torch.einsum("btd,bd->bt", x, r)[..., None] * r[:, None, :]
+                proj = torch.einsum("btd,bd->bt", x, r)
+                if keep is not None:
+                    if keep.shape[1] != x.shape[1]:
+                        raise ValueError(f"RowEdits.ablate_mask covers {keep.shape[1]} tokens but this pass has "
+                                         f"{x.shape[1]}; build it from the batch being run (its post_mask)")
+                    proj = proj * keep
+                return x - proj[..., None] * r[:, None, :]
 
             for layer in range(model.n_layers):
                 for kind in ABLATE_KINDS:

@@ -33,6 +33,7 @@ class DataConfig:
 
 
 SEARCHES = ("estimate", "exhaustive")
+ABLATE_POSITIONS = ("all", "post_instruction")
 
 
 @dataclass
@@ -42,7 +43,9 @@ class SelectionConfig:
     unless harmful train prompts are refused more often than harmless ones (one-sided Fisher exact test,
     p < ``diagnosis_alpha``). How the candidates
     are searched: ``"estimate"`` (first-order estimates of all, the ``top_k`` scored exactly) or
-    ``"exhaustive"`` (every candidate scored exactly)."""
+    ``"exhaustive"`` (every candidate scored exactly). Where a candidate is ablated (scoring, evaluation,
+    writers, subspaces): ``ablate_positions="all"`` tokens (the paper; bakeable into weights) or
+    ``"post_instruction"``: the prompt's post-instruction tokens and every generated token (hooks only)."""
 
     layers: list[int] | None = None
     kl_threshold: float = 0.1
@@ -52,8 +55,12 @@ class SelectionConfig:
     diagnosis_alpha: float = 0.01
     search: str = "estimate"
     top_k: int = 8
+    ablate_positions: str = "all"
 
     def __post_init__(self) -> None:
+        if self.ablate_positions not in ABLATE_POSITIONS:
+            raise ValueError(f"ablate_positions must be one of {ABLATE_POSITIONS} (every token, as in the paper, or the "
+                             f"post-instruction tokens and every generated one), got {self.ablate_positions!r}")
         if self.search not in SEARCHES:
             raise ValueError(f"search must be one of {SEARCHES}, got {self.search!r}")
         if self.top_k < 1:
@@ -93,7 +100,7 @@ SECTIONS = {"data": DataConfig, "selection": SelectionConfig, "generation": Gene
 RESELECT_FIELDS = ("kl_threshold", "prune_layer_fraction", "induce_threshold", "diagnosis_alpha")
 DEFAULTS = {"kl_threshold": 0.1, "prune_layer_fraction": 0.2, "induce_threshold": 0.0}  # the paper's filters
 # neither makes another run: the stage keys decide what a change re-runs (search: the exact scores; threads: nothing)
-SAME_RUN_FIELDS = RESELECT_FIELDS + ("search", "top_k", "save_model", "threads")
+SAME_RUN_FIELDS = RESELECT_FIELDS + ("search", "top_k", "save_model", "threads", "ablate_positions")
 
 
 @dataclass
@@ -104,6 +111,12 @@ class RefusalConfig:
     selection: SelectionConfig = field(default_factory=SelectionConfig)
     generation: GenerationConfig = field(default_factory=GenerationConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+
+    def __post_init__(self) -> None:
+        if self.runtime.save_model and self.selection.ablate_positions != "all":
+            raise ValueError("save_model bakes the ablation into the weights, which act on every token alike, but "
+                             "ablate_positions='post_instruction' ablates some tokens only: use ablate_positions='all' "
+                             "(--ablate-positions all) to save a baked model, or drop save_model")
 
     @classmethod
     def from_flat(cls, **flat: Any) -> RefusalConfig:

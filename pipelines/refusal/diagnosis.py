@@ -80,6 +80,10 @@ def relaxed_notes(sel: SelectionConfig) -> list[str]:
         how = "off" if off else ("relaxed" if loose else "tightened")
         notes.append(f"selection: the {labels[name]} is {how}: {value:g} instead of the default {default:g}; the "
                      f"selected direction need not meet the paper's criteria")
+    if sel.ablate_positions != "all":
+        notes.append("ablation: every candidate is ablated at the prompt's post-instruction tokens and every generated "
+                     "token only (ablate_positions='post_instruction'), not at every token as in the paper; hooks "
+                     "only: no weight edit reproduces it, so there is no baked-weights check or saved model")
     return notes
 
 

@@ -32,6 +32,7 @@ from interp.sites import Site
 from patching.runs import run_with_capture
 from pipelines.refusal.config import SelectionConfig
 from pipelines.refusal.prompt_sets import RefusalData
+from pipelines.refusal.scoring import check_ablate_positions
 from pipelines.refusal.stages import Candidates, RefusalTokens, Scores
 from steering.rows import ABLATE_KINDS
 
@@ -60,23 +61,29 @@ def writer_sites(model: Model) -> list[Site]:
     return [Site(first, 0)] + [Site(k, i) for i in range(model.n_layers) for k in later]
 
 
-def _captured(model: Model, batch: Batch, sites: Sequence[Site], ablate: torch.Tensor | None
+def _captured(model: Model, batch: Batch, sites: Sequence[Site], ablate: torch.Tensor | None,
+              positions: str = "all"
               ) -> tuple[dict[Site, torch.Tensor], torch.Tensor, dict[Site, torch.Tensor], torch.Tensor]:
     """One forward keeping ``sites`` in the autograd graph: ``(acts, last logits, values [B, T, d] with padding
     zeroed, mask [B, T, 1])``. ``ablate [k, d]`` (orthonormal rows): that subspace is projected out at every
-    site; ``acts`` (what gradients are taken at) are then after the projection, ``values`` before it."""
+    site; ``acts`` (what gradients are taken at) are then after the projection, ``values`` before it.
+    ``positions="post_instruction"``: the ablation acts, and ``values`` count, at the post-instruction tokens
+    only (the tokens an ablation restricted to them changes; gradients keep every token)."""
     pre: dict[str, torch.Tensor] = {}
+    check_ablate_positions(positions)
+    where = batch.attention_mask if positions == "all" else batch.attention_mask.bool() & batch.post_mask
 
     def project_out(x: torch.Tensor, ctx: HookContext) -> torch.Tensor:
         pre[ctx.site.name] = x.detach()
         q = ablate.to(x.device, x.dtype)  # type: ignore[union-attr]
-        return x - (x @ q.T) @ q
+        return x - ((x @ q.T) @ q) * where.to(x.device, x.dtype)[..., None]
 
     edits = [] if ablate is None else [(s.name, project_out) for s in sites]
     with hooks(model, edits):  # attached first, so the capture sees (and differentiates) the edited value
         acts, logits = run_with_capture(model, batch, sites, grad=True)
     mask = batch.attention_mask.to(logits.device)[..., None].float()
-    values = {s: pre.get(s.name, acts[s]).detach().float() * mask for s in sites}
+    counted = where.to(logits.device)[..., None].float()
+    values = {s: pre.get(s.name, acts[s]).detach().float() * counted for s in sites}
     return acts, logits, values, mask
 
 
@@ -88,15 +95,16 @@ def _grads(value: torch.Tensor, acts: dict[Site, torch.Tensor], sites: Sequence[
 
 
 def ablation_moment(model: Model, encs: Sequence[Encoded], tokens: Sequence[int], batch_size: int,
-                    ablate: torch.Tensor | None = None) -> tuple[Float[torch.Tensor, "d d"], float, int]:
+                    ablate: torch.Tensor | None = None, positions: str = "all"
+                    ) -> tuple[Float[torch.Tensor, "d d"], float, int]:
     """``M = sum g o^T`` over writers, positions and prompts (float64, CPU), the mean score, the batches run.
     ``ablate [k, d]``: taken where that subspace is ablated (``o`` before the projection, ``g`` after it: the
-    second point of a trapezoid estimate)."""
+    second point of a trapezoid estimate). ``positions``: the tokens the ablation acts on (see ``_captured``)."""
     sites, n = writer_sites(model), len(encs)
     M = torch.zeros(model.d_model, model.d_model, dtype=torch.float64)
     total, n_batches = 0.0, 0
     for batch in batches(model, encs, batch_size):
-        acts, logits, values, mask = _captured(model, batch, sites, ablate)
+        acts, logits, values, mask = _captured(model, batch, sites, ablate, positions)
         scores = refusal_score(logits, tokens)
         for s, g in zip(sites, _grads(scores.sum() / n, acts, sites, mask, retain=False)):
             M += torch.einsum("btd,bte->de", g, values[s]).double().cpu()
@@ -124,11 +132,12 @@ def _probe_terms(logits: torch.Tensor, acts: dict[Site, torch.Tensor], values: d
 
 
 def harmless_terms(model: Model, encs: Sequence[Encoded], tokens: Sequence[int], layers: Sequence[int],
-                   units: Float[torch.Tensor, "c d"], batch_size: int, probes: int = PROBES, seed: int = 0
+                   units: Float[torch.Tensor, "c d"], batch_size: int, probes: int = PROBES, seed: int = 0,
+                   positions: str = "all"
                    ) -> tuple[Float[torch.Tensor, "layers d"], Float[torch.Tensor, " c"], float, int]:
     """From one forward per batch of the harmless prompts: ``G`` (``sum_t g_{l,t}`` over prompts at resid_pre of
-    ``layers``, the induce gradients), the second-order KL estimate of ablating each of ``units``, the mean
-    score and the batches run (each: one forward, ``1 + probes`` backwards)."""
+    ``layers``, the induce gradients), the second-order KL estimate of ablating each of ``units`` (at
+    ``positions``), the mean score and the batches run (each: one forward, ``1 + probes`` backwards)."""
     writers, resid = writer_sites(model), [Site("resid_pre", int(layer)) for layer in layers]
     sites = list(dict.fromkeys(writers + resid))
     n, gen = len(encs), torch.Generator().manual_seed(seed)
@@ -136,7 +145,7 @@ def harmless_terms(model: Model, encs: Sequence[Encoded], tokens: Sequence[int],
     kl = torch.zeros(len(units), dtype=torch.float64)
     total, n_batches = 0.0, 0
     for batch in batches(model, encs, batch_size):
-        acts, logits, values, mask = _captured(model, batch, sites, None)
+        acts, logits, values, mask = _captured(model, batch, sites, None, positions)
         scores = refusal_score(logits, tokens)
         G += torch.stack([g.sum((0, 1)) for g in _grads(scores.sum() / n, acts, resid, mask, retain=probes > 0)]
                          ).double().cpu()
@@ -147,16 +156,18 @@ def harmless_terms(model: Model, encs: Sequence[Encoded], tokens: Sequence[int],
 
 
 def estimate_candidates(model: Model, data: RefusalData, cand: Candidates, tokens: RefusalTokens,
-                        batch_size: int = 64, probes: int = PROBES, seed: int = 0) -> Estimate:
+                        batch_size: int = 64, probes: int = PROBES, seed: int = 0, ablate_positions: str = "all"
+                        ) -> Estimate:
     """Bypass, induce (first order) and KL (second order, ``probes`` random probes) estimates ``[layers, P]`` of
-    every candidate, on the scale of :class:`~pipelines.refusal.stages.Scores`."""
+    every candidate, on the scale of :class:`~pipelines.refusal.stages.Scores`; ablations at ``ablate_positions``."""
     toks = tokens.tokens
     _, enc_h = prepare(model, data.harmful["val"].instructions)
     _, enc_s = prepare(model, data.harmless["val"].instructions)
     raw = cand.raw.double()
     r = torch.nn.functional.normalize(raw, dim=-1)                                # [layers, P, d]
-    M, base_h, nb_h = ablation_moment(model, enc_h, toks, batch_size)
-    G, kl, base_s, nb_s = harmless_terms(model, enc_s, toks, cand.layers, r.flatten(0, 1), batch_size, probes, seed)
+    M, base_h, nb_h = ablation_moment(model, enc_h, toks, batch_size, positions=ablate_positions)
+    G, kl, base_s, nb_s = harmless_terms(model, enc_s, toks, cand.layers, r.flatten(0, 1), batch_size, probes, seed,
+                                         ablate_positions)
     bypass = base_h - torch.einsum("lpd,de,lpe->lp", r, M, r)
     induce = base_s + torch.einsum("lpd,ld->lp", raw, G)
     return Estimate(bypass.float(), induce.float(), kl.view(bypass.shape).float(), base_h, base_s, nb_h + nb_s,

@@ -22,8 +22,12 @@ from interp.chat import Encoded
 from interp.forward import batches, forward, prepare
 from interp.models import Model
 from pipelines.refusal.prompt_sets import RefusalData
+from pipelines.refusal.scoring import ablation
 from pipelines.refusal.stages import Candidates, RefusalTokens, Selection
 from probes.directions import random_directions, random_orthogonal
+
+NOT_BAKEABLE = ("not baked: the ablation acts at the post-instruction and generated tokens only (ablate_positions="
+                "'post_instruction'), which no weight edit reproduces (weights act on every token alike)")
 
 
 @dataclass
@@ -89,23 +93,23 @@ class TestPrompts:
         return out.texts, judge_many(judge, out.texts), out.first_logits
 
 
-def _conditions(model: Model, r: torch.Tensor, v: torch.Tensor, layer: int, seed: int, borderline: bool
-                ) -> dict[str, tuple]:
+def _conditions(model: Model, r: torch.Tensor, v: torch.Tensor, layer: int, seed: int, borderline: bool,
+                positions: str = "all") -> dict[str, tuple]:
     rand_u = random_directions(model.d_model, 1, seed=seed)[0].vectors[0]
     orth_u = random_orthogonal(r[None], 1, seed=seed)[0].vectors[0]
     add = {"sites": "resid_pre", "layers": layer}
     over = {} if not borderline else {  # over-refusal on benign look-alikes, at baseline and under each edit
         "borderline/baseline": ("borderline", ()),
-        "borderline/ablation": ("borderline", (steering.DirectionalAblation(r),)),
-        "borderline/random ablation": ("borderline", (steering.DirectionalAblation(rand_u),)),
+        "borderline/ablation": ("borderline", (ablation(r, positions),)),
+        "borderline/random ablation": ("borderline", (ablation(rand_u, positions),)),
         "borderline/addition": ("borderline", (steering.AddVector(v, **add),)),
         "borderline/random addition": ("borderline", (steering.AddVector(rand_u * v.norm(), **add),)),
     }
     return over | {
         "harmful/baseline": ("harmful", ()),
-        "harmful/ablation": ("harmful", (steering.DirectionalAblation(r),)),
-        "harmful/random ablation": ("harmful", (steering.DirectionalAblation(rand_u),)),
-        "harmful/orthogonal ablation": ("harmful", (steering.DirectionalAblation(orth_u),)),
+        "harmful/ablation": ("harmful", (ablation(r, positions),)),
+        "harmful/random ablation": ("harmful", (ablation(rand_u, positions),)),
+        "harmful/orthogonal ablation": ("harmful", (ablation(orth_u, positions),)),
         "harmless/baseline": ("harmless", ()),
         "harmless/addition": ("harmless", (steering.AddVector(v, **add),)),
         "harmless/random addition": ("harmless", (steering.AddVector(rand_u * v.norm(), **add),)),
@@ -115,26 +119,33 @@ def _conditions(model: Model, r: torch.Tensor, v: torch.Tensor, layer: int, seed
 
 def evaluate(model: Model, data: RefusalData, cand: Candidates, sel: Selection, tokens: RefusalTokens,
              max_new_tokens: int = 24, batch_size: int = 64, seed: int = 0, test: TestPrompts | None = None,
-             judge: Judge | None = None) -> Evaluation:
+             judge: Judge | None = None, ablate_positions: str = "all") -> Evaluation:
     """Generate, judge and score the test prompts under every condition (over-refusal on the borderline set
-    too); compare hook ablation with baked weights."""
+    too); compare hook ablation with baked weights (``ablate_positions="all"`` only: an ablation at some
+    tokens only is not a weight edit, and ``hook_vs_baked`` says so)."""
     test = test or TestPrompts(model, data)
     direction = sel.direction(cand, model.name)
     r, v = direction.vectors[0], direction.raw[0]
     gens, refused, scores, logits = {}, {}, {}, {}
-    baked = steering.bake(model, r, allow_inexact=True)
-    conditions = _conditions(model, r, v, sel.layer, seed, data.borderline is not None)
-    conditions["harmful/baked weights"] = ("harmful", ())
+    bakeable = ablate_positions == "all"
+    baked = steering.bake(model, r, allow_inexact=True) if bakeable else None
+    conditions = _conditions(model, r, v, sel.layer, seed, data.borderline is not None, ablate_positions)
+    if baked is not None:
+        conditions["harmful/baked weights"] = ("harmful", ())
     for name, (which, ivs) in conditions.items():
-        on = baked.model if name == "harmful/baked weights" else model
+        on = baked.model if baked is not None and name == "harmful/baked weights" else model
         gens[name], refused[name], logits[name] = test.judged(which, ivs, max_new_tokens, batch_size, judge, on)
         scores[name] = refusal_score(logits[name], tokens.tokens).mean().item()
-    hook, baked_logits = logits["harmful/ablation"], logits["harmful/baked weights"]
-    diff = (hook - baked_logits).abs().max()
-    equiv = {"max_abs_logit_diff": float(diff), "rel_logit_diff": float(diff / hook.abs().max()),
-             "exact_architecture": bool(baked.exact), "notes": baked.notes}
+    if baked is not None:
+        hook, baked_logits = logits["harmful/ablation"], logits["harmful/baked weights"]
+        diff = (hook - baked_logits).abs().max()
+        equiv = {"max_abs_logit_diff": float(diff), "rel_logit_diff": float(diff / hook.abs().max()),
+                 "exact_architecture": bool(baked.exact), "notes": baked.notes}
+    else:
+        equiv = {"max_abs_logit_diff": None, "rel_logit_diff": None, "exact_architecture": None,
+                 "notes": [NOT_BAKEABLE]}
     kl_ce = harmless_kl_ce(model, test.prompts("harmless"), gens["harmless/baseline"],
-                           (steering.DirectionalAblation(r),), batch_size)
+                           (ablation(r, ablate_positions),), batch_size)
     rates = {k: sum(f) / len(f) for k, f in refused.items()}
     return Evaluation(gens, rates, scores, equiv, kl_ce, refused)
 
@@ -150,7 +161,10 @@ def harmless_kl_ce(model: Model, prompts: list[str], responses: list[str], ivs: 
     kls = []
     for b in batches(model, encs, batch_size):
         base = forward(model, b, logits="all")
-        with steering.apply(model, *ivs):
+        with steering.apply(model, *ivs) as handle:
+            # one teacher-forced pass: the response tokens stand for generated ones, so a post-instruction
+            # ablation acts on them as it does on every generated token
+            handle.set_batch(post_mask=b.post_mask | b.response_mask)
             edited = forward(model, b, logits="all")
         assert base is not None and edited is not None
         for name, lg in (("baseline", base), ("edited", edited)):
@@ -164,16 +178,17 @@ def harmless_kl_ce(model: Model, prompts: list[str], responses: list[str], ivs: 
 
 
 def _ablated(model: Model, test: TestPrompts, basis: torch.Tensor, tokens: RefusalTokens, max_new_tokens: int,
-             batch_size: int, judge: Judge | None = None) -> tuple[float, float]:
-    """Harmful test refusal rate and mean refusal score with the span of ``basis [k, d]`` ablated everywhere."""
-    iv = steering.AblateSubspace(basis, sites=("resid_pre", "attn_out", "mlp_out"))
+             batch_size: int, judge: Judge | None = None, positions: str = "all") -> tuple[float, float]:
+    """Harmful test refusal rate and mean refusal score with the span of ``basis [k, d]`` ablated at every
+    writer, at ``positions`` (every token, or the post-instruction ones and every generated one)."""
+    iv = steering.AblateSubspace(basis, sites=("resid_pre", "attn_out", "mlp_out"), positions=positions)
     _, flags, logits = test.judged("harmful", (iv,), max_new_tokens, batch_size, judge)
     return sum(flags) / len(flags), refusal_score(logits, tokens.tokens).mean().item()
 
 
 def find_subspaces(model: Model, data: RefusalData, cand: Candidates, sel: Selection, tokens: RefusalTokens,
                    rank: int = 8, max_new_tokens: int = 24, batch_size: int = 64, test: TestPrompts | None = None,
-                   seed: int = 0, judge: Judge | None = None) -> Subspaces:
+                   seed: int = 0, judge: Judge | None = None, ablate_positions: str = "all") -> Subspaces:
     """Per-category mean differences at the selected site (from the candidates' train activations, no re-capture),
     orthonormalised after the refusal direction; ablate the first k for k = 1..rank on harmful test prompts.
 
@@ -196,8 +211,8 @@ def find_subspaces(model: Model, data: RefusalData, cand: Candidates, sel: Selec
     rand = torch.linalg.qr(rand.T.double()).Q.T.to(basis.dtype)
     out = Subspaces([cats[i] for i in order.tolist()], [], [], [])
     for k in range(1, k_max + 1):
-        k_rate, score = _ablated(model, test, basis[:k], tokens, max_new_tokens, batch_size, judge)
-        c_rate, c_score = _ablated(model, test, rand[:k], tokens, max_new_tokens, batch_size, judge)
+        k_rate, score = _ablated(model, test, basis[:k], tokens, max_new_tokens, batch_size, judge, ablate_positions)
+        c_rate, c_score = _ablated(model, test, rand[:k], tokens, max_new_tokens, batch_size, judge, ablate_positions)
         out.ranks.append(k)
         out.rates.append(k_rate)
         out.scores.append(score)

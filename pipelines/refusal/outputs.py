@@ -40,9 +40,16 @@ def outcome_notes(cfg: RefusalConfig, res: RefusalResult) -> list[str]:
         scored = "" if s.search == "exhaustive" else (
             f" among the top {s.top_k} by first-order estimate, the only ones scored exactly (--search exhaustive "
             f"or a larger --top-k scores more)")
-        return [f"no candidate passes the filters (layer < {1 - s.prune_layer_fraction:.0%} of depth, KL < "
-                f"{s.kl_threshold}, induce score > {s.induce_threshold}, bypass below baseline){scored}: no refusal "
-                f"direction is reported"]
+        notes = [f"no candidate passes the filters (layer < {1 - s.prune_layer_fraction:.0%} of depth, KL < "
+                 f"{s.kl_threshold}, induce score > {s.induce_threshold}, bypass below baseline){scored}: no refusal "
+                 f"direction is reported"]
+        if s.ablate_positions == "all":
+            n_scored = int((~res.scores.kl.isnan()).sum()) if res.scores is not None else 0
+            notes.append(f"the ablation acted at every token ({sel.passing.get('kl', 0)} of the {n_scored} candidates "
+                         f"scored exactly pass the KL filter): an every-token ablation also edits the instruction tokens; "
+                         f"--ablate-positions post_instruction edits only the post-instruction and generated tokens "
+                         f"(on smollm2-aligned it finds a direction where this finds none)")
+        return notes
     return []
 
 
@@ -63,7 +70,7 @@ def build_metrics(cfg: RefusalConfig, model: Model, data: RefusalData, res: Refu
                            "position_tokens": cand.pos_tokens}
     if sel is not None:
         m["selection"] = {"baseline_refusal_score": sel.baseline_refusal_score, "filters": sel.filters,
-                          "passing": sel.passing}
+                          "passing": sel.passing, "ablate_positions": cfg.selection.ablate_positions}
         if res.scores is not None:
             m["selection"].update(search_metrics(cfg.selection, res.estimate, res.scores))
         if sel.found:

@@ -113,9 +113,11 @@ def _evaluation_sections(res: RefusalResult) -> list[tuple[str, Any]]:
         out.append(("Refusal rates: counts and 95% intervals (borderline = over-refusal on benign look-alikes)",
                     _rate_table(rates)))
         eq = ev.hook_vs_baked
+        baked = ([("max |logit diff| hook vs baked", eq["max_abs_logit_diff"]), ("relative", eq["rel_logit_diff"]),
+                  ("architecture bakes exactly", eq["exact_architecture"])] if eq["max_abs_logit_diff"] is not None
+                 else [("baked weights", "; ".join(eq["notes"]))])
         out.append(("Hook ablation vs baked weights, KL and CE", kv_table(
-            [("max |logit diff| hook vs baked", eq["max_abs_logit_diff"]), ("relative", eq["rel_logit_diff"]),
-             ("architecture bakes exactly", eq["exact_architecture"])] +
+            baked +
             [(f"harmless {k}", v) for k, v in ev.harmless_kl_ce.items()] +
             [(f"refusal score: {k}", v) for k, v in ev.refusal_score.items()])))
     if sub is not None and sub.ranks:

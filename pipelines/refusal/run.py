@@ -105,20 +105,22 @@ def _run_refusal(cfg: RefusalConfig, out: str | Path, overwrite: bool, progress:
         only = None
         if s.search == "estimate":  # first-order estimates of every candidate; only the top k are scored exactly
             res.estimate = run.stage("estimate", keys.estimate, Estimate, lambda: estimate_candidates(
-                model, data, cand, res.tokens, bs, seed=d.seed), say)  # type: ignore[arg-type]
+                model, data, cand, res.tokens, bs, seed=d.seed, ablate_positions=s.ablate_positions), say)  # type: ignore[arg-type]
             only = top_candidates(res.estimate, cand, model.n_layers, s, s.top_k)
         res.scores = run.stage("scores", keys.exact(only), Scores, lambda: score_candidates(
-            model, data, cand, res.tokens, bs, rt.max_rows, only=only), say)  # type: ignore[arg-type]
+            model, data, cand, res.tokens, bs, rt.max_rows, only=only, ablate_positions=s.ablate_positions), say)  # type: ignore[arg-type]
         res.selection = sel = run.stage("selection", keys.selection(model.n_layers), Selection, lambda: select_direction(
             model.n_layers, cand, res.scores, s), say)  # type: ignore[arg-type]
         if sel.found:
             test = TestPrompts(model, data)
             res.evaluation = run.stage("evaluation", keys.evaluation(sel), Evaluation, lambda: evaluate(
-                model, data, cand, sel, res.tokens, g.max_new_tokens, bs, d.seed, test, judge), say)  # type: ignore[arg-type]
+                model, data, cand, sel, res.tokens, g.max_new_tokens, bs, d.seed, test, judge, s.ablate_positions), say)  # type: ignore[arg-type]
             res.writers = run.stage("writers", keys.writers(sel), Writers, lambda: writer_attribution(
-                model, test, sel.direction(cand, model.name).vectors[0], res.tokens, g.max_new_tokens, bs, d.seed, judge, res.evaluation), say)  # type: ignore[arg-type]
+                model, test, sel.direction(cand, model.name).vectors[0], res.tokens, g.max_new_tokens, bs, d.seed, judge, res.evaluation,
+                s.ablate_positions), say)  # type: ignore[arg-type]
             res.subspaces = run.stage("subspaces", keys.subspaces(sel), Subspaces, lambda: find_subspaces(
-                model, data, cand, sel, res.tokens, g.subspace_rank, g.max_new_tokens, bs, test, d.seed, judge), say)  # type: ignore[arg-type]
+                model, data, cand, sel, res.tokens, g.subspace_rank, g.max_new_tokens, bs, test, d.seed, judge,
+                s.ablate_positions), say)  # type: ignore[arg-type]
     return finish(run, model, cfg, data, res, say)
 
 
@@ -133,13 +135,16 @@ class _Keys:
                                            "min_refusals": cfg.selection.min_refusals})
         self.candidates = stage_key("candidates", {**self.model, "train": data.digest("train"),
                                                    "layers": cfg.selection.layers})
+        at = cfg.selection.ablate_positions
         self.scores = stage_key("scores", {"tokens": self.tokens, "candidates": self.candidates,
-                                           "val": data.digest("val"), "max_rows": rt.max_rows, **self.model})
+                                           "val": data.digest("val"), "max_rows": rt.max_rows, **self.model,
+                                           "ablate_positions": at})
         self.estimate = stage_key("estimate", {"tokens": self.tokens, "candidates": self.candidates,
                                                "val": data.digest("val"), "probes": PROBES, "seed": cfg.data.seed,
-                                               **self.model})
+                                               **self.model, "ablate_positions": at})
         self.test = {"test": data.digest("test"), "train": data.digest("train"), "seed": cfg.data.seed,
-                     "max_new_tokens": g.max_new_tokens, "tokens": self.tokens, "candidates": self.candidates}
+                     "max_new_tokens": g.max_new_tokens, "tokens": self.tokens, "candidates": self.candidates,
+                     "ablate_positions": at}
 
     def exact(self, only: torch.Tensor | None) -> str:
         """The exact scores' key: all candidates, or the ``only`` mask (so a threshold change that picks the

@@ -18,6 +18,23 @@ import steering
 from interp.chat import Encoded
 from interp.forward import batches, last_logits, resid_pre_cache
 from interp.models import Model
+from pipelines.refusal.config import ABLATE_POSITIONS
+
+
+def check_ablate_positions(positions: str) -> str:
+    """``positions`` if it is one of :data:`ABLATE_POSITIONS`, else a ValueError naming them."""
+    if positions not in ABLATE_POSITIONS:
+        raise ValueError(f"ablate_positions must be one of {ABLATE_POSITIONS}, got {positions!r}")
+    return positions
+
+
+def ablation(r: torch.Tensor, positions: str = "all", sites: Any = None, layers: Any = "all") -> Any:
+    """The pipeline's ablation of unit ``r``: :class:`steering.DirectionalAblation` (every writer, or ``sites``),
+    at every token or only at the post-instruction tokens of the prompt (generated tokens always)."""
+    kw: dict[str, Any] = {"layers": layers, "positions": check_ablate_positions(positions)}
+    if sites is not None:
+        kw["sites"] = sites
+    return steering.DirectionalAblation(r, **kw)
 
 
 def refusal_tokens(first_ids_refused: Sequence[int], first_ids_helpful: Sequence[int], cover: float = 0.9,
@@ -44,29 +61,32 @@ def refusal_tokens(first_ids_refused: Sequence[int], first_ids_helpful: Sequence
 def prompt_logits(model: Model, encs: Sequence[Encoded], *interventions: Any, batch_size: int = 64
                   ) -> Float[torch.Tensor, "n vocab"]:
     """Next-token logits at each prompt's last token, with ``interventions`` attached (none: plain), on CPU."""
-    def run() -> torch.Tensor:
-        return torch.cat([last_logits(model, b).cpu() for b in batches(model, encs, batch_size)])
-
     if not interventions:
-        return run()
-    with steering.apply(model, *interventions):
-        return run()
+        return torch.cat([last_logits(model, b).cpu() for b in batches(model, encs, batch_size)])
+    out = []
+    with steering.apply(model, *interventions) as handle:
+        for b in batches(model, encs, batch_size):
+            handle.set_batch(b)  # so an edit at positions="post_instruction" knows this batch's tokens
+            out.append(last_logits(model, b).cpu())
+    return torch.cat(out)
 
 
 def score_rows(model: Model, encs: Sequence[Encoded], per_candidate: Float[torch.Tensor, "c d"], mode: str,
                layers: Int[torch.Tensor, " c"] | None = None, max_rows: int = 256,
-               reduce: Callable[[torch.Tensor], torch.Tensor] | None = None, reuse_prefix: bool = True
-               ) -> torch.Tensor:
+               reduce: Callable[[torch.Tensor], torch.Tensor] | None = None, reuse_prefix: bool = True,
+               positions: str = "all") -> torch.Tensor:
     """Last-position logits for every (candidate, prompt): ``[C, N, vocab]``, or ``reduce`` of them per chunk
     (``[c, N, vocab] -> [c, N]``, e.g. a refusal score: the vocabulary-wide logits are never all held).
 
     ``mode='ablate'``: ``per_candidate`` unit directions projected out at every layer; ``mode='add'``:
     vectors added at resid_pre of ``layers[c]``, candidates taken in layer order and each chunk resumed from
     its lowest layer's cached resid_pre (``reuse_prefix``: the blocks below are not recomputed, exact). A
-    forward holds at most ``max_rows`` rows.
+    forward holds at most ``max_rows`` rows. ``positions`` (ablation only): ``"all"`` tokens, or only the
+    ``"post_instruction"`` ones (see :data:`ABLATE_POSITIONS`).
     """
     if mode not in ("ablate", "add"):
         raise ValueError(f"mode must be 'ablate' or 'add', got {mode!r}")
+    check_ablate_positions(positions)
     if mode == "add" and layers is None:
         raise ValueError("mode='add' needs layers=[C], the layer each candidate is added at")
     n_cand, n = per_candidate.shape[0], len(encs)
@@ -81,7 +101,8 @@ def score_rows(model: Model, encs: Sequence[Encoded], per_candidate: Float[torch
         rows = per_candidate[sel].repeat_interleave(n, 0)
         kw: dict[str, Any] = {}
         if mode == "ablate":
-            edits = steering.RowEdits(ablate=rows)
+            mask = None if positions == "all" else batch.post_mask.repeat(len(sel), 1)
+            edits = steering.RowEdits(ablate=rows, ablate_mask=mask)
         else:
             assert layers is not None
             edits = steering.RowEdits(add=rows, add_layer=layers[sel].repeat_interleave(n, 0))
@@ -97,4 +118,4 @@ def score_rows(model: Model, encs: Sequence[Encoded], per_candidate: Float[torch
     return out
 
 
-__all__ = ["prompt_logits", "refusal_tokens", "score_rows"]
+__all__ = ["ablation", "check_ablate_positions", "prompt_logits", "refusal_tokens", "score_rows"]

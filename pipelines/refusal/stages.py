@@ -163,10 +163,11 @@ def find_candidates(model: Model, data: RefusalData, layers: list[int] | None = 
 
 
 def score_candidates(model: Model, data: RefusalData, cand: Candidates, tokens: RefusalTokens, batch_size: int = 64,
-                     max_rows: int = 256, only: torch.Tensor | None = None) -> Scores:
+                     max_rows: int = 256, only: torch.Tensor | None = None, ablate_positions: str = "all") -> Scores:
     """Bypass (ablate on harmful val), KL (ablate on harmless val) and induce (add on harmless val), batched.
 
-    ``only [layers, P]`` (bool): score just these candidates; the others are NaN (and so pass no filter)."""
+    ``only [layers, P]`` (bool): score just these candidates; the others are NaN (and so pass no filter).
+    ``ablate_positions``: ablate at every token, or at the post-instruction tokens only."""
     toks = tokens.tokens
     _, enc_h = prepare(model, data.harmful["val"].instructions)
     _, enc_s = prepare(model, data.harmless["val"].instructions)
@@ -180,12 +181,14 @@ def score_candidates(model: Model, data: RefusalData, cand: Candidates, tokens: 
     layer_of = torch.tensor(cand.layers).repeat_interleave(n_pos)[idx]
     out = torch.full((3, n_layers * n_pos), math.nan)
     if len(idx):
-        kw = dict(max_rows=max_rows)
-        out[0, idx] = score_rows(model, enc_h, units, "ablate", reduce=lambda lg: refusal_score(lg, toks), **kw).mean(1)
+        kw: dict[str, Any] = dict(max_rows=max_rows)
+        at = dict(positions=ablate_positions)
+        out[0, idx] = score_rows(model, enc_h, units, "ablate", reduce=lambda lg: refusal_score(lg, toks), **kw,
+                                 **at).mean(1)
         out[1, idx] = score_rows(model, enc_s, flat, "add", layer_of, reduce=lambda lg: refusal_score(lg, toks),
                                  **kw).mean(1)
         out[2, idx] = score_rows(model, enc_s, units, "ablate", reduce=lambda lg: kl_div(base_s[None].expand_as(lg), lg),
-                                 **kw).mean(1)
+                                 **kw, **at).mean(1)
     bypass, induce, kl = (x.view(n_layers, n_pos) for x in out)
     return Scores(bypass, induce, kl, refusal_score(base_h, toks).mean().item(), refusal_score(base_s, toks).mean().item())
 

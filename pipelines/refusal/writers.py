@@ -16,13 +16,12 @@ from typing import Any
 import torch
 from jaxtyping import Float
 
-import steering
 from evals.judge import Judge
 from evals.logits import refusal_score
 from evals.rates import rate
 from interp.models import Model
 from pipelines.refusal.evaluation import Evaluation, TestPrompts
-from pipelines.refusal.scoring import prompt_logits
+from pipelines.refusal.scoring import ablation, prompt_logits
 from pipelines.refusal.stages import RefusalTokens
 from probes.directions import random_orthogonal
 
@@ -107,13 +106,18 @@ def moe_layers(model: Model) -> tuple[list[int], list[int]]:
             [i for i in range(model.n_layers) if f"blocks.{i}.mlp.hook_shared_expert_out" in names])
 
 
-def writer_groups(model: Model) -> tuple[dict[str, tuple[str, Make]], list[str]]:
+def writer_groups(model: Model, positions: str = "all") -> tuple[dict[str, tuple[str, Make]], list[str]]:
     """``{group: (sites, make)}`` in order (attention, MLP, [routed experts, shared expert], embedding, all writers)
-    and notes on what a mixture of experts' groups leave out."""
+    and notes on what a mixture of experts' groups leave out. ``positions``: every token, or the
+    post-instruction ones (and every generated one), as the run's ablation."""
     every = list(range(model.n_layers))
+
+    def at(d: torch.Tensor, sites: str, layers: Any = "all") -> list[Any]:
+        return [ablation(d, positions, sites=sites, layers=layers)]
+
     groups: dict[str, tuple[str, Make]] = {
-        "attention": (f"attn_out, {_span(every)}", lambda d: [steering.Ablate(d, sites="attn_out")]),
-        "MLP": (f"mlp_out, {_span(every)}", lambda d: [steering.Ablate(d, sites="mlp_out")])}
+        "attention": (f"attn_out, {_span(every)}", lambda d: at(d, "attn_out")),
+        "MLP": (f"mlp_out, {_span(every)}", lambda d: at(d, "mlp_out"))}
     notes: list[str] = []
     routed, shared = moe_layers(model)
     if model.spec.is_moe and not routed:
@@ -121,24 +125,24 @@ def writer_groups(model: Model) -> tuple[dict[str, tuple[str, Make]], list[str]]
                      "and shared experts are not ablated apart")
     if routed:
         groups["routed experts"] = (f"experts_out, {_span(routed)}",
-                                    lambda d: [steering.Ablate(d, sites="experts_out", layers=routed)])
+                                    lambda d: at(d, "experts_out", routed))
         dense = [i for i in every if i not in routed]
         if dense:
             notes.append(f"{_span(dense)} have a dense MLP: they are in the MLP group only")
     if shared:
         groups["shared expert"] = (f"shared_expert_out (before its sigmoid gate, a per-token scalar), {_span(shared)}",
-                                   lambda d: [steering.Ablate(d, sites="shared_expert_out", layers=shared)])
-    groups["embedding"] = ("resid_pre, layer 0", lambda d: [steering.Ablate(d, sites="resid_pre", layers=0)])
+                                   lambda d: at(d, "shared_expert_out", shared))
+    groups["embedding"] = ("resid_pre, layer 0", lambda d: at(d, "resid_pre", 0))
     groups["all writers"] = ("resid_pre, attn_out, mlp_out at every layer (DirectionalAblation)",
-                             lambda d: [steering.DirectionalAblation(d)])
+                             lambda d: [ablation(d, positions)])
     return groups, notes
 
 
-def identity_checks(model: Model, test: TestPrompts, r: Float[torch.Tensor, " d"], batch_size: int = 64
-                    ) -> dict[str, float]:
+def identity_checks(model: Model, test: TestPrompts, r: Float[torch.Tensor, " d"], batch_size: int = 64,
+                    positions: str = "all") -> dict[str, float]:
     """Max |logit diff| on the harmful test prompts: attention + MLP + embedding groups together vs all writers
     (DirectionalAblation), and routed + shared experts (+ dense MLP layers) vs the MLP group."""
-    groups, _ = writer_groups(model)
+    groups, _ = writer_groups(model, positions)
     encs = test.encodings("harmful")
 
     def logits(names: list[str], extra: tuple = ()) -> torch.Tensor:
@@ -150,7 +154,7 @@ def identity_checks(model: Model, test: TestPrompts, r: Float[torch.Tensor, " d"
     if routed:
         dense = [i for i in range(model.n_layers) if i not in routed]
         parts = [g for g in ("routed experts", "shared expert") if g in groups]
-        rest = (steering.Ablate(r, sites="mlp_out", layers=dense),) if dense else ()
+        rest = (ablation(r, positions, sites="mlp_out", layers=dense),) if dense else ()
         out[" + ".join(parts) + " vs MLP"] = float((logits(parts, rest) - logits(["MLP"])).abs().max())
     return out
 
@@ -181,7 +185,7 @@ def _from_evaluation(ev: Evaluation | None) -> dict[tuple[str, str], dict[str, A
 
 def writer_attribution(model: Model, test: TestPrompts, r: Float[torch.Tensor, " d"], tokens: RefusalTokens,
                        max_new_tokens: int = 24, batch_size: int = 64, seed: int = 0, judge: Judge | None = None,
-                       evaluation: Evaluation | None = None) -> Writers:
+                       evaluation: Evaluation | None = None, ablate_positions: str = "all") -> Writers:
     """Ablate the unit refusal direction ``r [d]`` from each writer group (and, as a control, a seeded random unit
     direction orthogonal to it) and measure refusal on the harmful test prompts; see :class:`Writers`.
 
@@ -196,7 +200,7 @@ def writer_attribution(model: Model, test: TestPrompts, r: Float[torch.Tensor, "
     if not tokens.tokens:
         raise ValueError("no refusal tokens: the model never refused, so there is no refusal to attribute")
     u = random_orthogonal(r[None], 1, seed=seed)[0].vectors[0]
-    groups, notes = writer_groups(model)
+    groups, notes = writer_groups(model, ablate_positions)
     known = _from_evaluation(evaluation)
     measure = lambda ivs: _measure(model, test, ivs, tokens, max_new_tokens, batch_size, judge)  # noqa: E731
     rows = [{"group": "baseline", "direction": "none", "sites": "nothing ablated",
@@ -205,7 +209,7 @@ def writer_attribution(model: Model, test: TestPrompts, r: Float[torch.Tensor, "
         for label, d in (("refusal direction", r), ("orthogonal control", u)):
             got = known.get((name, label)) or measure(make(d))
             rows.append({"group": name, "direction": label, "sites": sites, **got})
-    return Writers(rows, embedding_note(model), identity_checks(model, test, r, batch_size), notes,
+    return Writers(rows, embedding_note(model), identity_checks(model, test, r, batch_size, ablate_positions), notes,
                    f"a random unit direction orthogonal to r (probes.directions.random_orthogonal, seed {seed})")
 
 

@@ -1,0 +1,71 @@
+"""Where to ablate a refusal candidate: every token (the paper) vs the post-instruction tokens only, on the same
+candidates and val prompts: the exact bypass, induce and KL scores of both (``score_candidates``), as a table.
+
+``python benchmarks/bench_refusal_positions.py --model smollm2-aligned --layers 10-22 --positions=-1,-2``
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import time
+
+import torch
+
+
+def _ints(text: str) -> list[int]:
+    out: list[int] = []
+    for part in text.split(","):
+        lo, _, hi = part.partition("-") if not part.startswith("-") else (part, "", "")
+        out += list(range(int(lo), int(hi) + 1)) if hi else [int(lo)]
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="smollm2-aligned")
+    ap.add_argument("--layers", default="14-20", help="candidate layers, e.g. 14-20 or 4,8,16 (default: %(default)s)")
+    ap.add_argument("--positions", default="-1", help="post-instruction positions from the end (default: %(default)s)")
+    ap.add_argument("--threads", type=int, default=None)
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    import interp
+    from pipelines.refusal import find_candidates, find_refusal_tokens, load_refusal_data, score_candidates
+
+    t0, load0 = time.perf_counter(), os.getloadavg()
+    m = interp.load_model(args.model)
+    data = load_refusal_data(model=args.model)
+    tok = find_refusal_tokens(m, data, min_refusals=8)
+    layers = _ints(args.layers)
+    cand = find_candidates(m, data, layers)
+    positions = [int(p) for p in args.positions.split(",")]
+    only = torch.zeros(len(layers), cand.n_positions, dtype=torch.bool)
+    only[:, [cand.n_positions + p for p in positions]] = True
+    scores = {mode: score_candidates(m, data, cand, tok, only=only, ablate_positions=mode)
+              for mode in ("all", "post_instruction")}
+    base = scores["all"]
+    lines = [f"### Every-token vs post-instruction ablation of the same candidates: `{args.model}`\n",
+             f"Refusal score = mean log-odds of the refusal tokens {tok.strings} on {len(data.harmful['val'])} "
+             f"harmful / {len(data.harmless['val'])} harmless val prompts (baseline harmful "
+             f"{base.baseline_harmful:.2f}, harmless {base.baseline_harmless:.2f}). Bypass: under ablation, harmful "
+             f"(lower = less refusal); KL: under ablation, harmless, last prompt token; induce: under addition at the "
+             f"candidate's layer (the same in both modes).\n",
+             "| layer | position | bypass, every token | KL, every token | bypass, post-instruction | "
+             "KL, post-instruction | induce |", "|---|---|---|---|---|---|---|"]
+    for li, layer in enumerate(layers):
+        for p in positions:
+            pi = cand.n_positions + p
+            a, q = scores["all"], scores["post_instruction"]
+            lines.append(f"| {layer} | {p} | {a.bypass[li, pi]:.2f} | {a.kl[li, pi]:.3f} | {q.bypass[li, pi]:.2f} | "
+                         f"{q.kl[li, pi]:.3f} | {a.induce[li, pi]:.2f} |")
+    lines.append(f"\nMachine: {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__} "
+                 f"({torch.get_num_threads()} threads); {time.perf_counter() - t0:.0f} s; load average before "
+                 f"{load0[0]:.1f}, after {os.getloadavg()[0]:.1f}. Command: `python benchmarks/bench_refusal_positions.py "
+                 f"--model {args.model} --layers {args.layers} --positions={args.positions}`.")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

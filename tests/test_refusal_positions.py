@@ -1,0 +1,164 @@
+"""The refusal job's post-instruction ablation (``ablate_positions="post_instruction"``): batched scoring, the
+first-order estimate, the evaluation's teacher-forced KL / CE, the whole pipeline, and its refusals.
+
+Each is checked against an independent computation: plain hooks (``interp.hooks``) that project the direction
+out of the writers at the tokens ``Batch.post_mask`` marks (and the response tokens, which stand for generated
+ones), and central finite differences for the estimate."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+import torch
+
+import steering
+from evals.logits import cross_entropy, refusal_score
+from interp.forward import batches, forward, last_logits, prepare
+from interp.hooks import hooks
+from interp.testing.tiny import tiny_model
+from pipelines.refusal import RefusalConfig, SelectionConfig, run_refusal
+from pipelines.refusal.estimate import ablation_moment, harmless_terms, writer_sites
+from pipelines.refusal.evaluation import harmless_kl_ce
+from pipelines.refusal.scoring import ablation, prompt_logits, score_rows
+
+PROMPTS = ["the man said", "what is the good word now, tell me", "help", "write a long story about water",
+           "how do you make a house"]
+TOKENS = [40, 41, 42]
+
+
+def _masked_hooks(m, r, where, a=1.0):
+    """Independent oracle: ``x - a (x.r) r * where`` at every writer, ``where [B, T]`` a token mask."""
+    sites = [s.name for s in writer_sites(m)]
+    w = where.to(m.dtype)[..., None]
+    return [(s, lambda x, ctx: x - a * (x @ r)[..., None] * r * w) for s in sites]
+
+
+def test_row_edits_with_a_token_mask_equal_hooks_at_the_post_instruction_tokens():
+    m = tiny_model("qwen2")
+    _, encs = prepare(m, PROMPTS[:3])
+    (b,) = batches(m, encs, len(encs))
+    torch.manual_seed(0)
+    dirs = torch.nn.functional.normalize(torch.randn(4, m.d_model), dim=-1)
+    post = score_rows(m, encs, dirs, "ablate", max_rows=7, positions="post_instruction")
+    every = score_rows(m, encs, dirs, "ablate", max_rows=7)
+    for c in range(4):
+        oracle = last_logits(m, b, _masked_hooks(m, dirs[c], b.post_mask)).cpu()
+        torch.testing.assert_close(post[c], oracle, atol=1e-5, rtol=0)
+        # the same intervention through steering (prompt_logits declares each batch's post-instruction mask)
+        torch.testing.assert_close(post[c], prompt_logits(m, encs, ablation(dirs[c], "post_instruction")),
+                                   atol=1e-5, rtol=0)
+        assert (post[c] - every[c]).abs().max() > 1e-3      # the instruction tokens are left alone
+    with pytest.raises(ValueError, match="ablate_positions must be one of"):
+        score_rows(m, encs, dirs, "ablate", positions="instruction")
+    with pytest.raises(ValueError, match="ablate_mask must be Bool"):
+        steering.RowEdits(ablate=dirs, ablate_mask=torch.ones(3, 5, dtype=torch.bool))
+    with pytest.raises(ValueError, match="pass ablate"):
+        steering.RowEdits(add=dirs, add_layer=torch.zeros(4, dtype=torch.long), ablate_mask=torch.ones(4, 5))
+
+
+def _derivative(f, eps):
+    d1, d2 = (f(eps) - f(-eps)) / (2 * eps), (f(eps / 2) - f(-eps / 2)) / eps
+    return (4 * d2 - d1) / 3
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma2"])
+def test_first_order_estimate_at_the_post_instruction_tokens_matches_finite_differences(family):
+    m = tiny_model(family, n_layers=3)
+    _, encs = prepare(m, PROMPTS)
+    (b,) = batches(m, encs, len(encs))
+    M, _, _ = ablation_moment(m, encs, TOKENS, batch_size=2, positions="post_instruction")
+    M_all, _, _ = ablation_moment(m, encs, TOKENS, batch_size=2)
+    torch.manual_seed(1)
+    for r in torch.nn.functional.normalize(torch.randn(3, m.d_model), dim=-1):
+        def score(a, r=r):
+            lg = last_logits(m, b, _masked_hooks(m, r, b.post_mask, a))
+            return refusal_score(lg, TOKENS).double().mean().item()
+
+        fd = _derivative(score, eps=0.05)
+        est = -float(r.double() @ M @ r.double())
+        assert est == pytest.approx(fd, rel=1e-3, abs=1e-5), (est, fd)
+        assert abs(est + float(r.double() @ M_all @ r.double())) > 1e-6   # not the every-token estimate
+    # the KL probes count the same tokens: zero directions at no token give a zero estimate either way
+    _, kl, _, _ = harmless_terms(m, encs, TOKENS, [1], torch.zeros(1, m.d_model), 2, probes=2,
+                                 positions="post_instruction")
+    assert float(kl[0]) == 0.0
+
+
+def test_teacher_forced_kl_and_ce_ablate_the_response_tokens_too():
+    """In generation a post-instruction ablation acts on every generated token: the teacher-forced CE of the
+    responses must ablate the response tokens as well (the oracle: post_mask | response_mask)."""
+    m = tiny_model("llama", n_layers=3)
+    prompts, responses = PROMPTS[:3], ["yes it is", "a word", "sure thing here"]
+    torch.manual_seed(2)
+    r = torch.nn.functional.normalize(torch.randn(m.d_model), dim=-1)
+    got = harmless_kl_ce(m, prompts, responses, (ablation(r, "post_instruction"),), batch_size=8)
+    _, encs = prepare(m, prompts, responses=responses)
+    (b,) = batches(m, encs, len(encs))
+    with hooks(m, _masked_hooks(m, r, b.post_mask | b.response_mask)):
+        lg = forward(m, b, logits="all")
+    s, n = cross_entropy(lg, b.input_ids, b.response_mask)
+    assert got["ce_edited"] == pytest.approx(s / n, abs=1e-5)
+    assert got["ce_edited"] != pytest.approx(got["ce_baseline"], abs=1e-4)
+
+
+# The toy organism reads refusal from the instruction tokens: no candidate passes the KL and induce filters
+# when only the post-instruction tokens are ablated (measured: 0 of 8), so the end-to-end run turns both off to
+# run every stage; the notes say so.
+RELAXED = dict(kl_threshold=float("inf"), induce_threshold=float("-inf"))
+SMALL = dict(model="organism", n_test=16, subspace_rank=2, max_new_tokens=8)
+
+
+@pytest.fixture(scope="module")
+def post_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("runs") / "post"
+    return run_refusal(RefusalConfig.from_flat(ablate_positions="post_instruction", **SMALL, **RELAXED), out)
+
+
+def test_pipeline_with_post_instruction_ablation_end_to_end(post_run):
+    m = post_run.metrics
+    assert m["selection"]["ablate_positions"] == "post_instruction"
+    assert m["found_direction"], m["notes"]
+    ev = m["evaluation"]
+    assert ev["hook_vs_baked"]["max_abs_logit_diff"] is None and "not baked" in ev["hook_vs_baked"]["notes"][0]
+    assert "harmful/baked weights" not in ev["refusal"]
+    assert {"harmful/ablation", "harmful/random ablation", "harmful/orthogonal ablation"} <= set(ev["refusal"])
+    notes = " ".join(m["notes"])
+    assert "post-instruction tokens and every generated token" in notes and "is off" in notes
+    assert "post-instruction" in (post_run.out / "report.html").read_text()
+    # the writers stage ablates at the same tokens: all its groups together equal the all-writers edit
+    assert max(m["writers"]["checks"].values()) < 1e-4
+    assert len(m["subspaces"]["rank"]) == 2
+
+
+def test_post_instruction_settings_and_cli(post_run, tmp_path):
+    with pytest.raises(ValueError, match="ablate_positions must be one of"):
+        SelectionConfig(ablate_positions="instruction")
+    with pytest.raises(ValueError, match="save_model bakes the ablation"):
+        RefusalConfig.from_flat(ablate_positions="post_instruction", save_model=True)
+    a, b = RefusalConfig.from_flat(), RefusalConfig.from_flat(ablate_positions="post_instruction")
+    assert a.run_identity() == b.run_identity()          # same folder: the stage keys decide what re-runs
+    again = run_refusal(RefusalConfig.from_flat(ablate_positions="post_instruction", **SMALL, **RELAXED), post_run.out)
+    assert not again.computed                                  # nothing re-runs on the same settings
+    every = run_refusal(RefusalConfig.from_flat(**SMALL, **RELAXED), post_run.out)
+    assert {"tokens", "candidates"}.isdisjoint(every.computed) and "scores" in every.computed
+    # on the toy organism the every-token ablation bypasses far more (its refusal is read at the instruction)
+    assert float(every.scores.bypass.nan_to_num(99).min()) < float(post_run.scores.bypass.nan_to_num(99).min()) - 3
+    from interp_cli.refusal_job import add_refusal_parser
+
+    ap = argparse.ArgumentParser()
+    sub = ap.add_subparsers()
+    add_refusal_parser(sub, lambda p, default="organism": p.add_argument("--model", default=default))
+    assert ap.parse_args(["refusal", "--ablate-positions", "post_instruction"]).ablate_positions == "post_instruction"
+    with pytest.raises(SystemExit):
+        ap.parse_args(["refusal", "--ablate-positions", "prompt"])
+
+
+def test_a_null_every_token_run_points_to_the_post_instruction_ablation(tmp_path):
+    res = run_refusal(RefusalConfig.from_flat(kl_threshold=1e-9, **SMALL), tmp_path / "null")
+    assert not res.metrics["found_direction"]
+    hint = [n for n in res.metrics["notes"] if "--ablate-positions post_instruction" in n]
+    assert len(hint) == 1 and "of the 6 candidates scored exactly pass the KL filter" in hint[0], hint  # 6 above the depth cut
+    post = run_refusal(RefusalConfig.from_flat(kl_threshold=1e-9, ablate_positions="post_instruction", **SMALL),
+                       tmp_path / "null")
+    assert not any("--ablate-positions post_instruction" in n for n in post.metrics["notes"])
