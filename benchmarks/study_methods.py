@@ -20,8 +20,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from interp.models import load_model  # noqa: E402
-from organism import smollm2_data as sd  # noqa: E402
 from organism import train_smollm2 as ts  # noqa: E402
+from pipelines.finetune.elasticity import base_answers  # noqa: E402
 from pipelines.finetune.methods import MethodsConfig, compare_methods  # noqa: E402
 from pipelines.finetune.methods_data import reasoned_refusals  # noqa: E402
 from pipelines.refusal.prompt_sets import load_refusal_data  # noqa: E402
@@ -74,14 +74,14 @@ def main(argv: list[str] | None = None) -> None:
     t0 = time.time()
     base = load_model("smollm2-base")
     tr = training_data(base, args.n, args.seed)
-    data = load_refusal_data(model="smollm2-base", n_train=32, n_val=16, n_test=32)
-    ce = [r for r in sd.harmless("test") if r["instruction"] in sd.base_answers()][:32] or sd.harmless("val")[:32]
-    answers = sd.base_answers()
-    ce_prompts = [r["instruction"] for r in ce if r["instruction"] in answers]
+    data = load_refusal_data(model="smollm2-base", n_train=32, n_val=32, n_test=32)
+    # CE on held-out harmless text: the val prompts with the base's own greedy answers (the organism's cached
+    # answers cover its training prompts only)
+    ce_prompts, ce_answers = base_answers(base, data.harmless["val"].instructions, 48)
     cfg = MethodsConfig(tune=TuneConfig(steps=args.steps, rank=8, alpha=16, targets=ts.TARGETS,
                                         layers=tuple(range(14, 30)), lr=2e-3, batch_size=8), max_new_tokens=24)
     study = compare_methods(base, tr["harmful"], tr["refusals"], tr["harmless"], tr["answers"], data, ce_prompts,
-                            [answers[q] for q in ce_prompts], reasoned=tr["reasoned"],
+                            ce_answers, reasoned=tr["reasoned"],
                             methods=("sft", "reasoning_sft", args.preference), config=cfg, seed=args.seed)
     df = study.to_frame()
     table = df[[c for c in COLUMNS if c in df.columns]].to_markdown(index=False, floatfmt=".3g")
