@@ -70,4 +70,26 @@ def read_prompts(path: str | Path, column: str | None = None) -> list[str]:
     return read_prompt_file(path, column).prompts
 
 
-__all__ = ["PromptFile", "read_prompt_file", "read_prompts"]
+def read_parallel(path: str | Path, kind: str | None = None, split: str | None = None,
+                  langs: tuple[str, ...] | None = None) -> dict[str, list[str]]:
+    """A parallel prompt file (JSONL rows with ``id``, ``lang`` and ``instruction``, optionally ``kind`` and
+    ``split``, e.g. ``interp/data/prompts/multilingual_safety.jsonl``) as ``{lang: prompts}``, the lists aligned by
+    id (item i of every language is the same prompt), keeping only ids present in every language asked for."""
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"parallel prompt file {p} does not exist")
+    rows = [r for r in _rows(p) if (kind is None or r.get("kind") == kind) and (split is None or r.get("split") == split)]
+    if rows and not all(isinstance(r, dict) and {"id", "lang", "instruction"} <= r.keys() for r in rows):
+        raise ValueError(f"{p}: a parallel prompt file has JSONL rows with 'id', 'lang' and 'instruction'")
+    have = sorted({r["lang"] for r in rows})
+    langs = tuple(langs) if langs is not None else tuple(dict.fromkeys(r["lang"] for r in rows))
+    missing = [lang for lang in langs if lang not in have]
+    if missing or not rows:
+        raise ValueError(f"{p}: no rows for language(s) {missing or list(langs)} with kind={kind!r} split={split!r}; "
+                         f"languages present: {have}")
+    by = {lang: {r["id"]: r["instruction"] for r in rows if r["lang"] == lang} for lang in langs}
+    ids = [i for i in dict.fromkeys(r["id"] for r in rows) if all(i in by[lang] for lang in langs)]
+    return {lang: [by[lang][i] for i in ids] for lang in langs}
+
+
+__all__ = ["PromptFile", "read_parallel", "read_prompt_file", "read_prompts"]

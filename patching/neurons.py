@@ -211,7 +211,7 @@ def neuron_ablation_effect(model: Model, prompts: Prompts, metric: Metric, neuro
     nlist = _neurons(model, neurons)
     batch = batch_of(model, prompts, chat)
     D = _check_dense(model)
-    controls = _random_neurons(nlist, D, n_control, seed)
+    controls = random_neurons(nlist, D, n_control, seed)
     values = {Site("mlp_post", la): (torch.zeros(D) if vals is None else vals[la]) for la in {la for la, _ in nlist}}
     out = ablation_sweep(model, batch, metric, [(Site("mlp_post", la), i) for la, i in nlist + controls], values,
                          batch_size, progress, f"{mode}-ablating neurons")
@@ -223,7 +223,7 @@ def neuron_ablation_effect(model: Model, prompts: Prompts, metric: Metric, neuro
                         out[len(nlist):] if controls else None)
 
 
-def _random_neurons(chosen: list[Neuron], d_mlp: int, n: int, seed: int) -> list[Neuron]:
+def random_neurons(chosen: list[Neuron], d_mlp: int, n: int, seed: int) -> list[Neuron]:
     """``n`` distinct neurons drawn (seeded) from the chosen neurons' layers, none of them chosen."""
     if n < 0:
         raise ValueError(f"n_control must be >= 0, got {n}")
@@ -282,4 +282,4 @@ def intersect_neurons(sets: Mapping[str, Iterable[Neuron]]) -> NeuronOverlap:
 
 
 __all__ = ["Neuron", "neuron_acts", "NeuronContrast", "neuron_contrast", "neuron_means", "ablate_neurons",
-           "NeuronEffect", "neuron_ablation_effect", "NeuronOverlap", "intersect_neurons"]
+           "NeuronEffect", "neuron_ablation_effect", "NeuronOverlap", "intersect_neurons", "random_neurons"]
