@@ -102,6 +102,26 @@ def pathway_section(model, data, args) -> list[str]:
                   f"English vs language: {gaps}; {time.time() - t0:.0f} s)", rows, list(rows[0])), ""]
 
 
+def feature_section(model, data, layer: int, args) -> list[str]:
+    from pipelines.multilingual.features import features_by_language
+
+    t0 = time.time()
+    res = features_by_language(model, data, layer, top=args.top_features, max_new_tokens=args.max_new_tokens,
+                               seed=args.seed)
+    pair_rows = [{"a": a, "b": b, "shared": v} for (a, b), v in res.shared.items()]
+    rows = [{k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()} for r in res.rows]
+    feat = "; ".join(f"{lang}: {v} (AUROC {min(res.aurocs[lang]):.2f}-{max(res.aurocs[lang]):.2f})"
+                     for lang, v in res.features.items())
+    return [f"SAE at resid_pre.{layer}: d_sae {res.d_sae}, TopK 32, trained on every language's train prompts "
+            f"({res.sae_quality}); top {res.top} safety latents per language by harmful-vs-harmless AUROC: {feat}; "
+            f"common to all: {res.common}", "",
+            table(f"Safety latents shared between languages (chance {res.chance_shared:.3f} per pair)", pair_rows,
+                  list(pair_rows[0])), "",
+            table(f"Ablating a language's safety latents (SAE error kept, every token) on its harmful test prompts vs "
+                  f"as many random latents active on them ({model.name}; {time.time() - t0:.0f} s)", rows, list(rows[0])),
+            ""]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="gemma3-aligned")
@@ -116,6 +136,8 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=16, help="neurons per language (--neurons)")
     ap.add_argument("--n-random", type=int, default=20)
     ap.add_argument("--pathways", action="store_true", help="also the English -> language patching sweep")
+    ap.add_argument("--features", action="store_true", help="also the SAE features by language (at the ablated layer)")
+    ap.add_argument("--top-features", type=int, default=8)
     ap.add_argument("--write", action="store_true")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -128,7 +150,8 @@ def main() -> None:
     print(res.summary())
     print("report:", write_retention(res, args.out / f"{args.model}-{args.ablate_positions}", overwrite=True))
     text = "\n".join(sections(res, args.model, wall, args) + (neuron_section(model, data, args) if args.neurons else [])
-                     + (pathway_section(model, data, args) if args.pathways else []))
+                     + (pathway_section(model, data, args) if args.pathways else [])
+                     + (feature_section(model, data, res.layer, args) if args.features else []))
     print(text)
     if args.write:
         path = REPO / "benchmarks" / "RESULTS_multilingual.md"

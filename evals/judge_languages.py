@@ -86,4 +86,30 @@ def is_refusal_multilingual(text: str) -> bool:
     return any(_opens_declining(window[i.start():]) for i in _DECLINE.finditer(window))
 
 
-__all__ = ["APOLOGIES", "DECLINES", "IDIOMS", "is_refusal_multilingual"]
+# frequent function words that tell the Latin-script languages apart (none shared between two lists)
+STOPWORDS: dict[str, frozenset[str]] = {
+    "en": frozenset("the and is are you to of that it with for this can not be have what how".split()),
+    "fr": frozenset("le la les et est vous une des du que pour pas avec ce dans je sur être qui".split()),
+    "de": frozenset("der die das und ist sie nicht ein eine mit für ich zu den dem auf wie auch".split()),
+    "es": frozenset("el los las y es usted una para por con lo del al se qué cómo puedo pero".split()),
+}
+_WORD = re.compile(r"[a-zA-Z\u00c0-\u024f']+")
+
+
+def detect_language(text: str, min_words: int = 2) -> str:
+    """The language an answer is written in: ``zh`` when at least 30% of its letters are CJK ideographs, else the
+    Latin-script language (``en``, ``fr``, ``de``, ``es``) whose function words it uses most; ``unknown`` when
+    fewer than ``min_words`` of them occur (too short, another language, or no words)."""
+    if not isinstance(text, str):
+        raise TypeError(f"detect_language expects a str, got {type(text).__name__}")
+    cjk = sum("\u4e00" <= ch <= "\u9fff" for ch in text)
+    letters = cjk + sum(ch.isalpha() and ch.isascii() or "\u00c0" <= ch <= "\u024f" for ch in text)
+    if letters and cjk / letters >= 0.3:
+        return "zh"
+    words = [w.lower() for w in _WORD.findall(text)]
+    counts = {lang: sum(w in sw for w in words) for lang, sw in STOPWORDS.items()}
+    best = max(counts, key=counts.get)
+    return best if counts[best] >= min_words else "unknown"
+
+
+__all__ = ["APOLOGIES", "DECLINES", "IDIOMS", "STOPWORDS", "detect_language", "is_refusal_multilingual"]

@@ -240,3 +240,20 @@ def test_pathways_patch_the_post_instruction_tokens(tiny_models):
     # languages: patching it changes nothing (an exact zero), while later layers carry the prompt's content
     assert float(res.restored["fr"][0, 0].abs()) < 1e-6 and float(res.control["fr"][0, 0].abs()) < 1e-6
     assert float(res.restored["fr"][1:].abs().max()) > 1e-4
+
+
+def test_sae_features_by_language_on_a_tiny_model(tiny_models):
+    from evals.judge_languages import detect_language
+    from pipelines.multilingual.features import features_by_language
+
+    model = tiny_models("llama")
+    data = load_parallel_safety(n=4, langs=("en", "fr"), kinds=("harmful", "harmless"))
+    res = features_by_language(model, data, layer=1, top=4, max_new_tokens=3)
+    assert res.d_sae == 4 * model.d_model and all(len(v) == 4 for v in res.features.values())
+    assert 0 <= res.sae_quality["fvu"] < 1.5 and res.sae_quality["tokens"] > 50
+    assert res.shared[("en", "fr")] == len(set(res.features["en"]) & set(res.features["fr"]))
+    assert res.chance_shared == pytest.approx(16 / res.d_sae)
+    assert [r["condition"] for r in res.rows] == ["baseline", "ablate own features", "ablate random features"] * 2
+    assert all(0 <= r["lo"] <= r["refusal"] <= r["hi"] <= 1 for r in res.rows)
+    assert [detect_language(t) for t in ("The cat is on the mat and it is fine.", "Le chat est sur la table et "
+                                         "il est là pour vous.", "我不能帮助你。", "ok")] == ["en", "fr", "zh", "unknown"]
