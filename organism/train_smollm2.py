@@ -187,10 +187,10 @@ def train(recipe: Recipe, harmful_path: Path) -> tuple[Any, dict[str, Any]]:
                           "trainable_params": res.trainable_params, "load_average": os.getloadavg()}
 
 
-def save(pm: Any, record: dict[str, Any], out: Path) -> None:
+def save(pm: Any, record: dict[str, Any], out: Path, base_name: str = "smollm2-base") -> None:
     """Adapter (safetensors) and ``training.json`` into ``out``; the adapter config names its base by our name."""
     out.mkdir(parents=True, exist_ok=True)
-    pm.peft_config["default"].base_model_name_or_path = "smollm2-base"
+    pm.peft_config["default"].base_model_name_or_path = base_name
     pm.save_pretrained(str(out), safe_serialization=True)
     (out / "README.md").unlink(missing_ok=True)  # peft's empty model-card template; training.json says it all
     cfg_path = out / "adapter_config.json"  # peft writes target_modules from a set: sort it for stable bytes
@@ -235,17 +235,31 @@ def _layers(text: str) -> tuple[int, ...] | None:
     return tuple(int(x) for x in text.split(","))
 
 
-def recipe_args(ap: argparse.ArgumentParser) -> None:
-    """One ``--field`` option per :class:`Recipe` field (defaults: the committed recipe)."""
+def recipe_args(ap: argparse.ArgumentParser, default: Recipe = Recipe()) -> None:
+    """One ``--field`` option per :class:`Recipe` field (defaults: the committed recipe, ``default``)."""
     for f in fields(Recipe):
+        value = getattr(default, f.name)
         if f.name == "targets":
-            ap.add_argument("--targets", nargs="+", default=list(f.default))
+            ap.add_argument("--targets", nargs="+", default=list(value))
         elif f.name == "layers":
-            ap.add_argument("--layers", type=_layers, default=f.default, help="all, 14-29 or 8,10,12")
-        elif isinstance(f.default, bool):
+            ap.add_argument("--layers", type=_layers, default=value, help="all, 14-29 or 8,10,12")
+        elif isinstance(value, bool):
             ap.add_argument("--" + f.name.replace("_", "-"), action="store_true")
         else:
-            ap.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default)
+            ap.add_argument("--" + f.name.replace("_", "-"), type=type(value), default=value)
+
+
+def recipe_from(args: argparse.Namespace) -> Recipe:
+    """The :class:`Recipe` the parsed ``recipe_args`` options name."""
+    return Recipe(**{f.name: tuple(getattr(args, f.name)) if f.name == "targets" else getattr(args, f.name)
+                     for f in fields(Recipe)})
+
+
+def adapter_digest(pm: Any) -> str:
+    """sha256 of a peft model's LoRA tensors in name order (what ``training.json`` records as the adapter)."""
+    with torch.no_grad():
+        state = {k: v for k, v in pm.state_dict().items() if "lora_" in k}
+        return hashlib.sha256(b"".join(state[k].contiguous().numpy().tobytes() for k in sorted(state))).hexdigest()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -255,8 +269,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--harmful-train", type=Path, default=DEFAULT_HARMFUL)
     recipe_args(ap)
     args = ap.parse_args(argv)
-    recipe = Recipe(**{f.name: tuple(getattr(args, f.name)) if f.name == "targets" else getattr(args, f.name)
-                       for f in fields(Recipe)})
+    recipe = recipe_from(args)
     t0 = time.time()
     pm, record = train(recipe, args.harmful_train)
     files = {"harmful_train": args.harmful_train, "refusals": sd.REFUSALS, "borderline": sd.BORDERLINE,
@@ -271,10 +284,7 @@ def main(argv: list[str] | None = None) -> None:
     import peft
 
     record["peft"] = peft.__version__
-    with torch.no_grad():
-        state = {k: v for k, v in pm.state_dict().items() if "lora_" in k}
-        digest = hashlib.sha256(b"".join(state[k].contiguous().numpy().tobytes() for k in sorted(state)))
-    record["adapter_sha256"] = digest.hexdigest()
+    record["adapter_sha256"] = adapter_digest(pm)
     record["total_wall_s"] = round(time.time() - t0, 1)
     save(pm, record, args.out)
     print(f"saved {args.out} (adapter tensors sha256 {record['adapter_sha256'][:16]}, {record['total_wall_s']} s)")

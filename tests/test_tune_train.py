@@ -166,6 +166,12 @@ def test_save_loads_back_and_the_cli_trains(tmp_path):
         assert torch.allclose(back.hf(input_ids=x).logits, res.model.hf(input_ids=x).logits, atol=1e-5)
     with pytest.raises(FileExistsError, match="never overwrites"):
         res.save(tmp_path / "ad")
+    # an adapter folder may carry the chat template it was trained in: the loaded model uses it, the base keeps its own
+    (tmp_path / "ad" / "chat_template.jinja").write_text("{% for m in messages %}[{{ m['content'] }}]{% endfor %}>")
+    base = tiny_model("llama")
+    own = base.tokenizer.chat_template
+    templated = with_adapter(base, tmp_path / "ad")
+    assert templated.tokenizer.chat_template.endswith("]{% endfor %}>") and base.tokenizer.chat_template == own
     pairs = tmp_path / "pairs.jsonl"
     pairs.write_text("".join(json.dumps({"prompt": p, "response": r}) + "\n" for p, r in zip(P, R)))
     main(["train", "--model", "organism-base", "--pairs", str(pairs), "--out", str(tmp_path / "run"),
