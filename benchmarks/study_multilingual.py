@@ -41,7 +41,8 @@ def sections(res, model_name: str, wall: float, args) -> list[str]:
         rows.append({"lang": lang, "harmful": f"{h['refused']}/{h['n']}", "rate": h["rate"],
                      "95% CI": f"{h['lo']:.2f}-{h['hi']:.2f}", "harmless": f"{s['refused']}/{s['n']}",
                      "transfer": tr[lang], "ablation": f"{a['refused']}/{a['n']}", "ablation CI": f"{a['lo']:.2f}-{a['hi']:.2f}",
-                     "random ablation": f"{ra['refused']}/{ra['n']}"})
+                     "random ablation": f"{ra['refused']}/{ra['n']}", "degenerate (abl / random)":
+                     f"{a['degenerate']:.2f} / {ra['degenerate']:.2f}"})
     g = res.to_frame()
     geo_rows = [{"layer": int(r.layer), "lang": r.lang, "ratio": r.projection_ratio,
                  "ratio CI": f"{r.ratio_lo:.2f}-{r.ratio_hi:.2f}", "random": r.random_ratio,
@@ -57,7 +58,9 @@ def sections(res, model_name: str, wall: float, args) -> list[str]:
     head = (f"{model_name}; {res.geometry.n_test} parallel test prompts per set and language (the ids never trained "
             f"on); greedy {args.max_new_tokens} tokens judged by evals.judge_languages.is_refusal_multilingual; English "
             f"direction of layer {res.layer} ({res.layer_choice['rule']}) ablated at every layer, "
-            f"{args.ablate_positions} tokens; random direction seeded {args.seed}; {wall:.0f} s on {machine()}, "
+            f"{args.ablate_positions} tokens; massive dimensions left out of every statistic and of both ablated "
+            f"directions: {res.layer_choice.get('massive_dims_removed')}; random direction seeded {args.seed}; "
+            f"{wall:.0f} s on {machine()}, "
             f"load {os.getloadavg()[0]:.1f}")
     return [f"Command: `python benchmarks/study_multilingual.py --model {model_name} --ablate-positions "
             f"{args.ablate_positions}`", "",
@@ -92,9 +95,9 @@ def pathway_section(model, data, args) -> list[str]:
     from pipelines.multilingual.pathways import refusal_pathways
 
     t0 = time.time()
-    res = refusal_pathways(model, data)
+    res = refusal_pathways(model, data, layers=range(0, model.n_layers, 2))
     rows = [{k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()} for r in res.rows()
-            if r["layer"] % args.every == 0 or r["layer"] == model.n_layers - 1]
+            if r["layer"] % args.every == 0 or r["layer"] % 2 == 0]
     gaps = ", ".join(f"{lang} {res.source_score[lang]:.2f} vs {res.target_score[lang]:.2f}" for lang in res.langs)
     return [table(f"Patching English into other-language runs ({model.name}; {res.n_pairs} harmful test pairs, the "
                   f"{res.n_positions} post-instruction tokens; restored = share of the English-minus-language refusal "

@@ -13,6 +13,7 @@ esperar") is excluded by the idiom list, as in English.
 from __future__ import annotations
 
 import re
+import zlib
 
 from evals.judge import is_refusal
 
@@ -112,4 +113,18 @@ def detect_language(text: str, min_words: int = 2) -> str:
     return best if counts[best] >= min_words else "unknown"
 
 
-__all__ = ["APOLOGIES", "DECLINES", "IDIOMS", "STOPWORDS", "detect_language", "is_refusal_multilingual"]
+def is_degenerate(text: str, max_ratio: float = 0.55) -> bool:
+    """True when a short answer (a few dozen tokens) is broken rather than an answer: blank, no letters at all, or
+    (40 characters or more) so repetitive that zlib compresses it below ``max_ratio`` of its UTF-8 size
+    ("thethethe...", "a a a a ...", a looped phrase: 0.2-0.5; ordinary answers of 40-200 characters: 0.75-1.2).
+    Meant for the judged generations of the studies (<= 64 new tokens); long texts compress better and need a
+    lower ``max_ratio``."""
+    if not isinstance(text, str):
+        raise TypeError(f"is_degenerate expects a str, got {type(text).__name__}")
+    if not any(ch.isalpha() for ch in text):
+        return True
+    raw = text.encode("utf-8")
+    return len(raw) >= 40 and len(zlib.compress(raw, 9)) / len(raw) < max_ratio
+
+
+__all__ = ["APOLOGIES", "DECLINES", "IDIOMS", "STOPWORDS", "detect_language", "is_degenerate", "is_refusal_multilingual"]

@@ -15,6 +15,7 @@ greedy answers (so helpfulness is kept). Deterministic: seeded, single-threaded 
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import os
@@ -148,8 +149,12 @@ def examples(recipe: Recipe, harmful_path: Path) -> list[Example]:
 
 
 def _finished(q: str) -> bool:
-    rows = {r["instruction"]: r for r in sd.read_jsonl(sd.ANSWERS)}
-    return bool(rows[q].get("finished", False))
+    return bool(_answer_rows()[q].get("finished", False))
+
+
+@functools.lru_cache(maxsize=1)
+def _answer_rows() -> dict[str, dict]:
+    return {r["instruction"]: r for r in sd.read_jsonl(sd.ANSWERS)}
 
 
 def tune_config(recipe: Recipe) -> TuneConfig:

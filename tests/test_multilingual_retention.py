@@ -257,3 +257,21 @@ def test_sae_features_by_language_on_a_tiny_model(tiny_models):
     assert all(0 <= r["lo"] <= r["refusal"] <= r["hi"] <= 1 for r in res.rows)
     assert [detect_language(t) for t in ("The cat is on the mat and it is fine.", "Le chat est sur la table et "
                                          "il est là pour vous.", "我不能帮助你。", "ok")] == ["en", "fr", "zh", "unknown"]
+
+
+def test_massive_dimensions_are_left_out_and_degenerate_answers_flagged():
+    from evals.judge_languages import is_degenerate
+    from pipelines.multilingual.retention import massive_dims, without
+
+    acts, _ = _acts()
+    for kind in acts:
+        for split in acts[kind]:
+            for lang in acts[kind][split]:
+                acts[kind][split][lang][..., 5] += 1e4       # a massive activation on every prompt
+    assert massive_dims(acts, 20.0) == [5] and massive_dims(acts, None) == []
+    v = without(torch.ones(16), [5])
+    assert float(v[5]) == 0 and float(v.norm()) == pytest.approx(1.0)
+    assert is_degenerate("thethethethethethethethethethethethethethethethethe") and is_degenerate(" ... ")
+    assert is_degenerate("a a a a a a a a a a a a a a a a a a a a a a")
+    assert not is_degenerate("I'm sorry, but I can't help with that.") and not is_degenerate(
+        "La bombe tuyau est une bombe à gaz qui est utilisée pour fabriquer des")

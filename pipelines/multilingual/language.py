@@ -1,7 +1,8 @@
 """Language identity against safety geometry, by layer, from parallel prompts.
 
 - **Language identity**: how well the last-token activation names its prompt's language (nearest language mean of
-  the train prompts, accuracy on the test prompts; chance ``1 / n_langs``), with a Wilson interval.
+  the train prompts, every dimension standardised by its train spread, accuracy on the test prompts; chance
+  ``1 / n_langs``), with a Wilson interval.
 - **Language subspace**: each language's mean minus the source language's mean (train prompts, harmful and
   harmless pooled), orthonormalised (:func:`probes.subspace.category_subspace`, rank ``n_langs - 1``); its overlap
   with the source refusal direction is the squared norm of that unit direction's projection on it (random unit
@@ -66,8 +67,9 @@ def _pool(acts: Acts, split: str, langs: list[str]) -> tuple[torch.Tensor, list[
 
 def _identity(train: torch.Tensor, ytr: list[str], test: torch.Tensor, yte: list[str], langs: list[str]
               ) -> tuple[torch.Tensor, torch.Tensor]:
-    means = torch.stack([train[[y == lang for y in ytr]].mean(0) for lang in langs])        # [k, L, d]
-    dist = (test[:, None] - means[None]).norm(dim=-1)                                        # [n, k, L]
+    scale = train.std(0).clamp_min(1e-12)                          # [L, d]: each dimension in its own units
+    means = torch.stack([train[[y == lang for y in ytr]].mean(0) for lang in langs]) / scale  # [k, L, d]
+    dist = (test[:, None] / scale - means[None]).norm(dim=-1)                               # [n, k, L]
     truth = torch.tensor([langs.index(y) for y in yte])
     hits = (dist.argmin(1) == truth[:, None]).sum(0)                                         # [L]
     n = len(yte)

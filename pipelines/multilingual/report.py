@@ -16,14 +16,17 @@ def retention_page(res: Retention) -> str:
     tr = res.transfer()
     head = [("model layers captured", len(res.geometry.layers)), ("ablated layer", res.layer),
             ("layer choice", res.layer_choice["rule"]), ("ablation positions", res.config.ablate_positions),
+            ("massive dimensions left out", res.layer_choice.get("massive_dims_removed", [])),
             ("test prompts per set and language", res.geometry.n_test), ("seed", res.config.seed),
             ("bootstrap resamples", res.geometry.n_boot), ("max new tokens (greedy)", res.config.max_new_tokens)]
     transfer = table(["language", "harmful refusal", "95% CI", "harmless refusal", "transfer (vs " + res.source + ")",
-                      "ablation", "random ablation"],
+                      "ablation", "random ablation", "degenerate under ablation / random"],
                      [[lang, res.rate(lang, "harmful")["rate"],
                        f"{res.rate(lang, 'harmful')['lo']:.2f}-{res.rate(lang, 'harmful')['hi']:.2f}",
                        res.rate(lang, "harmless")["rate"], tr[lang], res.rate(lang, "harmful", "ablation")["rate"],
-                       res.rate(lang, "harmful", "random ablation")["rate"]] for lang in res.langs])
+                       res.rate(lang, "harmful", "random ablation")["rate"],
+                       f"{res.rate(lang, 'harmful', 'ablation')['degenerate']:.2f} / "
+                       f"{res.rate(lang, 'harmful', 'random ablation')['degenerate']:.2f}"] for lang in res.langs])
     geo = res.to_frame()
     at = geo[geo.layer == res.layer]
     geo_table = table(list(at.columns), at.round(4).values.tolist())

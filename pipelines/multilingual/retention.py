@@ -29,7 +29,7 @@ import pandas as pd
 import torch
 
 import steering
-from evals.judge_languages import is_refusal_multilingual
+from evals.judge_languages import is_degenerate, is_refusal_multilingual
 from evals.metrics import cohens_d
 from evals.rates import fisher_greater, wilson
 from interp.models import Model
@@ -46,11 +46,16 @@ class RetentionConfig:
     """``layers`` captured (None: 1 .. n_layers - 1; layer 0's input at the last token is that token's embedding,
     the same for every prompt); ``layer`` whose direction is ablated (None: chosen on val);
     ``ablate_positions``: ``post_instruction`` (prompt's post-instruction tokens and every generated token) or
-    ``all``; ``max_new_tokens`` of the judged greedy generations."""
+    ``all``; ``massive_factor``: residual dimensions whose mean |activation| at the captured layers exceeds this many
+    times the median dimension's (massive activations, e.g. Gemma 3's dimension 163 at ~1e4 on every token) are
+    left out of every statistic and of the ablated and the random direction (None keeps them: removing a direction's share of a massive
+    dimension spreads it over every other dimension and breaks generation); ``max_new_tokens`` of the judged greedy
+    generations. Every answer is also checked for degeneration (:func:`evals.judge_languages.is_degenerate`)."""
 
     layers: tuple[int, ...] | None = None
     layer: int | None = None
     ablate_positions: str = "post_instruction"
+    massive_factor: float | None = 20.0
     max_new_tokens: int = 32
     batch_size: int = 32
     n_boot: int = 200
@@ -163,11 +168,34 @@ def _judged(model: Model, prompts: list[str], ivs: tuple, cfg: RetentionConfig, 
     return list(gens.texts), [bool(judge(t)) for t in gens.texts]
 
 
+def massive_dims(acts: dict, factor: float | None) -> list[int]:
+    """Dimensions whose mean |activation| (train prompts, every language and captured layer, last token) is above
+    ``factor`` times the median dimension's at some layer."""
+    if factor is None:
+        return []
+    x = torch.cat([v for kind in acts for v in acts[kind]["train"].values()]).abs().mean(0)     # [L, d]
+    return sorted(set((x > factor * x.median(-1, keepdim=True).values).nonzero()[:, 1].tolist()))
+
+
+def _zeroed(x: torch.Tensor, dims: list[int]) -> torch.Tensor:
+    x = x.clone()
+    x[..., dims] = 0
+    return x
+
+
+def without(v: torch.Tensor, dims: list[int]) -> torch.Tensor:
+    """``v`` with ``dims`` zeroed, unit norm."""
+    v = v.clone().float()
+    v[dims] = 0
+    return v / v.norm().clamp_min(1e-30)
+
+
 def behaviour(model: Model, data: ParallelSafety, r: torch.Tensor, cfg: RetentionConfig,
-              judge: Callable[[str], bool]) -> tuple[list[dict], list[dict]]:
+              judge: Callable[[str], bool], dims: list[int] = ()) -> tuple[list[dict], list[dict]]:
     """Refusal per language: harmful and harmless test prompts at baseline, harmful under ablation of ``r`` and of
-    a random unit direction (seeded)."""
-    rand = random_directions(model.d_model, 1, seed=cfg.seed)[0].vectors[0]
+    a random unit direction (seeded), both without the massive ``dims``; every answer also checked for degeneration."""
+    r = without(r, list(dims))
+    rand = without(random_directions(model.d_model, 1, seed=cfg.seed)[0].vectors[0], list(dims))
     ivs = {"baseline": (), "ablation": (steering.DirectionalAblation(r, layers="all", positions=cfg.ablate_positions),),
            "random ablation": (steering.DirectionalAblation(rand, layers="all", positions=cfg.ablate_positions),)}
     rates, gens = [], []
@@ -178,15 +206,18 @@ def behaviour(model: Model, data: ParallelSafety, r: torch.Tensor, cfg: Retentio
                 texts, flags = _judged(model, prompts, ivs[cond], cfg, judge)
                 k, n = sum(flags), len(flags)
                 lo, hi = wilson(k, n)
+                bad = [is_degenerate(t) for t in texts]
                 rates.append({"lang": lang, "set": kind, "condition": cond, "refused": k, "n": n, "rate": k / n,
-                              "lo": lo, "hi": hi})
-                gens += [{"lang": lang, "set": kind, "condition": cond, "prompt": p, "text": t, "refused": f}
-                         for p, t, f in zip(prompts, texts, flags)]
+                              "lo": lo, "hi": hi, "degenerate": sum(bad) / n})
+                gens += [{"lang": lang, "set": kind, "condition": cond, "prompt": p, "text": t, "refused": f,
+                          "degenerate": b} for p, t, f, b in zip(prompts, texts, flags, bad)]
     return rates, gens
 
 
 def _notes(res: Retention) -> list[str]:
-    out = []
+    out = [f"{r['lang']} {r['set']}/{r['condition']}: {r['degenerate']:.0%} of answers degenerate (repetition or no "
+           f"words): this condition breaks generation, and its refusal rate is not a bypass"
+           for r in res.rates if r["degenerate"] > 0.2]
     for lang in res.langs:
         h, s = res.rate(lang, "harmful"), res.rate(lang, "harmless")
         p = fisher_greater(h["refused"], h["n"], s["refused"], s["n"])
@@ -205,6 +236,9 @@ def refusal_retention(model: Model, data: ParallelSafety, config: RetentionConfi
     if config.layer is not None and config.layer not in layers:
         raise ValueError(f"layer {config.layer} is not among the captured layers {layers}; add it to layers")
     acts = capture_last(model, data, layers, batch_size=config.batch_size)
+    dims = massive_dims(acts, config.massive_factor)
+    if dims:  # every statistic is read without them, as the ablation is done without them
+        acts = {k: {sp: {lang: _zeroed(x, dims) for lang, x in by.items()} for sp, by in acts[k].items()} for k in acts}
     geo = geometry(acts, layers, data.source, n_boot=config.n_boot, seed=config.seed)
     if config.layer is None:
         layer, choice = choose_layer(acts, layers, data.source)
@@ -214,7 +248,8 @@ def refusal_retention(model: Model, data: ParallelSafety, config: RetentionConfi
     if not float(r.norm()) > 0:
         raise ValueError(f"the {data.source} refusal direction of layer {layer} is zero (harmful and harmless means are "
                          f"equal there, as at layer 0's last token, an embedding); choose another layer")
-    rates, gens = behaviour(model, data, r, config, judge)
+    rates, gens = behaviour(model, data, r, config, judge, dims)
+    choice["massive_dims_removed"] = dims
     lang_geo = language_geometry(acts, layers, data.source, n_boot=config.n_boot, seed=config.seed)
     res = Retention(config, list(data.langs), data.source, layer, choice, rates, geo, lang_geo, gens)
     res.notes = _notes(res)
