@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import csv
+import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -20,6 +23,24 @@ def shared_path(*parts: str) -> Path:
     if not p.exists():
         pytest.skip(f"{p} is absent: ../shared (evaluation data and models) is only laid beside developer and CI checkouts")
     return p
+
+
+def norm_text(text: str) -> str:
+    """Lower case, letters, digits and single spaces: verbatim up to casing and punctuation."""
+    return " ".join(re.sub(r"[^a-z0-9 ]", " ", text.lower()).split())
+
+
+def benchmark_texts() -> set[str]:
+    """Every text field of the refusal benchmarks under ../shared/data/refusal, normalised."""
+    folder = shared_path("data", "refusal")
+    texts: list[str] = []
+    for path in sorted(folder.glob("*.json")):
+        texts += [r["instruction"] for r in json.loads(path.read_text(encoding="utf-8"))]
+    for path in sorted(folder.glob("*.csv")):
+        with path.open(encoding="utf-8", newline="") as f:
+            texts += [cell for row in csv.reader(f) for cell in row]
+    assert len(texts) > 1000, f"expected the refusal benchmarks in {folder}"
+    return {norm_text(t) for t in texts}
 
 
 @pytest.fixture(scope="session")

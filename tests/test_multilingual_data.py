@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import csv
-import json
 import re
 from collections import Counter, defaultdict
 from statistics import median
@@ -13,7 +11,7 @@ import pytest
 from interp.data import available_prompt_sets, load_prompts
 from organism import multilingual_data as md
 
-from .conftest import shared_path
+from .conftest import benchmark_texts, norm_text
 
 MINIMA = {"harmful": 120, "harmless": 120, "borderline": 60}
 TARGET = {"train": 0.60, "val": 0.15, "test": 0.25}
@@ -32,11 +30,6 @@ def by_id(rows) -> dict[str, list[dict]]:
     for r in rows:
         out[r["id"]].append(r)
     return out
-
-
-def _norm(text: str) -> str:
-    """Lower case, letters, digits and single spaces: verbatim up to casing and punctuation."""
-    return " ".join(re.sub(r"[^a-z0-9 ]", " ", text.lower()).split())
 
 
 def test_committed_file_is_what_the_generator_writes(tmp_path, capsys) -> None:
@@ -91,7 +84,7 @@ def test_no_duplicate_instruction_within_a_language(rows) -> None:
         texts = [r["instruction"] for r in rows if r["lang"] == lang]
         dup = [t for t, c in Counter(texts).items() if c > 1]
         assert not dup, (lang, dup[:3])
-    en = [_norm(r["instruction"]) for r in rows if r["lang"] == "en"]
+    en = [norm_text(r["instruction"]) for r in rows if r["lang"] == "en"]
     assert len(set(en)) == len(en), "English near-duplicates (up to case and punctuation)"
 
 
@@ -127,22 +120,15 @@ def test_harmful_and_harmless_look_alike_on_the_surface(rows) -> None:
 
 
 def test_english_is_not_copied_from_other_committed_sets(rows) -> None:
-    others = {_norm(r["instruction"]) for name in available_prompt_sets() if name != md.NAME
+    others = {norm_text(r["instruction"]) for name in available_prompt_sets() if name != md.NAME
               for r in load_prompts(name)}
-    copied = [r["instruction"] for r in rows if r["lang"] == "en" and _norm(r["instruction"]) in others]
+    copied = [r["instruction"] for r in rows if r["lang"] == "en" and norm_text(r["instruction"]) in others]
     assert not copied, copied[:5]
 
 
 def test_english_is_not_copied_from_the_refusal_benchmarks(rows) -> None:
-    folder = shared_path("data", "refusal")
-    texts: list[str] = []
-    for path in sorted(folder.glob("*.json")):
-        texts += [r["instruction"] for r in json.loads(path.read_text(encoding="utf-8"))]
-    for path in sorted(folder.glob("*.csv")):
-        with path.open(encoding="utf-8", newline="") as f:
-            texts += [cell for row in csv.reader(f) for cell in row]
-    bench = {_norm(t) for t in texts}
-    copied = [r["instruction"] for r in rows if r["lang"] == "en" and _norm(r["instruction"]) in bench]
+    bench = benchmark_texts()
+    copied = [r["instruction"] for r in rows if r["lang"] == "en" and norm_text(r["instruction"]) in bench]
     assert not copied, copied[:5]
 
 

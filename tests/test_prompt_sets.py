@@ -2,34 +2,13 @@
 
 from __future__ import annotations
 
-import csv
-import json
-import re
 from collections import Counter
 from statistics import median
 
 from interp.data import available_prompt_sets, load_prompts
 from organism.smollm2_data import HARMFUL_SALT, HARMFUL_SPLITS, split_of
 
-from .conftest import shared_path
-
-
-def _norm(text: str) -> str:
-    """Lower case, letters, digits and single spaces: verbatim up to casing and punctuation."""
-    return " ".join(re.sub(r"[^a-z0-9 ]", " ", text.lower()).split())
-
-
-def _benchmark_texts() -> set[str]:
-    """Every text field of the refusal benchmarks under ../shared/data/refusal, normalised."""
-    folder = shared_path("data", "refusal")
-    texts: list[str] = []
-    for path in sorted(folder.glob("*.json")):
-        texts += [r["instruction"] for r in json.loads(path.read_text(encoding="utf-8"))]
-    for path in sorted(folder.glob("*.csv")):
-        with path.open(encoding="utf-8", newline="") as f:
-            texts += [cell for row in csv.reader(f) for cell in row]
-    assert len(texts) > 1000, f"expected the refusal benchmarks in {folder}"
-    return {_norm(t) for t in texts}
+from .conftest import benchmark_texts, norm_text
 
 
 def test_harmful_realistic_loads_with_fields_splits_and_categories() -> None:
@@ -47,8 +26,8 @@ def test_harmful_realistic_loads_with_fields_splits_and_categories() -> None:
 
 
 def test_harmful_realistic_is_unique_and_disjoint_from_harmless() -> None:
-    harmful = [_norm(r["instruction"]) for r in load_prompts("harmful_realistic")]
-    harmless = {_norm(r["instruction"]) for r in load_prompts("harmless_realistic")}
+    harmful = [norm_text(r["instruction"]) for r in load_prompts("harmful_realistic")]
+    harmless = {norm_text(r["instruction"]) for r in load_prompts("harmless_realistic")}
     assert len(set(harmful)) == len(harmful), "duplicate instructions"
     assert not set(harmful) & harmless
 
@@ -65,6 +44,6 @@ def test_harmful_realistic_is_not_separable_by_surface_form() -> None:
 
 
 def test_harmful_realistic_is_our_own_writing() -> None:
-    bench = _benchmark_texts()
-    copied = [r["instruction"] for r in load_prompts("harmful_realistic") if _norm(r["instruction"]) in bench]
+    bench = benchmark_texts()
+    copied = [r["instruction"] for r in load_prompts("harmful_realistic") if norm_text(r["instruction"]) in bench]
     assert not copied, f"verbatim from a benchmark: {copied[:5]}"

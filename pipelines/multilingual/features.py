@@ -55,7 +55,6 @@ def fit_sae(model: Model, data: ParallelSafety, layer: int, expansion: int = 4, 
     for x, batch in site_tokens(model, f"resid_pre.{layer}", prompts, batch_size=16, chat=True):
         xs.append(x[batch.attention_mask.bool()])
     X = torch.cat(xs)
-    X = X[1:] if X.shape[0] % 2 else X
     bs = min(1024, X.shape[0])
     res = train_sae(X, arch="topk", expansion=expansion, k=k, total_tokens=bs * max(1, epochs * X.shape[0] // bs),
                     batch_size=bs, seed=seed, progress=False)

@@ -33,10 +33,12 @@ def retention_page(res: Retention) -> str:
     lang_rows = [] if res.language is None else [r for r in res.language.rows() if r["layer"] == res.layer]
     lang_table = table(list(lang_rows[0]) if lang_rows else ["none"], [list(r.values()) for r in lang_rows])
     notes = "".join(f"<p class='note'>{n}</p>" for n in res.notes) or "<p>none</p>"
+    first = {g["prompt"] for g in res.generations[:2]}  # every condition for the first two source prompts
+    shown = [g for g in res.generations if g["prompt"] in first or (g["lang"] != res.source
+                                                                     and g["condition"] == "baseline")][:40]
     samples = table(["lang", "set", "condition", "prompt", "answer", "refused"],
                     [[g["lang"], g["set"], g["condition"], g["prompt"][:120], g["text"][:200], g["refused"]]
-                     for g in res.generations if g["prompt"] in {x["prompt"] for x in res.generations[:3]}
-                     or g["lang"] != res.source and g["condition"] == "baseline"][:40])
+                     for g in shown])
     return page("Refusal retention across languages", [
         ("Setup", kv_table(head)), ("How much refusal transfers", transfer),
         ("Refusal rates", rates_by_language(res.rates)), ("Geometry by layer", res.plot()),
