@@ -178,3 +178,65 @@ def test_save_loads_back_and_the_cli_trains(tmp_path):
           "--steps", "2", "--batch-size", "2", "--checkpoint-steps", "1"])
     assert (tmp_path / "run" / "final" / "adapter_config.json").exists()
     assert (tmp_path / "run" / "checkpoints" / "checkpoint-1" / "state.json").exists()
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_neuron_restriction_moves_only_those_neurons(family):
+    """Only the chosen neurons' rows of the in-projections (and their biases) and columns of the down projection
+    change; every other entry of every weight is bit for bit as before; the loss goes down."""
+    from tune.config import neuron_weights
+
+    chosen = ((1, 3), (1, 7), (0, 0))
+    cfg = TuneConfig(method="neurons", neurons=chosen, steps=12, batch_size=2, lr=5e-2)
+    init = {n: p.detach().clone() for n, p in tiny_model(family).hf.named_parameters()}
+    res = fine_tune(tiny_model(family), P, R, cfg, progress=False)
+    got = dict(res.model.hf.named_parameters())
+    names = {id(p): n for n, p in got.items()}
+    held = {names[id(p)]: dim for layer in (0, 1) for p, dim in neuron_weights(res.model, layer)}
+    assert len(held) >= (4 if family == "gpt2" else 6)   # gate, up, down per layer (GPT-2: c_fc w+b, c_proj)
+    for n, p in got.items():
+        diff = (p.detach() - init[n]).abs()
+        if n not in held:
+            assert torch.equal(p.detach(), init[n]), n
+            continue
+        layer = int(n.split(".")[2])
+        idx = [i for la, i in chosen if la == layer]
+        moved = diff.amax(dim=tuple(d for d in range(p.dim()) if d != held[n])) if p.dim() > 1 else diff
+        assert float(moved[idx].min()) > 0, n
+        rest = torch.ones(moved.shape[0], dtype=torch.bool)
+        rest[idx] = False
+        assert float(moved[rest].max()) == 0.0, n
+    assert res.losses[-1] < res.losses[0]
+    per_neuron = sum(p.numel() // p.shape[held[n]] for n, p in got.items() if n in held and n.startswith(
+        ("model.layers.1.", "transformer.h.1.")))
+    assert res.trainable_params == 3 * per_neuron
+
+
+def test_lora_on_chosen_components_only():
+    from tune.config import component_targets
+
+    m = tiny_model("llama")
+    names = component_targets(m, [(1, "attn"), (0, "mlp")])
+    assert names == ("model.layers.1.self_attn.q_proj", "model.layers.1.self_attn.k_proj",
+                     "model.layers.1.self_attn.v_proj", "model.layers.1.self_attn.o_proj",
+                     "model.layers.0.mlp.gate_proj", "model.layers.0.mlp.up_proj", "model.layers.0.mlp.down_proj")
+    res = fine_tune(m, P, R, TuneConfig(targets=names, steps=3, batch_size=2), progress=False)
+    adapted = {n.split(".base_model.model.", 1)[-1].removeprefix("base_model.model.").rsplit(".lora_A", 1)[0]
+               for n, _ in res.model.hf.named_parameters() if ".lora_A" in n}
+    assert adapted == set(names)
+    with pytest.raises(ValueError, match="part"):
+        component_targets(m, [(1, "norm")])
+    with pytest.raises(ValueError, match="within"):
+        component_targets(m, [(9, "mlp")])
+
+
+def test_neuron_config_bad_input():
+    with pytest.raises(ValueError, match="method='neurons'"):
+        TuneConfig(neurons=((0, 1),))
+    with pytest.raises(ValueError, match="method='neurons'"):
+        TuneConfig(method="neurons")
+    with pytest.raises(ValueError, match="weight_decay"):
+        TuneConfig(method="neurons", neurons=((0, 1),), weight_decay=0.1)
+    with pytest.raises(ValueError, match="out of range"):
+        fine_tune(tiny_model("llama"), P, R, TuneConfig(method="neurons", neurons=((0, 10 ** 6),), steps=1),
+                  progress=False)

@@ -10,7 +10,8 @@ import torch
 
 from interp.models import Model, peft_wrapped
 
-METHODS = ("lora", "full")
+METHODS = ("lora", "full", "neurons")
+PARTS = ("attn", "mlp")
 SCHEDULES = ("linear", "constant")
 
 
@@ -21,7 +22,11 @@ class TuneConfig:
     blocks trained (``None``: all; embeddings and final norm stay frozen in a full fine-tune). AdamW at ``lr``
     with ``warmup`` steps of linear warm-up, then a linear decay to 0 at ``steps`` (``schedule="linear"``) or a
     constant rate. Batches of ``batch_size`` pairs in a seeded shuffled order, reshuffled when used up.
-    ``checkpoint_steps``: after which steps (1-based counts of steps done) a resumable checkpoint is written."""
+    ``checkpoint_steps``: after which steps (1-based counts of steps done) a resumable checkpoint is written.
+    ``method="neurons"`` trains only the weights of the MLP neurons ``neurons`` (``(layer, index)`` pairs of site
+    ``mlp_post``): their rows of every projection into the MLP (and those rows' biases) and their columns of the
+    down projection; every other entry gets a zero gradient and stays bit for bit as it was (weight decay must be 0).
+    A LoRA restricted to chosen components names their modules in ``targets`` (:func:`component_targets`)."""
 
     method: str = "lora"
     rank: int = 8
@@ -37,6 +42,7 @@ class TuneConfig:
     max_grad_norm: float | None = None
     seed: int = 0
     checkpoint_steps: tuple[int, ...] = ()
+    neurons: tuple[tuple[int, int], ...] | None = None
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -49,6 +55,15 @@ class TuneConfig:
         bad = [s for s in self.checkpoint_steps if not 1 <= s <= self.steps]
         if bad:
             raise ValueError(f"checkpoint_steps {bad} are outside 1..{self.steps} (steps done when it is written)")
+        if (self.method == "neurons") != (self.neurons is not None):
+            raise ValueError("neurons are given with method='neurons' and only then: TuneConfig(method='neurons', "
+                             "neurons=((layer, index), ...))")
+        if self.method == "neurons":
+            if not self.neurons or any(len(n) != 2 for n in self.neurons):
+                raise ValueError(f"neurons must be a non-empty tuple of (layer, index) pairs, got {self.neurons!r}")
+            if self.weight_decay:
+                raise ValueError("a neuron-restricted fine-tune needs weight_decay=0 (decay would move the frozen "
+                                 "entries of the weights it trains)")
         if self.method == "lora" and self.targets is not None and not self.targets:
             raise ValueError("targets is empty; name the modules LoRA adapts (e.g. ('q_proj', 'v_proj')) or None")
 
@@ -72,13 +87,86 @@ def _check_layers(model: Model, layers: tuple[int, ...] | None) -> None:
         raise ValueError(f"layers {list(layers)} must be non-empty and within 0..{model.n_layers - 1}")
 
 
+def component_targets(model: Model, components: list[tuple[int, str]] | tuple[tuple[int, str], ...]
+                      ) -> tuple[str, ...]:
+    """The full module names (as peft matches them) of every ``Linear`` inside the chosen components, ``(layer,
+    part)`` with part ``"attn"`` (the attention block: q/k/v/o) or ``"mlp"`` (the MLP block): the ``targets`` of
+    a LoRA on those components only."""
+    names = {id(m): n for n, m in model.hf.named_modules()}
+    out: list[str] = []
+    for item in components:
+        if not (isinstance(item, (tuple, list)) and len(item) == 2 and item[1] in PARTS):
+            raise ValueError(f"components are (layer, part) pairs with part in {PARTS}, got {item!r}")
+        layer = int(item[0])
+        _check_layers(model, (layer,))
+        root = model.module(model.spec.attn if item[1] == "attn" else model.spec.mlp, layer)
+        found = [names[id(m)] for m in root.modules() if isinstance(m, torch.nn.Linear)]
+        if not found:
+            raise ValueError(f"no Linear module inside {item[1]} of layer {layer} ({type(root).__name__}); a LoRA "
+                             f"cannot be placed there")
+        out += [n for n in found if n not in out]
+    return tuple(out)
+
+
+def neuron_weights(model: Model, layer: int) -> list[tuple[torch.nn.Parameter, int]]:
+    """The parameters holding layer ``layer``'s MLP neurons and the dimension that indexes the neuron in each: rows
+    of every projection into the MLP (weights whose output width is ``d_mlp``) and of their biases, columns of the
+    down projection (GPT-2's ``Conv1D`` stores weights transposed)."""
+    spec = model.spec
+    if spec.mlp_proj is None:
+        raise ValueError(f"{spec.family} has mixture-of-experts MLPs; neurons live inside each expert, so a "
+                         f"neuron-restricted fine-tune does not apply")
+    down, D = model.module(spec.mlp_proj, layer), int(model.d_mlp)
+    out_dim = 1 if spec.conv1d else 0       # the output axis of an in-projection's weight
+    found: list[tuple[torch.nn.Parameter, int]] = [(down.weight, 1 - out_dim)]
+    for m in model.module(spec.mlp, layer).modules():
+        w = getattr(m, "weight", None)
+        if m is down or not isinstance(w, torch.nn.Parameter) or w.dim() != 2 or w.shape[out_dim] != D:
+            continue
+        found.append((w, out_dim))
+        b = getattr(m, "bias", None)
+        if isinstance(b, torch.nn.Parameter):
+            found.append((b, 0))
+    if len(found) < 2:
+        raise ValueError(f"found no projection into the MLP of layer {layer} with output width {D}")
+    return found
+
+
+def grad_masks(model: Model, config: TuneConfig) -> list[tuple[torch.nn.Parameter, torch.Tensor]]:
+    """For a neuron-restricted fine-tune, each trained parameter and the 0/1 mask its gradient is multiplied by
+    (1 on the chosen neurons' rows or columns); empty otherwise."""
+    if config.method != "neurons":
+        return []
+    by_layer: dict[int, list[int]] = {}
+    D = int(model.d_mlp)
+    for layer, i in config.neurons or ():
+        _check_layers(model, (int(layer),))
+        if not 0 <= int(i) < D:
+            raise ValueError(f"neuron ({layer}, {i}) is out of range; this model's MLP has neurons 0..{D - 1}")
+        by_layer.setdefault(int(layer), []).append(int(i))
+    out = []
+    for layer, idx in sorted(by_layer.items()):
+        for p, dim in neuron_weights(model, layer):
+            shape = [1] * p.dim()
+            shape[dim] = p.shape[dim]
+            mask = torch.zeros(shape, dtype=p.dtype, device=p.device)
+            mask.view(-1)[idx] = 1
+            out.append((p, mask))
+    return out
+
+
 def make_trainable(model: Model, config: TuneConfig) -> Model:
     """``model`` ready to train under ``config``: LoRA wraps ``model.hf`` in a ``PeftModel`` (seeded adapters;
     peft injects them into the base modules in place, and ``disable_adapter()`` gives the base back) and returns
-    it as a :class:`Model`; a full fine-tune returns ``model`` itself with only the chosen blocks trainable."""
+    it as a :class:`Model`; a full fine-tune returns ``model`` itself with only the chosen blocks trainable (a
+    neuron-restricted one, with the weights of :func:`grad_masks` trainable)."""
     _check_layers(model, config.layers)
     for p in model.hf.parameters():
         p.requires_grad_(False)
+    if config.method == "neurons":
+        for p, _ in grad_masks(model, config):
+            p.requires_grad_(True)
+        return model
     if config.method == "full":
         keep = range(model.n_layers) if config.layers is None else config.layers
         for i in keep:
@@ -110,4 +198,4 @@ def trainable_parameters(model: Model) -> dict[str, torch.nn.Parameter]:
     return {n: p for n, p in model.hf.named_parameters() if p.requires_grad}
 
 
-__all__ = ["TuneConfig", "make_trainable", "trainable_parameters"]
+__all__ = ["TuneConfig", "component_targets", "grad_masks", "make_trainable", "neuron_weights", "trainable_parameters"]

@@ -22,7 +22,7 @@ from tqdm.auto import tqdm
 from interp.io import write_json
 from interp.models import Model
 from tune.checkpoint import LoopState, load_checkpoint, refuse_existing, save_checkpoint
-from tune.config import TuneConfig, make_trainable, trainable_parameters
+from tune.config import TuneConfig, grad_masks, make_trainable, trainable_parameters
 from tune.data import MaskLike, encode_pairs
 from tune.objective import SFT, Objective
 
@@ -33,7 +33,8 @@ Callback = Callable[[int, float, Model], None]
 @dataclass
 class TuneResult:
     """A finished fine-tune: the trained ``model`` (a peft-wrapped :class:`Model` for LoRA), the loss of every
-    step, tokens processed, wall time and the checkpoints written."""
+    step, tokens processed, wall time, the number of trainable entries (a neuron-restricted fine-tune counts only
+    the chosen neurons' entries) and the checkpoints written."""
 
     model: Model
     config: TuneConfig
@@ -82,12 +83,15 @@ def _draw(state: LoopState, n: int, batch_size: int, gen: torch.Generator) -> li
 
 
 def _step(model: Model, objective: Objective, idx: list[int], opt: torch.optim.Optimizer, params: list,
-          config: TuneConfig, step: int) -> tuple[float, int]:
+          config: TuneConfig, step: int, masks: list) -> tuple[float, int]:
     for g in opt.param_groups:
         g["lr"] = config.lr_at(step)
     loss, tokens = objective.loss(model, idx)
     opt.zero_grad()
     loss.backward()
+    for p, m in masks:     # a neuron-restricted fine-tune: only the chosen neurons' entries move
+        if p.grad is not None:
+            p.grad.mul_(m)
     if config.max_grad_norm is not None:
         torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)
     opt.step()
@@ -104,6 +108,7 @@ def train_loop(model: Model, objective: Objective, config: TuneConfig, out: str 
     if not named:
         raise ValueError("no parameter of this model is trainable; build it with tune.config.make_trainable")
     params = list(named.values())
+    masks = grad_masks(model, config)
     opt = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
     gen = torch.Generator().manual_seed(config.seed)
     meta = {"config": config.record(), "data": objective.fingerprint()}
@@ -119,7 +124,7 @@ def train_loop(model: Model, objective: Objective, config: TuneConfig, out: str 
                   disable=not progress, leave=False) as bar:
             while state.step < config.steps:
                 idx = _draw(state, objective.n, config.batch_size, gen)
-                loss, tokens = _step(model, objective, idx, opt, params, config, state.step)
+                loss, tokens = _step(model, objective, idx, opt, params, config, state.step, masks)
                 state.step, state.tokens = state.step + 1, state.tokens + tokens
                 state.losses.append(round(loss, 5))
                 bar.update(1)
@@ -130,8 +135,9 @@ def train_loop(model: Model, objective: Objective, config: TuneConfig, out: str 
                     callback(state.step, loss, model)
     finally:
         model.hf.eval()
+    free = {id(p): int(m.expand_as(p).sum()) for p, m in masks}   # a neuron fine-tune trains only the unmasked entries
     return TuneResult(model, config, state.losses, state.tokens, time.time() - t0,
-                      sum(p.numel() for p in params), saved)
+                      sum(free.get(id(p), p.numel()) for p in params), saved)
 
 
 def fine_tune(model: Model, prompts: Sequence[str], responses: Sequence[str], config: TuneConfig = TuneConfig(),

@@ -1,8 +1,10 @@
 """Multilingual safety studies on parallel prompts: refusal retention across languages (``retention``: refusal per
 language, the English direction's projection ratio, cosine drift, language-specific directions, ablation per
 language with random controls), language identity vs safety geometry (``language``: identity, subspace overlap,
-LEACE erasure vs random erasure), safety neurons per language and their intersections (``neurons``), English -> language patching (``pathways``),
-SAE safety features by language (``features``); the data (``data``), the geometry (``geometry``) and the report page (``report``)."""
+LEACE erasure vs random erasure), safety neurons per language and their intersections (``neurons``), English ->
+language patching (``pathways``), SAE safety features by language (``features``), pathway- and neuron-restricted
+updates vs random sets of the same size (``updates``); the data (``data``), the geometry (``geometry``) and the
+report page (``report``)."""
 
 from pipelines.multilingual.data import LANGS, ParallelSafety, load_parallel_safety
 from pipelines.multilingual.features import LanguageFeatures, features_by_language
@@ -12,7 +14,9 @@ from pipelines.multilingual.neurons import SafetyNeurons, safety_neurons
 from pipelines.multilingual.pathways import Pathways, refusal_pathways
 from pipelines.multilingual.report import retention_page, write_retention
 from pipelines.multilingual.retention import Retention, RetentionConfig, refusal_retention
+from pipelines.multilingual.updates import RestrictedUpdate, UpdateConfig, restricted_update
 
 __all__ = ["LANGS", "Geometry", "LanguageFeatures", "LanguageGeometry", "ParallelSafety", "Pathways", "Retention",
-           "RetentionConfig", "SafetyNeurons", "features_by_language", "language_geometry", "load_parallel_safety",
-           "refusal_pathways", "refusal_retention", "retention_page", "safety_neurons", "write_retention"]
+           "RestrictedUpdate", "RetentionConfig", "SafetyNeurons", "UpdateConfig", "features_by_language",
+           "language_geometry", "load_parallel_safety", "refusal_pathways", "refusal_retention", "restricted_update",
+           "retention_page", "safety_neurons", "write_retention"]

@@ -42,6 +42,18 @@ class Pathways:
     target_score: dict[str, float]
     n_positions: int
     n_pairs: int
+    split: str = "test"
+
+    def top_components(self, n: int) -> list[tuple[int, str]]:
+        """The ``n`` (layer, part) writers, part ``attn`` or ``mlp``, whose patch restores the most refusal beyond
+        the harmless-source control (``restored - control``, averaged over languages), best first."""
+        if not 1 <= n <= 2 * len(self.layers):
+            raise ValueError(f"n must be within 1..{2 * len(self.layers)} (attn and mlp of {len(self.layers)} layers), "
+                             f"got {n}")
+        score = torch.stack([self.restored[lang][:, 1:] - self.control[lang][:, 1:] for lang in self.langs]).mean(0)
+        score = torch.nan_to_num(score.float(), nan=float("-inf"))
+        order = score.flatten().argsort(descending=True)[:n].tolist()
+        return [(self.layers[i // 2], ("attn", "mlp")[i % 2]) for i in order]
 
     def rows(self) -> list[dict]:
         return [{"lang": lang, "layer": layer, "site": site, "restored": float(self.restored[lang][i, j]),
@@ -67,24 +79,25 @@ def _patched(model: Model, clean: list[str], corrupted: list[str], metric, k: in
     return sw.values, float(sw.reference), float(sw.baseline)
 
 
-def refusal_pathways(model: Model, data: ParallelSafety, layers: list[int] | None = None, batch_size: int = 16
-                     ) -> Pathways:
-    """The sweep of the module docstring for every language but the source."""
+def refusal_pathways(model: Model, data: ParallelSafety, layers: list[int] | None = None, batch_size: int = 16,
+                     split: str = "test") -> Pathways:
+    """The sweep of the module docstring for every language but the source, on the ``split`` prompts (``val`` when
+    the found components are then trained and measured on ``test``)."""
     layers = list(layers) if layers is not None else list(range(model.n_layers))
     k = post_instruction_tokens(model)
     metric = refusal_score(refusal_ids(model))
-    src_h, src_s = data.get("harmful", "test", data.source), data.get("harmless", "test", data.source)
+    src_h, src_s = data.get("harmful", split, data.source), data.get("harmless", split, data.source)
     restored, control, s_score, t_score = {}, {}, {}, {}
     langs = [lang for lang in data.langs if lang != data.source]
     n = min(len(src_h), len(src_s))
     for lang in langs:
-        tgt = data.get("harmful", "test", lang)[:n]
+        tgt = data.get("harmful", split, lang)[:n]
         vals, s_score[lang], t_score[lang] = _patched(model, src_h[:n], tgt, metric, k, layers, batch_size)
         ctrl, _, _ = _patched(model, src_s[:n], tgt, metric, k, layers, batch_size)
         gap = s_score[lang] - t_score[lang]   # both on the harmful source's gap (nan when English scores no higher)
         scale = gap if abs(gap) > 1e-9 else float("nan")
         restored[lang], control[lang] = (vals - t_score[lang]) / scale, (ctrl - t_score[lang]) / scale
-    return Pathways(langs, layers, restored, control, s_score, t_score, k, n)
+    return Pathways(langs, layers, restored, control, s_score, t_score, k, n, split)
 
 
 __all__ = ["Pathways", "SITES", "post_instruction_tokens", "refusal_pathways"]

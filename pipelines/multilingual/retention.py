@@ -161,11 +161,21 @@ def choose_layer(acts: dict, layers: list[int], source: str) -> tuple[int, dict[
                           "d_by_layer": {layers[i]: round(float(d[i]), 3) for i in range(len(layers))}}
 
 
-def _judged(model: Model, prompts: list[str], ivs: tuple, cfg: RetentionConfig, judge: Callable[[str], bool]
-            ) -> tuple[list[str], list[bool]]:
-    gens = steering.generate(model, prompts, *ivs, max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size,
+def judged_rate(model: Model, prompts: list[str], ivs: tuple, judge: Callable[[str], bool], max_new_tokens: int,
+                batch_size: int, **labels: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Greedy answers to ``prompts`` under the interventions ``ivs``, judged: one row (``labels`` + refused, n,
+    rate, Wilson lo / hi, share of degenerate answers) and one record per answer (``labels`` + prompt, text,
+    refused, degenerate)."""
+    gens = steering.generate(model, prompts, *ivs, max_new_tokens=max_new_tokens, batch_size=batch_size,
                              progress=False)
-    return list(gens.texts), [bool(judge(t)) for t in gens.texts]
+    texts = list(gens.texts)
+    flags, bad = [bool(judge(t)) for t in texts], [is_degenerate(t) for t in texts]
+    k, n = sum(flags), len(flags)
+    lo, hi = wilson(k, n)
+    row = {**labels, "refused": k, "n": n, "rate": k / n if n else float("nan"), "lo": lo, "hi": hi,
+           "degenerate": sum(bad) / n if n else float("nan")}
+    return row, [{**labels, "prompt": p, "text": t, "refused": f, "degenerate": b}
+                 for p, t, f, b in zip(prompts, texts, flags, bad)]
 
 
 def massive_dims(acts: dict, factor: float | None) -> list[int]:
@@ -203,14 +213,10 @@ def behaviour(model: Model, data: ParallelSafety, r: torch.Tensor, cfg: Retentio
         for kind, conds in (("harmful", CONDITIONS), ("harmless", ("baseline",))):
             prompts = data.get(kind, "test", lang)
             for cond in conds:
-                texts, flags = _judged(model, prompts, ivs[cond], cfg, judge)
-                k, n = sum(flags), len(flags)
-                lo, hi = wilson(k, n)
-                bad = [is_degenerate(t) for t in texts]
-                rates.append({"lang": lang, "set": kind, "condition": cond, "refused": k, "n": n, "rate": k / n,
-                              "lo": lo, "hi": hi, "degenerate": sum(bad) / n})
-                gens += [{"lang": lang, "set": kind, "condition": cond, "prompt": p, "text": t, "refused": f,
-                          "degenerate": b} for p, t, f, b in zip(prompts, texts, flags, bad)]
+                row, recs = judged_rate(model, prompts, ivs[cond], judge, cfg.max_new_tokens, cfg.batch_size,
+                                        lang=lang, set=kind, condition=cond)
+                rates.append(row)
+                gens += recs
     return rates, gens
 
 
@@ -256,4 +262,4 @@ def refusal_retention(model: Model, data: ParallelSafety, config: RetentionConfi
     return res
 
 
-__all__ = ["CONDITIONS", "Retention", "RetentionConfig", "choose_layer", "refusal_retention"]
+__all__ = ["CONDITIONS", "Retention", "RetentionConfig", "choose_layer", "judged_rate", "refusal_retention"]
