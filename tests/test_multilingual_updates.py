@@ -71,6 +71,7 @@ def test_update_beside_a_random_set_of_the_same_size(tiny_models, kind, units):
     again = restricted_update(model, data, kind, units, CFG, before=res)   # the before measurement reused, not redone
     assert [r for r in again.rates if r["condition"] == "before"] == [r for r in res.rates if r["condition"] == "before"]
     assert again.rates == res.rates, "same seed and data -> the same update and rates"
+    assert again.pairs == res.pairs and len(res.pairs[0]) == res.n_pairs["harmful"] + res.n_pairs["harmless"]
 
 
 def test_top_components_rank_restoration_beyond_the_control(tiny_models):

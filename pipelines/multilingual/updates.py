@@ -74,6 +74,7 @@ class RestrictedUpdate:
     n_pairs: dict[str, int]
     generations: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    pairs: tuple[list[str], list[str]] = ((), ())   # type: ignore[assignment]
 
     @property
     def conditions(self) -> list[str]:
@@ -199,11 +200,16 @@ def restricted_update(model: Model, data: ParallelSafety, kind: str, units: Sequ
                       ) -> RestrictedUpdate:
     """The study of the module docstring: ``kind`` ``"pathway"`` (``units`` = components ``(layer, part)``) or
     ``"neurons"`` (``units`` = neurons ``(layer, index)``); ``model`` is left as it was. ``before``: an earlier
-    result on the same model, data and generation settings whose ``before`` measurement is reused."""
+    result on the same model, data and generation settings whose ``before`` measurement (and, for the same train
+    languages, answer length and seed, whose training pairs) is reused."""
     units = [tuple(u) for u in units]
     langs = list(config.train_langs) if config.train_langs is not None else [x for x in data.langs if x != data.source]
     _check(model, data, kind, units, langs, refusals)
-    prompts, responses, n_pairs = update_pairs(model, data, langs, config, judge, refusals)
+    if before is not None and (before.train_langs, before.config.answer_tokens, before.config.seed) == (
+            langs, config.answer_tokens, config.seed) and before.pairs[0]:
+        (prompts, responses), n_pairs = before.pairs, before.n_pairs     # the same pairs: the model's answers reused
+    else:
+        prompts, responses, n_pairs = update_pairs(model, data, langs, config, judge, refusals)
     sets: dict[str, list] = {"found": units}
     for j in range(config.n_random):
         seed = config.seed + 1 + j
@@ -224,7 +230,8 @@ def restricted_update(model: Model, data: ParallelSafety, kind: str, units: Sequ
             r, g = _measure(res.model, data, name, config, judge)
         rates += r
         gens += g
-    out = RestrictedUpdate(kind, config, list(data.langs), langs, sets, rates, training, n_pairs, gens)
+    out = RestrictedUpdate(kind, config, list(data.langs), langs, sets, rates, training, n_pairs, gens,
+                           pairs=(list(prompts), list(responses)))
     out.notes = _notes(out)
     return out
 
