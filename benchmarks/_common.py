@@ -76,6 +76,14 @@ def table(title: str, rows: list[dict[str, Any]], cols: list[str]) -> str:
     return "\n".join(out) + "\n"
 
 
+def append_section(path: str | os.PathLike, text: str) -> None:
+    """Append ``text`` to a result file (atomically rewritten; what was there is kept)."""
+    from pathlib import Path
+
+    old = Path(path).read_text() if Path(path).exists() else ""
+    write_text(path, old + ("\n" if old else "") + text)
+
+
 def write_text(path: str | os.PathLike, text: str) -> None:
     """Write a result file atomically (its folder created)."""
     from pathlib import Path

@@ -22,7 +22,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks._common import machine, table, write_text  # noqa: E402
+from benchmarks._common import append_section, machine, table  # noqa: E402
 from interp.io import write_json  # noqa: E402
 from interp.models import load_model  # noqa: E402
 from patching.measures import refusal_score  # noqa: E402
@@ -110,9 +110,7 @@ def main() -> None:
         "Notes: " + "; ".join(a.notes + b.notes), ""])
     print(text)
     if args.write:
-        path = REPO / "benchmarks" / "RESULTS_multilingual.md"
-        old = path.read_text() if path.exists() else ""
-        write_text(path, old + ("\n" if old else "") + text)
+        append_section(REPO / "benchmarks" / "RESULTS_multilingual.md", text)
     print(json.dumps({"wall_s": round(wall, 1)}))
 
 

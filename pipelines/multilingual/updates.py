@@ -145,8 +145,9 @@ def update_pairs(model: Model, data: ParallelSafety, langs: Sequence[str], confi
     ps, rs = base_answers(model, harmless, config.answer_tokens, batch_size=config.gen_batch_size)
     n_harmless = 0
     for p, r in zip(ps, rs):
-        if judge(r) or is_degenerate(r.removesuffix(eos)):
-            refused, degenerate = refused + bool(judge(r)), degenerate + (not judge(r))
+        said_no = bool(judge(r))
+        if said_no or is_degenerate(r.removesuffix(eos)):
+            refused, degenerate = refused + said_no, degenerate + (not said_no)
             continue
         prompts.append(p)
         responses.append(r)
