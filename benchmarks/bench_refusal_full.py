@@ -13,6 +13,7 @@ import argparse
 import os
 import platform
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -20,9 +21,12 @@ from pathlib import Path
 import torch
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from benchmarks._common import append_section, write_text  # noqa: E402
 
 
-def run(model: str, threads: int | None, out: Path, ablate_positions: str = "all"
+def run(model: str, threads: int | None, out: Path, ablate_positions: str = "auto"
         ) -> tuple[dict[str, float], float, int, dict]:
     """One default run into ``out``: seconds per stage, total seconds, forward passes, metrics."""
     from pipelines.refusal import RefusalConfig, run_refusal
@@ -59,6 +63,10 @@ def headline(m: dict) -> list[str]:
     """The numbers the issue asks for, from metrics.json."""
     lines = [f"- found direction: {m['found_direction']}"]
     sel = m.get("selection", {})
+    for t in sel.get("ablation_search", []):
+        lines.append(f"- search with ablate_positions={t['ablate_positions']}: "
+                     f"{'found' if t['found'] else 'none passes'} ({t['passing'].get('kl', 0)} of "
+                     f"{t['n_scored_exactly']} scored exactly pass KL)")
     if m["found_direction"]:
         lines.append(f"- selected: layer {sel['layer']}, position {sel['position']} ({sel['position_token']!r}); "
                      f"KL (val) {sel['kl']:.3f}; search {sel.get('search')}, scored exactly {sel.get('n_scored_exactly')}")
@@ -79,15 +87,16 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
     ap.add_argument("--out", default=str(HERE / "RESULTS_refusal_full.md"), help="results file (default: %(default)s)")
     ap.add_argument("--keep", default=None, help="keep the run folder here (default: a temporary folder)")
-    ap.add_argument("--ablate-positions", choices=("all", "post_instruction"), default="all",
-                    help="the run's ablation positions (default: %(default)s, the paper's)")
+    ap.add_argument("--ablate-positions", choices=("auto", "all", "post_instruction"), default="auto",
+                    help="the run's ablation positions (default: %(default)s, the job's default)")
+    ap.add_argument("--append", action="store_true", help="append to the results file instead of replacing it")
     args = ap.parse_args()
     folder = Path(args.keep) if args.keep else Path(tempfile.mkdtemp()) / "run"
     load0 = os.getloadavg()
     seconds, total, n_fwd, metrics = run(args.model, args.threads, folder, args.ablate_positions)
     load1 = os.getloadavg()
     rows = "\n".join(f"| {s} | {t:.1f} |" for s, t in seconds.items())
-    flag = "" if args.ablate_positions == "all" else f" --ablate-positions {args.ablate_positions}"
+    flag = "" if args.ablate_positions == "auto" else f" --ablate-positions {args.ablate_positions}"
     text = (f"### The main job end to end: `interp refusal --model {args.model}{flag}` "
             f"({'defaults' if not flag else 'otherwise defaults'})\n\n"
             f"| stage | s |\n|---|---|\n{rows}\n| **total (incl. model load)** | **{total:.1f}** |\n\n"
@@ -96,7 +105,7 @@ def main() -> None:
             f"({torch.get_num_threads()} threads); load average before {load0[0]:.1f}, after {load1[0]:.1f}. "
             f"Command: `python benchmarks/bench_refusal_full.py --model {args.model}"
             f"{f' --threads {args.threads}' if args.threads else ''}{flag}`.\n")
-    Path(args.out).write_text(text)
+    (append_section if args.append else write_text)(args.out, text)
     print(text)
     if not args.keep:
         shutil.rmtree(folder.parent, ignore_errors=True)

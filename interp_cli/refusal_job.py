@@ -6,7 +6,7 @@ import argparse
 import time
 from typing import Any
 
-STAGES = ("tokens", "candidates", "estimate", "scores", "selection", "evaluation", "subspaces", "report")
+STAGES = ("tokens", "candidates", "estimate", "scores", "selection", "evaluation", "writers", "subspaces", "report")
 
 
 def add_refusal_parser(sub: Any, model_args: Any) -> None:
@@ -46,9 +46,11 @@ def add_refusal_parser(sub: Any, model_args: Any) -> None:
                    "exactly; exhaustive: score every candidate exactly (default: %(default)s)")
     p.add_argument("--top-k", type=int, default=8, help="candidates scored exactly with --search estimate "
                    "(default: %(default)s)")
-    p.add_argument("--ablate-positions", choices=("all", "post_instruction"), default="all", help="where a "
-                   "candidate is ablated: every token (the paper; bakeable into weights) or the prompt's "
-                   "post-instruction tokens and every generated token (hooks only) (default: %(default)s)")
+    p.add_argument("--ablate-positions", choices=("auto", "all", "post_instruction"), default="auto", help="where a "
+                   "candidate is ablated: all: every token (the paper; bakeable into weights); post_instruction: the "
+                   "prompt's post-instruction tokens and every generated token (hooks only); auto: every token "
+                   "first, post-instruction only if no every-token candidate passes the filters, said in the notes "
+                   "(default: %(default)s)")
     p.add_argument("--threads", type=int, default=None, help="torch threads for the run (default: torch's own)")
     p.add_argument("--layers", default=None, help="comma-separated candidate layers (default: all)")
     p.add_argument("--seed", type=int, default=0, help="seed for data splits and random controls (default: %(default)s)")
@@ -96,7 +98,10 @@ def cmd_refusal(args: argparse.Namespace) -> int:
         t.add_column("stage")
         t.add_column("status")
         t.add_column("seconds", justify="right")
-        for s in STAGES:
+        # stages in the order they ran (an "auto" run's post-instruction search after the every-token one), then
+        # those still waiting
+        order = sorted(started, key=started.__getitem__) + [s for s in state if s not in started]
+        for s in order:
             st, sec = state[s]
             t.add_row(s, st, "" if sec is None else f"{sec:.1f}")
         return t

@@ -154,8 +154,8 @@ def test_new_threshold_reselects_from_cached_scores(aligned_run, tmp_path):
                                                                                            base["position"])
     assert same.metrics["selection"]["passing"]["induce"] <= base["passing"]["induce"]
     with _ForwardCount() as fc:
-        none = run_refusal(RefusalConfig.from_flat(model="organism", save_model=True, induce_threshold=1e9), out,
-                           model=model)
+        none = run_refusal(RefusalConfig.from_flat(model="organism", save_model=True, induce_threshold=1e9,
+                                                   ablate_positions="all"), out, model=model)
     assert none.computed == ["selection"] and fc.n == 0 and not none.found and none.notes
     assert not (out / "direction").exists()  # no stale direction
     # generations.jsonl is always written; without a direction it holds only the baseline the diagnosis read

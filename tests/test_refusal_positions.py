@@ -155,10 +155,39 @@ def test_post_instruction_settings_and_cli(post_run, tmp_path):
 
 
 def test_a_null_every_token_run_points_to_the_post_instruction_ablation(tmp_path):
-    res = run_refusal(RefusalConfig.from_flat(kl_threshold=1e-9, **SMALL), tmp_path / "null")
-    assert not res.metrics["found_direction"]
+    """The default (auto) searches every token, then the post-instruction tokens, and says so; an explicit
+    every-token run on the same folder reuses the every-token stages and points to the post-instruction ablation."""
+    auto = run_refusal(RefusalConfig.from_flat(kl_threshold=1e-9, **SMALL), tmp_path / "null")
+    assert not auto.found
+    assert auto.computed[-3:] == ["estimate.post_instruction", "scores.post_instruction", "selection.post_instruction"]
+    tried = auto.metrics["selection"]["ablation_search"]
+    assert [t["ablate_positions"] for t in tried] == ["all", "post_instruction"] and not any(t["found"] for t in tried)
+    assert auto.metrics["selection"]["ablate_positions"] == "post_instruction"
+    assert any(n.startswith("ablation (auto)") and "found none there either" in n for n in auto.notes), auto.notes
+    res = run_refusal(RefusalConfig.from_flat(kl_threshold=1e-9, ablate_positions="all", **SMALL), tmp_path / "null")
+    assert res.computed == [] and not res.metrics["found_direction"]
+    assert "ablation_search" not in res.metrics["selection"]
     hint = [n for n in res.metrics["notes"] if "--ablate-positions post_instruction" in n]
     assert len(hint) == 1 and "of the 6 candidates scored exactly pass the KL filter" in hint[0], hint  # 6 above the depth cut
     post = run_refusal(RefusalConfig.from_flat(kl_threshold=1e-9, ablate_positions="post_instruction", **SMALL),
                        tmp_path / "null")
-    assert not any("--ablate-positions post_instruction" in n for n in post.metrics["notes"])
+    assert post.computed == [] and not any("--ablate-positions post_instruction" in n for n in post.metrics["notes"])
+
+
+def test_auto_falls_back_to_the_post_instruction_ablation_and_does_not_bake_it(tmp_path):
+    """Layer 1 of the toy organism: no every-token candidate passes KL < 0.01 (measured 0.017 and 0.69), the
+    post-instruction ablation of position -1 does (0.009, bypass below baseline); with the induce filter off,
+    auto selects it there, evaluates it with that ablation, and saves no baked model (said in the notes)."""
+    cfg = RefusalConfig.from_flat(layers=[1], kl_threshold=0.01, induce_threshold=float("-inf"), save_model=True,
+                                  **SMALL)
+    res = run_refusal(cfg, tmp_path / "auto")
+    m = res.metrics
+    assert m["found_direction"], m["notes"]
+    assert [(t["ablate_positions"], t["found"]) for t in m["selection"]["ablation_search"]] == [
+        ("all", False), ("post_instruction", True)]
+    assert m["selection"]["ablate_positions"] == "post_instruction" and m["selection"]["layer"] == 1
+    assert m["evaluation"]["hook_vs_baked"]["max_abs_logit_diff"] is None
+    assert m.get("saved_model") is None and not (tmp_path / "auto" / "model").exists()
+    notes = " ".join(m["notes"])
+    assert "and selected a direction there" in notes and "--save-model: no model saved" in notes
+    assert "ablation (auto)" in (tmp_path / "auto" / "report.html").read_text()

@@ -55,5 +55,7 @@ def test_aligned_organism_reduced_run(tmp_path):
     if m["found_direction"]:
         assert set(m["over_refusal"]) >= {"baseline", "ablation", "addition"}
         assert all(len(r["ci95"]) == 2 for r in m["evaluation"]["refusal"].values())
-    else:
+    else:  # the default (auto) searched every token, then the post-instruction tokens, and says so
         assert any("no candidate passes" in n for n in m["notes"]), m["notes"]
+        assert [t["ablate_positions"] for t in sel["ablation_search"]] == ["all", "post_instruction"]
+        assert any(n.startswith("ablation (auto)") for n in m["notes"]), m["notes"]

@@ -33,7 +33,10 @@ class DataConfig:
 
 
 SEARCHES = ("estimate", "exhaustive")
-ABLATE_POSITIONS = ("all", "post_instruction")
+ABLATE_POSITIONS = ("all", "post_instruction")  # where an ablation acts (the edits themselves)
+# the job's setting adds "auto": the paper's every-token ablation first, the post-instruction one only when no
+# every-token candidate passes the filters (said in the notes); see SelectionConfig
+ABLATE_SETTINGS = ("auto",) + ABLATE_POSITIONS
 
 
 @dataclass
@@ -44,8 +47,11 @@ class SelectionConfig:
     p < ``diagnosis_alpha``). How the candidates
     are searched: ``"estimate"`` (first-order estimates of all, the ``top_k`` scored exactly) or
     ``"exhaustive"`` (every candidate scored exactly). Where a candidate is ablated (scoring, evaluation,
-    writers, subspaces): ``ablate_positions="all"`` tokens (the paper; bakeable into weights) or
-    ``"post_instruction"``: the prompt's post-instruction tokens and every generated token (hooks only)."""
+    writers, subspaces): ``ablate_positions="all"`` tokens (the paper; bakeable into weights),
+    ``"post_instruction"``: the prompt's post-instruction tokens and every generated token (hooks only), or
+    ``"auto"`` (the default): every token first and, only when no every-token candidate passes the filters, the
+    post-instruction ablation, which the notes, ``metrics.json`` and the report then state (the every-token
+    search's outcome included)."""
 
     layers: list[int] | None = None
     kl_threshold: float = 0.1
@@ -55,16 +61,22 @@ class SelectionConfig:
     diagnosis_alpha: float = 0.01
     search: str = "estimate"
     top_k: int = 8
-    ablate_positions: str = "all"
+    ablate_positions: str = "auto"
 
     def __post_init__(self) -> None:
-        if self.ablate_positions not in ABLATE_POSITIONS:
-            raise ValueError(f"ablate_positions must be one of {ABLATE_POSITIONS} (every token, as in the paper, or the "
-                             f"post-instruction tokens and every generated one), got {self.ablate_positions!r}")
+        if self.ablate_positions not in ABLATE_SETTINGS:
+            raise ValueError(f"ablate_positions must be one of {ABLATE_SETTINGS} (every token, as in the paper; the "
+                             f"post-instruction tokens and every generated one; or 'auto': every token first, the "
+                             f"post-instruction tokens when no every-token candidate passes), got "
+                             f"{self.ablate_positions!r}")
         if self.search not in SEARCHES:
             raise ValueError(f"search must be one of {SEARCHES}, got {self.search!r}")
         if self.top_k < 1:
             raise ValueError(f"top_k must be >= 1 (candidates scored exactly in search='estimate'), got {self.top_k}")
+
+    def modes(self) -> tuple[str, ...]:
+        """The ablation positions the search tries, in order (``auto``: every token, then post-instruction)."""
+        return ABLATE_POSITIONS if self.ablate_positions == "auto" else (self.ablate_positions,)
 
 
 @dataclass
@@ -113,10 +125,11 @@ class RefusalConfig:
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
 
     def __post_init__(self) -> None:
-        if self.runtime.save_model and self.selection.ablate_positions != "all":
+        if self.runtime.save_model and self.selection.ablate_positions == "post_instruction":
             raise ValueError("save_model bakes the ablation into the weights, which act on every token alike, but "
                              "ablate_positions='post_instruction' ablates some tokens only: use ablate_positions='all' "
-                             "(--ablate-positions all) to save a baked model, or drop save_model")
+                             "(--ablate-positions all) or 'auto' (saves the model when the every-token search "
+                             "finds a direction) to save a baked model, or drop save_model")
 
     @classmethod
     def from_flat(cls, **flat: Any) -> RefusalConfig:

@@ -80,11 +80,28 @@ def relaxed_notes(sel: SelectionConfig) -> list[str]:
         how = "off" if off else ("relaxed" if loose else "tightened")
         notes.append(f"selection: the {labels[name]} is {how}: {value:g} instead of the default {default:g}; the "
                      f"selected direction need not meet the paper's criteria")
-    if sel.ablate_positions != "all":
-        notes.append("ablation: every candidate is ablated at the prompt's post-instruction tokens and every generated "
-                     "token only (ablate_positions='post_instruction'), not at every token as in the paper; hooks "
-                     "only: no weight edit reproduces it, so there is no baked-weights check or saved model")
+    if sel.ablate_positions == "post_instruction":
+        notes.append(POST_NOTE)
     return notes
+
+
+POST_NOTE = ("ablation: every candidate is ablated at the prompt's post-instruction tokens and every generated "
+             "token only (ablate_positions='post_instruction'), not at every token as in the paper; hooks "
+             "only: no weight edit reproduces it, so there is no baked-weights check or saved model")
+
+
+def auto_notes(tried: list[dict[str, Any]], sel: SelectionConfig) -> list[str]:
+    """``ablate_positions="auto"``: a note when the every-token search found nothing and the post-instruction
+    ablation was searched next (a forced choice of mode, stated), with both outcomes."""
+    if len(tried) < 2:
+        return []
+    first, last = tried[0], tried[-1]
+    scored = f"{first['passing'].get('kl', 0)} of the {first['n_scored_exactly']} candidates scored exactly pass KL"
+    outcome = "and selected a direction there" if last["found"] else "and found none there either"
+    return [f"ablation (auto): no candidate passes the filters with the paper's every-token ablation ({scored} < "
+            f"{sel.kl_threshold:g}); the search was repeated with the ablation at the prompt's post-instruction "
+            f"tokens and every generated token {outcome} (--ablate-positions all keeps the paper's mode only)",
+            POST_NOTE]
 
 
 def effect_check(refused: dict[str, list[bool]], alpha: float) -> dict[str, Any]:
@@ -105,4 +122,4 @@ def effect_notes(effect: dict[str, Any], alpha: float) -> list[str]:
             for name, e in effect.items() if not e["significant"]]
 
 
-__all__ = ["Diagnosis", "diagnose", "effect_check", "effect_notes", "relaxed_notes"]
+__all__ = ["Diagnosis", "auto_notes", "diagnose", "effect_check", "effect_notes", "relaxed_notes"]

@@ -47,8 +47,9 @@ def outcome_notes(cfg: RefusalConfig, res: RefusalResult) -> list[str]:
             n_scored = int((~res.scores.kl.isnan()).sum()) if res.scores is not None else 0
             notes.append(f"the ablation acted at every token ({sel.passing.get('kl', 0)} of the {n_scored} candidates "
                          f"scored exactly pass the KL filter): an every-token ablation also edits the instruction tokens; "
-                         f"--ablate-positions post_instruction edits only the post-instruction and generated tokens "
-                         f"(on smollm2-aligned it finds a direction where this finds none)")
+                         f"--ablate-positions post_instruction (or the default, auto) edits only the post-instruction "
+                         f"and generated tokens when every-token ablation finds nothing (on smollm2-aligned it finds "
+                         f"a direction where this finds none)")
         return notes
     return []
 
@@ -71,6 +72,8 @@ def build_metrics(cfg: RefusalConfig, model: Model, data: RefusalData, res: Refu
     if sel is not None:
         m["selection"] = {"baseline_refusal_score": sel.baseline_refusal_score, "filters": sel.filters,
                           "passing": sel.passing, "ablate_positions": cfg.selection.ablate_positions}
+        if res.ablation_search:  # ablate_positions="auto": every mode searched, in order
+            m["selection"]["ablation_search"] = res.ablation_search
         if res.scores is not None:
             m["selection"].update(search_metrics(cfg.selection, res.estimate, res.scores))
         if sel.found:

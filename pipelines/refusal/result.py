@@ -30,6 +30,8 @@ class RefusalResult:
     diagnosis: Any = None  # pipelines.refusal.diagnosis.Diagnosis (derived, not a cached stage)
     writers: Writers | None = None
     computed: list[str] = field(default_factory=list)
+    # ablate_positions="auto": each ablation mode the search tried, in order, with its outcome
+    ablation_search: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def found(self) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -17,7 +18,7 @@ from evals.judge import Judge
 from interp.models import Model, load_model
 from pipelines.refusal.cache import Run
 from pipelines.refusal.config import RefusalConfig, stage_key
-from pipelines.refusal.diagnosis import diagnose, relaxed_notes
+from pipelines.refusal.diagnosis import auto_notes, diagnose, relaxed_notes
 from pipelines.refusal.estimate import PROBES, Estimate, estimate_candidates, top_candidates
 from pipelines.refusal.evaluation import Evaluation, Subspaces, TestPrompts, evaluate, find_subspaces
 from pipelines.refusal.outputs import finish, start_notes
@@ -36,6 +37,8 @@ from pipelines.refusal.stages import (
 from pipelines.refusal.writers import Writers, writer_attribution
 
 Progress = Callable[[str, str], None]
+NOT_SAVED = ("--save-model: no model saved: the direction was selected with the post-instruction ablation, which "
+             "no weight edit reproduces; --ablate-positions all searches the bakeable every-token ablation only")
 
 
 def resolve_judge(spec: str | None, given: Judge | None) -> tuple[Judge | None, str]:
@@ -102,26 +105,55 @@ def _run_refusal(cfg: RefusalConfig, out: str | Path, overwrite: bool, progress:
     res.candidates = cand = run.stage("candidates", keys.candidates, Candidates, lambda: find_candidates(
         model, data, s.layers, bs), say)
     if res.tokens.tokens:
-        only = None
-        if s.search == "estimate":  # first-order estimates of every candidate; only the top k are scored exactly
-            res.estimate = run.stage("estimate", keys.estimate, Estimate, lambda: estimate_candidates(
-                model, data, cand, res.tokens, bs, seed=d.seed, ablate_positions=s.ablate_positions), say)  # type: ignore[arg-type]
-            only = top_candidates(res.estimate, cand, model.n_layers, s, s.top_k)
-        res.scores = run.stage("scores", keys.exact(only), Scores, lambda: score_candidates(
-            model, data, cand, res.tokens, bs, rt.max_rows, only=only, ablate_positions=s.ablate_positions), say)  # type: ignore[arg-type]
-        res.selection = sel = run.stage("selection", keys.selection(model.n_layers), Selection, lambda: select_direction(
-            model.n_layers, cand, res.scores, s), say)  # type: ignore[arg-type]
+        tried: list[dict] = []
+        for at in s.modes():  # "auto": every token first; the post-instruction ablation only if nothing passes there
+            if tried:
+                tried[-1]["next"] = at
+            sel = _search(run, model, data, cand, res, keys.mode(at), at, cfg, say)
+            tried.append({"ablate_positions": at, "found": sel.found, "passing": sel.passing,
+                          "n_scored_exactly": int((~res.scores.kl.isnan()).sum())})  # type: ignore[union-attr]
+            if sel.found:
+                break
+        if s.ablate_positions == "auto":  # record what "auto" tried and where it ended
+            res.ablation_search = tried
+            res.notes += auto_notes(tried, s)
+        runtime = rt
+        if at != "all" and rt.save_model:  # "auto" ended in the post-instruction mode: nothing to bake
+            runtime = replace(rt, save_model=False)
+            if sel.found:
+                res.notes.append(NOT_SAVED)
+        # downstream stages and outputs see the mode used
+        cfg = replace(cfg, selection=replace(s, ablate_positions=at), runtime=runtime)
         if sel.found:
             test = TestPrompts(model, data)
             res.evaluation = run.stage("evaluation", keys.evaluation(sel), Evaluation, lambda: evaluate(
-                model, data, cand, sel, res.tokens, g.max_new_tokens, bs, d.seed, test, judge, s.ablate_positions), say)  # type: ignore[arg-type]
+                model, data, cand, sel, res.tokens, g.max_new_tokens, bs, d.seed, test, judge, at), say)  # type: ignore[arg-type]
             res.writers = run.stage("writers", keys.writers(sel), Writers, lambda: writer_attribution(
                 model, test, sel.direction(cand, model.name).vectors[0], res.tokens, g.max_new_tokens, bs, d.seed, judge, res.evaluation,
-                s.ablate_positions), say)  # type: ignore[arg-type]
+                at), say)  # type: ignore[arg-type]
             res.subspaces = run.stage("subspaces", keys.subspaces(sel), Subspaces, lambda: find_subspaces(
                 model, data, cand, sel, res.tokens, g.subspace_rank, g.max_new_tokens, bs, test, d.seed, judge,
-                s.ablate_positions), say)  # type: ignore[arg-type]
+                at), say)  # type: ignore[arg-type]
     return finish(run, model, cfg, data, res, say)
+
+
+def _search(run: Run, model: Model, data: RefusalData, cand: Candidates, res: RefusalResult, keys: _Keys, at: str,
+            cfg: RefusalConfig, say: Progress) -> Selection:
+    """Estimate (``search="estimate"``), score exactly and select with the ablation at ``at``; sets ``res``'s
+    estimate, scores and selection. Each mode's stages have folders of their own (``scores``,
+    ``scores.post_instruction``), so an ``auto`` run resumes both."""
+    s, rt, d, bs = cfg.selection, cfg.runtime, cfg.data, cfg.runtime.batch_size
+    suffix = "" if at == "all" else f".{at}"
+    only = None
+    if s.search == "estimate":  # first-order estimates of every candidate; only the top k are scored exactly
+        res.estimate = run.stage("estimate" + suffix, keys.estimate, Estimate, lambda: estimate_candidates(
+            model, data, cand, res.tokens, bs, seed=d.seed, ablate_positions=at), say)  # type: ignore[arg-type]
+        only = top_candidates(res.estimate, cand, model.n_layers, s, s.top_k)
+    res.scores = run.stage("scores" + suffix, keys.exact(only), Scores, lambda: score_candidates(
+        model, data, cand, res.tokens, bs, rt.max_rows, only=only, ablate_positions=at), say)  # type: ignore[arg-type]
+    res.selection = run.stage("selection" + suffix, keys.selection(model.n_layers), Selection, lambda: select_direction(
+        model.n_layers, cand, res.scores, s), say)  # type: ignore[arg-type]
+    return res.selection
 
 
 class _Keys:
@@ -135,7 +167,12 @@ class _Keys:
                                            "min_refusals": cfg.selection.min_refusals})
         self.candidates = stage_key("candidates", {**self.model, "train": data.digest("train"),
                                                    "layers": cfg.selection.layers})
-        at = cfg.selection.ablate_positions
+        self.data = data
+        self.mode("all")
+
+    def mode(self, at: str) -> _Keys:
+        """Set the keys of the stages that depend on where the ablation acts (search, evaluation) to ``at``."""
+        cfg, rt, g, data = self.cfg, self.cfg.runtime, self.cfg.generation, self.data
         self.scores = stage_key("scores", {"tokens": self.tokens, "candidates": self.candidates,
                                            "val": data.digest("val"), "max_rows": rt.max_rows, **self.model,
                                            "ablate_positions": at})
@@ -145,6 +182,7 @@ class _Keys:
         self.test = {"test": data.digest("test"), "train": data.digest("train"), "seed": cfg.data.seed,
                      "max_new_tokens": g.max_new_tokens, "tokens": self.tokens, "candidates": self.candidates,
                      "ablate_positions": at}
+        return self
 
     def exact(self, only: torch.Tensor | None) -> str:
         """The exact scores' key: all candidates, or the ``only`` mask (so a threshold change that picks the
