@@ -41,7 +41,7 @@ def test_aligned_organism_reduced_run(tmp_path):
     train prompts refused far more often than harmless ones), the estimate search scores only its top k exactly,
     and every output is written; what it found (or why nothing passed) is in metrics.json and the report."""
     cfg = RefusalConfig.from_flat(model="smollm2-aligned", n_train=32, n_val=8, n_test=16, n_borderline=16,
-                                  layers=[10, 16, 20], top_k=3, subspace_rank=1, max_new_tokens=12)
+                                  layers=[16, 20], top_k=2, subspace_rank=1, max_new_tokens=12)
     res = run_refusal(cfg, tmp_path / "run")
     m = res.metrics
     diag = m["diagnosis"]
@@ -49,7 +49,7 @@ def test_aligned_organism_reduced_run(tmp_path):
     assert diag["train_refusal"]["harmful"]["rate"] >= 0.6 and diag["train_refusal"]["harmless"]["rate"] <= 0.1
     assert m["sizes"]["harmful"] == {"train": 32, "val": 8, "test": 16} and m["sizes"]["borderline"] == {"test": 16}
     sel = m["selection"]
-    assert sel["search"] == "estimate" and sel["n_scored_exactly"] == 3
+    assert sel["search"] == "estimate" and sel["n_scored_exactly"] == 2
     for name in ("metrics.json", "generations.jsonl", "report.html"):
         assert (tmp_path / "run" / name).exists(), name
     if m["found_direction"]:

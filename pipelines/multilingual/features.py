@@ -93,13 +93,18 @@ def features_by_language(model: Model, data: ParallelSafety, layer: int, sae: SA
     shared = {(a, b): len(set(feats[a]) & set(feats[b])) for a, b in combinations(data.langs, 2)}
     common = sorted(set.intersection(*(set(v) for v in feats.values())))
     gen = torch.Generator().manual_seed(seed)
-    rows = []
-    for lang in data.langs:
-        prompts = data.get("harmful", "test", lang)
+    tests = {lang: data.get("harmful", "test", lang) for lang in data.langs}
+    # the baseline has no per-language edit: one generation call for every language (shared batches)
+    every = steering.generate(model, [p for ps in tests.values() for p in ps], max_new_tokens=max_new_tokens,
+                              batch_size=32, progress=False).texts
+    rows, at = [], 0
+    for lang, prompts in tests.items():
         active = (encode_tokens(sae, _last(model, prompts, layer)) > 0).any(0).nonzero()[:, 0]
         pool = [int(i) for i in active if int(i) not in set(feats[lang])] or list(range(sae.d_sae))
         rand = [pool[i] for i in torch.randperm(len(pool), generator=gen)[:top].tolist()]
-        for cond, ivs in (("baseline", ()), ("ablate own features", (LatentAblation(sae, feats[lang], site=site),)),
+        rows.append(_rate_rows(lang, "baseline", list(every[at:at + len(prompts)])))
+        at += len(prompts)
+        for cond, ivs in (("ablate own features", (LatentAblation(sae, feats[lang], site=site),)),
                           ("ablate random features", (LatentAblation(sae, rand, site=site),))):
             texts = steering.generate(model, prompts, *ivs, max_new_tokens=max_new_tokens, progress=False).texts
             rows.append(_rate_rows(lang, cond, list(texts)))

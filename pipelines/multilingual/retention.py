@@ -161,21 +161,26 @@ def choose_layer(acts: dict, layers: list[int], source: str) -> tuple[int, dict[
                           "d_by_layer": {layers[i]: round(float(d[i]), 3) for i in range(len(layers))}}
 
 
-def judged_rate(model: Model, prompts: list[str], ivs: tuple, judge: Callable[[str], bool], max_new_tokens: int,
-                batch_size: int, **labels: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Greedy answers to ``prompts`` under the interventions ``ivs``, judged: one row (``labels`` + refused, n,
-    rate, Wilson lo / hi, share of degenerate answers) and one record per answer (``labels`` + prompt, text,
-    refused, degenerate)."""
-    gens = steering.generate(model, prompts, *ivs, max_new_tokens=max_new_tokens, batch_size=batch_size,
-                             progress=False)
-    texts = list(gens.texts)
-    flags, bad = [bool(judge(t)) for t in texts], [is_degenerate(t) for t in texts]
-    k, n = sum(flags), len(flags)
-    lo, hi = wilson(k, n)
-    row = {**labels, "refused": k, "n": n, "rate": k / n if n else float("nan"), "lo": lo, "hi": hi,
-           "degenerate": sum(bad) / n if n else float("nan")}
-    return row, [{**labels, "prompt": p, "text": t, "refused": f, "degenerate": b}
-                 for p, t, f, b in zip(prompts, texts, flags, bad)]
+def judged_rates(model: Model, groups: list[tuple[dict[str, Any], list[str]]], ivs: tuple,
+                 judge: Callable[[str], bool], max_new_tokens: int, batch_size: int
+                 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Greedy answers to every group's prompts under the same interventions ``ivs``, in one generation call (the
+    groups share batches), judged per group: one row per group (its ``labels`` + refused, n, rate, Wilson lo / hi,
+    share of degenerate answers) and one record per answer (``labels`` + prompt, text, refused, degenerate)."""
+    prompts = [p for _, ps in groups for p in ps]
+    texts = list(steering.generate(model, prompts, *ivs, max_new_tokens=max_new_tokens, batch_size=batch_size,
+                                   progress=False).texts) if prompts else []
+    rows, recs, at = [], [], 0
+    for labels, ps in groups:
+        mine, at = texts[at:at + len(ps)], at + len(ps)
+        flags, bad = [bool(judge(t)) for t in mine], [is_degenerate(t) for t in mine]
+        k, n = sum(flags), len(flags)
+        lo, hi = wilson(k, n)
+        rows.append({**labels, "refused": k, "n": n, "rate": k / n if n else float("nan"), "lo": lo, "hi": hi,
+                     "degenerate": sum(bad) / n if n else float("nan")})
+        recs += [{**labels, "prompt": p, "text": t, "refused": f, "degenerate": b}
+                 for p, t, f, b in zip(ps, mine, flags, bad)]
+    return rows, recs
 
 
 def massive_dims(acts: dict, factor: float | None) -> list[int]:
@@ -209,14 +214,12 @@ def behaviour(model: Model, data: ParallelSafety, r: torch.Tensor, cfg: Retentio
     ivs = {"baseline": (), "ablation": (steering.DirectionalAblation(r, layers="all", positions=cfg.ablate_positions),),
            "random ablation": (steering.DirectionalAblation(rand, layers="all", positions=cfg.ablate_positions),)}
     rates, gens = [], []
-    for lang in data.langs:
-        for kind, conds in (("harmful", CONDITIONS), ("harmless", ("baseline",))):
-            prompts = data.get(kind, "test", lang)
-            for cond in conds:
-                row, recs = judged_rate(model, prompts, ivs[cond], judge, cfg.max_new_tokens, cfg.batch_size,
-                                        lang=lang, set=kind, condition=cond)
-                rates.append(row)
-                gens += recs
+    for cond in CONDITIONS:  # one generation call per condition: every language (and set) shares its batches
+        groups = [({"lang": lang, "set": kind, "condition": cond}, data.get(kind, "test", lang))
+                  for lang in data.langs for kind in ("harmful", "harmless") if kind == "harmful" or cond == "baseline"]
+        rows, recs = judged_rates(model, groups, ivs[cond], judge, cfg.max_new_tokens, cfg.batch_size)
+        rates += rows
+        gens += recs
     return rates, gens
 
 
@@ -262,4 +265,4 @@ def refusal_retention(model: Model, data: ParallelSafety, config: RetentionConfi
     return res
 
 
-__all__ = ["CONDITIONS", "Retention", "RetentionConfig", "choose_layer", "judged_rate", "refusal_retention"]
+__all__ = ["CONDITIONS", "Retention", "RetentionConfig", "choose_layer", "judged_rates", "refusal_retention"]

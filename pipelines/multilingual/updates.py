@@ -31,7 +31,7 @@ from patching.neurons import random_neurons
 from pipelines.finetune.elasticity import base_answers
 from pipelines.finetune.runs import fresh_tune, is_peft
 from pipelines.multilingual.data import REFUSALS, ParallelSafety
-from pipelines.multilingual.retention import judged_rate
+from pipelines.multilingual.retention import judged_rates
 from tune import TuneConfig
 from tune.config import PARTS, component_targets
 
@@ -167,13 +167,9 @@ def _tune_config(model: Model, kind: str, units: list, config: UpdateConfig) -> 
 
 def _measure(model: Model, data: ParallelSafety, condition: str, config: UpdateConfig, judge: Callable[[str], bool]
              ) -> tuple[list[dict], list[dict]]:
-    rates, gens = [], []
-    for lang in data.langs:
-        for kind in ("harmful", "harmless"):
-            row, recs = judged_rate(model, data.get(kind, "test", lang), (), judge, config.max_new_tokens,
-                                    config.gen_batch_size, condition=condition, lang=lang, set=kind)
-            rates.append(row)
-            gens += recs
+    groups = [({"condition": condition, "lang": lang, "set": kind}, data.get(kind, "test", lang))
+              for lang in data.langs for kind in ("harmful", "harmless")]
+    rates, gens = judged_rates(model, groups, (), judge, config.max_new_tokens, config.gen_batch_size)
     return rates, gens
 
 
