@@ -145,3 +145,9 @@ def _rank_main(q, rank: int, nproc: int, port: int, fn, args) -> None:
         q.put((rank, True, pickle.dumps(fn(*args))))
     except BaseException:  # reported to the parent, which fails the test with it
         q.put((rank, False, traceback.format_exc()))
+
+
+def pytest_collection_modifyitems(config, items):
+    """The notebooks first: they are the longest file, and the workers (pytest-xdist, one file per worker) finish
+    together when the longest file starts first."""
+    items.sort(key=lambda item: item.nodeid.split("::")[0] != "tests/test_notebooks.py")

@@ -159,3 +159,20 @@ def test_subspace_plot_has_one_axis_per_panel_and_a_random_control(tmp_path):
     real = [t for t in fig.data if "refusal direction" in (t.name or "")]
     assert len(ctrl) == 2 and len(real) == 2 and all(list(c.x) == list(real[0].x) for c in ctrl)
     assert fig.layout.xaxis.matches == "x2" or fig.layout.xaxis2.matches == "x"  # shared, aligned x axes
+
+
+def test_cli_run_prints_every_stage_and_the_summary(tmp_path, capsys):
+    """``interp refusal`` end to end on the toy organism: the stage table (in the order the stages ran), the
+    summary with the ablation mode used, and the outputs."""
+    from interp_cli.main import main
+
+    rc = main(["refusal", "--model", "organism", "--n-test", "8", "--max-new-tokens", "6", "--subspace-rank", "1",
+               "--out", str(tmp_path / "run")])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    for stage in ("tokens", "candidates", "estimate", "scores", "selection", "evaluation", "writers", "subspaces",
+                  "report"):
+        assert re.search(rf"{stage}\s*│\s*done", out), (stage, out)
+    assert out.index("estimate") < out.index("evaluation") < out.index("subspaces")
+    assert re.search(r"ablated at\s*│\s*all", out) and "direction found" in out, out
+    assert (tmp_path / "run" / "report.html").exists() and (tmp_path / "run" / "metrics.json").exists()
