@@ -148,6 +148,6 @@ def _rank_main(q, rank: int, nproc: int, port: int, fn, args) -> None:
 
 
 def pytest_collection_modifyitems(config, items):
-    """The notebooks first: they are the longest file, and the workers (pytest-xdist, one file per worker) finish
-    together when the longest file starts first."""
+    """The notebooks first: they are the longest tests, and the workers (pytest-xdist, one file or class per
+    worker) finish together when the longest start first."""
     items.sort(key=lambda item: item.nodeid.split("::")[0] != "tests/test_notebooks.py")

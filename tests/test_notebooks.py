@@ -18,8 +18,7 @@ def _outputs(nb):
     return [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
-def test_notebook_executes(path):
+def _executes(path):
     """The same code path as ``scripts/run_notebooks.py`` (without the PNG copies, which need Chromium)."""
     sys.path.insert(0, str(REPO / "scripts"))
     from run_notebooks import execute
@@ -27,6 +26,16 @@ def test_notebook_executes(path):
     nb = execute(path, timeout=600, static=False)
     assert not [o for o in _outputs(nb) if o.output_type == "error"]
     assert [o for o in _outputs(nb) if PLOTLY in o.get("data", {})], "the notebook shows no figure"
+
+
+# One class per notebook, each executing it: pytest-xdist (--dist loadscope) runs a module's functions on one worker
+# but each class on any worker, so the notebooks (the longest tests) spread over the workers. The longest first.
+LONGEST_FIRST = ("06", "05", "04", "03", "07")
+for _path in sorted(NOTEBOOKS, key=lambda p: (LONGEST_FIRST.index(p.name[:2]) if p.name[:2] in LONGEST_FIRST
+                                              else len(LONGEST_FIRST), p.name)):
+    _name = "TestExecutes" + "".join(w.capitalize() for w in _path.stem.split("_"))
+    globals()[_name] = type(_name, (), {"test_notebook_executes": lambda self, p=_path: _executes(p),
+                                        "__doc__": f"{_path.name} runs top to bottom in a fresh kernel."})
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
