@@ -275,3 +275,21 @@ def test_massive_dimensions_are_left_out_and_degenerate_answers_flagged():
     assert is_degenerate("a a a a a a a a a a a a a a a a a a a a a a")
     assert not is_degenerate("I'm sorry, but I can't help with that.") and not is_degenerate(
         "La bombe tuyau est une bombe à gaz qui est utilisée pour fabriquer des")
+
+
+def test_judged_rates_shares_one_generation_over_its_groups(tiny_models):
+    """Groups share one generation call: each group's row counts its own answers, its records keep its labels and
+    prompts in order, and the answers are those of one plain call on the concatenated prompts."""
+    import steering
+    from pipelines.multilingual.retention import judged_rates
+
+    model = tiny_models("llama")
+    a, b = ["one two", "three four five"], ["six", "seven eight", "nine ten eleven twelve"]
+    judge = lambda t: len(t) % 2 == 0  # noqa: E731  (any deterministic str -> bool)
+    rows, recs = judged_rates(model, [({"g": "a"}, a), ({"g": "b"}, b)], (), judge, 4, 2)
+    texts = list(steering.generate(model, a + b, max_new_tokens=4, batch_size=2, progress=False).texts)
+    assert [r["text"] for r in recs] == texts and [r["prompt"] for r in recs] == a + b
+    assert [r["g"] for r in recs] == ["a"] * 2 + ["b"] * 3
+    assert [(r["g"], r["n"]) for r in rows] == [("a", 2), ("b", 3)]
+    assert [r["refused"] for r in rows] == [sum(map(judge, texts[:2])), sum(map(judge, texts[2:]))]
+    assert judged_rates(model, [], (), judge, 4, 2) == ([], [])
