@@ -147,9 +147,9 @@ def summary_table(m: dict) -> Any:
     t.add_row("direction found", str(m.get("found_direction")))
     sel = m.get("selection", {})
     if sel.get("ablate_positions"):
-        tried = " then ".join(x["ablate_positions"] for x in sel.get("ablation_search", []))
-        t.add_row("ablated at", sel["ablate_positions"] + (f" (auto: searched {tried})" if tried and " then " in tried
-                                                            else ""))
+        search = [x["ablate_positions"] for x in sel.get("ablation_search", [])]
+        t.add_row("ablated at", sel["ablate_positions"] + (f" (auto: searched {' then '.join(search)})"
+                                                            if len(search) > 1 else ""))
     if m.get("found_direction"):
         t.add_row("layer / position", f"{sel['layer']} / {sel['position']} ({sel['position_token']!r})")
         t.add_row("KL on harmless (val)", f"{sel['kl']:.4f}")

@@ -209,7 +209,7 @@ def search_metrics(cfg: SelectionConfig, est: Estimate | None, scores: Scores) -
     """metrics.json's record of the search: the mode, ``top_k``, how many candidates were scored exactly and (in
     estimate mode) the Spearman correlation of the estimates with the exact scores over those."""
     out: dict[str, Any] = {"search": cfg.search, "top_k": cfg.top_k if cfg.search == "estimate" else None,
-                           "n_scored_exactly": int((~scores.bypass.isnan()).sum())}
+                           "n_scored_exactly": scores.n_scored}
     if est is not None:
         out["estimate_spearman"] = agreement(est, scores)
     return out

@@ -44,7 +44,7 @@ def outcome_notes(cfg: RefusalConfig, res: RefusalResult) -> list[str]:
                  f"{s.kl_threshold}, induce score > {s.induce_threshold}, bypass below baseline){scored}: no refusal "
                  f"direction is reported"]
         if s.ablate_positions == "all":
-            n_scored = int((~res.scores.kl.isnan()).sum()) if res.scores is not None else 0
+            n_scored = res.scores.n_scored if res.scores is not None else 0
             notes.append(f"the ablation acted at every token ({sel.passing.get('kl', 0)} of the {n_scored} candidates "
                          f"scored exactly pass the KL filter): an every-token ablation also edits the instruction tokens; "
                          f"--ablate-positions post_instruction (or the default, auto) edits only the post-instruction "

@@ -90,7 +90,7 @@ def _estimate_sections(res: RefusalResult) -> list[tuple[str, Any]]:
     if est is None or cand is None or sc is None:
         return []
     f = sel.filters if sel is not None else {"induce_threshold": 0.0, "kl_threshold": 0.1}
-    n = int((~sc.bypass.isnan()).sum())
+    n = sc.n_scored
     title = f"Candidate estimates (first order, every candidate; the {n} scored exactly are in the maps above; no KL)"
     return [(title, F.candidate_heatmaps(est.bypass, est.induce, torch.full_like(est.bypass, math.nan), cand.layers,
                                          cand.pos_tokens, None,

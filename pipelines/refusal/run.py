@@ -107,11 +107,9 @@ def _run_refusal(cfg: RefusalConfig, out: str | Path, overwrite: bool, progress:
     if res.tokens.tokens:
         tried: list[dict] = []
         for at in s.modes():  # "auto": every token first; the post-instruction ablation only if nothing passes there
-            if tried:
-                tried[-1]["next"] = at
             sel = _search(run, model, data, cand, res, keys.mode(at), at, cfg, say)
             tried.append({"ablate_positions": at, "found": sel.found, "passing": sel.passing,
-                          "n_scored_exactly": int((~res.scores.kl.isnan()).sum())})  # type: ignore[union-attr]
+                          "n_scored_exactly": res.scores.n_scored})  # type: ignore[union-attr]
             if sel.found:
                 break
         if s.ablate_positions == "auto":  # record what "auto" tried and where it ended

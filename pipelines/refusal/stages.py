@@ -76,6 +76,11 @@ class Scores:
     baseline_harmful: float
     baseline_harmless: float
 
+    @property
+    def n_scored(self) -> int:
+        """How many candidates were scored exactly (the others are NaN: not scored by the estimate search)."""
+        return int((~self.bypass.isnan()).sum())
+
 
 @dataclass
 class Selection:
