@@ -162,9 +162,13 @@ def summary_table(m: dict) -> Any:
                   else f"{diff:.2e}")
         kc = ev["harmless_kl_ce"]
         if kc:
-            t.add_row("harmless KL (first response token)", f"{kc['kl_first_response_token']:.4f}")
+            t.add_row("harmless KL (first response token)", f"{kc['kl_first_response_token']:.4f}" + (
+                f" (random ablation {kc[RANDOM_KL]:.4f})" if RANDOM_KL in kc else ""))
             t.add_row("harmless CE baseline -> ablated", f"{kc['ce_baseline']:.3f} -> {kc['ce_edited']:.3f}")
     return t
+
+
+RANDOM_KL = "kl_first_response_token (random ablation)"
 
 
 def _rate(r: dict) -> str:

@@ -64,13 +64,15 @@ def _derivative(f, eps):
 
 @pytest.mark.parametrize("family", ["llama", "gemma2"])
 def test_first_order_estimate_at_the_post_instruction_tokens_matches_finite_differences(family):
-    m = tiny_model(family, n_layers=3)
+    # llama in float64: its fp32 finite differences are noisy at this tolerance (3.16e-4 vs 3.06e-4 measured after a
+    # transformers update); gemma2's tiny model gives NaN logits in float64 and passes in fp32
+    m = tiny_model(family, n_layers=3, dtype=torch.float64 if family == "llama" else torch.float32)
     _, encs = prepare(m, PROMPTS)
     (b,) = batches(m, encs, len(encs))
     M, _, _ = ablation_moment(m, encs, TOKENS, batch_size=2, positions="post_instruction")
     M_all, _, _ = ablation_moment(m, encs, TOKENS, batch_size=2)
     torch.manual_seed(1)
-    for r in torch.nn.functional.normalize(torch.randn(3, m.d_model), dim=-1):
+    for r in torch.nn.functional.normalize(torch.randn(3, m.d_model, dtype=m.dtype), dim=-1):
         def score(a, r=r):
             lg = last_logits(m, b, _masked_hooks(m, r, b.post_mask, a))
             return refusal_score(lg, TOKENS).double().mean().item()
@@ -109,6 +111,12 @@ RELAXED = dict(kl_threshold=float("inf"), induce_threshold=float("-inf"))
 SMALL = dict(model="organism", n_test=16, subspace_rank=2, max_new_tokens=8)
 
 
+def post_run_prompts() -> list[str]:
+    from pipelines.refusal import load_refusal_data
+
+    return load_refusal_data(model="organism", n_test=SMALL["n_test"]).harmless["test"].instructions
+
+
 @pytest.fixture(scope="module")
 def post_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("runs") / "post"
@@ -129,6 +137,17 @@ def test_pipeline_with_post_instruction_ablation_end_to_end(post_run):
     # the writers stage ablates at the same tokens: all its groups together equal the all-writers edit
     assert max(m["writers"]["checks"].values()) < 1e-4
     assert len(m["subspaces"]["rank"]) == 2
+    # the KL / CE cost has a control: the evaluation's random direction (the run's seed) ablated the same way
+    import interp
+    from probes.directions import random_directions
+
+    rand = random_directions(post_run.direction.vectors.shape[-1], 1, seed=0)[0].vectors[0]
+    gens = post_run.evaluation.generations["harmless/baseline"]
+    want = harmless_kl_ce(interp.load_model("organism"), post_run_prompts(), gens, (ablation(rand, "post_instruction"),))
+    kc = ev["harmless_kl_ce"]
+    assert kc["kl_first_response_token (random ablation)"] == pytest.approx(want["kl_first_response_token"], abs=1e-6)
+    assert kc["ce_edited (random ablation)"] == pytest.approx(want["ce_edited"], abs=1e-6)
+    assert len(m["selection"]["kl_random"]) == 4 and min(m["selection"]["kl_random"]) > 0
 
 
 def test_post_instruction_settings_and_cli(post_run, tmp_path):
@@ -164,11 +183,17 @@ def test_a_null_every_token_run_points_to_the_post_instruction_ablation(tmp_path
     assert [t["ablate_positions"] for t in tried] == ["all", "post_instruction"] and not any(t["found"] for t in tried)
     assert auto.metrics["selection"]["ablate_positions"] == "post_instruction"
     assert any(n.startswith("ablation (auto)") and "found none there either" in n for n in auto.notes), auto.notes
+    # why: the threshold lies below what ablating a random direction costs (said in the auto note and in metrics)
+    assert all(len(t["kl_random"]) == 4 and min(t["kl_random"]) > 1e-9 for t in tried)
+    assert any("random unit directions ablated the same way cost KL" in n and "lies below" in n for n in auto.notes)
     res = run_refusal(RefusalConfig.from_flat(kl_threshold=1e-9, ablate_positions="all", **SMALL), tmp_path / "null")
     assert res.computed == [] and not res.metrics["found_direction"]
     assert "ablation_search" not in res.metrics["selection"]
     hint = [n for n in res.metrics["notes"] if "--ablate-positions post_instruction" in n]
     assert len(hint) == 1 and "of the 6 candidates scored exactly pass the KL filter" in hint[0], hint  # 6 above the depth cut
+    level = [n for n in res.metrics["notes"] if n.startswith("the KL filter's reference")]
+    assert len(level) == 1 and "lies below the cost of ablating a random direction" in level[0], res.metrics["notes"]
+    assert "KL of random directions" in (tmp_path / "null" / "report.html").read_text()
     post = run_refusal(RefusalConfig.from_flat(kl_threshold=1e-9, ablate_positions="post_instruction", **SMALL),
                        tmp_path / "null")
     assert post.computed == [] and not any("--ablate-positions post_instruction" in n for n in post.metrics["notes"])

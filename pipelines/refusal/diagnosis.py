@@ -97,11 +97,26 @@ def auto_notes(tried: list[dict[str, Any]], sel: SelectionConfig) -> list[str]:
         return []
     first, last = tried[0], tried[-1]
     scored = f"{first['passing'].get('kl', 0)} of the {first['n_scored_exactly']} candidates scored exactly pass KL"
+    level = random_kl_text(first.get("kl_random", []), sel.kl_threshold)
     outcome = "and selected a direction there" if last["found"] else "and found none there either"
     return [f"ablation (auto): no candidate passes the filters with the paper's every-token ablation ({scored} < "
-            f"{sel.kl_threshold:g}); the search was repeated with the ablation at the prompt's post-instruction "
-            f"tokens and every generated token {outcome} (--ablate-positions all keeps the paper's mode only)",
+            f"{sel.kl_threshold:g}{'; ' + level if level else ''}); the search was repeated with the ablation at the "
+            f"prompt's post-instruction tokens and every generated token {outcome} (--ablate-positions all keeps the "
+            f"paper's mode only)",
             POST_NOTE]
+
+
+def random_kl_text(kl_random: list[float], threshold: float) -> str:
+    """How the KL filter's threshold compares with the KL of random unit directions ablated the same way on the
+    same prompts (``Scores.kl_random``): the level under which no direction-specific cost can be read."""
+    if not kl_random:
+        return ""
+    k = sorted(kl_random)
+    med = (k[(len(k) - 1) // 2] + k[len(k) // 2]) / 2
+    where = ("below" if threshold < k[0] else "within" if threshold <= k[-1] else "above")
+    return (f"{len(k)} random unit directions ablated the same way cost KL {med:.3g} (median; range {k[0]:.3g}-"
+            f"{k[-1]:.3g}) on the same harmless prompts, so the KL threshold {threshold:g} lies {where} the cost of "
+            f"ablating a random direction")
 
 
 def effect_check(refused: dict[str, list[bool]], alpha: float) -> dict[str, Any]:
@@ -122,4 +137,4 @@ def effect_notes(effect: dict[str, Any], alpha: float) -> list[str]:
             for name, e in effect.items() if not e["significant"]]
 
 
-__all__ = ["Diagnosis", "auto_notes", "diagnose", "effect_check", "effect_notes", "relaxed_notes"]
+__all__ = ["Diagnosis", "auto_notes", "diagnose", "effect_check", "effect_notes", "random_kl_text", "relaxed_notes"]

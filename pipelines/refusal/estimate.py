@@ -206,10 +206,11 @@ def agreement(est: Estimate, scores: Scores, only: torch.Tensor | None = None) -
 
 
 def search_metrics(cfg: SelectionConfig, est: Estimate | None, scores: Scores) -> dict[str, Any]:
-    """metrics.json's record of the search: the mode, ``top_k``, how many candidates were scored exactly and (in
-    estimate mode) the Spearman correlation of the estimates with the exact scores over those."""
+    """metrics.json's record of the search: the mode, ``top_k``, how many candidates were scored exactly, the KL
+    of random directions ablated the same way (the KL filter's reference level) and (in estimate mode) the
+    Spearman correlation of the estimates with the exact scores over those."""
     out: dict[str, Any] = {"search": cfg.search, "top_k": cfg.top_k if cfg.search == "estimate" else None,
-                           "n_scored_exactly": scores.n_scored}
+                           "n_scored_exactly": scores.n_scored, "kl_random": scores.kl_random}
     if est is not None:
         out["estimate_spearman"] = agreement(est, scores)
     return out

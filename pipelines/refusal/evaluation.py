@@ -93,9 +93,8 @@ class TestPrompts:
         return out.texts, judge_many(judge, out.texts), out.first_logits
 
 
-def _conditions(model: Model, r: torch.Tensor, v: torch.Tensor, layer: int, seed: int, borderline: bool,
+def _conditions(r: torch.Tensor, v: torch.Tensor, rand_u: torch.Tensor, layer: int, seed: int, borderline: bool,
                 positions: str = "all") -> dict[str, tuple]:
-    rand_u = random_directions(model.d_model, 1, seed=seed)[0].vectors[0]
     orth_u = random_orthogonal(r[None], 1, seed=seed)[0].vectors[0]
     add = {"sites": "resid_pre", "layers": layer}
     over = {} if not borderline else {  # over-refusal on benign look-alikes, at baseline and under each edit
@@ -121,7 +120,8 @@ def evaluate(model: Model, data: RefusalData, cand: Candidates, sel: Selection, 
              max_new_tokens: int = 24, batch_size: int = 64, seed: int = 0, test: TestPrompts | None = None,
              judge: Judge | None = None, ablate_positions: str = "all") -> Evaluation:
     """Generate, judge and score the test prompts under every condition (over-refusal on the borderline set
-    too); compare hook ablation with baked weights (``ablate_positions="all"`` only: an ablation at some
+    too); KL / CE on harmless answers under the ablation and under the random ablation (its control); compare hook
+    ablation with baked weights (``ablate_positions="all"`` only: an ablation at some
     tokens only is not a weight edit, and ``hook_vs_baked`` says so)."""
     test = test or TestPrompts(model, data)
     direction = sel.direction(cand, model.name)
@@ -129,7 +129,8 @@ def evaluate(model: Model, data: RefusalData, cand: Candidates, sel: Selection, 
     gens, refused, scores, logits = {}, {}, {}, {}
     bakeable = ablate_positions == "all"
     baked = steering.bake(model, r, allow_inexact=True) if bakeable else None
-    conditions = _conditions(model, r, v, sel.layer, seed, data.borderline is not None, ablate_positions)
+    rand_u = random_directions(model.d_model, 1, seed=seed)[0].vectors[0]
+    conditions = _conditions(r, v, rand_u, sel.layer, seed, data.borderline is not None, ablate_positions)
     if baked is not None:
         conditions["harmful/baked weights"] = ("harmful", ())
     for name, (which, ivs) in conditions.items():
@@ -146,6 +147,9 @@ def evaluate(model: Model, data: RefusalData, cand: Candidates, sel: Selection, 
                  "notes": [NOT_BAKEABLE]}
     kl_ce = harmless_kl_ce(model, test.prompts("harmless"), gens["harmless/baseline"],
                            (ablation(r, ablate_positions),), batch_size)
+    control = harmless_kl_ce(model, test.prompts("harmless"), gens["harmless/baseline"],
+                             (ablation(rand_u, ablate_positions),), batch_size)  # the same cost of a random ablation
+    kl_ce |= {f"{k} (random ablation)": x for k, x in control.items() if k != "ce_baseline"}
     rates = {k: sum(f) / len(f) for k, f in refused.items()}
     return Evaluation(gens, rates, scores, equiv, kl_ce, refused)
 

@@ -12,7 +12,7 @@ from interp.io import atomic_write, write_json
 from interp.models import Model
 from pipelines.refusal.cache import Run
 from pipelines.refusal.config import RefusalConfig
-from pipelines.refusal.diagnosis import effect_check, effect_notes
+from pipelines.refusal.diagnosis import effect_check, effect_notes, random_kl_text
 from pipelines.refusal.estimate import search_metrics
 from pipelines.refusal.prompt_sets import RefusalData
 from pipelines.refusal.report import refusal_report
@@ -43,6 +43,9 @@ def outcome_notes(cfg: RefusalConfig, res: RefusalResult) -> list[str]:
         notes = [f"no candidate passes the filters (layer < {1 - s.prune_layer_fraction:.0%} of depth, KL < "
                  f"{s.kl_threshold}, induce score > {s.induce_threshold}, bypass below baseline){scored}: no refusal "
                  f"direction is reported"]
+        level = random_kl_text(res.scores.kl_random if res.scores is not None else [], s.kl_threshold)
+        if level:  # is the KL filter's threshold above what any ablation costs on this model?
+            notes.append(f"the KL filter's reference: {level}")
         if s.ablate_positions == "all":
             n_scored = res.scores.n_scored if res.scores is not None else 0
             notes.append(f"the ablation acted at every token ({sel.passing.get('kl', 0)} of the {n_scored} candidates "

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from pipelines.refusal.diagnosis import random_kl_text
 from pipelines.refusal.result import RefusalResult
 from viz.html import kv_table, page, table
 
@@ -32,6 +33,9 @@ def _summary(res: RefusalResult, model_name: str, family: str, n_layers: int) ->
                  ("bypass score", sel.bypass_score), ("induce score", sel.induce_score), ("KL", sel.kl)]
     if sel is not None:
         rows += _filter_rows(sel, n_layers)
+    if sel is not None and res.scores is not None and res.scores.kl_random:
+        rows += [("KL of random directions (the KL filter's reference)",
+                  random_kl_text(res.scores.kl_random, sel.filters["kl_threshold"]))]
     return notes + kv_table(rows)
 
 

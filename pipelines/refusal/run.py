@@ -25,6 +25,7 @@ from pipelines.refusal.outputs import finish, start_notes
 from pipelines.refusal.prompt_sets import RefusalData, load_refusal_data
 from pipelines.refusal.result import RefusalResult
 from pipelines.refusal.stages import (
+    RANDOM_KL,
     Candidates,
     RefusalTokens,
     Scores,
@@ -108,8 +109,8 @@ def _run_refusal(cfg: RefusalConfig, out: str | Path, overwrite: bool, progress:
         tried: list[dict] = []
         for at in s.modes():  # "auto": every token first; the post-instruction ablation only if nothing passes there
             sel = _search(run, model, data, cand, res, keys.mode(at), at, cfg, say)
-            tried.append({"ablate_positions": at, "found": sel.found, "passing": sel.passing,
-                          "n_scored_exactly": res.scores.n_scored})  # type: ignore[union-attr]
+            tried.append({"ablate_positions": at, "found": sel.found, "passing": sel.passing,  # type: ignore[union-attr]
+                          "n_scored_exactly": res.scores.n_scored, "kl_random": res.scores.kl_random})  # type: ignore[union-attr]
             if sel.found:
                 break
         if s.ablate_positions == "auto":  # record what "auto" tried and where it ended
@@ -148,7 +149,7 @@ def _search(run: Run, model: Model, data: RefusalData, cand: Candidates, res: Re
             model, data, cand, res.tokens, bs, seed=d.seed, ablate_positions=at), say)  # type: ignore[arg-type]
         only = top_candidates(res.estimate, cand, model.n_layers, s, s.top_k)
     res.scores = run.stage("scores" + suffix, keys.exact(only), Scores, lambda: score_candidates(
-        model, data, cand, res.tokens, bs, rt.max_rows, only=only, ablate_positions=at), say)  # type: ignore[arg-type]
+        model, data, cand, res.tokens, bs, rt.max_rows, only=only, ablate_positions=at, seed=d.seed), say)  # type: ignore[arg-type]
     res.selection = run.stage("selection" + suffix, keys.selection(model.n_layers), Selection, lambda: select_direction(
         model.n_layers, cand, res.scores, s), say)  # type: ignore[arg-type]
     return res.selection
@@ -173,7 +174,7 @@ class _Keys:
         cfg, rt, g, data = self.cfg, self.cfg.runtime, self.cfg.generation, self.data
         self.scores = stage_key("scores", {"tokens": self.tokens, "candidates": self.candidates,
                                            "val": data.digest("val"), "max_rows": rt.max_rows, **self.model,
-                                           "ablate_positions": at})
+                                           "ablate_positions": at, "random_kl": [RANDOM_KL, cfg.data.seed]})
         self.estimate = stage_key("estimate", {"tokens": self.tokens, "candidates": self.candidates,
                                                "val": data.digest("val"), "probes": PROBES, "seed": cfg.data.seed,
                                                **self.model, "ablate_positions": at})
@@ -196,7 +197,8 @@ class _Keys:
 
     def evaluation(self, sel: Selection) -> str:
         """Keyed on the selection's result (the chosen candidate), not its thresholds."""
-        return stage_key("evaluation", {**self.test, **self.model, "chosen": [sel.layer_index, sel.position_index]})
+        return stage_key("evaluation", {**self.test, **self.model, "chosen": [sel.layer_index, sel.position_index],
+                                        "kl_control": "random ablation"})
 
     def writers(self, sel: Selection) -> str:
         return stage_key("writers", {**self.test, **self.model, "chosen": [sel.layer_index, sel.position_index],

@@ -25,7 +25,7 @@ from interp.models import Model
 from pipelines.refusal.config import SelectionConfig
 from pipelines.refusal.prompt_sets import RefusalData
 from pipelines.refusal.scoring import prompt_logits, refusal_tokens, score_rows
-from probes.directions import diff_of_means
+from probes.directions import diff_of_means, random_directions
 from probes.objects import Direction
 
 
@@ -68,13 +68,17 @@ class Candidates:
 
 @dataclass
 class Scores:
-    """Per candidate ``[layers, P]``: refusal score under ablation (harmful), under addition (harmless), KL."""
+    """Per candidate ``[layers, P]``: refusal score under ablation (harmful), under addition (harmless), KL; and
+    ``kl_random``: the KL of seeded random unit directions ablated the same way on the same prompts, the level
+    the KL filter is read against (a model whose random ablations already cost about the threshold has no
+    room under it)."""
 
     bypass: Float[torch.Tensor, "layers P"]
     induce: Float[torch.Tensor, "layers P"]
     kl: Float[torch.Tensor, "layers P"]
     baseline_harmful: float
     baseline_harmless: float
+    kl_random: list[float] = field(default_factory=list)
 
     @property
     def n_scored(self) -> int:
@@ -111,6 +115,7 @@ class Selection:
 
 
 PROBE = 32        # prompts per class judged first
+RANDOM_KL = 4     # random unit directions whose ablation KL is the level the KL filter is read against
 PROBE_STOP_P = 0.2  # the probe alone stops the run when it shows no sign of harmful-specific refusal
 
 
@@ -168,8 +173,10 @@ def find_candidates(model: Model, data: RefusalData, layers: list[int] | None = 
 
 
 def score_candidates(model: Model, data: RefusalData, cand: Candidates, tokens: RefusalTokens, batch_size: int = 64,
-                     max_rows: int = 256, only: torch.Tensor | None = None, ablate_positions: str = "all") -> Scores:
-    """Bypass (ablate on harmful val), KL (ablate on harmless val) and induce (add on harmless val), batched.
+                     max_rows: int = 256, only: torch.Tensor | None = None, ablate_positions: str = "all",
+                     n_random: int = RANDOM_KL, seed: int = 0) -> Scores:
+    """Bypass (ablate on harmful val), KL (ablate on harmless val) and induce (add on harmless val), batched;
+    and the KL of ``n_random`` random unit directions (seeded) ablated the same way on the same prompts.
 
     ``only [layers, P]`` (bool): score just these candidates; the others are NaN (and so pass no filter).
     ``ablate_positions``: ablate at every token, or at the post-instruction tokens only."""
@@ -194,8 +201,14 @@ def score_candidates(model: Model, data: RefusalData, cand: Candidates, tokens: 
                                  **kw).mean(1)
         out[2, idx] = score_rows(model, enc_s, units, "ablate", reduce=lambda lg: kl_div(base_s[None].expand_as(lg), lg),
                                  **kw, **at).mean(1)
+    kl_random: list[float] = []
+    if n_random > 0:  # a direction ablation acts at every layer, so a random one has no layer of its own
+        rand = torch.stack([r.vectors[0] for r in random_directions(d, n_random, seed=seed)])
+        kl_random = score_rows(model, enc_s, rand, "ablate", reduce=lambda lg: kl_div(base_s[None].expand_as(lg), lg),
+                               max_rows=max_rows, positions=ablate_positions).mean(1).tolist()
     bypass, induce, kl = (x.view(n_layers, n_pos) for x in out)
-    return Scores(bypass, induce, kl, refusal_score(base_h, toks).mean().item(), refusal_score(base_s, toks).mean().item())
+    return Scores(bypass, induce, kl, refusal_score(base_h, toks).mean().item(), refusal_score(base_s, toks).mean().item(),
+                  kl_random)
 
 
 def select_direction(n_layers: int, cand: Candidates, scores: Scores, cfg: SelectionConfig) -> Selection:
