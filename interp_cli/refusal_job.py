@@ -28,28 +28,13 @@ def add_refusal_parser(sub: Any, model_args: Any) -> None:
     p.add_argument("--n-val", type=int, default=32, help="validation prompts per class, for candidate scoring "
                    "(default: %(default)s)")
     p.add_argument("--n-test", type=int, default=64, help="test prompts per class, for evaluation (default: %(default)s)")
-    p.add_argument("--kl-threshold", type=float, default=0.1, help="keep candidates whose ablation moves harmless "
-                   "next-token KL below this; changing it on a finished run re-runs selection only (default: %(default)s)")
-    p.add_argument("--prune-layer-fraction", type=float, default=0.2, help="drop candidates in the last fraction of "
-                   "layers; re-runs selection only (default: %(default)s)")
-    p.add_argument("--induce-threshold", type=float, default=0.0, help="keep candidates whose addition raises the "
-                   "harmless refusal score above this; re-runs selection only (default: %(default)s)")
+    _selection_args(p)
     p.add_argument("--max-new-tokens", type=int, default=24, help="tokens generated per answer (default: %(default)s)")
     p.add_argument("--batch-size", type=int, default=64, help="prompts per forward / generate batch "
                    "(default: %(default)s)")
     p.add_argument("--max-rows", type=int, default=256, help="rows per forward when scoring candidates "
                    "(default: %(default)s)")
     p.add_argument("--subspace-rank", type=int, default=8, help="largest per-category subspace to ablate "
-                   "(default: %(default)s)")
-    p.add_argument("--search", choices=("estimate", "exhaustive"), default="estimate", help="estimate: rank every "
-                   "candidate by a first-order estimate (one forward + backward per batch) and score only the --top-k "
-                   "exactly; exhaustive: score every candidate exactly (default: %(default)s)")
-    p.add_argument("--top-k", type=int, default=8, help="candidates scored exactly with --search estimate "
-                   "(default: %(default)s)")
-    p.add_argument("--ablate-positions", choices=("auto", "all", "post_instruction"), default="auto", help="where a "
-                   "candidate is ablated: all: every token (the paper; bakeable into weights); post_instruction: the "
-                   "prompt's post-instruction tokens and every generated token (hooks only); auto: every token "
-                   "first, post-instruction only if no every-token candidate passes the filters, said in the notes "
                    "(default: %(default)s)")
     p.add_argument("--threads", type=int, default=None, help="torch threads for the run (default: torch's own)")
     p.add_argument("--layers", default=None, help="comma-separated candidate layers (default: all)")
@@ -61,14 +46,37 @@ def add_refusal_parser(sub: Any, model_args: Any) -> None:
                    "none for the toy organism)")
     p.add_argument("--borderline-column", default=None, help="column/key of the borderline file (default: detected)")
     p.add_argument("--n-borderline", type=int, default=64, help="borderline prompts used (default: %(default)s)")
+    p.add_argument("--judge", default=None, help="refusal judge: 'phrases' (refusal phrases anchored at the start "
+                   "of the response) or a local HF sequence-classification model folder (default: phrases)")
+    p.set_defaults(func=cmd_refusal)
+
+def _selection_args(p: argparse.ArgumentParser) -> None:
+    """The search, its filters and the diagnosis before it (changing a filter re-runs selection only)."""
+    p.add_argument("--kl-threshold", type=float, default=0.1, help="keep candidates whose ablation moves harmless "
+                   "next-token KL below this; changing it on a finished run re-runs selection only (default: %(default)s)")
+    p.add_argument("--kl-reference", choices=("absolute", "random"), default="absolute", help="absolute: the KL "
+                   "filter keeps candidates below --kl-threshold (the paper); random: below the larger of it and the "
+                   "highest KL of 4 random unit directions ablated the same way (for a model on which any ablation "
+                   "costs about the threshold; stated as a relaxed filter); re-runs selection only (default: %(default)s)")
+    p.add_argument("--prune-layer-fraction", type=float, default=0.2, help="drop candidates in the last fraction of "
+                   "layers; re-runs selection only (default: %(default)s)")
+    p.add_argument("--induce-threshold", type=float, default=0.0, help="keep candidates whose addition raises the "
+                   "harmless refusal score above this; re-runs selection only (default: %(default)s)")
+    p.add_argument("--search", choices=("estimate", "exhaustive"), default="estimate", help="estimate: rank every "
+                   "candidate by a first-order estimate (one forward + backward per batch) and score only the --top-k "
+                   "exactly; exhaustive: score every candidate exactly (default: %(default)s)")
+    p.add_argument("--top-k", type=int, default=8, help="candidates scored exactly with --search estimate "
+                   "(default: %(default)s)")
+    p.add_argument("--ablate-positions", choices=("auto", "all", "post_instruction"), default="auto", help="where a "
+                   "candidate is ablated: all: every token (the paper; bakeable into weights); post_instruction: the "
+                   "prompt's post-instruction tokens and every generated token (hooks only); auto: every token "
+                   "first, post-instruction only if no every-token candidate passes the filters, said in the notes "
+                   "(default: %(default)s)")
     p.add_argument("--min-refusals", type=int, default=8, help="find refusal tokens only from at least this many "
                    "refused harmful train prompts; fewer stops the run with that finding (default: %(default)s)")
     p.add_argument("--diagnosis-alpha", type=float, default=0.01, help="stop before scoring unless harmful train "
                    "prompts are refused more often than harmless ones, one-sided Fisher exact p below this "
                    "(default: %(default)s)")
-    p.add_argument("--judge", default=None, help="refusal judge: 'phrases' (refusal phrases anchored at the start "
-                   "of the response) or a local HF sequence-classification model folder (default: phrases)")
-    p.set_defaults(func=cmd_refusal)
 
 
 def cmd_refusal(args: argparse.Namespace) -> int:
@@ -81,7 +89,7 @@ def cmd_refusal(args: argparse.Namespace) -> int:
     cfg = RefusalConfig.from_flat(
         model=args.model, harmful=args.harmful, harmless=args.harmless, column=args.column,
         harmless_column=args.harmless_column, n_train=args.n_train, n_val=args.n_val, n_test=args.n_test,
-        kl_threshold=args.kl_threshold, prune_layer_fraction=args.prune_layer_fraction,
+        kl_threshold=args.kl_threshold, kl_reference=args.kl_reference, prune_layer_fraction=args.prune_layer_fraction,
         induce_threshold=args.induce_threshold, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
         max_rows=args.max_rows, subspace_rank=args.subspace_rank, seed=args.seed, dtype=args.dtype,
         device=args.device, layers=[int(x) for x in args.layers.split(",")] if args.layers else None,

@@ -56,3 +56,51 @@ def test_random_kl_text_places_the_threshold():
     assert "lies below" in random_kl_text([0.3, 0.02], 0.01)
     assert "lies above" in random_kl_text([0.3, 0.02], 1.0)
     assert random_kl_text([], 0.1) == ""
+
+
+def test_kl_reference_random_raises_the_cut_to_the_costliest_random_ablation():
+    from pipelines.refusal import SelectionConfig
+    from pipelines.refusal.stages import Candidates, Scores, kl_cutoff, select_direction
+
+    kl = torch.tensor([[0.05, 0.2, 0.3]])
+    sc = Scores(bypass=torch.tensor([[0.0, -2.0, -3.0]]), induce=torch.ones(1, 3), kl=kl, baseline_harmful=1.0,
+                baseline_harmless=-5.0, kl_random=[0.1, 0.25, 0.02, 0.05])
+    cand = Candidates(torch.ones(1, 3, 4), torch.zeros(1, 1, 3, 4), torch.zeros(1, 1, 3, 4), [1], ["s"], ["a", "b", "c"],
+                      [], "h")
+    paper = select_direction(10, cand, sc, SelectionConfig())
+    assert paper.found and paper.position_index == 0 and paper.filters["kl_threshold"] == 0.1
+    calibrated = select_direction(10, cand, sc, SelectionConfig(kl_reference="random"))
+    assert calibrated.filters["kl_threshold"] == 0.25 and calibrated.filters["kl_reference"] == "random"
+    assert calibrated.position_index == 1 and calibrated.passing["kl"] == 2          # 0.3 still costs more
+    assert kl_cutoff(SelectionConfig(kl_threshold=0.5, kl_reference="random"), sc) == 0.5  # never below the set one
+    with pytest.raises(ValueError, match="kl_reference must be one of"):
+        SelectionConfig(kl_reference="relative")
+    sc.kl_random = []
+    with pytest.raises(ValueError, match="needs the KL of random directions"):
+        kl_cutoff(SelectionConfig(kl_reference="random"), sc)
+
+
+def test_kl_reference_random_end_to_end_reselects_only_and_says_so(tmp_path):
+    """A null every-token run (KL < 1e-9: nothing passes) re-selected with the random reference on the same
+    folder: only selection (and what it feeds) re-runs, the cut is the costliest random ablation, and the notes,
+    metrics and CLI flag say the filter was relaxed."""
+    import argparse
+
+    from interp_cli.refusal_job import add_refusal_parser
+    from pipelines.refusal import RefusalConfig, run_refusal
+
+    small = dict(model="organism", n_test=16, subspace_rank=1, max_new_tokens=8, ablate_positions="all",
+                 kl_threshold=1e-9, induce_threshold=float("-inf"))
+    null = run_refusal(RefusalConfig.from_flat(**small), tmp_path / "run")
+    assert not null.found
+    res = run_refusal(RefusalConfig.from_flat(kl_reference="random", **small), tmp_path / "run")
+    assert res.computed[0] == "selection" and "scores" not in res.computed
+    sel = res.metrics["selection"]
+    assert sel["filters"]["kl_threshold"] == pytest.approx(max(sel["kl_random"])) and sel["filters"]["kl_reference"] == "random"
+    assert res.found and sel["kl"] < sel["filters"]["kl_threshold"]
+    assert any("calibrated by random directions" in n for n in res.metrics["notes"])
+    ap = argparse.ArgumentParser()
+    add_refusal_parser(ap.add_subparsers(), lambda p, default="organism": p.add_argument("--model", default=default))
+    assert ap.parse_args(["refusal", "--kl-reference", "random"]).kl_reference == "random"
+    with pytest.raises(SystemExit):
+        ap.parse_args(["refusal", "--kl-reference", "median"])

@@ -33,6 +33,7 @@ class DataConfig:
 
 
 SEARCHES = ("estimate", "exhaustive")
+KL_REFERENCES = ("absolute", "random")  # the KL filter: the fixed threshold (the paper), or calibrated by random ablations
 ABLATE_POSITIONS = ("all", "post_instruction")  # where an ablation acts (the edits themselves)
 # the job's setting adds "auto": the paper's every-token ablation first, the post-instruction one only when no
 # every-token candidate passes the filters (said in the notes); see SelectionConfig
@@ -51,7 +52,11 @@ class SelectionConfig:
     ``"post_instruction"``: the prompt's post-instruction tokens and every generated token (hooks only), or
     ``"auto"`` (the default): every token first and, only when no every-token candidate passes the filters, the
     post-instruction ablation, which the notes, ``metrics.json`` and the report then state (the every-token
-    search's outcome included)."""
+    search's outcome included). The KL filter: ``kl_reference="absolute"`` keeps candidates whose ablation KL is
+    below ``kl_threshold`` (the paper); ``"random"`` below the larger of ``kl_threshold`` and the highest KL of the
+    seeded random unit directions ablated the same way (``Scores.kl_random``): no costlier than ablating a random
+    direction, for a model on which any ablation costs about the paper's threshold (stated as a relaxed filter;
+    the first-order ranking of the estimate search still uses ``kl_threshold``)."""
 
     layers: list[int] | None = None
     kl_threshold: float = 0.1
@@ -62,8 +67,12 @@ class SelectionConfig:
     search: str = "estimate"
     top_k: int = 8
     ablate_positions: str = "auto"
+    kl_reference: str = "absolute"
 
     def __post_init__(self) -> None:
+        if self.kl_reference not in KL_REFERENCES:
+            raise ValueError(f"kl_reference must be one of {KL_REFERENCES} (the fixed KL threshold, or the larger of it "
+                             f"and the KL of random directions ablated the same way), got {self.kl_reference!r}")
         if self.ablate_positions not in ABLATE_SETTINGS:
             raise ValueError(f"ablate_positions must be one of {ABLATE_SETTINGS} (every token, as in the paper; the "
                              f"post-instruction tokens and every generated one; or 'auto': every token first, the "
@@ -109,7 +118,7 @@ class RuntimeConfig:
 
 SECTIONS = {"data": DataConfig, "selection": SelectionConfig, "generation": GenerationConfig, "runtime": RuntimeConfig}
 # changing these on a finished run re-runs selection (and what depends on its result); anything else is a new run
-RESELECT_FIELDS = ("kl_threshold", "prune_layer_fraction", "induce_threshold", "diagnosis_alpha")
+RESELECT_FIELDS = ("kl_threshold", "prune_layer_fraction", "induce_threshold", "diagnosis_alpha", "kl_reference")
 DEFAULTS = {"kl_threshold": 0.1, "prune_layer_fraction": 0.2, "induce_threshold": 0.0}  # the paper's filters
 # neither makes another run: the stage keys decide what a change re-runs (search: the exact scores; threads: nothing)
 SAME_RUN_FIELDS = RESELECT_FIELDS + ("search", "top_k", "save_model", "threads", "ablate_positions")

@@ -80,6 +80,11 @@ def relaxed_notes(sel: SelectionConfig) -> list[str]:
         how = "off" if off else ("relaxed" if loose else "tightened")
         notes.append(f"selection: the {labels[name]} is {how}: {value:g} instead of the default {default:g}; the "
                      f"selected direction need not meet the paper's criteria")
+    if sel.kl_reference == "random":
+        notes.append(f"selection: the KL filter is calibrated by random directions (--kl-reference random): a candidate "
+                     f"passes when its ablation KL is below the larger of {sel.kl_threshold:g} and the highest KL of the "
+                     f"random unit directions ablated the same way, not below the paper's fixed threshold; the "
+                     f"selected direction need not meet the paper's criteria")
     if sel.ablate_positions == "post_instruction":
         notes.append(POST_NOTE)
     return notes
@@ -97,10 +102,11 @@ def auto_notes(tried: list[dict[str, Any]], sel: SelectionConfig) -> list[str]:
         return []
     first, last = tried[0], tried[-1]
     scored = f"{first['passing'].get('kl', 0)} of the {first['n_scored_exactly']} candidates scored exactly pass KL"
-    level = random_kl_text(first.get("kl_random", []), sel.kl_threshold)
+    cut = first.get("kl_threshold", sel.kl_threshold)
+    level = random_kl_text(first.get("kl_random", []), cut)
     outcome = "and selected a direction there" if last["found"] else "and found none there either"
     return [f"ablation (auto): no candidate passes the filters with the paper's every-token ablation ({scored} < "
-            f"{sel.kl_threshold:g}{'; ' + level if level else ''}); the search was repeated with the ablation at the "
+            f"{cut:.3g}{'; ' + level if level else ''}); the search was repeated with the ablation at the "
             f"prompt's post-instruction tokens and every generated token {outcome} (--ablate-positions all keeps the "
             f"paper's mode only)",
             POST_NOTE]

@@ -41,7 +41,7 @@ def outcome_notes(cfg: RefusalConfig, res: RefusalResult) -> list[str]:
             f" among the top {s.top_k} by first-order estimate, the only ones scored exactly (--search exhaustive "
             f"or a larger --top-k scores more)")
         notes = [f"no candidate passes the filters (layer < {1 - s.prune_layer_fraction:.0%} of depth, KL < "
-                 f"{s.kl_threshold}, induce score > {s.induce_threshold}, bypass below baseline){scored}: no refusal "
+                 f"{sel.filters['kl_threshold']:.3g}, induce score > {s.induce_threshold}, bypass below baseline){scored}: no refusal "
                  f"direction is reported"]
         level = random_kl_text(res.scores.kl_random if res.scores is not None else [], s.kl_threshold)
         if level:  # is the KL filter's threshold above what any ablation costs on this model?

@@ -110,7 +110,8 @@ def _run_refusal(cfg: RefusalConfig, out: str | Path, overwrite: bool, progress:
         for at in s.modes():  # "auto": every token first; the post-instruction ablation only if nothing passes there
             sel = _search(run, model, data, cand, res, keys.mode(at), at, cfg, say)
             tried.append({"ablate_positions": at, "found": sel.found, "passing": sel.passing,  # type: ignore[union-attr]
-                          "n_scored_exactly": res.scores.n_scored, "kl_random": res.scores.kl_random})  # type: ignore[union-attr]
+                          "n_scored_exactly": res.scores.n_scored, "kl_random": res.scores.kl_random,  # type: ignore[union-attr]
+                          "kl_threshold": sel.filters["kl_threshold"]})
             if sel.found:
                 break
         if s.ablate_positions == "auto":  # record what "auto" tried and where it ended
@@ -193,6 +194,7 @@ class _Keys:
     def selection(self, n_layers: int) -> str:
         s = self.cfg.selection
         return stage_key("selection", {"scores": self.scores, "n_layers": n_layers, "kl": s.kl_threshold,
+                                       "kl_reference": s.kl_reference,
                                        "prune": s.prune_layer_fraction, "induce": s.induce_threshold})
 
     def evaluation(self, sel: Selection) -> str:

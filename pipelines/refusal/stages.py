@@ -211,18 +211,30 @@ def score_candidates(model: Model, data: RefusalData, cand: Candidates, tokens: 
                   kl_random)
 
 
+def kl_cutoff(cfg: SelectionConfig, scores: Scores) -> float:
+    """The KL filter's threshold: ``cfg.kl_threshold``, or with ``kl_reference="random"`` the larger of it and the
+    highest KL of the random directions ablated the same way (an error when the scores have none)."""
+    if cfg.kl_reference == "absolute":
+        return cfg.kl_threshold
+    if not scores.kl_random:
+        raise ValueError("kl_reference='random' needs the KL of random directions (score_candidates(n_random > 0))")
+    return max(cfg.kl_threshold, max(scores.kl_random))
+
+
 def select_direction(n_layers: int, cand: Candidates, scores: Scores, cfg: SelectionConfig) -> Selection:
     """The paper's filters (depth, KL, induce, bypass below baseline); the lowest bypass score among the rest."""
     n_pos = cand.n_positions
     layer_grid = torch.tensor(cand.layers)[:, None].expand(len(cand.layers), n_pos)
+    kl_cut = kl_cutoff(cfg, scores)
     keep = {"layer": layer_grid < math.floor(n_layers * (1 - cfg.prune_layer_fraction)),
-            "kl": scores.kl < cfg.kl_threshold, "induce": scores.induce > cfg.induce_threshold,
+            "kl": scores.kl < kl_cut, "induce": scores.induce > cfg.induce_threshold,
             "bypass": scores.bypass < scores.baseline_harmful}
     ok = keep["layer"] & keep["kl"] & keep["induce"] & keep["bypass"]
     passing = {k: int(v.sum()) for k, v in keep.items()} | {"all": int(ok.sum()), "of": ok.numel()}
     common: dict[str, Any] = dict(
-        filters={"kl_threshold": cfg.kl_threshold, "prune_layer_fraction": cfg.prune_layer_fraction,
-                 "induce_threshold": cfg.induce_threshold}, passing=passing,
+        filters={"kl_threshold": kl_cut, "kl_reference": cfg.kl_reference, "kl_threshold_set": cfg.kl_threshold,
+                 "prune_layer_fraction": cfg.prune_layer_fraction, "induce_threshold": cfg.induce_threshold},
+        passing=passing,
         baseline_refusal_score={"harmful": scores.baseline_harmful, "harmless": scores.baseline_harmless})
     if not ok.any():
         return Selection(found=False, **common)
