@@ -26,7 +26,7 @@ sys.path.insert(0, str(HERE.parent))
 from benchmarks._common import append_section, write_text  # noqa: E402
 
 
-def run(model: str, threads: int | None, out: Path, ablate_positions: str = "auto"
+def run(model: str, threads: int | None, out: Path, ablate_positions: str = "auto", kl_reference: str = "absolute"
         ) -> tuple[dict[str, float], float, int, dict]:
     """One default run into ``out``: seconds per stage, total seconds, forward passes, metrics."""
     from pipelines.refusal import RefusalConfig, run_refusal
@@ -52,7 +52,8 @@ def run(model: str, threads: int | None, out: Path, ablate_positions: str = "aut
     m = interp.load_model(model)
     handle = m.hf.register_forward_pre_hook(count)
     try:
-        cfg = RefusalConfig.from_flat(model=model, threads=threads, ablate_positions=ablate_positions)
+        cfg = RefusalConfig.from_flat(model=model, threads=threads, ablate_positions=ablate_positions,
+                                      kl_reference=kl_reference)
         res = run_refusal(cfg, out, progress=progress, model=m)
     finally:
         handle.remove()
@@ -66,7 +67,10 @@ def headline(m: dict) -> list[str]:
     for t in sel.get("ablation_search", []):
         lines.append(f"- search with ablate_positions={t['ablate_positions']}: "
                      f"{'found' if t['found'] else 'none passes'} ({t['passing'].get('kl', 0)} of "
-                     f"{t['n_scored_exactly']} scored exactly pass KL)")
+                     f"{t['n_scored_exactly']} scored exactly pass KL < {t.get('kl_threshold', 0.1):.3g})")
+    if sel.get("kl_random"):
+        lines.append(f"- KL of {len(sel['kl_random'])} random unit directions ablated the same way (val harmless): "
+                     + ", ".join(f"{k:.3f}" for k in sel["kl_random"]))
     if m["found_direction"]:
         lines.append(f"- selected: layer {sel['layer']}, position {sel['position']} ({sel['position_token']!r}); "
                      f"KL (val) {sel['kl']:.3f}; search {sel.get('search')}, scored exactly {sel.get('n_scored_exactly')}")
@@ -77,6 +81,13 @@ def headline(m: dict) -> list[str]:
     if kc:
         lines.append(f"- harmless KL (first response token) {kc['kl_first_response_token']:.3f}; CE "
                      f"{kc['ce_baseline']:.3f} -> {kc['ce_edited']:.3f}")
+        rand = "kl_first_response_token (random ablation)"
+        if rand in kc:
+            lines.append(f"- the same under the random ablation: KL {kc[rand]:.3f}; CE {kc['ce_baseline']:.3f} -> "
+                         f"{kc['ce_edited (random ablation)']:.3f}")
+    eq = m.get("evaluation", {}).get("hook_vs_baked", {})
+    if eq.get("max_abs_logit_diff") is not None:
+        lines.append(f"- hook vs baked weights: max |logit diff| {eq['max_abs_logit_diff']:.2e}")
     lines += [f"- note: {n}" for n in m.get("notes", [])]
     return lines
 
@@ -89,14 +100,17 @@ def main() -> None:
     ap.add_argument("--keep", default=None, help="keep the run folder here (default: a temporary folder)")
     ap.add_argument("--ablate-positions", choices=("auto", "all", "post_instruction"), default="auto",
                     help="the run's ablation positions (default: %(default)s, the job's default)")
+    ap.add_argument("--kl-reference", choices=("absolute", "random"), default="absolute",
+                    help="the KL filter's reference (default: %(default)s, the job's default)")
     ap.add_argument("--append", action="store_true", help="append to the results file instead of replacing it")
     args = ap.parse_args()
     folder = Path(args.keep) if args.keep else Path(tempfile.mkdtemp()) / "run"
     load0 = os.getloadavg()
-    seconds, total, n_fwd, metrics = run(args.model, args.threads, folder, args.ablate_positions)
+    seconds, total, n_fwd, metrics = run(args.model, args.threads, folder, args.ablate_positions, args.kl_reference)
     load1 = os.getloadavg()
     rows = "\n".join(f"| {s} | {t:.1f} |" for s, t in seconds.items())
     flag = "" if args.ablate_positions == "auto" else f" --ablate-positions {args.ablate_positions}"
+    flag += "" if args.kl_reference == "absolute" else f" --kl-reference {args.kl_reference}"
     text = (f"### The main job end to end: `interp refusal --model {args.model}{flag}` "
             f"({'defaults' if not flag else 'otherwise defaults'})\n\n"
             f"| stage | s |\n|---|---|\n{rows}\n| **total (incl. model load)** | **{total:.1f}** |\n\n"

@@ -1,7 +1,11 @@
 """Where to ablate a refusal candidate: every token (the paper) vs the post-instruction tokens only, on the same
-candidates and val prompts: the exact bypass, induce and KL scores of both (``score_candidates``), as a table.
+candidates and val prompts: the exact bypass, induce and KL scores of both (``score_candidates``), as a table,
+with the KL of seeded random unit directions ablated the same way (the KL filter's reference level).
 
 ``python benchmarks/bench_refusal_positions.py --model smollm2-aligned --layers 10-22 --positions=-1,-2``
+``--model`` also takes a model folder or a LoRA adapter folder (``--base smollm2-base``: a scratch organism from
+``python -m organism.train_smollm2 --out DIR``); ``--zero-dims 507,247`` zeroes those residual dimensions of every
+candidate (massive activations) before scoring.
 """
 
 from __future__ import annotations
@@ -28,6 +32,10 @@ def main() -> None:
     ap.add_argument("--layers", default="14-20", help="candidate layers, e.g. 14-20 or 4,8,16 (default: %(default)s)")
     ap.add_argument("--positions", default="-1", help="post-instruction positions from the end (default: %(default)s)")
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--base", default=None, help="base model name when --model is a LoRA adapter folder")
+    ap.add_argument("--data-model", default="smollm2-aligned", help="which default prompt sets (default: %(default)s)")
+    ap.add_argument("--zero-dims", default="", help="residual dimensions zeroed in every candidate, e.g. 507,247")
+    ap.add_argument("--n-random", type=int, default=8, help="random directions for the KL reference (default: 8)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -35,15 +43,20 @@ def main() -> None:
     from pipelines.refusal import find_candidates, find_refusal_tokens, load_refusal_data, score_candidates
 
     t0, load0 = time.perf_counter(), os.getloadavg()
-    m = interp.load_model(args.model)
-    data = load_refusal_data(model=args.model)
+    from interp.models import with_adapter
+
+    m = with_adapter(interp.load_model(args.base), args.model) if args.base else interp.load_model(args.model)
+    data = load_refusal_data(model=args.data_model if args.base or "/" in args.model else args.model)
     tok = find_refusal_tokens(m, data, min_refusals=8)
     layers = _ints(args.layers)
     cand = find_candidates(m, data, layers)
+    dims = [int(x) for x in args.zero_dims.split(",") if x]
+    if dims:
+        cand.raw[..., dims] = 0.0
     positions = [int(p) for p in args.positions.split(",")]
     only = torch.zeros(len(layers), cand.n_positions, dtype=torch.bool)
     only[:, [cand.n_positions + p for p in positions]] = True
-    scores = {mode: score_candidates(m, data, cand, tok, only=only, ablate_positions=mode)
+    scores = {mode: score_candidates(m, data, cand, tok, only=only, ablate_positions=mode, n_random=args.n_random)
               for mode in ("all", "post_instruction")}
     base = scores["all"]
     lines = [f"### Every-token vs post-instruction ablation of the same candidates: `{args.model}`\n",
@@ -54,6 +67,13 @@ def main() -> None:
              f"candidate's layer (the same in both modes).\n",
              "| layer | position | bypass, every token | KL, every token | bypass, post-instruction | "
              "KL, post-instruction | induce |", "|---|---|---|---|---|---|---|"]
+    for mode, sc in scores.items():
+        ks = sorted(sc.kl_random)
+        where = "every token" if mode == "all" else "the post-instruction tokens"
+        lines.insert(2, f"KL of {len(ks)} random unit directions ablated at {where} (seeded): "
+                        f"{', '.join(f'{k:.3f}' for k in ks)}.\n")
+    if dims:
+        lines.insert(2, f"Dimensions {dims} zeroed in every candidate before scoring.\n")
     for li, layer in enumerate(layers):
         for p in positions:
             pi = cand.n_positions + p
@@ -63,7 +83,8 @@ def main() -> None:
     lines.append(f"\nMachine: {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__} "
                  f"({torch.get_num_threads()} threads); {time.perf_counter() - t0:.0f} s; load average before "
                  f"{load0[0]:.1f}, after {os.getloadavg()[0]:.1f}. Command: `python benchmarks/bench_refusal_positions.py "
-                 f"--model {args.model} --layers {args.layers} --positions={args.positions}`.")
+                 f"--model {args.model} --layers {args.layers} --positions={args.positions}"
+                 f"{f' --base {args.base}' if args.base else ''}{f' --zero-dims {args.zero_dims}' if dims else ''}`.")
     print("\n".join(lines))
 
 

@@ -104,3 +104,20 @@ def test_kl_reference_random_end_to_end_reselects_only_and_says_so(tmp_path):
     assert ap.parse_args(["refusal", "--kl-reference", "random"]).kl_reference == "random"
     with pytest.raises(SystemExit):
         ap.parse_args(["refusal", "--kl-reference", "median"])
+
+
+def test_with_the_random_reference_the_estimated_kl_does_not_rank():
+    """The random cut is known only after exact scoring: the estimate search then ranks by induce and bypass."""
+    from pipelines.refusal import SelectionConfig
+    from pipelines.refusal.estimate import Estimate, top_candidates
+    from pipelines.refusal.stages import Candidates
+
+    est = Estimate(bypass=torch.tensor([[0.5, -3.0, -1.0]]), induce=torch.tensor([[1.0, 1.0, -1.0]]),
+                   kl=torch.tensor([[0.01, 0.4, 0.01]]), baseline_harmful=1.0, baseline_harmless=-5.0, forwards=1,
+                   backwards=1)
+    cand = Candidates(torch.ones(1, 3, 4), torch.zeros(1, 1, 3, 4), torch.zeros(1, 1, 3, 4), [1], ["s"], ["a", "b", "c"],
+                      [], "h")
+    first = top_candidates(est, cand, 10, SelectionConfig(), 1)
+    assert first[0].tolist() == [True, False, False]                       # the paper's cut: estimated KL first
+    first = top_candidates(est, cand, 10, SelectionConfig(kl_reference="random"), 1)
+    assert first[0].tolist() == [False, True, False]                       # induce, then the lowest bypass

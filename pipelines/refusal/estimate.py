@@ -178,13 +178,15 @@ def top_candidates(est: Estimate, cand: Candidates, n_layers: int, cfg: Selectio
                    ) -> Bool[torch.Tensor, "layers P"]:
     """The ``k`` candidates to score exactly, among those the depth filter keeps: first those whose estimates
     pass the induce and KL filters, then those failing only KL, then only induce, then both; by estimated bypass
-    within each group."""
+    within each group. With ``kl_reference="random"`` the KL cut is known only once the random ablations are scored
+    exactly, so the estimated KL does not rank (induce, then bypass)."""
     if k < 1:
         raise ValueError(f"top_k must be >= 1, got {k}")
     n_pos = cand.n_positions
     depth_ok = (torch.tensor(cand.layers) < math.floor(n_layers * (1 - cfg.prune_layer_fraction)))[:, None]
     depth_ok = depth_ok.expand(len(cand.layers), n_pos).flatten()
-    fails = 2 * (est.induce <= cfg.induce_threshold).flatten().double() + (est.kl >= cfg.kl_threshold).flatten()
+    kl_fails = (est.kl >= cfg.kl_threshold).flatten() if cfg.kl_reference == "absolute" else torch.zeros(est.kl.numel())
+    fails = 2 * (est.induce <= cfg.induce_threshold).flatten().double() + kl_fails
     key = est.bypass.flatten().double() + 1e9 * fails        # refusal scores are log-odds, far below 1e9
     key = torch.where(depth_ok, key, math.inf)
     chosen = torch.argsort(key, stable=True)[:min(k, int(depth_ok.sum()))]
