@@ -50,6 +50,7 @@ def add_refusal_parser(sub: Any, model_args: Any) -> None:
                    "of the response) or a local HF sequence-classification model folder (default: phrases)")
     p.set_defaults(func=cmd_refusal)
 
+
 def _selection_args(p: argparse.ArgumentParser) -> None:
     """The search, its filters and the diagnosis before it (changing a filter re-runs selection only)."""
     p.add_argument("--kl-threshold", type=float, default=0.1, help="keep candidates whose ablation moves harmless "

@@ -56,7 +56,7 @@ class SelectionConfig:
     below ``kl_threshold`` (the paper); ``"random"`` below the larger of ``kl_threshold`` and the highest KL of the
     seeded random unit directions ablated the same way (``Scores.kl_random``): no costlier than ablating a random
     direction, for a model on which any ablation costs about the paper's threshold (stated as a relaxed filter;
-    the first-order ranking of the estimate search still uses ``kl_threshold``)."""
+    the estimate search then ranks by induce and bypass only, the cut being known after exact scoring)."""
 
     layers: list[int] | None = None
     kl_threshold: float = 0.1
