@@ -132,7 +132,7 @@ def main() -> None:
     ap.add_argument("--n-test", type=int, default=80)
     ap.add_argument("--q", type=float, default=0.1)
     ap.add_argument("--lr", type=float, default=None)
-    ap.add_argument("--layer", type=int, default=12)
+    ap.add_argument("--layer", type=int, default=18, help="SmolLM2: the direction's layer (the adapter acts on layers 14-29, so resid_pre below 15 never changes; default: %(default)s)")
     ap.add_argument("--eval-every", type=int, default=5)
     ap.add_argument("--n-boot", type=int, default=200)
     ap.add_argument("--max-new-tokens", type=int, default=16)
