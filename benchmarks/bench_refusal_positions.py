@@ -33,7 +33,6 @@ def main() -> None:
     ap.add_argument("--positions", default="-1", help="post-instruction positions from the end (default: %(default)s)")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--base", default=None, help="base model name when --model is a LoRA adapter folder")
-    ap.add_argument("--data-model", default="smollm2-aligned", help="which default prompt sets (default: %(default)s)")
     ap.add_argument("--zero-dims", default="", help="residual dimensions zeroed in every candidate, e.g. 507,247")
     ap.add_argument("--n-random", type=int, default=8, help="random directions for the KL reference (default: 8)")
     args = ap.parse_args()
@@ -46,7 +45,7 @@ def main() -> None:
     from interp.models import with_adapter
 
     m = with_adapter(interp.load_model(args.base), args.model) if args.base else interp.load_model(args.model)
-    data = load_refusal_data(model=args.data_model if args.base or "/" in args.model else args.model)
+    data = load_refusal_data(model=args.model)  # a folder is not the toy organism: the realistic sets
     tok = find_refusal_tokens(m, data, min_refusals=8)
     layers = _ints(args.layers)
     cand = find_candidates(m, data, layers)

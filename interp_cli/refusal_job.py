@@ -53,11 +53,13 @@ def add_refusal_parser(sub: Any, model_args: Any) -> None:
 
 def _selection_args(p: argparse.ArgumentParser) -> None:
     """The search, its filters and the diagnosis before it (changing a filter re-runs selection only)."""
+    from pipelines.refusal.stages import RANDOM_KL
+
     p.add_argument("--kl-threshold", type=float, default=0.1, help="keep candidates whose ablation moves harmless "
                    "next-token KL below this; changing it on a finished run re-runs selection only (default: %(default)s)")
     p.add_argument("--kl-reference", choices=("absolute", "random"), default="absolute", help="absolute: the KL "
                    "filter keeps candidates below --kl-threshold (the paper); random: below the larger of it and the "
-                   "highest KL of 4 random unit directions ablated the same way (for a model on which any ablation "
+                   f"highest KL of {RANDOM_KL} random unit directions ablated the same way (for a model on which any ablation "
                    "costs about the threshold; stated as a relaxed filter); re-runs selection only (default: %(default)s)")
     p.add_argument("--prune-layer-fraction", type=float, default=0.2, help="drop candidates in the last fraction of "
                    "layers; re-runs selection only (default: %(default)s)")

@@ -11,6 +11,7 @@ tightened from the paper's defaults is named.
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass
 from typing import Any
 
@@ -118,7 +119,7 @@ def random_kl_text(kl_random: list[float], threshold: float) -> str:
     if not kl_random:
         return ""
     k = sorted(kl_random)
-    med = (k[(len(k) - 1) // 2] + k[len(k) // 2]) / 2
+    med = statistics.median(k)
     where = ("below" if threshold < k[0] else "within" if threshold <= k[-1] else "above")
     return (f"{len(k)} random unit directions ablated the same way cost KL {med:.3g} (median; range {k[0]:.3g}-"
             f"{k[-1]:.3g}) on the same harmless prompts, so the KL threshold {threshold:g} lies {where} the cost of "

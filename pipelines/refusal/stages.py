@@ -192,20 +192,22 @@ def score_candidates(model: Model, data: RefusalData, cand: Candidates, tokens: 
     units = torch.nn.functional.normalize(flat, dim=-1)
     layer_of = torch.tensor(cand.layers).repeat_interleave(n_pos)[idx]
     out = torch.full((3, n_layers * n_pos), math.nan)
+    kw: dict[str, Any] = dict(max_rows=max_rows)
+    at = dict(positions=ablate_positions)
     if len(idx):
-        kw: dict[str, Any] = dict(max_rows=max_rows)
-        at = dict(positions=ablate_positions)
         out[0, idx] = score_rows(model, enc_h, units, "ablate", reduce=lambda lg: refusal_score(lg, toks), **kw,
                                  **at).mean(1)
         out[1, idx] = score_rows(model, enc_s, flat, "add", layer_of, reduce=lambda lg: refusal_score(lg, toks),
                                  **kw).mean(1)
-        out[2, idx] = score_rows(model, enc_s, units, "ablate", reduce=lambda lg: kl_div(base_s[None].expand_as(lg), lg),
-                                 **kw, **at).mean(1)
-    kl_random: list[float] = []
-    if n_random > 0:  # a direction ablation acts at every layer, so a random one has no layer of its own
-        rand = torch.stack([r.vectors[0] for r in random_directions(d, n_random, seed=seed)])
-        kl_random = score_rows(model, enc_s, rand, "ablate", reduce=lambda lg: kl_div(base_s[None].expand_as(lg), lg),
-                               max_rows=max_rows, positions=ablate_positions).mean(1).tolist()
+    # KL of the candidates and of the random directions in one batched pass (a direction ablation acts at every
+    # layer, so a random one has no layer of its own)
+    rand = torch.stack([r.vectors[0] for r in random_directions(d, n_random, seed=seed)]) if n_random > 0 else \
+        units.new_empty((0, d))
+    dirs = torch.cat([units, rand])
+    kls = score_rows(model, enc_s, dirs, "ablate", reduce=lambda lg: kl_div(base_s[None].expand_as(lg), lg), **kw,
+                     **at).mean(1) if len(dirs) else dirs.new_empty(0)
+    out[2, idx] = kls[:len(idx)]
+    kl_random = kls[len(idx):].tolist()
     bypass, induce, kl = (x.view(n_layers, n_pos) for x in out)
     return Scores(bypass, induce, kl, refusal_score(base_h, toks).mean().item(), refusal_score(base_s, toks).mean().item(),
                   kl_random)
