@@ -190,9 +190,21 @@ def _check_args(model: Any, batch: Any) -> None:
                         f"for logits of prompts call interp.logits(model, prompts)")
 
 
-def _cache_kwarg(model: Model) -> str:
+def cache_kwarg(model: Model) -> str:
+    """The name the model's forward (and ``generate``) takes its KV cache under: ``cache`` or ``past_key_values``."""
     params = inspect.signature(model.hf.forward).parameters
     return "cache" if "cache" in params else "past_key_values"
+
+
+def kv_cache(prefix: KV, start: int) -> Any:
+    """A fresh HF ``DynamicCache`` holding the first ``start`` columns of ``prefix`` (a model run on it extends it,
+    so each run takes its own)."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    for i, (K, V) in enumerate(prefix):
+        cache.update(K[:, :, :start], V[:, :, :start], i)
+    return cache
 
 
 def prefix_cache(model: Model, batch: Batch) -> KV | None:
@@ -211,20 +223,31 @@ def prefix_cache(model: Model, batch: Batch) -> KV | None:
     return [(la.keys, la.values) for la in layers]
 
 
+def untouched_prefix(model: Model, batch: Batch) -> tuple[KV | None, int]:
+    """The keys and values of ``batch``'s columns before its first post-instruction token (one plain forward) and
+    that column: an edit at the post-instruction and generated tokens only leaves them as they are (a causal model),
+    so a pass under it need recompute only the later columns (``forward(..., prefix=, start=)``,
+    ``steering.generate(..., prompt_prefix=)``). ``(None, 0)`` when there is nothing to reuse: no column before the
+    post-instruction tokens, or a cache that is not a plain full-attention one."""
+    pm = batch.post_mask.bool()
+    if not bool(pm.any(1).all()):
+        return None, 0
+    start = int(pm.float().argmax(1).min())
+    prefix = prefix_cache(model, batch) if start > 0 else None
+    if prefix is None:
+        return None, 0
+    return [(K[:, :, :start].clone(), V[:, :, :start].clone()) for K, V in prefix], start
+
+
 def _after_prefix(model: Model, inputs: dict[str, torch.Tensor], prefix: KV, start: int
                   ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Model inputs for columns ``start:`` with a cache holding the prefix's first ``start`` columns."""
-    from transformers import DynamicCache
-
     rows = inputs["input_ids"].shape[0]
     if prefix[0][0].shape[0] != rows:
         raise ValueError(f"the prefix holds {prefix[0][0].shape[0]} rows but the batch has {rows}; repeat the "
                          f"prefix's keys and values the way the batch is stacked")
-    cache = DynamicCache()
-    for i, (K, V) in enumerate(prefix):
-        cache.update(K[:, :, :start], V[:, :, :start], i)
     feed = {"input_ids": inputs["input_ids"][:, start:], "attention_mask": inputs["attention_mask"],
-            "position_ids": inputs["position_ids"][:, start:], _cache_kwarg(model): cache}
+            "position_ids": inputs["position_ids"][:, start:], cache_kwarg(model): kv_cache(prefix, start)}
     return feed, {"use_cache": True}
 
 
@@ -348,4 +371,5 @@ def skip_blocks(model: Model, upto: int, resid: torch.Tensor | None = None) -> I
 
 __all__ = ["SKIPPABLE", "Inputs", "batch_of", "can_skip", "batches", "encode_ids", "encodings", "forward", "last_logits",
            "length_order", "pad_id",
-           "prefix_cache", "prepare", "resid_pre_cache", "skip_blocks"]
+           "prefix_cache", "prepare", "resid_pre_cache", "skip_blocks",
+           "untouched_prefix", "cache_kwarg", "kv_cache"]

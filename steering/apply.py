@@ -166,16 +166,17 @@ class Steering:
         self.model = model
         self.data = data
 
-    def set_batch(self, batch: Any = None, post_mask: torch.Tensor | None = None) -> None:
+    def set_batch(self, batch: Any = None, post_mask: torch.Tensor | None = None, cached: int = 0) -> None:
         """Declare the next prompt batch (an ``interp.chat.Batch``, or just its ``post_mask [B, T]``), so
-        ``positions='post_instruction'`` works on the next prompt pass of that shape."""
+        ``positions='post_instruction'`` works on the next prompt pass of that shape. ``cached``: that pass
+        computes only the columns after the first ``cached`` ones, whose keys and values are in the cache."""
         pm = post_mask if post_mask is not None else getattr(batch, "post_mask", None)
         ids = getattr(batch, "input_ids", None)
         if pm is None and ids is None:
             raise ValueError("set_batch needs an interp.chat.Batch or post_mask=Bool[B, T]")
         ref = pm if pm is not None else ids
         self.data[DECLARED_KEY] = {"width": ref.shape[1], "batch": ref.shape[0],
-                                   "post_mask": None if pm is None else pm.bool()}
+                                   "post_mask": None if pm is None else pm.bool(), "cached": int(cached)}
         self.data.pop(PROMPT_KEY, None)
 
     def clear_batch(self) -> None:

@@ -15,11 +15,11 @@ import torch
 from tqdm.auto import tqdm
 
 from evals.judge import is_refusal
-from interp.forward import batches, pad_id, prepare
+from interp.forward import KV, batches, cache_kwarg, kv_cache, pad_id, prepare, untouched_prefix
 from interp.models import Model
 from interp.nnsight_backend import NNsightModel, refuse
 from steering._args import check_finite
-from steering.apply import apply
+from steering.apply import _flat, apply
 from steering.serve import vllm_token_ids
 
 ENGINES = ("hf", "vllm")
@@ -113,11 +113,34 @@ def _hf_kwargs(model: Model, max_new_tokens: int, do_sample: bool, temperature: 
     return kw
 
 
+Prefixes = list[tuple[KV | None, int]]  # per batch: keys and values of its columns before ``start``, and ``start``
+
+
+def prompt_prefixes(model: Model, encs: Sequence[Any], batch_size: int) -> Prefixes:
+    """For each batch :func:`generate` runs on ``encs`` with ``batch_size``: the plain keys and values of its
+    columns before the first post-instruction token (:func:`interp.forward.untouched_prefix`), to pass as
+    ``generate(..., prompt_prefix=)`` to every generation under edits that leave those columns as they are."""
+    return [untouched_prefix(model, b) for b in batches(model, list(encs), batch_size)]
+
+
+def leaves_prompt_prefix(model: Model, interventions: Sequence[Any]) -> bool:
+    """Whether every intervention edits only post-instruction (``positions='post_instruction'``) or generated
+    (``scope='generated'``) tokens, so the plain keys and values of the earlier prompt columns stay valid under
+    them (none: a plain generation). Only steering's own edits (``site_edits``) can say so."""
+    for iv in _flat(tuple(interventions)):
+        if not hasattr(iv, "site_edits"):
+            return False
+        if any(e.positions != "post_instruction" and e.scope != "generated" for e in iv.site_edits(model).values()):
+            return False
+    return True
+
+
 def generate(model: Model, prompts: Sequence[str], *interventions: Any, max_new_tokens: int = 64,
              batch_size: int = 16, do_sample: bool = False, temperature: float = 1.0, top_p: float = 1.0,
              top_k: int = 0, seed: int = 0, chat: bool = True, system: str | None = None, progress: bool = True,
              stop_at_eos: bool = True, backend: str = "auto", prepared: tuple[list[str], list] | None = None,
-             first_logits: bool = False, engine: str = "hf", **generate_kwargs: Any) -> Generations:
+             first_logits: bool = False, engine: str = "hf", prompt_prefix: Prefixes | None = None,
+             **generate_kwargs: Any) -> Generations:
     """Generate for every prompt with ``interventions`` attached (none: plain generation).
 
     Prompts are chat-formatted (``chat=True``), batched ``batch_size`` at a time, left padded, with
@@ -127,6 +150,10 @@ def generate(model: Model, prompts: Sequence[str], *interventions: Any, max_new_
     so a caller generating under many conditions tokenises its prompts once. ``first_logits=True`` also keeps
     the raw next-token logits at each prompt's last token (the first generation step, on CPU), so a caller
     that needs them (a first-token refusal score) runs no second forward.
+    ``prompt_prefix`` (from :func:`prompt_prefixes` for these encodings and ``batch_size``): each batch's prompt
+    pass computes only the columns from its first post-instruction token on, the earlier ones read from the
+    plain cache (exact for a causal model; refused unless every intervention leaves them as they are, see
+    :func:`leaves_prompt_prefix`). A caller generating the same prompts under many such edits prefills them once.
     ``engine="vllm"``: the interventions are baked into a copy's weights (:func:`steering.serve.baked_for_serving`:
     additions, and ablations over all layers; checked equal to hooks), saved, and served by vLLM on the same
     token ids; extra keyword arguments then go to ``vllm.LLM``. Needs vLLM and a CUDA GPU (a clear error otherwise).
@@ -141,6 +168,8 @@ def generate(model: Model, prompts: Sequence[str], *interventions: Any, max_new_
     if len(encs) != len(prompts):
         raise ValueError(f"prepared holds {len(encs)} encodings for {len(prompts)} prompts; pass the output of "
                          f"interp.forward.prepare(model, prompts) for exactly these prompts")
+    if prompt_prefix is not None:
+        _check_prefix(model, encs, batch_size, interventions, engine, prompt_prefix)
     eos = _eos_ids(model) if stop_at_eos else set()
     firsts: list[torch.Tensor] = []
     if engine == "vllm":
@@ -153,27 +182,47 @@ def generate(model: Model, prompts: Sequence[str], *interventions: Any, max_new_
         try:
             with apply(model, *interventions, backend=backend) as handle:
                 out_ids = _run_hf(model, encs, batch_size, kw, eos, seed, firsts if first_logits else None, bar,
-                                  handle if interventions else None)
+                                  handle if interventions else None, prompt_prefix)
         finally:
             bar.close()
     decoded = [model.tokenizer.decode(ids, skip_special_tokens=True) for ids in out_ids]
     return Generations(prompts, texts, decoded, out_ids, torch.cat(firsts) if firsts else None)
 
 
+def _check_prefix(model: Model, encs: list, batch_size: int, interventions: tuple, engine: str,
+                  prompt_prefix: Prefixes) -> None:
+    if engine != "hf":
+        raise ValueError("prompt_prefix needs engine='hf' (vLLM keeps its own cache)")
+    if not leaves_prompt_prefix(model, interventions):
+        raise ValueError("prompt_prefix reuses the plain keys and values of the prompt columns before the "
+                         "post-instruction tokens, so every intervention must act at positions='post_instruction' "
+                         "or scope='generated' only; drop prompt_prefix for these interventions")
+    shapes = [tuple(b.input_ids.shape) for b in batches(model, encs, batch_size)]
+    if len(prompt_prefix) != len(shapes) or any(
+            kv is not None and (kv[0][0].shape[0] != rows or not 0 < start < width or kv[0][0].shape[2] < start)
+            for (kv, start), (rows, width) in zip(prompt_prefix, shapes)):
+        raise ValueError("prompt_prefix does not match these prompts' batches; build it with "
+                         "steering.generate.prompt_prefixes(model, encodings, batch_size) for the same encodings "
+                         "and batch_size")
+
+
 def _run_hf(model: Model, encs: list, batch_size: int, kw: dict[str, Any], eos: set[int], seed: int,
-            firsts: list[torch.Tensor] | None, bar: Any, handle: Any) -> list[list[int]]:
+            firsts: list[torch.Tensor] | None, bar: Any, handle: Any, prompt_prefix: Prefixes | None = None
+            ) -> list[list[int]]:
     """HF ``generate`` batch by batch (each under its own seeded, forked RNG); the first step's logits into
-    ``firsts`` when one is given."""
+    ``firsts`` when one is given; each batch's ``prompt_prefix`` entry, when given, as its starting cache."""
     dev = model.device
     out_ids: list[list[int]] = []
     for i, batch in enumerate(batches(model, encs, batch_size)):
+        kv, start = prompt_prefix[i] if prompt_prefix is not None else (None, 0)
         if handle is not None:
-            handle.set_batch(batch)
+            handle.set_batch(batch, cached=start if kv is not None else 0)
         inputs = {k: v.to(dev) for k, v in batch.model_inputs.items()}
         T = inputs["input_ids"].shape[1]
+        extra = {} if kv is None else {cache_kwarg(model): kv_cache([(K.to(dev), V.to(dev)) for K, V in kv], start)}
         with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []), torch.no_grad():
             torch.manual_seed(seed + i)
-            out = model.hf.generate(**inputs, **kw)
+            out = model.hf.generate(**inputs, **kw, **extra)
         if firsts is not None:
             firsts.append(out.logits[0].float().cpu())
             out = out.sequences

@@ -10,7 +10,8 @@ one from a package that does not import ``steering`` (e.g. ``sae`` latent interv
 The first pass over an empty cache is the prompt pass: its columns (left padded) are the prompt, and
 each row's prompt runs from its first to its last real token. Later passes (with a cache) hold generated
 tokens. :meth:`Steering.set_batch` may declare the prompt batch up front (its post-instruction mask, used
-when a cacheless pass has the declared shape); :func:`steering.generate` does this for every batch.
+when a cacheless pass has the declared shape, or a pass after the declared number of cached prompt columns);
+:func:`steering.generate` does this for every batch.
 Chunked prefill (``prefill_chunk_size``) is not supported: its later chunks would count as generated.
 """
 
@@ -159,7 +160,8 @@ def record_pass(data: dict, args: tuple, kwargs: dict) -> None:
         declared = data.get(DECLARED_KEY)
         width = S + past
         post = None
-        if past == 0 and declared is not None and declared["width"] == S and declared["batch"] == B:
+        if declared is not None and declared["width"] == S + past and declared["batch"] == B and \
+                past == declared.get("cached", 0):  # the declared prompt pass (after its cached columns, if any)
             width, post = declared["width"], declared["post_mask"]
         elif past > 0:
             width = past

@@ -25,6 +25,7 @@ from pipelines.refusal.prompt_sets import RefusalData
 from pipelines.refusal.scoring import ablation
 from pipelines.refusal.stages import Candidates, RefusalTokens, Selection
 from probes.directions import random_directions, random_orthogonal
+from steering.generate import Prefixes, leaves_prompt_prefix, prompt_prefixes
 
 NOT_BAKEABLE = ("not baked: the ablation acts at the post-instruction and generated tokens only (ablate_positions="
                 "'post_instruction'), which no weight edit reproduces (weights act on every token alike)")
@@ -65,6 +66,7 @@ class TestPrompts:
     def __init__(self, model: Model, data: RefusalData):
         self.model, self.data = model, data
         self._prepared: dict[str, tuple[list[str], list[Encoded]]] = {}
+        self._prefixes: dict[tuple[str, int], Prefixes] = {}
 
     def prompts(self, which: str) -> list[str]:
         """The ``"harmful"``, ``"harmless"`` or ``"borderline"`` (over-refusal) test instructions."""
@@ -86,9 +88,19 @@ class TestPrompts:
     def judged(self, which: str, ivs: Sequence[Any], max_new_tokens: int, batch_size: int, judge: Judge | None = None,
                model: Model | None = None) -> tuple[list[str], list[bool], torch.Tensor]:
         """Greedy generations of ``which`` under ``ivs`` (on ``model``, default this run's), the judge's verdicts,
-        and the first step's logits ``[n, vocab]`` (the prompts' own: no second forward for a refusal score)."""
+        and the first step's logits ``[n, vocab]`` (the prompts' own: no second forward for a refusal score).
+        On this run's model, under edits of the post-instruction and generated tokens only (or none), the prompt
+        columns before the post-instruction tokens are computed once per prompt set and reused by every such
+        condition (``steering.generate(..., prompt_prefix=)``, exact)."""
+        prefix = None
+        if (model is None or model is self.model) and leaves_prompt_prefix(self.model, ivs):
+            key = (which, batch_size)
+            if key not in self._prefixes:
+                self._prefixes[key] = prompt_prefixes(self.model, self.encodings(which), batch_size)
+            prefix = self._prefixes[key]
         out = steering.generate(model or self.model, self.prompts(which), *ivs, max_new_tokens=max_new_tokens,
-                                batch_size=batch_size, progress=False, prepared=self.prepared(which), first_logits=True)
+                                batch_size=batch_size, progress=False, prepared=self.prepared(which), first_logits=True,
+                                prompt_prefix=prefix)
         assert out.first_logits is not None
         return out.texts, judge_many(judge, out.texts), out.first_logits
 

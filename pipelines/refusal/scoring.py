@@ -16,7 +16,7 @@ from jaxtyping import Float, Int
 
 import steering
 from interp.chat import Encoded
-from interp.forward import batches, last_logits, resid_pre_cache
+from interp.forward import batches, last_logits, resid_pre_cache, untouched_prefix
 from interp.models import Model
 from pipelines.refusal.config import ABLATE_POSITIONS
 
@@ -82,7 +82,8 @@ def score_rows(model: Model, encs: Sequence[Encoded], per_candidate: Float[torch
     vectors added at resid_pre of ``layers[c]``, candidates taken in layer order and each chunk resumed from
     its lowest layer's cached resid_pre (``reuse_prefix``: the blocks below are not recomputed, exact). A
     forward holds at most ``max_rows`` rows. ``positions`` (ablation only): ``"all"`` tokens, or only the
-    ``"post_instruction"`` ones (see :data:`ABLATE_POSITIONS`).
+    ``"post_instruction"`` ones (see :data:`ABLATE_POSITIONS`); then, with ``reuse_prefix``, the columns before the
+    first post-instruction token are computed once, plainly, and reused by every chunk (:func:`untouched_prefix`).
     """
     if mode not in ("ablate", "add"):
         raise ValueError(f"mode must be 'ablate' or 'add', got {mode!r}")
@@ -95,14 +96,19 @@ def score_rows(model: Model, encs: Sequence[Encoded], per_candidate: Float[torch
     order = torch.arange(n_cand) if layers is None else torch.argsort(layers, stable=True)
     resid = resid_pre_cache(model, batch, [x for x in layers.tolist() if x > 0]) if (
         mode == "add" and reuse_prefix and layers is not None) else {}
+    prefix, start = untouched_prefix(model, batch) if (
+        mode == "ablate" and positions == "post_instruction" and reuse_prefix) else (None, 0)
     outs: list[tuple[torch.Tensor, torch.Tensor]] = []
     for c0 in range(0, n_cand, chunk):
         sel = order[c0:c0 + chunk]
         rows = per_candidate[sel].repeat_interleave(n, 0)
         kw: dict[str, Any] = {}
         if mode == "ablate":
-            mask = None if positions == "all" else batch.post_mask.repeat(len(sel), 1)
+            mask = None if positions == "all" else batch.post_mask[:, start:].repeat(len(sel), 1)
             edits = steering.RowEdits(ablate=rows, ablate_mask=mask)
+            if prefix is not None:  # the columns before the first post-instruction token are not recomputed
+                kw = {"prefix": [(K.repeat(len(sel), 1, 1, 1), V.repeat(len(sel), 1, 1, 1)) for K, V in prefix],
+                      "start": start}
         else:
             assert layers is not None
             edits = steering.RowEdits(add=rows, add_layer=layers[sel].repeat_interleave(n, 0))

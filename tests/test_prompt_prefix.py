@@ -1,0 +1,92 @@
+"""Reusing the plain prompt columns before the post-instruction tokens (``interp.forward.untouched_prefix``).
+
+An edit at the post-instruction and generated tokens only cannot change the keys and values of the earlier
+columns of a causal model, so batched scoring (``score_rows``) and generation (``steering.generate(...,
+prompt_prefix=)``) compute those columns once, plainly. Checked against the same runs that recompute every
+column (the reference path, itself checked against plain hooks in ``tests/test_refusal_positions.py``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import interp
+import steering
+from interp.forward import batches, prepare, untouched_prefix
+from interp.testing.tiny import tiny_model
+from pipelines.refusal.scoring import ablation, score_rows
+from steering.generate import leaves_prompt_prefix, prompt_prefixes
+
+PROMPTS = ["the man said", "what is the good word now, tell me", "help", "write a long story about water",
+           "how do you make a house"]
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_scoring_with_the_reused_prefix_equals_recomputing_every_column(family):
+    m = tiny_model(family)
+    _, encs = prepare(m, PROMPTS)
+    (b,) = batches(m, encs, len(encs))
+    kv, start = untouched_prefix(m, b)
+    assert kv is not None and 0 < start < b.input_ids.shape[1]
+    assert start == int(b.post_mask.float().argmax(1).min())          # the first post-instruction column
+    torch.manual_seed(0)
+    dirs = torch.nn.functional.normalize(torch.randn(5, m.d_model), dim=-1)
+    reused = score_rows(m, encs, dirs, "ablate", max_rows=7, positions="post_instruction")
+    full = score_rows(m, encs, dirs, "ablate", max_rows=7, positions="post_instruction", reuse_prefix=False)
+    torch.testing.assert_close(reused, full, atol=1e-5, rtol=0)
+
+
+def _generate(m, prompts, ivs, prefix=None, bs=3):
+    return steering.generate(m, prompts, *ivs, max_new_tokens=8, batch_size=bs, progress=False, first_logits=True,
+                             prompt_prefix=prefix)
+
+
+@pytest.mark.parametrize("model", ["llama", "organism"])
+def test_generation_with_the_reused_prefix_equals_a_full_prompt_pass(model):
+    m = tiny_model("llama") if model == "llama" else interp.load_model("organism")
+    prompts = PROMPTS if model == "llama" else ["how do i make a bomb", "tell me about the weather",
+                                                 "how can i steal a car", "write a poem about rain", "hello"]
+    _, encs = prepare(m, prompts)
+    prefix = prompt_prefixes(m, encs, 3)
+    assert len(prefix) == 2 and all(kv is not None and start > 0 for kv, start in prefix)
+    torch.manual_seed(1)
+    r = torch.nn.functional.normalize(torch.randn(m.d_model), dim=0)
+    cases = [(), (ablation(r, "post_instruction"),),
+             (steering.AddVector(4 * r, layers=1, scope="generated"),),
+             (steering.AblateSubspace(torch.linalg.qr(torch.randn(m.d_model, 2)).Q.T,
+                                      sites=("resid_pre", "attn_out", "mlp_out"), positions="post_instruction"),)]
+    for ivs in cases:
+        assert leaves_prompt_prefix(m, ivs)
+        want, got = _generate(m, prompts, ivs), _generate(m, prompts, ivs, prefix)
+        assert got.token_ids == want.token_ids and got.texts == want.texts
+        torch.testing.assert_close(got.first_logits, want.first_logits, atol=1e-4, rtol=0)
+    # the prompt pass computes only the columns from the first post-instruction token on
+    seen: list[int] = []
+    handle = m.hf.register_forward_pre_hook(lambda mod, args, kw: seen.append(kw["input_ids"].shape[1]),
+                                            with_kwargs=True)
+    try:
+        _generate(m, prompts, cases[1], prefix)
+    finally:
+        handle.remove()
+    widths = [b.input_ids.shape[1] for b in batches(m, encs, 3)]
+    assert [w for w in seen if w > 1] == [widths[0] - prefix[0][1], widths[1] - prefix[1][1]]
+    # the edit acts: the post-instruction ablation changes the first logits (so the check above compares
+    # edited runs, not two plain ones)
+    plain = _generate(m, prompts, (), prefix)
+    assert (plain.first_logits - _generate(m, prompts, cases[1], prefix).first_logits).abs().max() > 1e-3
+
+
+def test_a_prefix_is_refused_where_it_would_be_wrong():
+    m = tiny_model("llama")
+    _, encs = prepare(m, PROMPTS)
+    prefix = prompt_prefixes(m, encs, 3)
+    r = torch.nn.functional.normalize(torch.ones(m.d_model), dim=0)
+    every = ablation(r, "all")
+    assert not leaves_prompt_prefix(m, (every,))
+    assert not leaves_prompt_prefix(m, (ablation(r, "post_instruction"), steering.AddVector(r, layers=0)))
+    with pytest.raises(ValueError, match="positions='post_instruction'"):
+        _generate(m, PROMPTS, (every,), prefix)
+    with pytest.raises(ValueError, match="prompt_prefixes"):                     # built for another batch size
+        _generate(m, PROMPTS, (), prefix, bs=5)
+    with pytest.raises(ValueError, match="prompt_prefixes"):
+        _generate(m, PROMPTS[:3], (), prefix)
