@@ -122,13 +122,14 @@ def length_order(encs: Sequence[Encoded]) -> list[int]:
     return sorted(range(len(encs)), key=lambda i: -len(encs[i].ids))
 
 
-def forward(model: Model, batch: Batch, hook_fns: Any = (), *, logits: str | None = "all",
+def forward(model: Model, batch: Batch, hook_fns: Any = (), *, logits: str | int | None = "all",
             grad: bool = False, repeat: int = 1, prefix: KV | None = None, start: int = 0, from_layer: int = 0,
             resid: torch.Tensor | None = None) -> torch.Tensor | None:
     """One forward pass of ``batch`` with ``hook_fns`` (``{site: fn}`` or ``[(site, fn)]``) attached.
 
     ``logits``: ``"all"`` -> ``[B, T, V]``; ``"last"`` -> ``[B, V]`` (only the last position is unembedded;
-    padding is on the left so it is every row's last real token); ``None`` -> no logits are needed, and a hook
+    padding is on the left so it is every row's last real token); an int ``k`` -> ``[B, k, V]``, the last ``k``
+    columns only (e.g. the response tokens of left-padded prompt + response rows); ``None`` -> no logits are needed, and a hook
     may raise :class:`~interp.hooks.StopForward` to end the pass early (returns ``None``). Logits are float32
     on the model's device. ``repeat`` stacks the batch that many times (batched candidate scoring).
     ``prefix`` (from :func:`prefix_cache` of a batch with these rows) and ``start``: only columns ``start:``
@@ -139,8 +140,10 @@ def forward(model: Model, batch: Batch, hook_fns: Any = (), *, logits: str | Non
     (:func:`skip_blocks`; for families outside ``SKIPPABLE`` they run and their output is replaced); exact when
     nothing below ``from_layer`` is edited (an edit there is refused).
     """
-    if logits not in ("all", "last", None):
-        raise ValueError(f"logits must be 'all', 'last' or None, got {logits!r}")
+    width = batch.input_ids.shape[1] - (start if prefix is not None else 0)  # the columns this pass computes
+    if not (logits in ("all", "last", None) or (type(logits) is int and 1 <= logits <= width)):
+        raise ValueError(f"logits must be 'all', 'last', None or a number of last columns in 1..{width}, got "
+                         f"{logits!r}")
     _check_args(model, batch)
     if isinstance(model, NNsightModel):
         _refuse_traced(hook_fns, grad, prefix, start, from_layer, resid)
@@ -151,8 +154,8 @@ def forward(model: Model, batch: Batch, hook_fns: Any = (), *, logits: str | Non
     full = _resume_rows(model, from_layer, resid, inputs["input_ids"].shape[0], prefix is not None)
     if prefix is not None and start > 0:
         inputs, kw = _after_prefix(model, inputs, prefix, start)
-    if logits == "last":
-        kw["logits_to_keep"] = 1
+    if logits == "last" or isinstance(logits, int):
+        kw["logits_to_keep"] = 1 if logits == "last" else logits
     grad_ctx = nullcontext() if grad else torch.inference_mode()
     skip = from_layer if full is not None and can_skip(model) else 0
     with grad_ctx, hooks(model, _resume_hooks(model, from_layer, full, bool(skip))), hooks(model, hook_fns), \
@@ -211,16 +214,22 @@ def prefix_cache(model: Model, batch: Batch) -> KV | None:
     """Keys and values per layer of a plain forward of ``batch`` (to recompute only its later columns with
     ``forward(..., prefix=, start=)``); ``None`` when the cache is not a plain full-attention dynamic cache
     (sliding-window or other caches: no reuse)."""
+    return cached_forward(model, batch, 1)[1]
+
+
+def cached_forward(model: Model, batch: Batch, last: int) -> tuple[torch.Tensor, KV | None]:
+    """One plain forward of ``batch``: the logits of its last ``last`` columns ``[B, last, V]`` (float32) and its
+    keys and values (as :func:`prefix_cache`; ``None`` for other caches), for a caller that needs both."""
     _check_args(model, batch)
     with torch.inference_mode():
-        out = model.hf(**batch.to(model.device).model_inputs, use_cache=True, logits_to_keep=1)
+        out = model.hf(**batch.to(model.device).model_inputs, use_cache=True, logits_to_keep=last)
     cache = out.get("cache", None)
     if cache is None:
         cache = out.get("past_key_values", None)
     layers = getattr(cache, "layers", None)
     if not layers or any(type(la).__name__ != "DynamicLayer" or getattr(la, "keys", None) is None for la in layers):
-        return None
-    return [(la.keys, la.values) for la in layers]
+        return out.logits.float(), None
+    return out.logits.float(), [(la.keys, la.values) for la in layers]
 
 
 def untouched_prefix(model: Model, batch: Batch) -> tuple[KV | None, int]:
@@ -372,4 +381,4 @@ def skip_blocks(model: Model, upto: int, resid: torch.Tensor | None = None) -> I
 __all__ = ["SKIPPABLE", "Inputs", "batch_of", "can_skip", "batches", "encode_ids", "encodings", "forward", "last_logits",
            "length_order", "pad_id",
            "prefix_cache", "prepare", "resid_pre_cache", "skip_blocks",
-           "untouched_prefix", "cache_kwarg", "kv_cache"]
+           "untouched_prefix", "cache_kwarg", "kv_cache", "cached_forward"]

@@ -12,7 +12,7 @@ import torch
 
 import interp
 import steering
-from interp.forward import batches, prepare, untouched_prefix
+from interp.forward import batches, forward, prepare, untouched_prefix
 from interp.testing.tiny import tiny_model
 from pipelines.refusal.scoring import ablation, score_rows
 from steering.generate import leaves_prompt_prefix, prompt_prefixes
@@ -90,3 +90,43 @@ def test_a_prefix_is_refused_where_it_would_be_wrong():
         _generate(m, PROMPTS, (), prefix, bs=5)
     with pytest.raises(ValueError, match="prompt_prefixes"):
         _generate(m, PROMPTS[:3], (), prefix)
+
+
+@pytest.mark.parametrize("positions", ["all", "post_instruction"])
+def test_teacher_forced_kl_and_ce_equal_full_passes_with_plain_hooks(positions):
+    """``harmless_kl_ce`` unembeds the response columns only and, under a post-instruction edit, reuses the plain
+    pass's earlier columns: against full passes with plain hooks at every writer (the oracle), batch by batch."""
+    from evals.logits import cross_entropy, kl_div
+    from interp.hooks import hooks
+    from pipelines.refusal.estimate import writer_sites
+    from pipelines.refusal.evaluation import harmless_kl_ce
+
+    m = tiny_model("llama", n_layers=3)
+    prompts, responses = PROMPTS, ["yes it is", "a word", "sure thing here", "no", "a house of bricks and wood"]
+    torch.manual_seed(3)
+    r, u = torch.nn.functional.normalize(torch.randn(2, m.d_model), dim=-1)
+    got = harmless_kl_ce(m, prompts, responses, (ablation(r, positions),), batch_size=2,
+                         controls={"random ablation": (ablation(u, positions),)})
+    _, encs = prepare(m, prompts, responses=responses)
+    want: dict[str, list] = {"base": [], "r": [], "u": [], "kl_r": [], "kl_u": []}
+    for b in batches(m, encs, 2):
+        where = b.attention_mask.bool() if positions == "all" else b.post_mask | b.response_mask
+        base = forward(m, b, logits="all")
+        first = b.response_mask.float().argmax(1) - 1
+        rows = torch.arange(len(first))
+        want["base"].append(cross_entropy(base, b.input_ids, b.response_mask))
+        for name, d in (("r", r), ("u", u)):
+            w = where.to(m.dtype)[..., None]
+            fns = [(s.name, lambda x, ctx, d=d, w=w: x - (x @ d)[..., None] * d * w) for s in writer_sites(m)]
+            with hooks(m, fns):
+                lg = forward(m, b, logits="all")
+            want[name].append(cross_entropy(lg, b.input_ids, b.response_mask))
+            want[f"kl_{name}"].append(kl_div(base[rows, first], lg[rows, first]))
+    mean = {k: sum(s for s, _ in v) / sum(n for _, n in v) for k, v in want.items() if not k.startswith("kl")}
+    assert got["ce_baseline"] == pytest.approx(mean["base"], abs=1e-5)
+    assert got["ce_edited"] == pytest.approx(mean["r"], abs=1e-5)
+    assert got["ce_edited (random ablation)"] == pytest.approx(mean["u"], abs=1e-5)
+    assert got["kl_first_response_token"] == pytest.approx(float(torch.cat(want["kl_r"]).mean()), abs=1e-6)
+    assert got["kl_first_response_token (random ablation)"] == pytest.approx(float(torch.cat(want["kl_u"]).mean()),
+                                                                            abs=1e-6)
+    assert got["kl_first_response_token"] > 1e-4

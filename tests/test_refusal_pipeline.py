@@ -336,3 +336,25 @@ def test_subspace_ablation_has_a_random_control_of_the_same_ranks(aligned_run):
     assert len(ctrl["harmful_refusal_rate"]) == len(ctrl["harmful_refusal_score"]) == len(sub["rank"])
     assert ctrl["harmful_refusal_rate"][0] >= 0.8 and max(sub["harmful_refusal_rate"]) <= 0.2
     assert "random subspace (control)" in (aligned_run.out / "report.html").read_text()
+
+
+def test_subspace_rank_one_read_from_the_evaluation_equals_measuring_it(aligned_run):
+    """Rank 1 (the refusal direction; the control's first random direction) is what the evaluation measured as
+    its ablation and random ablation: read from it, it equals measuring it again."""
+    import interp
+    from pipelines.refusal import load_refusal_data
+    from pipelines.refusal.evaluation import find_subspaces
+
+    res = aligned_run
+    cfg = RefusalConfig.from_flat(model="organism")
+    d = cfg.data
+    data = load_refusal_data(d.harmful, d.harmless, d.column, d.harmless_column, d.n_train, d.n_val, d.n_test, d.seed,
+                             "organism", d.borderline, d.borderline_column, d.n_borderline)
+    model = interp.load_model("organism")
+    again = find_subspaces(model, data, res.candidates, res.selection, res.tokens, rank=1,
+                           max_new_tokens=cfg.generation.max_new_tokens)
+    ev = res.evaluation.refusal_rate
+    assert again.rates == [res.subspaces.rates[0]] == [ev["harmful/ablation"]]
+    assert again.control_rates == [res.subspaces.control_rates[0]] == [ev["harmful/random ablation"]]
+    assert again.scores[0] == pytest.approx(res.subspaces.scores[0], abs=1e-4)
+    assert again.control_scores[0] == pytest.approx(res.subspaces.control_scores[0], abs=1e-4)

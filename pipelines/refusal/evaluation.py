@@ -19,7 +19,7 @@ from evals.judge import Judge, judge_many
 from evals.logits import cross_entropy, kl_div, refusal_score
 from evals.rates import rate
 from interp.chat import Encoded
-from interp.forward import batches, forward, prepare
+from interp.forward import batches, cached_forward, forward, prepare
 from interp.models import Model
 from pipelines.refusal.prompt_sets import RefusalData
 from pipelines.refusal.scoring import ablation
@@ -157,40 +157,52 @@ def evaluate(model: Model, data: RefusalData, cand: Candidates, sel: Selection, 
     else:
         equiv = {"max_abs_logit_diff": None, "rel_logit_diff": None, "exact_architecture": None,
                  "notes": [NOT_BAKEABLE]}
-    kl_ce = harmless_kl_ce(model, test.prompts("harmless"), gens["harmless/baseline"],
-                           (ablation(r, ablate_positions),), batch_size)
-    control = harmless_kl_ce(model, test.prompts("harmless"), gens["harmless/baseline"],
-                             (ablation(rand_u, ablate_positions),), batch_size)  # the same cost of a random ablation
-    kl_ce |= {f"{k} (random ablation)": x for k, x in control.items() if k != "ce_baseline"}
+    kl_ce = harmless_kl_ce(model, test.prompts("harmless"), gens["harmless/baseline"],  # and the same cost of a
+                           (ablation(r, ablate_positions),), batch_size,                # random ablation
+                           controls={"random ablation": (ablation(rand_u, ablate_positions),)})
     rates = {k: sum(f) / len(f) for k, f in refused.items()}
     return Evaluation(gens, rates, scores, equiv, kl_ce, refused)
 
 
-def harmless_kl_ce(model: Model, prompts: list[str], responses: list[str], ivs: tuple, batch_size: int = 64
-                   ) -> dict[str, float]:
-    """KL at the first response position, and cross-entropy of the baseline's own responses, without / with ``ivs``."""
+def harmless_kl_ce(model: Model, prompts: list[str], responses: list[str], ivs: tuple, batch_size: int = 64,
+                   controls: dict[str, tuple] | None = None) -> dict[str, float]:
+    """KL at the first response position, and cross-entropy of the baseline's own responses, without / with ``ivs``;
+    each of ``controls`` (name -> interventions) adds its ``"... (name)"`` KL and edited CE, from the same plain pass.
+    Only the response columns are unembedded; under edits of the post-instruction and generated tokens only, the
+    edited passes reuse the plain pass's keys and values of the earlier columns (exact)."""
     pairs = [(p, r) for p, r in zip(prompts, responses) if r.strip()]
     if not pairs:
         return {}
     _, encs = prepare(model, [p for p, _ in pairs], responses=[r for _, r in pairs])
-    ce: dict[str, list[tuple[float, int]]] = {"baseline": [], "edited": []}
-    kls = []
+    runs = {"": ivs} | {f" ({name})": c for name, c in (controls or {}).items()}
+    ce: dict[str, list[tuple[float, int]]] = {"baseline": []} | {k: [] for k in runs}
+    kls: dict[str, list[torch.Tensor]] = {k: [] for k in runs}
     for b in batches(model, encs, batch_size):
-        base = forward(model, b, logits="all")
-        with steering.apply(model, *ivs) as handle:
-            # one teacher-forced pass: the response tokens stand for generated ones, so a post-instruction
-            # ablation acts on them as it does on every generated token
-            handle.set_batch(post_mask=b.post_mask | b.response_mask)
-            edited = forward(model, b, logits="all")
-        assert base is not None and edited is not None
-        for name, lg in (("baseline", base), ("edited", edited)):
-            ce[name].append(cross_entropy(lg, b.input_ids, b.response_mask))
         first = b.response_mask.float().argmax(1) - 1                              # last prompt position
-        rows = torch.arange(b.input_ids.shape[0])
-        kls.append(kl_div(base[rows, first], edited[rows, first]).cpu())
+        keep = b.input_ids.shape[1] - int(first.min())                           # the columns unembedded
+        base, kv = cached_forward(model, b, keep)
+        ids, resp = b.input_ids[:, -keep:], b.response_mask[:, -keep:]
+        ce["baseline"].append(cross_entropy(base, ids, resp))
+        at = (torch.arange(len(first)), first - (b.input_ids.shape[1] - keep))
+        for name, edits in runs.items():
+            edited = _edited_logits(model, b, edits, keep, kv)
+            ce[name].append(cross_entropy(edited, ids, resp))
+            kls[name].append(kl_div(base[at], edited[at]).cpu())
     mean = {k: sum(s for s, _ in v) / max(sum(n for _, n in v), 1) for k, v in ce.items()}
-    return {"kl_first_response_token": float(torch.cat(kls).mean()), "ce_baseline": mean["baseline"],
-            "ce_edited": mean["edited"]}
+    return {"ce_baseline": mean["baseline"]} | {k: x for name in runs for k, x in (
+        (f"kl_first_response_token{name}", float(torch.cat(kls[name]).mean())), (f"ce_edited{name}", mean[name]))}
+
+
+def _edited_logits(model: Model, b: Any, ivs: tuple, keep: int, kv: Any) -> torch.Tensor:
+    """The last ``keep`` columns' logits of ``b`` under ``ivs``, teacher-forced: the response tokens stand for
+    generated ones (so a post-instruction ablation acts on them as on every generated token)."""
+    start = int(b.post_mask.float().argmax(1).min()) if kv is not None and leaves_prompt_prefix(model, ivs) else 0
+    reuse = {"prefix": kv, "start": start} if start > 0 and bool(b.post_mask.any(1).all()) else {}
+    with steering.apply(model, *ivs) as handle:
+        handle.set_batch(post_mask=b.post_mask | b.response_mask, cached=reuse.get("start", 0))
+        out = forward(model, b, logits=keep, **reuse)
+    assert out is not None
+    return out
 
 
 def _ablated(model: Model, test: TestPrompts, basis: torch.Tensor, tokens: RefusalTokens, max_new_tokens: int,
@@ -202,14 +214,25 @@ def _ablated(model: Model, test: TestPrompts, basis: torch.Tensor, tokens: Refus
     return sum(flags) / len(flags), refusal_score(logits, tokens.tokens).mean().item()
 
 
+def _rank_one(ev: Evaluation | None) -> tuple[tuple[float, float], tuple[float, float]] | None:
+    """Rank 1 of the subspaces and of their control, as the evaluation measured them (rate, mean score)."""
+    names = ("harmful/ablation", "harmful/random ablation")
+    if ev is None or not all(n in ev.refusal_rate and n in ev.refusal_score for n in names):
+        return None
+    return tuple((ev.refusal_rate[n], ev.refusal_score[n]) for n in names)  # type: ignore[return-value]
+
+
 def find_subspaces(model: Model, data: RefusalData, cand: Candidates, sel: Selection, tokens: RefusalTokens,
                    rank: int = 8, max_new_tokens: int = 24, batch_size: int = 64, test: TestPrompts | None = None,
-                   seed: int = 0, judge: Judge | None = None, ablate_positions: str = "all") -> Subspaces:
+                   seed: int = 0, judge: Judge | None = None, ablate_positions: str = "all",
+                   evaluation: Evaluation | None = None) -> Subspaces:
     """Per-category mean differences at the selected site (from the candidates' train activations, no re-capture),
     orthonormalised after the refusal direction; ablate the first k for k = 1..rank on harmful test prompts.
 
     The control ablates the first k of ``rank`` random orthonormal directions (nested, seeded with ``seed``): a
     subspace of the same rank that should leave refusal as it is.
+    ``evaluation`` (the evaluation stage of the same direction, prompts and seed) already measured rank 1: its
+    ablation of the refusal direction, and of the seeded random direction that spans the control's first rank.
     """
     cats = sorted(set(data.harmful["train"].categories))
     if len(cats) < 2:
@@ -226,9 +249,15 @@ def find_subspaces(model: Model, data: RefusalData, cand: Candidates, sel: Selec
     rand = torch.stack([d.vectors[0] for d in random_directions(model.d_model, k_max, seed=seed)])
     rand = torch.linalg.qr(rand.T.double()).Q.T.to(basis.dtype)
     out = Subspaces([cats[i] for i in order.tolist()], [], [], [])
+    known = _rank_one(evaluation)
     for k in range(1, k_max + 1):
-        k_rate, score = _ablated(model, test, basis[:k], tokens, max_new_tokens, batch_size, judge, ablate_positions)
-        c_rate, c_score = _ablated(model, test, rand[:k], tokens, max_new_tokens, batch_size, judge, ablate_positions)
+        if k == 1 and known is not None:
+            (k_rate, score), (c_rate, c_score) = known
+        else:
+            k_rate, score = _ablated(model, test, basis[:k], tokens, max_new_tokens, batch_size, judge,
+                                     ablate_positions)
+            c_rate, c_score = _ablated(model, test, rand[:k], tokens, max_new_tokens, batch_size, judge,
+                                       ablate_positions)
         out.ranks.append(k)
         out.rates.append(k_rate)
         out.scores.append(score)

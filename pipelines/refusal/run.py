@@ -133,7 +133,7 @@ def _run_refusal(cfg: RefusalConfig, out: str | Path, overwrite: bool, progress:
                 at), say)  # type: ignore[arg-type]
             res.subspaces = run.stage("subspaces", keys.subspaces(sel), Subspaces, lambda: find_subspaces(
                 model, data, cand, sel, res.tokens, g.subspace_rank, g.max_new_tokens, bs, test, d.seed, judge,
-                at), say)  # type: ignore[arg-type]
+                at, res.evaluation), say)  # type: ignore[arg-type]
     return finish(run, model, cfg, data, res, say)
 
 
