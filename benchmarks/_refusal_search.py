@@ -9,7 +9,6 @@ A forward = one ``*ForCausalLM`` forward call; backward passes are the estimate'
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -17,12 +16,9 @@ from typing import Any
 
 import torch
 
-REPO = Path(__file__).resolve().parent.parent
-SHARED = Path(os.environ.get("INTERP_SHARED", REPO.parent / "shared"))  # ../shared beside the checkout
-DATA = {  # per model: harmful file, harmless file (None: the organism's own sets)
+DATA = {  # per model: harmful file, harmless file (None: the job's default sets for that model, as `interp refusal`)
     "organism": (None, None),
-    "smollm2-aligned": (str(SHARED / "data" / "refusal" / "harmful_test.json"),
-                        str(REPO / "interp" / "data" / "prompts" / "harmless_realistic.jsonl")),
+    "smollm2-aligned": (None, None),
 }
 
 
@@ -65,33 +61,36 @@ def setup(name: str, n_val: int, n_train: int, batch_size: int) -> tuple[Any, An
 
     model = interp.load_model(name)
     harmful, harmless = DATA[name]
-    data = load_refusal_data(harmful, harmless, n_train=n_train, n_val=n_val, n_test=2)
+    data = load_refusal_data(harmful, harmless, n_train=n_train, n_val=n_val, n_test=64, model=name)  # the job's splits
     tok, t_tok, f_tok = _timed(lambda: find_refusal_tokens(model, data, 12, batch_size))
     cand, t_c, f_c = _timed(lambda: find_candidates(model, data, None, batch_size))
     return model, data, tok, cand, {"tokens_s": t_tok, "tokens_forwards": f_tok["forwards"], "candidates_s": t_c,
                                     "candidates_forwards": f_c["forwards"], "refusal_tokens": tok.strings}
 
 
-def exhaustive(model: Any, data: Any, tok: Any, cand: Any, batch_size: int, max_rows: int) -> tuple[Any, dict]:
+def exhaustive(model: Any, data: Any, tok: Any, cand: Any, batch_size: int, max_rows: int, positions: str = "all"
+               ) -> tuple[Any, dict]:
     from pipelines.refusal import score_candidates
 
-    scores, t, f = _timed(lambda: score_candidates(model, data, cand, tok, batch_size, max_rows))
+    scores, t, f = _timed(lambda: score_candidates(model, data, cand, tok, batch_size, max_rows,
+                                                   ablate_positions=positions))
     return scores, {"s": t, **f, "backwards": 0, "n_scored": scores.bypass.numel()}
 
 
 def estimate_mode(model: Any, data: Any, tok: Any, cand: Any, batch_size: int, max_rows: int, top_k: int,
-                  cfgs: dict[str, Any]) -> tuple[Any, dict]:
+                  cfgs: dict[str, Any], positions: str = "all") -> tuple[Any, dict]:
     """The estimate once, then for each selection config its top k scored exactly and the selection."""
     from pipelines.refusal import score_candidates, select_direction
     from pipelines.refusal.estimate import estimate_candidates, top_candidates
 
-    est, t_e, f_e = _timed(lambda: estimate_candidates(model, data, cand, tok, batch_size))
+    est, t_e, f_e = _timed(lambda: estimate_candidates(model, data, cand, tok, batch_size,
+                                                       ablate_positions=positions))
     out: dict[str, Any] = {"estimate_s": t_e, "estimate_forwards": f_e["forwards"], "estimate_rows": f_e["rows"],
                            "backwards": est.backwards, "by_filters": {}}
     for name, cfg in cfgs.items():
         only = top_candidates(est, cand, model.n_layers, cfg, top_k)
         sub, t_s, f_s = _timed(lambda only=only: score_candidates(model, data, cand, tok, batch_size, max_rows,
-                                                                  only=only))
+                                                                  only=only, ablate_positions=positions))
         sel = select_direction(model.n_layers, cand, sub, cfg)
         out["by_filters"][name] = {"s": t_e + t_s, "exact_s": t_s, "forwards": f_e["forwards"] + f_s["forwards"],
                                    "rows": f_e["rows"] + f_s["rows"], "n_scored": int(only.sum()),
@@ -100,7 +99,7 @@ def estimate_mode(model: Any, data: Any, tok: Any, cand: Any, batch_size: int, m
 
 
 def compare(model: Any, data: Any, tok: Any, est: Any, exact: Any, cand: Any, cfgs: dict[str, Any],
-            batch_size: int) -> dict:
+            batch_size: int, positions: str = "all") -> dict:
     """Spearman of estimate vs exhaustive (all candidates; those whose exact KL is below 0.1 / 1; depth-kept),
     the exhaustive selection and its rank in the estimate's top-k order per filter setting, and the trapezoid
     variant (bypass with a second gradient point where the estimate's best candidate is ablated)."""
@@ -134,8 +133,8 @@ def compare(model: Any, data: Any, tok: Any, est: Any, exact: Any, cand: Any, cf
     r = torch.nn.functional.normalize(cand.raw.double(), dim=-1)
     best = int(torch.where(keep, est.bypass, math.inf).flatten().argmin())
     _, enc_h = prepare(model, data.harmful["val"].instructions)
-    M0, b0, _ = ablation_moment(model, enc_h, tok.tokens, batch_size)
-    M1, _, _ = ablation_moment(model, enc_h, tok.tokens, batch_size, r.flatten(0, 1)[best][None].float())
+    M0, b0, _ = ablation_moment(model, enc_h, tok.tokens, batch_size, positions=positions)
+    M1, _, _ = ablation_moment(model, enc_h, tok.tokens, batch_size, r.flatten(0, 1)[best][None].float(), positions)
     trap = b0 - 0.5 * torch.einsum("lpd,de,lpe->lp", r, M0 + M1, r)
     out["spearman_bypass_trapezoid"] = rho(trap, exact.bypass, every)
     return out
@@ -157,7 +156,7 @@ FILTERS = {"default": {}, "relaxed (KL < 1, no induce filter)": {"kl_threshold":
 
 
 def run_model(name: str, n_val: int, n_train: int, top_k: int, batch_size: int, max_rows: int,
-              save: Path | None, reuse: Path | None) -> dict:
+              save: Path | None, reuse: Path | None, positions: str = "all") -> dict:
     """Both modes on one model; ``reuse``: an earlier run's saved exhaustive scores and cost (same code, data)."""
     from pipelines.refusal import SelectionConfig
 
@@ -167,11 +166,11 @@ def run_model(name: str, n_val: int, n_train: int, top_k: int, batch_size: int, 
         blob = torch.load(reuse, weights_only=False)
         exact, ex = blob["exact"], blob["exhaustive"] | {"reused_from": str(reuse)}
     else:
-        exact, ex = exhaustive(model, data, tok, cand, batch_size, max_rows)
-    est, es = estimate_mode(model, data, tok, cand, batch_size, max_rows, top_k, cfgs)
+        exact, ex = exhaustive(model, data, tok, cand, batch_size, max_rows, positions)
+    est, es = estimate_mode(model, data, tok, cand, batch_size, max_rows, top_k, cfgs, positions)
     res = {"model": name, "n_layers": model.n_layers, "n_positions": cand.n_positions, "n_val": n_val,
-           "n_train": n_train, "top_k": top_k, **common, "exhaustive": ex, "estimate": es,
-           **compare(model, data, tok, est, exact, cand, cfgs, batch_size)}
+           "n_train": n_train, "top_k": top_k, "ablate_positions": positions, **common, "exhaustive": ex,
+           "estimate": es, **compare(model, data, tok, est, exact, cand, cfgs, batch_size, positions)}
     if save is not None:
         save.parent.mkdir(parents=True, exist_ok=True)
         torch.save({"exact": exact, "exhaustive": ex, "estimate": asdict(est), "result": res,
@@ -190,7 +189,8 @@ def _f(x: float | None) -> str:
 
 def section(results: list[dict], command: str, machine: str) -> str:
     """The markdown section of the search comparison."""
-    lines = ["### Candidate search: exhaustive vs estimate + exact top k", "",
+    modes = sorted({r.get("ablate_positions", "all") for r in results})
+    lines = [f"### Candidate search: exhaustive vs estimate + exact top k (ablation at {', '.join(modes)} tokens)", "",
              "| model | candidates | n_val | mode | s | forwards | rows | backwards | scored exactly | selected, default "
              "filters | selected, relaxed filters |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:

@@ -104,9 +104,11 @@ def search_main(args: argparse.Namespace) -> None:
     if len(n_vals) not in (1, len(names)):
         raise SystemExit(f"--n-val: give one number or one per model ({len(names)})")
     for name, n_val in zip(names, n_vals * len(names) if len(n_vals) == 1 else n_vals):
-        save = Path(args.save_dir) / f"search_{name}_n{n_val}.pt" if args.save_dir else None
+        mode = "" if args.ablate_positions == "all" else f"_{args.ablate_positions}"
+        save = Path(args.save_dir) / f"search_{name}_n{n_val}{mode}.pt" if args.save_dir else None
         reuse = save if args.reuse_exhaustive else None
-        results.append(run_model(name, n_val, args.n_train, args.top_k, args.batch_size, args.max_rows, save, reuse))
+        results.append(run_model(name, n_val, args.n_train, args.top_k, args.batch_size, args.max_rows, save, reuse,
+                                 args.ablate_positions))
         print(json.dumps(results[-1], indent=1), flush=True)
     cmd = " ".join(["python benchmarks/bench_refusal.py"] + sys.argv[1:])
     text = section(results, cmd, machine())
@@ -129,6 +131,8 @@ def main() -> None:
     ap.add_argument("--top-k", type=int, default=8, help="--search: candidates scored exactly (default: %(default)s)")
     ap.add_argument("--batch-size", type=int, default=32, help="--search: prompts per batch (default: %(default)s)")
     ap.add_argument("--max-rows", type=int, default=256, help="--search: rows per scoring forward (default: %(default)s)")
+    ap.add_argument("--ablate-positions", default="all", choices=["all", "post_instruction"],
+                    help="--search: where a candidate is ablated (default: %(default)s, every token)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
     ap.add_argument("--save-dir", default=None, help="--search: save each model's scores and figures here")
     ap.add_argument("--reuse-exhaustive", action="store_true", help="--search: take the exhaustive scores and cost "
