@@ -140,11 +140,11 @@ def forward(model: Model, batch: Batch, hook_fns: Any = (), *, logits: str | int
     (:func:`skip_blocks`; for families outside ``SKIPPABLE`` they run and their output is replaced); exact when
     nothing below ``from_layer`` is edited (an edit there is refused).
     """
+    _check_args(model, batch)
     width = batch.input_ids.shape[1] - (start if prefix is not None else 0)  # the columns this pass computes
     if not (logits in ("all", "last", None) or (type(logits) is int and 1 <= logits <= width)):
         raise ValueError(f"logits must be 'all', 'last', None or a number of last columns in 1..{width}, got "
                          f"{logits!r}")
-    _check_args(model, batch)
     if isinstance(model, NNsightModel):
         _refuse_traced(hook_fns, grad, prefix, start, from_layer, resid)
         return trace_batch(model, batch, logits=logits, repeat=repeat)[1]
