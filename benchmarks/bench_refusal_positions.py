@@ -5,7 +5,9 @@ with the KL of seeded random unit directions ablated the same way (the KL filter
 ``python benchmarks/bench_refusal_positions.py --model smollm2-aligned --layers 10-22 --positions=-1,-2``
 ``--model`` also takes a model folder or a LoRA adapter folder (``--base smollm2-base``: a scratch organism from
 ``python -m organism.train_smollm2 --out DIR``); ``--zero-dims 507,247`` zeroes those residual dimensions of every
-candidate (massive activations) before scoring.
+candidate (massive activations) before scoring. ``--judged`` adds what the scores stand in for: each candidate's
+judged refusal rate on the val prompts (greedy, 24 tokens, the job's judge) with the direction ablated in each mode
+(harmful prompts) and added at its layer (harmless prompts).
 """
 
 from __future__ import annotations
@@ -26,6 +28,29 @@ def _ints(text: str) -> list[int]:
     return out
 
 
+def _judged(m, data, cand, layers: list[int], positions: list[int]) -> dict[tuple[int, int], tuple[float, ...]]:
+    """``(layer, position) -> (harmful refused, every-token ablation; post-instruction ablation; harmless refused
+    under addition)`` on the val prompts, and ``(-1, 0)`` the two baselines."""
+    import steering
+    from evals.judge import judge_many
+    from pipelines.refusal.scoring import ablation
+
+    harmful, harmless = data.harmful["val"].instructions, data.harmless["val"].instructions
+
+    def rate(prompts: list[str], *ivs) -> float:
+        out = steering.generate(m, prompts, *ivs, max_new_tokens=24, batch_size=64, progress=False)
+        return sum(judge_many(None, out.texts)) / len(prompts)
+
+    out = {(-1, 0): (rate(harmful), rate(harmless))}
+    for li, layer in enumerate(layers):
+        for p in positions:
+            v = cand.raw[li, cand.n_positions + p]
+            r = v / v.norm()
+            out[layer, p] = (rate(harmful, ablation(r, "all")), rate(harmful, ablation(r, "post_instruction")),
+                             rate(harmless, steering.AddVector(v, sites="resid_pre", layers=layer)))
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2-aligned")
@@ -35,6 +60,7 @@ def main() -> None:
     ap.add_argument("--base", default=None, help="base model name when --model is a LoRA adapter folder")
     ap.add_argument("--zero-dims", default="", help="residual dimensions zeroed in every candidate, e.g. 507,247")
     ap.add_argument("--n-random", type=int, default=8, help="random directions for the KL reference (default: 8)")
+    ap.add_argument("--judged", action="store_true", help="also the judged refusal rates under each edit (val prompts)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -58,6 +84,7 @@ def main() -> None:
     scores = {mode: score_candidates(m, data, cand, tok, only=only, ablate_positions=mode, n_random=args.n_random)
               for mode in ("all", "post_instruction")}
     base = scores["all"]
+    judged = _judged(m, data, cand, layers, positions) if args.judged else {}
     lines = [f"### Every-token vs post-instruction ablation of the same candidates: `{args.model}`\n",
              f"Refusal score = mean log-odds of the refusal tokens {tok.strings} on {len(data.harmful['val'])} "
              f"harmful / {len(data.harmless['val'])} harmless val prompts (baseline harmful "
@@ -65,7 +92,9 @@ def main() -> None:
              f"(lower = less refusal); KL: under ablation, harmless, last prompt token; induce: under addition at the "
              f"candidate's layer (the same in both modes).\n",
              "| layer | position | bypass, every token | KL, every token | bypass, post-instruction | "
-             "KL, post-instruction | induce |", "|---|---|---|---|---|---|---|"]
+             "KL, post-instruction | induce |" + (" harmful refused, every-token ablation | harmful refused, "
+             "post-instruction ablation | harmless refused, addition |" if judged else ""),
+             "|---|---|---|---|---|---|---|" + ("---|---|---|" if judged else "")]
     for mode, sc in scores.items():
         ks = sorted(sc.kl_random)
         where = "every token" if mode == "all" else "the post-instruction tokens"
@@ -78,12 +107,17 @@ def main() -> None:
             pi = cand.n_positions + p
             a, q = scores["all"], scores["post_instruction"]
             lines.append(f"| {layer} | {p} | {a.bypass[li, pi]:.2f} | {a.kl[li, pi]:.3f} | {q.bypass[li, pi]:.2f} | "
-                         f"{q.kl[li, pi]:.3f} | {a.induce[li, pi]:.2f} |")
+                         f"{q.kl[li, pi]:.3f} | {a.induce[li, pi]:.2f} |"
+                         + "".join(f" {x:.2f} |" for x in judged.get((layer, p), ())))
+    if judged:
+        h, s = judged[-1, 0]
+        lines.append(f"\nJudged refusal without an edit (val): harmful {h:.2f}, harmless {s:.2f}; greedy, 24 tokens.")
     lines.append(f"\nMachine: {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__} "
                  f"({torch.get_num_threads()} threads); {time.perf_counter() - t0:.0f} s; load average before "
                  f"{load0[0]:.1f}, after {os.getloadavg()[0]:.1f}. Command: `python benchmarks/bench_refusal_positions.py "
                  f"--model {args.model} --layers {args.layers} --positions={args.positions}"
-                 f"{f' --base {args.base}' if args.base else ''}{f' --zero-dims {args.zero_dims}' if dims else ''}`.")
+                 f"{f' --base {args.base}' if args.base else ''}{f' --zero-dims {args.zero_dims}' if dims else ''}"
+                 f"{f' --n-random {args.n_random}' if args.n_random != 8 else ''}{' --judged' if judged else ''}`.")
     print("\n".join(lines))
 
 
