@@ -84,6 +84,26 @@ def append_section(path: str | os.PathLike, text: str) -> None:
     write_text(path, old + ("\n" if old else "") + text)
 
 
+def replace_section(path: str | os.PathLike, heading: str, text: str) -> None:
+    """``text`` (starting with ``heading``, a ``### ...`` line) in place of the file's section under that exact heading
+    (up to the next ``### `` heading), or appended when the file has none; every other section kept; atomic."""
+    from pathlib import Path
+
+    if not text.startswith(heading):
+        raise ValueError(f"the section must start with its heading {heading!r}")
+    old = Path(path).read_text() if Path(path).exists() else ""
+    lines = old.split("\n")
+    try:
+        start = lines.index(heading)
+    except ValueError:
+        write_text(path, (old.rstrip("\n") + "\n\n" if old.strip() else "") + text.rstrip("\n") + "\n")
+        return
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("### ")), len(lines))
+    rest = "\n".join(lines[end:])
+    write_text(path, "\n".join(lines[:start]) + ("\n" if start else "") + text.rstrip("\n") + "\n"
+               + ("\n" + rest if rest.strip() else ""))
+
+
 def write_text(path: str | os.PathLike, text: str) -> None:
     """Write a result file atomically (its folder created)."""
     from pathlib import Path

@@ -5,7 +5,8 @@ time and memory at a few prompt lengths.
     python benchmarks/study_circuits.py --model smollm2-aligned --layer 10 --threads 2
 
 Transcoders are trained once and cached under ``--cache`` (default ``~/.cache/interp-toolkit/transcoders``).
-Figures are written to ``benchmarks/RESULTS_circuits.md`` (this study owns that file).
+Figures are written to ``benchmarks/RESULTS_circuits.md``, one section per target layer and ranking positions (a rerun
+replaces its own section only).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks._common import PeakRSS, machine, write_text  # noqa: E402
+from benchmarks._common import PeakRSS, machine, replace_section, write_text  # noqa: E402
 from interp.data import load_prompts  # noqa: E402
 from interp.models import cache_dir, load_model  # noqa: E402
 from patching import ReplacementModel, attribution_graph  # noqa: E402
@@ -60,6 +61,17 @@ def graph_costs(rm: ReplacementModel, r: torch.Tensor, layer: int, prompts: list
     return rows
 
 
+def diff_latents(folder: str | None) -> tuple | None:
+    """``(sae, latents)`` saved by ``study_diffing.py`` in ``folder``, or ``None``."""
+    if folder is None:
+        return None
+    import json
+
+    from sae.model import SAE
+
+    return SAE.load(Path(folder) / "sae"), json.loads((Path(folder) / "latents.json").read_text())["top"]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="smollm2-aligned")
@@ -76,6 +88,10 @@ def main() -> None:
                     help="where to write the first graph's interactive page")
     ap.add_argument("--cache", default=None)
     ap.add_argument("--rank-by", default="influence", choices=("influence", "direct"))
+    ap.add_argument("--positions", default="all", choices=("all", "post_instruction"),
+                    help="the feature nodes ranked: at every position or at the post-instruction tokens only")
+    ap.add_argument("--diff", default=None, help="a folder from study_diffing.py: each feature's largest |cosine| "
+                                                 "with the SAE model-diff latents it ranked")
     ap.add_argument("--no-costs", action="store_true", help="skip the graph cost rows")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -97,27 +113,36 @@ def main() -> None:
     t0 = time.time()
     res = refusal_circuit(rm, refused, r, args.layer, data.harmful["test"].instructions, n_features=args.n_features,
                           n_random=3, max_feature_nodes=args.budget, max_positions=160, max_new_tokens=24,
-                          rank_by=args.rank_by)
+                          rank_by=args.rank_by, positions=args.positions, diff=diff_latents(args.diff))
     t_study = time.time() - t0
     print(res.to_frame().head(25).to_string(), res.to_frame("rates").to_string(), res.test, flush=True)
     write_text(args.graph_page, res.page(0))
     costs = [] if args.no_costs else graph_costs(rm, r, args.layer, [refused[0], refused[0] + " " + refused[1],
                                                                       " ".join(refused[:4])], args.budget)
     out = RESULTS if args.rank_by == "influence" else RESULTS.with_name(f"RESULTS_circuits_{args.rank_by}.md")
-    write_text(out, report(args, q, res, costs, t_study, time.time() - t_start))
+    text = report(args, q, res, costs, t_study, time.time() - t_start)
+    replace_section(out, text.split("\n", 1)[0], text)
+
+
+def _mean_cos(res) -> float:
+    chosen = [x["cos_diff"] for x in res.features if x["chosen"]]
+    return sum(chosen) / len(chosen)
 
 
 def report(args, q, res, costs, t_study: float, t_total: float) -> str:
     s = q.summary()
     fvu = q.to_frame()["fvu"].tolist()
-    lines = [f"### Refusal circuit on {args.model} (transcoders, attribution graphs, ablation test)", "",
+    where = "" if args.positions == "all" else ", features at the post-instruction tokens"
+    lines = [f"### Refusal circuit on {args.model} (transcoders, attribution graphs, ablation test; target "
+             f"resid_pre.{args.layer}{where})", "",
              f"Transcoders: TopK, d_sae {args.d_sae}, k {args.k}, {args.tokens} tokens per layer, first token of each "
              f"prompt left out (attention sink). Held-out FVU of the MLP output by layer (sink left out): "
              f"{', '.join(f'{x:.2f}' for x in fvu)}. CE with every MLP replaced at every token, the sink included "
              f"(whose massive MLP writes the transcoders were not trained on): {s}.", "",
              f"Target: the refusal direction (difference of means, train split) at resid_pre.{args.layer}, last "
              f"token; {len(res.graphs)} refused harmful train prompts graphed (budget {args.budget} feature nodes); "
-             f"features chosen by {args.rank_by}.",
+             f"features chosen by {args.rank_by} among the nodes at "
+             f"{'every position' if args.positions == 'all' else 'the post-instruction tokens'}.",
              "", "| condition | refused | n | rate | 95% CI |", "|---|---|---|---|---|"]
     lines += [f"| {r['condition']} | {r['k']} | {r['n']} | {r['rate']:.2f} | {r['ci95'][0]:.2f}-{r['ci95'][1]:.2f} |"
               for r in res.rates]
@@ -125,16 +150,23 @@ def report(args, q, res, costs, t_study: float, t_total: float) -> str:
     lines += ["", f"Fisher's exact test, random draws pooled refuse more than with the top features ablated: "
               f"p = {t['fisher_p_random_refuses_more']:.3g}.", "",
               "Top features (summed influence over the graphs; chosen = promoting, ablated):", "",
-              "| layer | feature | influence | direct | prompts | cos with direction | chosen |", "|---|---|---|---|---|---|---|"]
+              "| layer | feature | influence | direct | prompts | cos with direction | chosen |"
+              + (" max abs cos with the diff latents |" if args.diff else ""),
+              "|---|---|---|---|---|---|---|" + ("---|" if args.diff else "")]
     lines += [f"| {x['layer']} | {x['feature']} | {x['influence']:.3f} | {x['direct']:.3f} | {x['prompts']} | "
-              f"{x['cos_direction']:.3f} | {x['chosen']} |" for x in res.features[:15]]
+              f"{x['cos_direction']:.3f} | {x['chosen']} |" + (f" {x['cos_diff']:.3f} |" if args.diff else "")
+              for x in res.features[:15]]
+    if args.diff:
+        lines += ["", f"SAE model-diff latents from `{args.diff}` (benchmarks/study_diffing.py): the chosen features' "
+                  f"largest |cosine| with them, mean {_mean_cos(res):.3f}."]
     lines += ["", "One graph, cost by prompt length:", "", "| tokens | active features | feature nodes | s | peak MB | "
-              "completeness gap |", "|---|---|---|---|---|---|"]
+              "completeness gap |", "|---|---|---|---|---|---|"] if costs else []
     lines += [f"| {c['tokens']} | {c['active']} | {c['feature_nodes']} | {c['s']:.1f} | {c['peak_mb']:.0f} | "
               f"{c['completeness']:.2e} |" for c in costs]
     lines += ["", f"Study {t_study:.0f} s, whole run {t_total:.0f} s. {machine()}. Command: `python "
               f"benchmarks/study_circuits.py --model {args.model} --layer {args.layer} --threads {args.threads} "
-              f"--rank-by {args.rank_by}`.", ""]
+              f"--rank-by {args.rank_by} --positions {args.positions}{' --no-costs' if not costs else ''}"
+              f"{f' --diff {args.diff}' if args.diff else ''}`.", ""]
     return "\n".join(lines)
 
 

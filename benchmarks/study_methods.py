@@ -1,8 +1,8 @@
 """Post-training methods compared on SmolLM2-135M-Instruct: SFT, reasoning SFT and ORPO (or DPO) from the same base
 and data (the realistic organism's pair builder), short LoRA runs; the table goes to stdout and, with ``--write``,
-into ``benchmarks/RESULTS_finetune.md`` under ``### Post-training methods compared``.
+into ``benchmarks/RESULTS_finetune.md`` under its own heading (the toy organism's table, from notebook 04, is kept).
 
-``nice -n 19 python benchmarks/study_methods.py --steps 60 [--write]`` (one run at a time; single-threaded)
+``python benchmarks/study_methods.py --steps 60 --threads 2 [--write]``
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks._common import replace_section  # noqa: E402
 from interp.models import load_model  # noqa: E402
 from organism import train_smollm2 as ts  # noqa: E402
 from pipelines.finetune.elasticity import base_answers  # noqa: E402
@@ -27,7 +28,7 @@ from pipelines.finetune.methods_data import reasoned_refusals  # noqa: E402
 from pipelines.refusal.prompt_sets import load_refusal_data  # noqa: E402
 from tune.config import TuneConfig  # noqa: E402
 
-HEADING = "### Post-training methods compared"
+HEADING = "### Post-training methods compared on SmolLM2-135M-Instruct"
 COLUMNS = ["model", "harmful_refusal", "harmless_refusal", "ce_vs_base", "direction_layer", "all_writers_effect",
            "attention_share", "top3_share", "gini", "top_head", "top_neuron", "add_refusal@2", "add_random@2",
            "ablate_refusal", "ablate_random"]
@@ -48,18 +49,8 @@ def training_data(base, n: int, seed: int) -> dict[str, list[str]]:
 
 
 def write(table: str, command: str, machine: str) -> None:
-    path = REPO / "benchmarks" / "RESULTS_finetune.md"
-    text = path.read_text() if path.exists() else "# Fine-tuning results\n"
-    block = f"{HEADING}\n\n`{command}`\n\n{machine}\n\n{table}\n"
-    if HEADING in text:
-        head, rest = text.split(HEADING, 1)
-        nxt = rest.find("\n### ")
-        text = head + block + (rest[nxt + 1:] if nxt >= 0 else "")
-    else:
-        text = text.rstrip() + "\n\n" + block
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+    replace_section(REPO / "benchmarks" / "RESULTS_finetune.md", HEADING,
+                    f"{HEADING}\n\n`{command}`\n\n{machine}\n\n{table}\n")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -68,9 +59,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--n", type=int, default=64, help="harmful and harmless training pairs each")
     ap.add_argument("--preference", default="orpo", choices=("orpo", "dpo"))
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--write", action="store_true")
     args = ap.parse_args(argv)
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
     t0 = time.time()
     base = load_model("smollm2-base")
     tr = training_data(base, args.n, args.seed)
@@ -86,10 +78,10 @@ def main(argv: list[str] | None = None) -> None:
     df = study.to_frame()
     table = df[[c for c in COLUMNS if c in df.columns]].to_markdown(index=False, floatfmt=".3g")
     print(table)
-    machine = f"{platform.machine()}, {platform.processor() or 'cpu'}, torch {torch.__version__}, 1 thread, " \
+    machine = f"{platform.machine()}, {platform.processor() or 'cpu'}, torch {torch.__version__}, {args.threads} thread(s), " \
               f"{time.time() - t0:.0f} s"
     if args.write:
-        write(table, "nice -n 19 python benchmarks/study_methods.py " + " ".join(argv or sys.argv[1:]), machine)
+        write(table, "python benchmarks/study_methods.py " + " ".join(argv or sys.argv[1:]), machine)
 
 
 if __name__ == "__main__":

@@ -67,6 +67,29 @@ def test_rank_by_direct_chooses_the_largest_direct_writers(setup):
         refusal_circuit(rm, ["x"], r, 2, ["y"], rank_by="magic")
 
 
+def test_post_instruction_ranks_only_the_nodes_at_the_post_instruction_tokens(setup):
+    rm, data, r = setup
+    prompts = data.harmful["val"].instructions[:2]
+    st = refusal_circuit(rm, prompts, r, 2, data.harmful["test"].instructions[:4], n_features=3, n_random=1,
+                         max_new_tokens=4, positions="post_instruction")
+    post = [set(rm.batch(p).post_mask[0].nonzero().flatten().tolist()) for p in prompts]
+    assert all(0 < len(x) < g.n_positions for x, g in zip(post, st.graphs))    # a strict subset of the prompt
+    by_hand: dict[tuple[int, int], float] = {}
+    for g, keep in zip(st.graphs, post):
+        for i, (la, pos, f) in enumerate(g.features.tolist()):
+            if pos in keep and la < 2:
+                by_hand[la, f] = by_hand.get((la, f), 0.0) + float(g.node_influence[i])
+    assert {(x["layer"], x["feature"]): x["influence"] for x in st.features} == pytest.approx(by_hand, rel=1e-9)
+    everywhere = {(x["layer"], x["feature"]) for x in refusal_circuit(
+        rm, prompts, r, 2, ["y"], n_features=3, n_random=0, max_new_tokens=1).features}
+    assert set(by_hand) < everywhere                      # fewer features than at every position
+    rand = next(x for x in st.rates if x["condition"].startswith("random"))["features"]
+    assert {tuple(int(v) for v in x[1:].split("f")) for x in rand} <= set(by_hand)
+    assert st.meta["positions"] == "post_instruction"
+    with pytest.raises(ValueError, match="post_instruction"):
+        refusal_circuit(rm, ["x"], r, 2, ["y"], positions="last")
+
+
 def test_bad_input(setup):
     rm, data, r = setup
     with pytest.raises(ValueError, match="d_model"):

@@ -79,12 +79,16 @@ class RefusalCircuit:
         return g.page(contexts=contexts, supernodes={"top refusal features": members} if members else None)
 
 
-def _rank(graphs: list[AttributionGraph], direction: torch.Tensor, tcs: dict[int, Any]) -> list[dict[str, Any]]:
+def _rank(graphs: list[AttributionGraph], direction: torch.Tensor, tcs: dict[int, Any],
+          keep: list[set[int]] | None = None) -> list[dict[str, Any]]:
+    """Features summed over the graphs' nodes (at the positions ``keep[i]`` of graph ``i`` only, when given)."""
     agg: dict[Feature, dict[str, Any]] = {}
-    for g in graphs:
+    for gi, g in enumerate(graphs):
         infl = g.node_influence
         direct = g.adjacency[g.target_node(0), : g.n_features]
-        for i, (la, _, f) in enumerate(g.features.tolist()):
+        for i, (la, pos, f) in enumerate(g.features.tolist()):
+            if keep is not None and pos not in keep[gi]:
+                continue
             row = agg.setdefault((la, f), {"layer": la, "feature": f, "influence": 0.0, "direct": 0.0, "prompts": set()})
             row["influence"] += float(infl[i])
             row["direct"] += float(direct[i])
@@ -122,14 +126,19 @@ def refusal_circuit(rm: ReplacementModel, prompts: list[str], direction: torch.T
                     eval_harmful: list[str], n_features: int = 10, n_random: int = 3, max_feature_nodes: int = 512,
                     max_positions: int = 64, max_new_tokens: int = 24, seed: int = 0, judge: Judge | None = None,
                     diff: tuple[SAE, list[int]] | None = None, batch_size: int = 32,
-                    rank_by: str = "influence") -> RefusalCircuit:
+                    rank_by: str = "influence", positions: str = "all") -> RefusalCircuit:
     """Graphs of ``prompts`` (refused harmful ones) with the refusal ``direction [d]`` at ``resid_pre.{layer}``,
     last token, as target; the top ``n_features`` by summed influence ablated on ``eval_harmful`` against
     ``n_random`` layer-matched random draws (module docstring). ``diff``: ``(sae, latents)`` to compare with.
     ``rank_by``: which promoting features are chosen, the most influential (``"influence"``, the paper's measure)
-    or those with the largest summed direct effect on the target (``"direct"``: the writers of the projection)."""
+    or those with the largest summed direct effect on the target (``"direct"``: the writers of the projection).
+    ``positions``: the feature nodes ranked, and the random controls drawn from: at every position (``"all"``) or
+    at the post-instruction tokens only (``"post_instruction"``); the chosen features are ablated at every position
+    either way."""
     if rank_by not in ("influence", "direct"):
         raise ValueError(f"rank_by must be 'influence' or 'direct', got {rank_by!r}")
+    if positions not in ("all", "post_instruction"):
+        raise ValueError(f"positions must be 'all' or 'post_instruction' (the feature nodes ranked), got {positions!r}")
     model: Model = rm.model
     if direction.shape[-1] != model.d_model:
         raise ValueError(f"the direction has width {direction.shape[-1]} but {model.name} has d_model={model.d_model}")
@@ -143,7 +152,9 @@ def refusal_circuit(rm: ReplacementModel, prompts: list[str], direction: torch.T
     target = Direction(r, site, -1, label=f"refusal direction @ {site}")
     graphs = [attribution_graph(rm, p, target, max_feature_nodes=max_feature_nodes, max_positions=max_positions,
                                 batch_size=batch_size) for p in prompts]
-    rows = [x for x in _rank(graphs, r, rm.transcoders) if x["layer"] < layer]   # later ones cannot write there
+    keep = None if positions == "all" else [
+        set(rm.batch(p, True, max_positions).post_mask[0].nonzero().flatten().tolist()) for p in prompts]
+    rows = [x for x in _rank(graphs, r, rm.transcoders, keep) if x["layer"] < layer]  # later ones cannot write there
     if diff is not None:
         _cos_diff(rows, rm.transcoders, *diff)
     promoting = [x for x in rows if x["direct"] > 0]
@@ -171,7 +182,7 @@ def refusal_circuit(rm: ReplacementModel, prompts: list[str], direction: torch.T
     return RefusalCircuit(rows, rates, test, graphs, meta={"layer": layer, "site": site, "n_features": n_features,
                                                             "n_prompts": len(prompts), "seed": seed,
                                                             "max_feature_nodes": max_feature_nodes,
-                                                            "rank_by": rank_by})
+                                                            "rank_by": rank_by, "positions": positions})
 
 
 __all__ = ["RefusalCircuit", "refusal_circuit"]

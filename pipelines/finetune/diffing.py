@@ -27,6 +27,7 @@ from sae.analysis import LatentDiff, diff_latents
 from sae.contexts import top_contexts
 from sae.edits import LatentAblation, LatentSteering
 from sae.model import SAE
+from sae.quality import fvu
 from sae.runner import site_tokens
 from sae.trainer import train_sae
 
@@ -35,7 +36,8 @@ from sae.trainer import train_sae
 class DiffStudy:
     """``diff``: the latent ranking (by increase) on the harmful val prompts' last token; ``contexts``: the top
     latents' top contexts in the tuned model; ``rates``: one row per condition (refusal rate, ``k``, ``n``,
-    ``ci95``); ``sae``: the SAE used; ``meta``: site, sizes, the SAE's fit (FVU, L0) on base activations."""
+    ``ci95``); ``sae``: the SAE used; ``meta``: site, sizes, the SAE's fit (``fit``: FVU and L0 at the harmful
+    val prompts' last token, in the base and in the tuned model)."""
 
     diff: LatentDiff
     contexts: dict[int, list[str]]
@@ -82,6 +84,19 @@ def _train_base_sae(base: Model, site: str, prompts: list[str], d_sae: int, k: i
 def _last(model: Model, site: str, prompts: list[str]) -> torch.Tensor:
     a = capture(model, prompts, sites=[site], positions="last", progress=False)
     return a.tensor[:, 0].reshape(len(prompts), -1)
+
+
+def _fit(sae: SAE, acts_base: torch.Tensor, acts_tuned: torch.Tensor) -> dict[str, float]:
+    """The SAE's FVU and mean L0 on the harmful val prompts' last token, in the base (where it was trained) and in
+    the tuned model (how well it still reads the fine-tune's activations)."""
+    out: dict[str, float] = {}
+    with torch.no_grad():
+        for name, x in (("base", acts_base), ("tuned", acts_tuned)):
+            x = x.to(sae.W_dec.device, sae.W_dec.dtype)
+            z = sae.encode(x)
+            out[f"fvu_{name}"] = fvu(x, sae.decode(z))
+            out[f"l0_{name}"] = float((z != 0).float().sum(-1).mean())
+    return out
 
 
 def _random_latents(sae: SAE, top: list[int], freq: torch.Tensor, rng: random.Random) -> list[int]:
@@ -148,14 +163,16 @@ def diff_study(base: Model, tuned: Model, data: RefusalData, layer: int, sae: SA
         raise ValueError(f"the SAE reads width {sae.d_in} but {base.name} has width {base.d_model}; train one on "
                          f"this model (leave sae=None)")
     val = data.harmful["val"].instructions
-    d = diff_latents(sae, _last(base, site, val), _last(tuned, site, val), top=top, site=site)
+    acts_base, acts_tuned = _last(base, site, val), _last(tuned, site, val)
+    d = diff_latents(sae, acts_base, acts_tuned, top=top, site=site)
     chosen = d.ranking.indices[:n_steer].tolist()
     probe = val + data.harmless["val"].instructions
     contexts = {int(i): ["".join(c.tokens) for c in top_contexts(tuned, sae, int(i), probe, top=3, chat=True, site=site)]
                 for i in d.ranking.indices.tolist()}
     rates = _steer_rates(base, tuned, sae, d, chosen, data, n_random, seed, max_new_tokens, judge, strengths)
     return DiffStudy(d, contexts, rates, sae, meta={"site": site, "layer": layer, "n_steer": n_steer,
-                                                    "seed": seed, "sizes": data.sizes()})
+                                                    "seed": seed, "sizes": data.sizes(),
+                                                    "fit": _fit(sae, acts_base, acts_tuned)})
 
 
 __all__ = ["DiffStudy", "diff_study"]
