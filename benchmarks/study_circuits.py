@@ -129,6 +129,17 @@ def _mean_cos(res) -> float:
     return sum(chosen) / len(chosen)
 
 
+def chance_cos(folder: str, n: int = 2000) -> tuple[float, float]:
+    """The chance levels of the two cosines: the median |cosine| of a random unit vector with one fixed direction,
+    and the median of its largest |cosine| with the diff latents' decoder rows (seeded draws)."""
+    sae, latents = diff_latents(folder)  # type: ignore[misc]
+    d = sae.W_dec[latents].detach().float()
+    d = d / d.norm(dim=1, keepdim=True)
+    u = torch.randn(n, d.shape[1], generator=torch.Generator().manual_seed(0))
+    u = u / u.norm(dim=1, keepdim=True)
+    return float((u @ d[0]).abs().median()), float((u @ d.T).abs().max(1).values.median())
+
+
 def report(args, q, res, costs, t_study: float, t_total: float) -> str:
     s = q.summary()
     fvu = q.to_frame()["fvu"].tolist()
@@ -157,8 +168,10 @@ def report(args, q, res, costs, t_study: float, t_total: float) -> str:
               f"{x['cos_direction']:.3f} | {x['chosen']} |" + (f" {x['cos_diff']:.3f} |" if args.diff else "")
               for x in res.features[:15]]
     if args.diff:
+        one, most = chance_cos(args.diff)
         lines += ["", f"SAE model-diff latents from `{args.diff}` (benchmarks/study_diffing.py): the chosen features' "
-                  f"largest |cosine| with them, mean {_mean_cos(res):.3f}."]
+                  f"largest |cosine| with them, mean {_mean_cos(res):.3f}. Chance (random unit vectors, median): "
+                  f"{one:.3f} with one direction, {most:.3f} as the largest over the diff latents."]
     lines += ["", "One graph, cost by prompt length:", "", "| tokens | active features | feature nodes | s | peak MB | "
               "completeness gap |", "|---|---|---|---|---|---|"] if costs else []
     lines += [f"| {c['tokens']} | {c['active']} | {c['feature_nodes']} | {c['s']:.1f} | {c['peak_mb']:.0f} | "
