@@ -84,6 +84,21 @@ def append_section(path: str | os.PathLike, text: str) -> None:
     write_text(path, old + ("\n" if old else "") + text)
 
 
+def markdown_table(frame: Any, floatfmt: str = ".3g") -> str:
+    """A pandas frame as a markdown table (no index; floats formatted ``floatfmt``, missing values empty); no
+    ``tabulate`` needed."""
+    import pandas as pd
+
+    def cell(v: Any) -> str:
+        if v is None or v is pd.NA or (isinstance(v, float) and v != v):
+            return ""
+        return format(v, floatfmt) if isinstance(v, float) else str(v).replace("|", "/")
+
+    head = "| " + " | ".join(map(str, frame.columns)) + " |"
+    rows = ["| " + " | ".join(cell(v) for v in row) + " |" for row in frame.itertuples(index=False)]
+    return "\n".join([head, "|" + "---|" * len(frame.columns)] + rows)
+
+
 def replace_section(path: str | os.PathLike, heading: str, text: str) -> None:
     """``text`` (starting with ``heading``, a ``### ...`` line) in place of the file's section under that exact heading
     (up to the next ``### `` heading), or appended when the file has none; every other section kept; atomic."""

@@ -19,7 +19,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks._common import replace_section  # noqa: E402
+from benchmarks._common import markdown_table, replace_section  # noqa: E402
 from interp.models import load_model  # noqa: E402
 from organism import train_smollm2 as ts  # noqa: E402
 from pipelines.finetune.elasticity import base_answers  # noqa: E402
@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> None:
                             ce_answers, reasoned=tr["reasoned"],
                             methods=("sft", "reasoning_sft", args.preference), config=cfg, seed=args.seed)
     df = study.to_frame()
-    table = df[[c for c in COLUMNS if c in df.columns]].to_markdown(index=False, floatfmt=".3g")
+    table = markdown_table(df[[c for c in COLUMNS if c in df.columns]])
     print(table)
     machine = f"{platform.machine()}, {platform.processor() or 'cpu'}, torch {torch.__version__}, {args.threads} thread(s), " \
               f"{time.time() - t0:.0f} s"

@@ -18,7 +18,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks._common import machine, replace_section  # noqa: E402
+from benchmarks._common import machine, markdown_table, replace_section  # noqa: E402
 from interp.models import load_model  # noqa: E402
 from pipelines.finetune.transplant import transplant_study  # noqa: E402
 from pipelines.refusal.prompt_sets import load_refusal_data  # noqa: E402
@@ -54,7 +54,7 @@ def report(args, st, wall: float) -> str:
              f"{st.tokens} on {args.n} val prompts per class: base {st.scores['base']:.2f}, aligned "
              f"{st.scores['aligned']:.2f}. Greedy picks (blocks of {args.block_size} layers, attention or MLP): "
              f"{', '.join(f'{p} {layers[0]}-{layers[-1]}' for layers, p in st.found) or 'none'}.", "",
-             search.to_markdown(index=False, floatfmt=".3g"), "",
+             markdown_table(search), "",
              f"Validation on {args.n} test prompts per class (greedy 20 tokens, the anchored judge, 95% Wilson "
              f"intervals); random = as many blocks of each part drawn among the other blocks the fine-tune changed:", "",
              "| condition | harmful refused | harmless refused | blocks |", "|---|---|---|---|"]
