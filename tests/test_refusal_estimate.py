@@ -223,3 +223,26 @@ def test_config_and_cli_flags():
     assert (args.search, args.top_k, args.threads) == ("exhaustive", 5, 2)
     with pytest.raises(SystemExit):
         ap.parse_args(["refusal", "--search", "fast"])
+
+
+def test_selection_names_what_the_kl_filter_alone_turned_down(organism_sweep):
+    """With the KL threshold set just under the default winner's KL, the winner (and any stronger candidate that
+    fails KL alone) is listed in ``kl_rejected``, lowest bypass first, and a note names them."""
+    from pipelines.refusal.diagnosis import kl_rejected_notes
+
+    m, _, _, cand, exact, _ = organism_sweep
+    win = select_direction(m.n_layers, cand, exact, SelectionConfig(search="exhaustive"))
+    assert win.found
+    cfg = SelectionConfig(search="exhaustive", kl_threshold=win.kl * 0.999)
+    sel = select_direction(m.n_layers, cand, exact, cfg)
+    below = sel.bypass_score if sel.found else float("inf")
+    depth = int(m.n_layers * (1 - cfg.prune_layer_fraction))
+    by_hand = sorted((float(exact.bypass[li, pi]), layer, pi - cand.n_positions)
+                     for li, layer in enumerate(cand.layers) for pi in range(cand.n_positions)
+                     if layer < depth and exact.induce[li, pi] > 0 and exact.bypass[li, pi] < exact.baseline_harmful
+                     and exact.kl[li, pi] >= cfg.kl_threshold and exact.bypass[li, pi] < below)[:3]
+    assert by_hand and [(x["bypass"], x["layer"], x["position"]) for x in sel.kl_rejected] == by_hand
+    assert (win.layer, win.position) in {(x["layer"], x["position"]) for x in sel.kl_rejected} or len(by_hand) == 3
+    (note,) = kl_rejected_notes(sel)
+    assert f"layer {by_hand[0][1]}, position {by_hand[0][2]}" in note and "KL filter" in note
+    assert all(x["kl"] >= 0.1 and x["bypass"] < win.bypass_score for x in win.kl_rejected)

@@ -96,6 +96,20 @@ POST_NOTE = ("ablation: every candidate is ablated at the prompt's post-instruct
              "only: no weight edit reproduces it, so there is no baked-weights check or saved model")
 
 
+def kl_rejected_notes(sel: Any) -> list[str]:
+    """A note naming the candidates the KL filter alone turned down that cut the harmful refusal score further than
+    the selected one (or than nothing, when none was selected)."""
+    if not sel.kl_rejected:
+        return []
+    than = f"than the selected one (bypass {sel.bypass_score:.2f})" if sel.found else "and pass every other filter"
+    listed = "; ".join(f"layer {x['layer']}, position {x['position']}: bypass {x['bypass']:.2f} at KL {x['kl']:.3g}"
+                       for x in sel.kl_rejected)
+    return [f"selection: the KL filter (< {sel.filters['kl_threshold']:g}) turned down candidates that cut the "
+            f"harmful refusal score further {than}: {listed}; removing them moves the harmless next-token "
+            f"distribution more than the filter allows (benchmarks/bench_refusal_positions.py --judged checks such "
+            f"candidates by generation)"]
+
+
 def auto_notes(tried: list[dict[str, Any]], sel: SelectionConfig) -> list[str]:
     """``ablate_positions="auto"``: a note when the every-token search found nothing and the post-instruction
     ablation was searched next (a forced choice of mode, stated), with both outcomes."""

@@ -74,7 +74,8 @@ def build_metrics(cfg: RefusalConfig, model: Model, data: RefusalData, res: Refu
                            "position_tokens": cand.pos_tokens}
     if sel is not None:
         m["selection"] = {"baseline_refusal_score": sel.baseline_refusal_score, "filters": sel.filters,
-                          "passing": sel.passing, "ablate_positions": cfg.selection.ablate_positions}
+                          "passing": sel.passing, "ablate_positions": cfg.selection.ablate_positions,
+                          "kl_rejected": sel.kl_rejected}
         if res.ablation_search:  # ablate_positions="auto": every mode searched, in order
             m["selection"]["ablation_search"] = res.ablation_search
         if res.scores is not None:

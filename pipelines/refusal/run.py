@@ -18,7 +18,7 @@ from evals.judge import Judge
 from interp.models import Model, load_model
 from pipelines.refusal.cache import Run
 from pipelines.refusal.config import RefusalConfig, stage_key
-from pipelines.refusal.diagnosis import auto_notes, diagnose, relaxed_notes
+from pipelines.refusal.diagnosis import auto_notes, diagnose, kl_rejected_notes, relaxed_notes
 from pipelines.refusal.estimate import PROBES, Estimate, estimate_candidates, top_candidates
 from pipelines.refusal.evaluation import Evaluation, Subspaces, TestPrompts, evaluate, find_subspaces
 from pipelines.refusal.outputs import finish, start_notes
@@ -114,6 +114,7 @@ def _run_refusal(cfg: RefusalConfig, out: str | Path, overwrite: bool, progress:
                           "kl_threshold": sel.filters["kl_threshold"]})
             if sel.found:
                 break
+        res.notes += kl_rejected_notes(sel)
         if s.ablate_positions == "auto":  # record what "auto" tried and where it ended
             res.ablation_search = tried
             res.notes += auto_notes(tried, s)
@@ -193,8 +194,9 @@ class _Keys:
 
     def selection(self, n_layers: int) -> str:
         s = self.cfg.selection
+        # "record": the Selection's fields (2: with kl_rejected), so a run folder from before recomputes it (cheap)
         return stage_key("selection", {"scores": self.scores, "n_layers": n_layers, "kl": s.kl_threshold,
-                                       "kl_reference": s.kl_reference,
+                                       "kl_reference": s.kl_reference, "record": 2,
                                        "prune": s.prune_layer_fraction, "induce": s.induce_threshold})
 
     def evaluation(self, sel: Selection) -> str:

@@ -102,6 +102,7 @@ class Selection:
     bypass_score: float = math.nan
     induce_score: float = math.nan
     kl: float = math.nan
+    kl_rejected: list[dict[str, Any]] = field(default_factory=list)
 
     def direction(self, cand: Candidates, model_id: str) -> Direction:
         """The selected candidate as a :class:`probes.Direction` with provenance."""
@@ -238,13 +239,27 @@ def select_direction(n_layers: int, cand: Candidates, scores: Scores, cfg: Selec
                  "prune_layer_fraction": cfg.prune_layer_fraction, "induce_threshold": cfg.induce_threshold},
         passing=passing,
         baseline_refusal_score={"harmful": scores.baseline_harmful, "harmless": scores.baseline_harmless})
+    only_kl = keep["layer"] & keep["induce"] & keep["bypass"] & ~keep["kl"]
     if not ok.any():
-        return Selection(found=False, **common)
+        return Selection(found=False, kl_rejected=_stronger(cand, scores, only_kl, math.inf), **common)
     masked = torch.where(ok, scores.bypass, torch.full_like(scores.bypass, float("inf")))
     li, pi = divmod(int(masked.flatten().argmin()), n_pos)
+    best = float(scores.bypass[li, pi])
     return Selection(True, layer_index=li, position_index=pi, layer=cand.layers[li], position=pi - n_pos,
-                     position_token=cand.pos_tokens[pi], bypass_score=float(scores.bypass[li, pi]),
-                     induce_score=float(scores.induce[li, pi]), kl=float(scores.kl[li, pi]), **common)
+                     position_token=cand.pos_tokens[pi], bypass_score=best,
+                     induce_score=float(scores.induce[li, pi]), kl=float(scores.kl[li, pi]),
+                     kl_rejected=_stronger(cand, scores, only_kl, best), **common)
+
+
+def _stronger(cand: Candidates, scores: Scores, only_kl: torch.Tensor, below: float, k: int = 3) -> list[dict[str, Any]]:
+    """Up to ``k`` candidates that fail the KL filter alone with a bypass score below ``below`` (the selected one's),
+    lowest first: what the KL filter turned down."""
+    n_pos = cand.n_positions
+    flat = torch.where(only_kl & (scores.bypass < below), scores.bypass, torch.full_like(scores.bypass, math.inf))
+    order = [int(i) for i in flat.flatten().argsort() if math.isfinite(float(flat.flatten()[i]))][:k]
+    return [{"layer": cand.layers[i // n_pos], "position": i % n_pos - n_pos,
+             "bypass": float(scores.bypass.flatten()[i]), "kl": float(scores.kl.flatten()[i]),
+             "induce": float(scores.induce.flatten()[i])} for i in order]
 
 
 __all__ = ["Candidates", "RefusalTokens", "Scores", "Selection", "find_candidates", "find_refusal_tokens",
