@@ -114,10 +114,10 @@ def _run_refusal(cfg: RefusalConfig, out: str | Path, overwrite: bool, progress:
                           "kl_threshold": sel.filters["kl_threshold"]})
             if sel.found:
                 break
-        res.notes += kl_rejected_notes(sel)
         if s.ablate_positions == "auto":  # record what "auto" tried and where it ended
             res.ablation_search = tried
             res.notes += auto_notes(tried, s)
+        res.notes += kl_rejected_notes(sel)
         runtime = rt
         if at != "all" and rt.save_model:  # "auto" ended in the post-instruction mode: nothing to bake
             runtime = replace(rt, save_model=False)
