@@ -97,7 +97,8 @@ def test_diff_study_ranks_the_change_by_hand(diff, pair, data):
     assert torch.allclose(diff.diff.delta, z["tuned"] - z["base"], atol=1e-5)
     assert diff.top == diff.diff.delta.argsort(descending=True)[:4].tolist()
     x = capture(base, val, sites=[site], positions="last", progress=False).tensor[:, 0].reshape(len(val), -1)
-    x_hat = diff.sae(x)
+    with torch.no_grad():
+        x_hat = diff.sae(x)
     by_hand = float(((x - x_hat) ** 2).sum() / ((x - x.mean(0)) ** 2).sum())
     assert diff.meta["fit"]["fvu_base"] == pytest.approx(by_hand, rel=1e-4)
     assert diff.meta["fit"]["l0_base"] == pytest.approx(float((diff.sae.encode(x) != 0).sum(-1).float().mean()))

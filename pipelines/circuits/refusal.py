@@ -102,6 +102,11 @@ def _rank(graphs: list[AttributionGraph], direction: torch.Tensor, tcs: dict[int
     return rows
 
 
+def _post_positions(rm: ReplacementModel, prompts: list[str], max_positions: int) -> list[set[int]]:
+    """Each prompt's post-instruction token positions, as its graph numbers them."""
+    return [set(rm.batch(p, True, max_positions).post_mask[0].nonzero().flatten().tolist()) for p in prompts]
+
+
 def _random_features(top: list[Feature], pool: list[Feature], rng: random.Random) -> list[Feature]:
     """For each top feature, one drawn among the pool's features of the same layer (none of the top ones)."""
     out: list[Feature] = []
@@ -152,8 +157,7 @@ def refusal_circuit(rm: ReplacementModel, prompts: list[str], direction: torch.T
     target = Direction(r, site, -1, label=f"refusal direction @ {site}")
     graphs = [attribution_graph(rm, p, target, max_feature_nodes=max_feature_nodes, max_positions=max_positions,
                                 batch_size=batch_size) for p in prompts]
-    keep = None if positions == "all" else [
-        set(rm.batch(p, True, max_positions).post_mask[0].nonzero().flatten().tolist()) for p in prompts]
+    keep = None if positions == "all" else _post_positions(rm, prompts, max_positions)
     rows = [x for x in _rank(graphs, r, rm.transcoders, keep) if x["layer"] < layer]  # later ones cannot write there
     if diff is not None:
         _cos_diff(rows, rm.transcoders, *diff)
