@@ -61,7 +61,7 @@ def graph_costs(rm: ReplacementModel, r: torch.Tensor, layer: int, prompts: list
     return rows
 
 
-def diff_latents(folder: str | None) -> tuple | None:
+def load_diff(folder: str | None) -> tuple | None:
     """``(sae, latents)`` saved by ``study_diffing.py`` in ``folder``, or ``None``."""
     if folder is None:
         return None
@@ -113,7 +113,7 @@ def main() -> None:
     t0 = time.time()
     res = refusal_circuit(rm, refused, r, args.layer, data.harmful["test"].instructions, n_features=args.n_features,
                           n_random=3, max_feature_nodes=args.budget, max_positions=160, max_new_tokens=24,
-                          rank_by=args.rank_by, positions=args.positions, diff=diff_latents(args.diff))
+                          rank_by=args.rank_by, positions=args.positions, diff=load_diff(args.diff))
     t_study = time.time() - t0
     print(res.to_frame().head(25).to_string(), res.to_frame("rates").to_string(), res.test, flush=True)
     write_text(args.graph_page, res.page(0))
@@ -132,7 +132,7 @@ def _mean_cos(res) -> float:
 def chance_cos(folder: str, n: int = 2000) -> tuple[float, float]:
     """The chance levels of the two cosines: the median |cosine| of a random unit vector with one fixed direction,
     and the median of its largest |cosine| with the diff latents' decoder rows (seeded draws)."""
-    sae, latents = diff_latents(folder)  # type: ignore[misc]
+    sae, latents = load_diff(folder)  # type: ignore[misc]
     d = sae.W_dec[latents].detach().float()
     d = d / d.norm(dim=1, keepdim=True)
     u = torch.randn(n, d.shape[1], generator=torch.Generator().manual_seed(0))
