@@ -2,7 +2,10 @@
 prompts with the refusal direction as target, the found features ablated against random ones, and one graph's
 time and memory at a few prompt lengths.
 
-    python benchmarks/study_circuits.py --model smollm2-aligned --layer 10 --threads 2
+    python benchmarks/study_circuits.py --model smollm2-aligned --layer 20 --positions post_instruction --threads 2
+
+(layer 20: where the organism's refusal is read, `bench_refusal_positions.py --judged`; every-position ranking is
+dominated by layer-0 token features, see RESULTS_circuits.md.)
 
 Transcoders are trained once and cached under ``--cache`` (default ``~/.cache/interp-toolkit/transcoders``).
 Figures are written to ``benchmarks/RESULTS_circuits.md``, one section per target layer and ranking positions (a rerun
