@@ -32,14 +32,13 @@ def _judged(m, data, cand, layers: list[int], positions: list[int]) -> dict[tupl
     """``(layer, position) -> (harmful refused, every-token ablation; post-instruction ablation; harmless refused
     under addition)`` on the val prompts, and ``(-1, 0)`` the two baselines."""
     import steering
-    from evals.judge import judge_many
+    from pipelines.finetune.runs import refusal_rate
     from pipelines.refusal.scoring import ablation
 
     harmful, harmless = data.harmful["val"].instructions, data.harmless["val"].instructions
 
     def rate(prompts: list[str], *ivs) -> float:
-        out = steering.generate(m, prompts, *ivs, max_new_tokens=24, batch_size=64, progress=False)
-        return sum(judge_many(None, out.texts)) / len(prompts)
+        return refusal_rate(m, prompts, None, 24, ivs, batch_size=64)["rate"]
 
     out = {(-1, 0): (rate(harmful), rate(harmless))}
     for li, layer in enumerate(layers):

@@ -114,16 +114,17 @@ def main() -> None:
     refused = [p for p, f in zip(small.harmful["train"].instructions, tok.harmful_refused) if f][: args.n_graph]
     rm = ReplacementModel(model, tcs)
     t0 = time.time()
+    diff = load_diff(args.diff)
     res = refusal_circuit(rm, refused, r, args.layer, data.harmful["test"].instructions, n_features=args.n_features,
                           n_random=3, max_feature_nodes=args.budget, max_positions=160, max_new_tokens=24,
-                          rank_by=args.rank_by, positions=args.positions, diff=load_diff(args.diff))
+                          rank_by=args.rank_by, positions=args.positions, diff=diff)
     t_study = time.time() - t0
     print(res.to_frame().head(25).to_string(), res.to_frame("rates").to_string(), res.test, flush=True)
     write_text(args.graph_page, res.page(0))
     costs = [] if args.no_costs else graph_costs(rm, r, args.layer, [refused[0], refused[0] + " " + refused[1],
                                                                       " ".join(refused[:4])], args.budget)
     out = RESULTS if args.rank_by == "influence" else RESULTS.with_name(f"RESULTS_circuits_{args.rank_by}.md")
-    text = report(args, q, res, costs, t_study, time.time() - t_start)
+    text = report(args, q, res, costs, t_study, time.time() - t_start, diff)
     replace_section(out, text.split("\n", 1)[0], text)
 
 
@@ -132,10 +133,9 @@ def _mean_cos(res) -> float:
     return sum(chosen) / len(chosen)
 
 
-def chance_cos(folder: str, n: int = 2000) -> tuple[float, float]:
+def chance_cos(sae, latents: list[int], n: int = 2000) -> tuple[float, float]:
     """The chance levels of the two cosines: the median |cosine| of a random unit vector with one fixed direction,
     and the median of its largest |cosine| with the diff latents' decoder rows (seeded draws)."""
-    sae, latents = load_diff(folder)  # type: ignore[misc]
     d = sae.W_dec[latents].detach().float()
     d = d / d.norm(dim=1, keepdim=True)
     u = torch.randn(n, d.shape[1], generator=torch.Generator().manual_seed(0))
@@ -143,7 +143,7 @@ def chance_cos(folder: str, n: int = 2000) -> tuple[float, float]:
     return float((u @ d[0]).abs().median()), float((u @ d.T).abs().max(1).values.median())
 
 
-def report(args, q, res, costs, t_study: float, t_total: float) -> str:
+def report(args, q, res, costs, t_study: float, t_total: float, diff: tuple | None = None) -> str:
     s = q.summary()
     fvu = q.to_frame()["fvu"].tolist()
     where = "" if args.positions == "all" else ", features at the post-instruction tokens"
@@ -171,7 +171,7 @@ def report(args, q, res, costs, t_study: float, t_total: float) -> str:
               f"{x['cos_direction']:.3f} | {x['chosen']} |" + (f" {x['cos_diff']:.3f} |" if args.diff else "")
               for x in res.features[:15]]
     if args.diff:
-        one, most = chance_cos(args.diff)
+        one, most = chance_cos(*diff)  # type: ignore[misc]
         lines += ["", f"SAE model-diff latents from `{args.diff}` (benchmarks/study_diffing.py): the chosen features' "
                   f"largest |cosine| with them, mean {_mean_cos(res):.3f}. Chance (random unit vectors, median): "
                   f"{one:.3f} with one direction, {most:.3f} as the largest over the diff latents."]

@@ -255,11 +255,11 @@ def _stronger(cand: Candidates, scores: Scores, only_kl: torch.Tensor, below: fl
     """Up to ``k`` candidates that fail the KL filter alone with a bypass score below ``below`` (the selected one's),
     lowest first: what the KL filter turned down."""
     n_pos = cand.n_positions
-    flat = torch.where(only_kl & (scores.bypass < below), scores.bypass, torch.full_like(scores.bypass, math.inf))
-    order = [int(i) for i in flat.flatten().argsort() if math.isfinite(float(flat.flatten()[i]))][:k]
-    return [{"layer": cand.layers[i // n_pos], "position": i % n_pos - n_pos,
-             "bypass": float(scores.bypass.flatten()[i]), "kl": float(scores.kl.flatten()[i]),
-             "induce": float(scores.induce.flatten()[i])} for i in order]
+    flat = torch.where(only_kl & (scores.bypass < below), scores.bypass, math.inf).flatten()
+    order = [i for i in flat.argsort()[:k].tolist() if math.isfinite(flat[i])]
+    bypass, kl, induce = scores.bypass.flatten(), scores.kl.flatten(), scores.induce.flatten()
+    return [{"layer": cand.layers[i // n_pos], "position": i % n_pos - n_pos, "bypass": float(bypass[i]),
+             "kl": float(kl[i]), "induce": float(induce[i])} for i in order]
 
 
 __all__ = ["Candidates", "RefusalTokens", "Scores", "Selection", "find_candidates", "find_refusal_tokens",
