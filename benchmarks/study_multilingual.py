@@ -5,6 +5,10 @@ and LEACE erasure, and ablation of the English direction per language beside a r
 the report to ``--out``, and with ``--write`` the tables to ``benchmarks/RESULTS_multilingual.md``.
 
 ``nice -n 10 python benchmarks/study_multilingual.py --model gemma3-aligned --out runs/multilingual [--write]``
+
+The neuron, pathway and SAE-feature studies alone (the retention already written, its layer given), each section
+written to the results file as soon as it is measured, in place of the section with the same heading:
+``python benchmarks/study_multilingual.py --no-retention --layer 11 --neurons --pathways --features --write``
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks._common import append_section, machine, table  # noqa: E402
+from benchmarks._common import append_section, machine, replace_section, table  # noqa: E402
 from interp.models import load_model  # noqa: E402
 from pipelines.multilingual import (  # noqa: E402
     RetentionConfig,
@@ -96,13 +100,19 @@ def pathway_section(model, data, args) -> list[str]:
 
     t0 = time.time()
     res = refusal_pathways(model, data, layers=range(0, model.n_layers, 2))
-    rows = [{k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()} for r in res.rows()
-            if r["layer"] % args.every == 0 or r["layer"] % 2 == 0]
+    def ci(r: dict, name: str) -> str:
+        return f"{r[f'{name}_lo']:.2f} to {r[f'{name}_hi']:.2f}"
+
+    rows = [{"lang": r["lang"], "layer": r["layer"], "site": r["site"], "restored": round(r["restored"], 3),
+             "restored CI": ci(r, "restored"), "control": round(r["control"], 3), "control CI": ci(r, "control"),
+             "excess": round(r["excess"], 3), "excess CI": ci(r, "excess"),
+             "beyond control": "yes" if r["excess_lo"] > 0 else ""} for r in res.rows()]
     gaps = ", ".join(f"{lang} {res.source_score[lang]:.2f} vs {res.target_score[lang]:.2f}" for lang in res.langs)
     return [table(f"Patching English into other-language runs ({model.name}; {res.n_pairs} harmful test pairs, the "
                   f"{res.n_positions} post-instruction tokens; restored = share of the English-minus-language refusal "
-                  f"score gap closed; control = the same from English harmless prompts; mean refusal scores "
-                  f"English vs language: {gaps}; {time.time() - t0:.0f} s)", rows, list(rows[0])), ""]
+                  f"score gap closed; control = the same from English harmless prompts; excess = restored - control; 95% "
+                  f"paired bootstrap intervals over pairs ({res.n_boot} resamples); every other layer; mean refusal "
+                  f"scores English vs language: {gaps}; {time.time() - t0:.0f} s)", rows, list(rows[0])), ""]
 
 
 def feature_section(model, data, layer: int, args) -> list[str]:
@@ -125,6 +135,28 @@ def feature_section(model, data, layer: int, args) -> list[str]:
             ""]
 
 
+def studies_only(model, data, args) -> None:
+    """Each chosen study, printed and (``--write``) put in the results file under a fixed heading as it finishes
+    (its tables' own headings become ``####``)."""
+    if args.features and args.layer is None:
+        raise SystemExit("--no-retention --features needs --layer (the retention's ablated layer, e.g. 11)")
+    chosen = {"neurons": lambda: neuron_section(model, data, args), "pathways": lambda: pathway_section(model, data, args),
+              "features": lambda: feature_section(model, data, args.layer, args)}
+    for name, run in chosen.items():
+        if not getattr(args, name):
+            continue
+        t0 = time.time()
+        body = [line.replace("### ", "#### ", 1) if line.startswith("### ") else line for line in "\n".join(run()).split("\n")]
+        heading = f"### {model.name}: the {name} study at full size"
+        flag = f"--{name}" + (f" --layer {args.layer}" if name == "features" else "")
+        section = "\n".join([heading, "", *body, f"Command: `python benchmarks/study_multilingual.py --model {model.name} "
+                              f"--no-retention {flag} --write`; {time.time() - t0:.0f} s on {machine()}, load "
+                              f"{os.getloadavg()[0]:.1f}", ""])
+        print(section, flush=True)
+        if args.write:
+            replace_section(REPO / "benchmarks" / "RESULTS_multilingual.md", heading, section)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="gemma3-aligned")
@@ -142,11 +174,17 @@ def main() -> None:
     ap.add_argument("--features", action="store_true", help="also the SAE features by language (at the ablated layer)")
     ap.add_argument("--top-features", type=int, default=8)
     ap.add_argument("--write", action="store_true")
+    ap.add_argument("--no-retention", action="store_true",
+                    help="only the --neurons / --pathways / --features studies (needs --layer for --features)")
+    ap.add_argument("--layer", type=int, default=None, help="the SAE layer with --no-retention --features")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     t0 = time.time()
     model = load_model(args.model)
     data = load_parallel_safety(n=args.n)
+    if args.no_retention:
+        studies_only(model, data, args)
+        return
     res = refusal_retention(model, data, RetentionConfig(ablate_positions=args.ablate_positions,
                                                          max_new_tokens=args.max_new_tokens, seed=args.seed))
     wall = time.time() - t0

@@ -240,6 +240,20 @@ def test_pathways_patch_the_post_instruction_tokens(tiny_models):
     # languages: patching it changes nothing (an exact zero), while later layers carry the prompt's content
     assert float(res.restored["fr"][0, 0].abs()) < 1e-6 and float(res.control["fr"][0, 0].abs()) < 1e-6
     assert float(res.restored["fr"][1:].abs().max()) > 1e-4
+    # pairs are patched one at a time (for the intervals): the shares equal one batched sweep of all pairs
+    from patching.measures import refusal_score as score
+    from pipelines.multilingual.neurons import refusal_ids
+    from pipelines.multilingual.pathways import _patched
+
+    src, tgt = data.get("harmful", "test", "en"), data.get("harmful", "test", "fr")
+    vals, s, t = _patched(model, src, tgt, score(refusal_ids(model)), k, list(range(model.n_layers)), 64)
+    torch.testing.assert_close(res.restored["fr"], (vals - t) / (s - t), atol=1e-4, rtol=1e-4)
+    ci = res.intervals["fr"]
+    assert res.n_boot == 1000 and set(ci) == {"restored", "control", "excess"}
+    row = res.rows()[4]   # layer 1, attn_out
+    assert row["restored_lo"] <= row["restored"] + 1e-6 and row["restored"] <= row["restored_hi"] + 1e-6
+    assert row["excess"] == pytest.approx(row["restored"] - row["control"])
+    assert not refusal_pathways(model, data, batch_size=8, n_boot=0).intervals
 
 
 def test_sae_features_by_language_on_a_tiny_model(tiny_models):

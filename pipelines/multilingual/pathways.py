@@ -8,12 +8,14 @@ chat template's post-instruction tokens (the same tokens in every language); eac
 (:func:`pipelines.multilingual.neurons.refusal_ids`) is read. ``restored`` is the share of the English-minus-
 language score gap the patch closes (1: the English decision, 0: none). The control patches from English
 *harmless* prompts (same positions, same languages): a site whose restoration is the same from a harmless source
-carries no request-specific refusal signal.
+carries no request-specific refusal signal. Each pair is patched on its own, so the shares come with paired
+bootstrap intervals over pairs (ratio of means, resampled together for the harmful source and the control), and
+so does their difference ``excess`` = restored - control, the request-specific part.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -43,6 +45,8 @@ class Pathways:
     n_positions: int
     n_pairs: int
     split: str = "test"
+    intervals: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)  # lang -> name -> [2, L, 3]
+    n_boot: int = 0
 
     def top_components(self, n: int) -> list[tuple[int, str]]:
         """The ``n`` (layer, part) writers, part ``attn`` or ``mlp``, whose patch restores the most refusal beyond
@@ -56,9 +60,18 @@ class Pathways:
         return [(self.layers[i // 2], ("attn", "mlp")[i % 2]) for i in order]
 
     def rows(self) -> list[dict]:
-        return [{"lang": lang, "layer": layer, "site": site, "restored": float(self.restored[lang][i, j]),
-                 "control": float(self.control[lang][i, j]), "gap": self.source_score[lang] - self.target_score[lang]}
-                for lang in self.langs for i, layer in enumerate(self.layers) for j, site in enumerate(SITES)]
+        """One row per language, layer and site: the shares, their difference and (when measured) 95% intervals."""
+        out = []
+        for lang in self.langs:
+            ci = self.intervals.get(lang, {})
+            for i, layer in enumerate(self.layers):
+                for j, site in enumerate(SITES):
+                    r, c = float(self.restored[lang][i, j]), float(self.control[lang][i, j])
+                    row = {"lang": lang, "layer": layer, "site": site, "restored": r, "control": c, "excess": r - c}
+                    for name, v in ci.items():
+                        row[f"{name}_lo"], row[f"{name}_hi"] = float(v[0, i, j]), float(v[1, i, j])
+                    out.append({**row, "gap": self.source_score[lang] - self.target_score[lang]})
+        return out
 
 
 def post_instruction_tokens(model: Model) -> int:
@@ -79,25 +92,48 @@ def _patched(model: Model, clean: list[str], corrupted: list[str], metric, k: in
     return sw.values, float(sw.reference), float(sw.baseline)
 
 
+def _per_pair(model: Model, clean: list[str], corrupted: list[str], metric, k: int, layers: list[int],
+              batch_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`_patched` one pair at a time: patched ``[n, L, 3]``, source ``[n]`` and target ``[n]`` metrics."""
+    runs = [_patched(model, [a], [b], metric, k, layers, batch_size) for a, b in zip(clean, corrupted)]
+    return (torch.stack([r[0] for r in runs]), torch.tensor([r[1] for r in runs]), torch.tensor([r[2] for r in runs]))
+
+
+def _share(vals: torch.Tensor, src: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
+    """Share of the mean source-minus-target gap the mean patched value closes, over the leading (pair) dim
+    (``vals [..., n, L, 3]``, ``src``/``tgt [..., n]``); nan where the gap is 0."""
+    t = tgt.mean(-1)[..., None, None]
+    gap = src.mean(-1)[..., None, None] - t
+    return (vals.mean(-3) - t) / torch.where(gap.abs() > 1e-9, gap, torch.full_like(gap, float("nan")))
+
+
 def refusal_pathways(model: Model, data: ParallelSafety, layers: list[int] | None = None, batch_size: int = 16,
-                     split: str = "test") -> Pathways:
+                     split: str = "test", n_boot: int = 1000, seed: int = 0) -> Pathways:
     """The sweep of the module docstring for every language but the source, on the ``split`` prompts (``val`` when
-    the found components are then trained and measured on ``test``)."""
+    the found components are then trained and measured on ``test``), with ``n_boot`` paired bootstrap resamples of
+    the pairs for the 95% intervals (0: none)."""
     layers = list(layers) if layers is not None else list(range(model.n_layers))
     k = post_instruction_tokens(model)
     metric = refusal_score(refusal_ids(model))
     src_h, src_s = data.get("harmful", split, data.source), data.get("harmless", split, data.source)
-    restored, control, s_score, t_score = {}, {}, {}, {}
+    restored, control, s_score, t_score, intervals = {}, {}, {}, {}, {}
     langs = [lang for lang in data.langs if lang != data.source]
     n = min(len(src_h), len(src_s))
+    gen = torch.Generator().manual_seed(seed)
     for lang in langs:
         tgt = data.get("harmful", split, lang)[:n]
-        vals, s_score[lang], t_score[lang] = _patched(model, src_h[:n], tgt, metric, k, layers, batch_size)
-        ctrl, _, _ = _patched(model, src_s[:n], tgt, metric, k, layers, batch_size)
-        gap = s_score[lang] - t_score[lang]   # both on the harmful source's gap (nan when English scores no higher)
-        scale = gap if abs(gap) > 1e-9 else float("nan")
-        restored[lang], control[lang] = (vals - t_score[lang]) / scale, (ctrl - t_score[lang]) / scale
-    return Pathways(langs, layers, restored, control, s_score, t_score, k, n, split)
+        vals, src, target = _per_pair(model, src_h[:n], tgt, metric, k, layers, batch_size)
+        ctrl, _, _ = _per_pair(model, src_s[:n], tgt, metric, k, layers, batch_size)
+        s_score[lang], t_score[lang] = float(src.mean()), float(target.mean())
+        # both shares on the harmful source's gap (nan when English scores no higher)
+        restored[lang], control[lang] = _share(vals, src, target), _share(ctrl, src, target)
+        if n_boot:
+            idx = torch.randint(0, n, (n_boot, n), generator=gen)
+            r, c = _share(vals[idx], src[idx], target[idx]), _share(ctrl[idx], src[idx], target[idx])
+            q = torch.tensor([0.025, 0.975])
+            intervals[lang] = {name: torch.nanquantile(v, q, dim=0) for name, v in
+                               (("restored", r), ("control", c), ("excess", r - c))}
+    return Pathways(langs, layers, restored, control, s_score, t_score, k, n, split, intervals, n_boot)
 
 
 __all__ = ["Pathways", "SITES", "post_instruction_tokens", "refusal_pathways"]
