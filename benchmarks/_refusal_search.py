@@ -215,6 +215,7 @@ def section(results: list[dict], command: str, machine: str) -> str:
                      f"{_f(r['spearman_bypass_trapezoid'])} | {ranks} |")
     lines += ["", f"Machine: {machine}. Command: `{command}`. Refusal tokens and candidates are computed once and "
               "shared by both modes (not in the times above). A forward = one `*ForCausalLM` call; rows = prompt "
-              "rows through the token embedding; backwards = the estimate's backward passes (1 per harmful batch, "
-              "1 + 4 KL probes per harmless batch)."]
+              "rows through the token embedding; backwards = the estimate's backward passes (per harmful "
+              "batch 1 + 4 curvature probes per part of the vocabulary, refusal tokens and the rest, the first part "
+              "skipped for a single refusal token; per harmless batch 1 + 4 KL probes)."]
     return "\n".join(lines) + "\n"

@@ -23,7 +23,7 @@ from pipelines.refusal import (
     select_direction,
     top_candidates,
 )
-from pipelines.refusal.estimate import PROBES, ablation_moment, harmless_terms, writer_sites
+from pipelines.refusal.estimate import PROBES, ablation_moment, harmful_terms, harmless_terms, writer_sites
 from pipelines.refusal.scoring import score_rows
 
 PROMPTS = ["the man said", "what is the good word now, tell me", "help", "write a long story about water",
@@ -97,6 +97,35 @@ def test_second_order_kl_estimate_matches_the_exact_curvature():
         assert float(kl[c]) == pytest.approx(curvature, rel=0.1), (c, float(kl[c]), curvature)
 
 
+def test_logit_curvature_term_matches_its_exact_value():
+    """The bypass estimate's second-order term, ``1/2 dz^T (F_R - F_N) dz`` per prompt with ``dz`` the first-order
+    logit change of the ablation, from probes (2000 per part) vs computed exactly: ``dz`` by a central difference
+    of the logits in float64, ``F_A`` from the clean softmax within the refusal tokens and within the rest."""
+    m = tiny_model("llama", n_layers=3, dtype=torch.float64)
+    _, encs = prepare(m, PROMPTS)
+    (b,) = batches(m, encs, len(encs))
+    sites = [s.name for s in writer_sites(m)]
+    torch.manual_seed(5)
+    units = torch.nn.functional.normalize(torch.randn(2, m.d_model, dtype=torch.float64), dim=-1)
+    _, curv, _, n_batches = harmful_terms(m, encs, TOKENS, 2, units, probes=2000)
+    assert n_batches == 3 and curv.shape == (2,)
+    z = last_logits(m, b).double()
+    inside = torch.zeros(z.shape[-1], dtype=torch.bool)
+    inside[TOKENS] = True
+    a = 1e-4
+    for c, r in enumerate(units):
+        def logits(a, r=r):
+            return last_logits(m, b, [(s, lambda x, ctx, a=a, r=r: x - a * (x @ r)[..., None] * r) for s in sites])
+        dz = (logits(a) - logits(-a)).double() / (2 * a)
+        exact = 0.0
+        for part, sign in ((inside, 1.0), (~inside, -1.0)):
+            q = z.masked_fill(~part, float("-inf")).softmax(-1)
+            exact += sign * 0.5 * ((q * dz ** 2).sum(-1) - (q * dz).sum(-1) ** 2)
+        assert float(curv[c]) == pytest.approx(float(exact.mean()), rel=0.1), (c, float(curv[c]), float(exact.mean()))
+    _, none, _, _ = harmful_terms(m, encs, TOKENS, 2)
+    assert none.numel() == 0
+
+
 @pytest.fixture(scope="module")
 def organism_sweep():
     """Exhaustive scores and first-order estimates of every organism candidate (default prompt sets)."""
@@ -110,11 +139,10 @@ def organism_sweep():
 
 
 def test_estimate_ranks_like_the_exhaustive_sweep(organism_sweep):
-    """Measured on the organism (8 candidates, 2 of them the zero vector at layer 0): Spearman bypass 0.735 over
-    all, 0.895 over the 5 whose exact KL passes the 0.1 filter; induce 0.976; KL 0.904. The 0.8 asked for bypass
-    over all candidates is not reached by the first-order estimate: it misranks the ablations that break the model
-    (high KL; on SmolLM2-aligned too, see benchmarks/RESULTS_refusal.md), which the KL estimate flags and the KL
-    filter drops. The trapezoid variant (second gradient point) reached 0.855 here but 0.534 on SmolLM2."""
+    """Measured on the organism (8 candidates, 2 of them the zero vector at layer 0): Spearman bypass 0.928 over
+    all (first order alone: 0.735; the logit-curvature term brings the two layer-2 candidates, exact -5.0 and
+    -6.0, from 3.2-3.3 estimated to 0.2 and 0.0), 1.0 over the 5 whose exact KL passes the 0.1 filter; induce
+    0.976; KL 0.904."""
     m, data, tok, cand, exact, est = organism_sweep
     assert est.baseline_harmful == pytest.approx(exact.baseline_harmful, abs=1e-4)
     assert est.baseline_harmless == pytest.approx(exact.baseline_harmless, abs=1e-4)
@@ -123,12 +151,15 @@ def test_estimate_ranks_like_the_exhaustive_sweep(organism_sweep):
     rho_ok = float(spearman(est.bypass[ok], exact.bypass[ok]))
     print(f"organism: Spearman {rho}, bypass over exact-KL-passing candidates {rho_ok:.3f} (n={int(ok.sum())})")
     assert rho["induce"] >= 0.9 and rho["kl"] >= 0.8 and rho_ok >= 0.8, (rho, rho_ok)
-    assert rho["bypass"] >= 0.7, rho                               # measured 0.735; the 0.8 asked is not met
+    assert rho["bypass"] >= 0.8, rho                               # measured 0.928
+    first = est.bypass - est.curvature                             # the first-order estimate alone ranks worse
+    assert float(spearman(first.flatten(), exact.bypass.flatten())) < rho["bypass"] - 0.1
     win = select_direction(m.n_layers, cand, exact, SelectionConfig(search="exhaustive"))
     assert win.found
     top5 = top_candidates(est, cand, m.n_layers, SelectionConfig(), 5)
     assert top5[win.layer_index, win.position_index]
-    assert est.forwards == 2 and est.backwards == 1 + 1 + PROBES  # one batch per val set
+    # one batch per val set: harmful 1 + PROBES per vocabulary part (the organism has 2 refusal tokens), harmless
+    assert len(set(tok.tokens)) > 1 and est.forwards == 2 and est.backwards == 1 + 2 * PROBES + 1 + PROBES
 
 
 def test_exact_scores_of_a_subset_equal_the_sweep(organism_sweep):

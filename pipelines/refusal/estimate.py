@@ -1,15 +1,21 @@
 """Cheap estimates of every candidate's bypass, induce and KL scores from one forward per batch and a few backwards.
 
-Bypass (first order): ablating the unit direction ``r`` at every writer (the embedding, i.e. resid_pre of block
-0, and every block's attn_out and mlp_out) changes each writer output ``o`` by ``-(o.r) r``, so the mean harmful
-refusal score moves by ``-sum (g.r)(o.r) = -r^T M r``, ``M = sum g o^T`` over writers, positions and prompts
-(``g``: the gradient of the mean score at that writer's output). Induce (first order): adding ``v`` at resid_pre
-of block ``l`` moves the mean harmless score by ``(sum_t g_{l,t}) . v``. KL (second order, its first order is 0):
-the ablation moves prompt ``i``'s next-token logits by ``dz_i = -sum J (o.r) r`` to first order, and
-``KL ~ 1/2 dz^T (diag p - p p^T) dz``, estimated with random probes ``u ~ N(0, diag p - p p^T)`` (one backward
-each): ``KL ~ 1/2 E[(u . dz)^2]``. The first-order bypass ranks poorly exactly where an ablation breaks the model
-(large KL), which the KL estimate flags; :func:`top_candidates` uses all three to pick the candidates worth scoring
-exactly.
+Bypass (to second order in the logits): ablating the unit direction ``r`` at every writer (the embedding, i.e.
+resid_pre of block 0, and every block's attn_out and mlp_out) changes each writer output ``o`` by ``-(o.r) r``, so
+to first order the mean harmful refusal score moves by ``-sum (g.r)(o.r) = -r^T M r``, ``M = sum g o^T`` over
+writers, positions and prompts (``g``: the gradient of the mean score at that writer's output). The refusal score
+is a log-odds, ``LSE(z_R) - LSE(z_N)`` over the refusal tokens ``R`` and the rest ``N``, curved in the logits ``z``:
+its second-order term along the first-order logit change ``dz`` is ``1/2 dz^T (F_R - F_N) dz`` with ``F_A = diag q_A -
+q_A q_A^T`` (``q_A``: the softmax within ``A``), estimated with random probes like the KL below and added. It is
+what an ablation that scatters the logits does to a log-odds (the many ``N`` tokens gain together): without it the
+estimate misses most of the large bypasses (on the organism Spearman with the exact bypass 0.735 -> 0.93). The
+network's own second derivatives are not included. Induce (first order): adding ``v`` at resid_pre of block ``l``
+moves the mean harmless score by ``(sum_t g_{l,t}) . v``. KL (second order, its first order is 0): the ablation
+moves prompt ``i``'s next-token logits by ``dz_i = -sum J (o.r) r`` to first order, and ``KL ~ 1/2 dz^T (diag p -
+p p^T) dz``, estimated with random probes ``u ~ N(0, diag p - p p^T)`` (one backward each): ``KL ~ 1/2 E[(u .
+dz)^2]``. The estimates rank poorly where an ablation breaks the model through the network's own non-linearity
+(large KL), which the KL estimate flags; :func:`top_candidates` uses all three to pick the candidates worth
+scoring exactly.
 """
 
 from __future__ import annotations
@@ -42,7 +48,7 @@ PROBES = 4  # random probes for the KL estimate: its Spearman with the exact KL 
 @dataclass
 class Estimate:
     """Estimated scores ``[layers, P]`` on the scale of :class:`~pipelines.refusal.stages.Scores` (bypass: mean
-    harmful refusal score under ablation; induce: mean harmless score under addition; kl: mean harmless KL under
+    harmful refusal score under ablation, first order plus ``curvature``; induce: mean harmless score under addition; kl: mean harmless KL under
     ablation), the clean baselines, and the passes spent."""
 
     bypass: Float[torch.Tensor, "layers P"]
@@ -52,6 +58,7 @@ class Estimate:
     baseline_harmless: float
     forwards: int
     backwards: int
+    curvature: Float[torch.Tensor, "layers P"] | None = None  # the logit-curvature part of ``bypass``
 
 
 def writer_sites(model: Model) -> list[Site]:
@@ -94,38 +101,62 @@ def _grads(value: torch.Tensor, acts: dict[Site, torch.Tensor], sites: Sequence[
     return [torch.zeros_like(acts[s], dtype=torch.float) if g is None else g.float() * mask for s, g in zip(sites, gs)]
 
 
-def ablation_moment(model: Model, encs: Sequence[Encoded], tokens: Sequence[int], batch_size: int,
-                    ablate: torch.Tensor | None = None, positions: str = "all"
-                    ) -> tuple[Float[torch.Tensor, "d d"], float, int]:
-    """``M = sum g o^T`` over writers, positions and prompts (float64, CPU), the mean score, the batches run.
+def harmful_terms(model: Model, encs: Sequence[Encoded], tokens: Sequence[int], batch_size: int,
+                  units: Float[torch.Tensor, "c d"] | None = None, probes: int = 0, seed: int = 0,
+                  ablate: torch.Tensor | None = None, positions: str = "all"
+                  ) -> tuple[Float[torch.Tensor, "d d"], Float[torch.Tensor, " c"], float, int]:
+    """From one forward per batch of the harmful prompts: ``M = sum g o^T`` over writers, positions and prompts
+    (float64, CPU); the logit-curvature term of the mean score for ablating each of ``units`` (``probes`` probes
+    per part of the vocabulary; zeros without units or probes); the mean score; the batches run.
     ``ablate [k, d]``: taken where that subspace is ablated (``o`` before the projection, ``g`` after it: the
     second point of a trapezoid estimate). ``positions``: the tokens the ablation acts on (see ``_captured``)."""
-    sites, n = writer_sites(model), len(encs)
+    sites, n, gen = writer_sites(model), len(encs), torch.Generator().manual_seed(seed)
     M = torch.zeros(model.d_model, model.d_model, dtype=torch.float64)
+    curv = torch.zeros(0 if units is None else len(units), dtype=torch.float64)
+    probes = probes if units is not None else 0
     total, n_batches = 0.0, 0
     for batch in batches(model, encs, batch_size):
         acts, logits, values, mask = _captured(model, batch, sites, ablate, positions)
         scores = refusal_score(logits, tokens)
-        for s, g in zip(sites, _grads(scores.sum() / n, acts, sites, mask, retain=False)):
+        for s, g in zip(sites, _grads(scores.sum() / n, acts, sites, mask, retain=probes > 0)):
             M += torch.einsum("btd,bte->de", g, values[s]).double().cpu()
+        if probes:
+            inside = torch.zeros(logits.shape[-1], dtype=torch.bool, device=logits.device)
+            inside[torch.as_tensor(list(tokens), device=logits.device)] = True
+            several = len(set(tokens)) > 1          # F_R is exactly 0 for one refusal token
+            curv -= _probe_terms(logits, acts, values, mask, units, probes, gen, part=~inside, retain_last=several)
+            if several:
+                curv += _probe_terms(logits, acts, values, mask, units, probes, gen, part=inside)
         total, n_batches = total + float(scores.detach().sum()), n_batches + 1
-    return M, total / n, n_batches
+    return M, curv / (2 * max(probes, 1) * n), total / n, n_batches
+
+
+def ablation_moment(model: Model, encs: Sequence[Encoded], tokens: Sequence[int], batch_size: int,
+                    ablate: torch.Tensor | None = None, positions: str = "all"
+                    ) -> tuple[Float[torch.Tensor, "d d"], float, int]:
+    """``M``, the mean score and the batches run of :func:`harmful_terms` (no curvature term)."""
+    M, _, mean, n_batches = harmful_terms(model, encs, tokens, batch_size, ablate=ablate, positions=positions)
+    return M, mean, n_batches
 
 
 def _probe_terms(logits: torch.Tensor, acts: dict[Site, torch.Tensor], values: dict[Site, torch.Tensor],
-                 mask: torch.Tensor, units: torch.Tensor, probes: int, gen: torch.Generator) -> torch.Tensor:
+                 mask: torch.Tensor, units: torch.Tensor, probes: int, gen: torch.Generator,
+                 part: torch.Tensor | None = None, retain_last: bool = False) -> torch.Tensor:
     """``sum_i sum_k (u_ik . dz_i(r_c))^2`` per candidate ``[C]`` for this batch: ``probes`` backwards of
-    ``u . z`` with ``u ~ N(0, diag p - p p^T)``, ``dz`` the first-order logit change of ablating ``units[c]``."""
+    ``u . z`` with ``u ~ N(0, diag p - p p^T)``, ``p`` the softmax over the vocabulary or, with ``part`` (a bool
+    mask over it), within that part (``u`` is 0 outside it); ``dz`` the first-order logit change of ablating
+    ``units[c]``. ``retain_last``: keep the graph after the last probe (more backwards follow)."""
     sites = list(values)
     r = units.to(logits.device, torch.float)
     proj = {s: values[s] @ r.T for s in sites}                                    # [B, T, C]: o . r
-    p = logits.detach().float().softmax(-1)
+    z = logits.detach().float()
+    p = (z if part is None else z.masked_fill(~part, float("-inf"))).softmax(-1)
     out = torch.zeros(len(units), dtype=torch.float64)
     for k in range(probes):
         xi = torch.randn(p.shape, generator=gen).to(p.device)
         u = p.sqrt() * xi
         u = u - p * u.sum(-1, keepdim=True)
-        gs = _grads((u * logits).sum(), acts, sites, mask, retain=k < probes - 1)
+        gs = _grads((u * logits).sum(), acts, sites, mask, retain=retain_last or k < probes - 1)
         dz = sum(((g @ r.T) * proj[s]).sum(1) for s, g in zip(sites, gs))         # [B, C], sign irrelevant
         out += (dz.double() ** 2).sum(0).cpu()
     return out
@@ -165,13 +196,16 @@ def estimate_candidates(model: Model, data: RefusalData, cand: Candidates, token
     _, enc_s = prepare(model, data.harmless["val"].instructions)
     raw = cand.raw.double()
     r = torch.nn.functional.normalize(raw, dim=-1)                                # [layers, P, d]
-    M, base_h, nb_h = ablation_moment(model, enc_h, toks, batch_size, positions=ablate_positions)
-    G, kl, base_s, nb_s = harmless_terms(model, enc_s, toks, cand.layers, r.flatten(0, 1), batch_size, probes, seed,
+    units = r.flatten(0, 1).float()
+    M, curv, base_h, nb_h = harmful_terms(model, enc_h, toks, batch_size, units, probes, seed + 1,
+                                          positions=ablate_positions)
+    G, kl, base_s, nb_s = harmless_terms(model, enc_s, toks, cand.layers, units, batch_size, probes, seed,
                                          ablate_positions)
-    bypass = base_h - torch.einsum("lpd,de,lpe->lp", r, M, r)
+    bypass = base_h - torch.einsum("lpd,de,lpe->lp", r, M, r) + curv.view(r.shape[:2])
     induce = base_s + torch.einsum("lpd,ld->lp", raw, G)
+    parts = 1 + (len(set(toks)) > 1)
     return Estimate(bypass.float(), induce.float(), kl.view(bypass.shape).float(), base_h, base_s, nb_h + nb_s,
-                    nb_h + nb_s * (1 + probes))
+                    nb_h * (1 + parts * probes) + nb_s * (1 + probes), curv.view(r.shape[:2]).float())
 
 
 def top_candidates(est: Estimate, cand: Candidates, n_layers: int, cfg: SelectionConfig, k: int

@@ -179,7 +179,7 @@ class _Keys:
                                            "ablate_positions": at, "random_kl": [RANDOM_KL, cfg.data.seed]})
         self.estimate = stage_key("estimate", {"tokens": self.tokens, "candidates": self.candidates,
                                                "val": data.digest("val"), "probes": PROBES, "seed": cfg.data.seed,
-                                               **self.model, "ablate_positions": at})
+                                               **self.model, "ablate_positions": at, "bypass": "logit curvature"})
         self.test = {"test": data.digest("test"), "train": data.digest("train"), "seed": cfg.data.seed,
                      "max_new_tokens": g.max_new_tokens, "tokens": self.tokens, "candidates": self.candidates,
                      "ablate_positions": at}
