@@ -66,7 +66,7 @@ def _selection_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--induce-threshold", type=float, default=0.0, help="keep candidates whose addition raises the "
                    "harmless refusal score above this; re-runs selection only (default: %(default)s)")
     p.add_argument("--search", choices=("estimate", "exhaustive"), default="estimate", help="estimate: rank every "
-                   "candidate by a first-order estimate (one forward + backward per batch) and score only the --top-k "
+                   "candidate by an attribution estimate (one forward and a few backwards per batch) and score only the --top-k "
                    "exactly; exhaustive: score every candidate exactly (default: %(default)s)")
     p.add_argument("--top-k", type=int, default=8, help="candidates scored exactly with --search estimate "
                    "(default: %(default)s)")

@@ -1,4 +1,4 @@
-"""The refusal job's fast candidate search: first-order estimates (checked against finite differences), their
+"""The refusal job's fast candidate search: attribution estimates (first order checked against finite differences, the logit-curvature term against its exact value), their
 ranking against the exhaustive sweep on the organism, exact scoring of a subset, prefix reuse, config and CLI."""
 
 from __future__ import annotations
@@ -128,7 +128,7 @@ def test_logit_curvature_term_matches_its_exact_value():
 
 @pytest.fixture(scope="module")
 def organism_sweep():
-    """Exhaustive scores and first-order estimates of every organism candidate (default prompt sets)."""
+    """Exhaustive scores and attribution estimates of every organism candidate (default prompt sets)."""
     import interp
 
     m = interp.load_model("organism")

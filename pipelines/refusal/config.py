@@ -46,7 +46,8 @@ class SelectionConfig:
     diagnosis before any scoring: refusal tokens only from at least ``min_refusals`` refusals, and a stop
     unless harmful train prompts are refused more often than harmless ones (one-sided Fisher exact test,
     p < ``diagnosis_alpha``). How the candidates
-    are searched: ``"estimate"`` (first-order estimates of all, the ``top_k`` scored exactly) or
+    are searched: ``"estimate"`` (attribution estimates of all: first order, plus the refusal score's curvature in the
+    logits for bypass; the ``top_k`` scored exactly) or
     ``"exhaustive"`` (every candidate scored exactly). Where a candidate is ablated (scoring, evaluation,
     writers, subspaces): ``ablate_positions="all"`` tokens (the paper; bakeable into weights),
     ``"post_instruction"``: the prompt's post-instruction tokens and every generated token (hooks only), or

@@ -38,7 +38,7 @@ def outcome_notes(cfg: RefusalConfig, res: RefusalResult) -> list[str]:
                 f"to find refusal tokens from, so no refusal direction can be selected"]
     if sel is not None and not sel.found:
         scored = "" if s.search == "exhaustive" else (
-            f" among the top {s.top_k} by first-order estimate, the only ones scored exactly (--search exhaustive "
+            f" among the top {s.top_k} by attribution estimate, the only ones scored exactly (--search exhaustive "
             f"or a larger --top-k scores more)")
         notes = [f"no candidate passes the filters (layer < {1 - s.prune_layer_fraction:.0%} of depth, KL < "
                  f"{sel.filters['kl_threshold']:.3g}, induce score > {s.induce_threshold}, bypass below baseline){scored}: no refusal "

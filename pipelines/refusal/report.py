@@ -87,7 +87,7 @@ def _candidate_sections(res: RefusalResult) -> list[tuple[str, Any]]:
 
 
 def _estimate_sections(res: RefusalResult) -> list[tuple[str, Any]]:
-    """search='estimate': the first-order estimates of every candidate (the exact maps above hold the top k)."""
+    """search='estimate': the attribution estimates of every candidate (the exact maps above hold the top k)."""
     from viz import refusal as F
 
     est, cand, sc, sel = res.estimate, res.candidates, res.scores, res.selection

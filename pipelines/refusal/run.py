@@ -146,7 +146,7 @@ def _search(run: Run, model: Model, data: RefusalData, cand: Candidates, res: Re
     s, rt, d, bs = cfg.selection, cfg.runtime, cfg.data, cfg.runtime.batch_size
     suffix = "" if at == "all" else f".{at}"
     only = None
-    if s.search == "estimate":  # first-order estimates of every candidate; only the top k are scored exactly
+    if s.search == "estimate":  # attribution estimates of every candidate; only the top k are scored exactly
         res.estimate = run.stage("estimate" + suffix, keys.estimate, Estimate, lambda: estimate_candidates(
             model, data, cand, res.tokens, bs, seed=d.seed, ablate_positions=at), say)  # type: ignore[arg-type]
         only = top_candidates(res.estimate, cand, model.n_layers, s, s.top_k)
