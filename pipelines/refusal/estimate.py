@@ -101,6 +101,12 @@ def _grads(value: torch.Tensor, acts: dict[Site, torch.Tensor], sites: Sequence[
     return [torch.zeros_like(acts[s], dtype=torch.float) if g is None else g.float() * mask for s, g in zip(sites, gs)]
 
 
+def curvature_parts(tokens: Sequence[int]) -> int:
+    """How many parts of the vocabulary the curvature term probes: the rest, and the refusal tokens when there are
+    several (``F_R`` is exactly 0 for one)."""
+    return 1 + (len(set(tokens)) > 1)
+
+
 def harmful_terms(model: Model, encs: Sequence[Encoded], tokens: Sequence[int], batch_size: int,
                   units: Float[torch.Tensor, "c d"] | None = None, probes: int = 0, seed: int = 0,
                   ablate: torch.Tensor | None = None, positions: str = "all"
@@ -114,6 +120,7 @@ def harmful_terms(model: Model, encs: Sequence[Encoded], tokens: Sequence[int], 
     M = torch.zeros(model.d_model, model.d_model, dtype=torch.float64)
     curv = torch.zeros(0 if units is None else len(units), dtype=torch.float64)
     probes = probes if units is not None else 0
+    inside: torch.Tensor | None = None   # the refusal tokens as a vocabulary mask, built at the first batch
     total, n_batches = 0.0, 0
     for batch in batches(model, encs, batch_size):
         acts, logits, values, mask = _captured(model, batch, sites, ablate, positions)
@@ -121,9 +128,10 @@ def harmful_terms(model: Model, encs: Sequence[Encoded], tokens: Sequence[int], 
         for s, g in zip(sites, _grads(scores.sum() / n, acts, sites, mask, retain=probes > 0)):
             M += torch.einsum("btd,bte->de", g, values[s]).double().cpu()
         if probes:
-            inside = torch.zeros(logits.shape[-1], dtype=torch.bool, device=logits.device)
-            inside[torch.as_tensor(list(tokens), device=logits.device)] = True
-            several = len(set(tokens)) > 1          # F_R is exactly 0 for one refusal token
+            if inside is None:
+                inside = torch.zeros(logits.shape[-1], dtype=torch.bool, device=logits.device)
+                inside[torch.as_tensor(list(tokens), device=logits.device)] = True
+            several = curvature_parts(tokens) > 1
             curv -= _probe_terms(logits, acts, values, mask, units, probes, gen, part=~inside, retain_last=several)
             if several:
                 curv += _probe_terms(logits, acts, values, mask, units, probes, gen, part=inside)
@@ -203,7 +211,7 @@ def estimate_candidates(model: Model, data: RefusalData, cand: Candidates, token
                                          ablate_positions)
     bypass = base_h - torch.einsum("lpd,de,lpe->lp", r, M, r) + curv.view(r.shape[:2])
     induce = base_s + torch.einsum("lpd,ld->lp", raw, G)
-    parts = 1 + (len(set(toks)) > 1)
+    parts = curvature_parts(toks)
     return Estimate(bypass.float(), induce.float(), kl.view(bypass.shape).float(), base_h, base_s, nb_h + nb_s,
                     nb_h * (1 + parts * probes) + nb_s * (1 + probes), curv.view(r.shape[:2]).float())
 
