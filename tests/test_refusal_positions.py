@@ -128,8 +128,13 @@ def test_pipeline_with_post_instruction_ablation_end_to_end(post_run):
     assert m["selection"]["ablate_positions"] == "post_instruction"
     assert m["found_direction"], m["notes"]
     ev = m["evaluation"]
-    assert ev["hook_vs_baked"]["max_abs_logit_diff"] is None and "not baked" in ev["hook_vs_baked"]["notes"][0]
-    assert "harmful/baked weights" not in ev["refusal"]
+    # weights act on every token: the baked condition is the every-token ablation, checked against its hook
+    eq = ev["hook_vs_baked"]
+    assert eq["compared_with"] == "the every-token hook ablation" and eq["exact_architecture"]
+    assert eq["rel_logit_diff"] < 1e-4 and "every token" in eq["notes"][-1]
+    assert "harmful/baked weights" not in ev["refusal"] and "harmful/baked weights (every token)" in ev["refusal"]
+    scores = post_run.evaluation.refusal_score  # the toy reads refusal from the instruction tokens (see above)
+    assert scores["harmful/baked weights (every token)"] < scores["harmful/ablation"] - 0.5, scores
     assert {"harmful/ablation", "harmful/random ablation", "harmful/orthogonal ablation"} <= set(ev["refusal"])
     notes = " ".join(m["notes"])
     assert "post-instruction tokens and every generated token" in notes and "is off" in notes

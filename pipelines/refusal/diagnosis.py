@@ -93,7 +93,8 @@ def relaxed_notes(sel: SelectionConfig) -> list[str]:
 
 POST_NOTE = ("ablation: every candidate is ablated at the prompt's post-instruction tokens and every generated "
              "token only (ablate_positions='post_instruction'), not at every token as in the paper; hooks "
-             "only: no weight edit reproduces it, so there is no baked-weights check or saved model")
+             "only: no weight edit reproduces it, so the baked-weights condition ablates the direction at every token "
+             "(checked against the every-token hook) and no model is saved")
 
 
 def kl_rejected_notes(sel: Any) -> list[str]:

@@ -22,13 +22,15 @@ from interp.chat import Encoded
 from interp.forward import batches, cached_forward, forward, prepare
 from interp.models import Model
 from pipelines.refusal.prompt_sets import RefusalData
-from pipelines.refusal.scoring import ablation
+from pipelines.refusal.scoring import ablation, prompt_logits
 from pipelines.refusal.stages import Candidates, RefusalTokens, Selection
 from probes.directions import random_directions, random_orthogonal
 from steering.generate import Prefixes, leaves_prompt_prefix, prompt_prefixes
 
-NOT_BAKEABLE = ("not baked: the ablation acts at the post-instruction and generated tokens only (ablate_positions="
-                "'post_instruction'), which no weight edit reproduces (weights act on every token alike)")
+NOT_BAKEABLE = ("the run's ablation acts at the post-instruction and generated tokens only (ablate_positions="
+                "'post_instruction'), which no weight edit reproduces (weights act on every token alike): the baked "
+                "weights ablate the direction at every token, and are compared with the every-token hook ablation")
+BAKED, BAKED_EVERY_TOKEN = "harmful/baked weights", "harmful/baked weights (every token)"
 
 
 @dataclass
@@ -132,31 +134,32 @@ def evaluate(model: Model, data: RefusalData, cand: Candidates, sel: Selection, 
              max_new_tokens: int = 24, batch_size: int = 64, seed: int = 0, test: TestPrompts | None = None,
              judge: Judge | None = None, ablate_positions: str = "all") -> Evaluation:
     """Generate, judge and score the test prompts under every condition (over-refusal on the borderline set
-    too); KL / CE on harmless answers under the ablation and under the random ablation (its control); compare hook
-    ablation with baked weights (``ablate_positions="all"`` only: an ablation at some
-    tokens only is not a weight edit, and ``hook_vs_baked`` says so)."""
+    too); KL / CE on harmless answers under the ablation and under the random ablation (its control); generate the
+    harmful test prompts with the direction baked into the weights, and compare baked with hook logits. Weights act
+    on every token alike, so under ``ablate_positions="post_instruction"`` the baked condition is
+    ``"harmful/baked weights (every token)"`` and is compared with the every-token hook, not with the run's
+    post-instruction ablation (``hook_vs_baked["compared_with"]`` says which)."""
     test = test or TestPrompts(model, data)
     direction = sel.direction(cand, model.name)
     r, v = direction.vectors[0], direction.raw[0]
     gens, refused, scores, logits = {}, {}, {}, {}
-    bakeable = ablate_positions == "all"
-    baked = steering.bake(model, r, allow_inexact=True) if bakeable else None
+    baked = steering.bake(model, r, allow_inexact=True)
+    baked_name = BAKED if ablate_positions == "all" else BAKED_EVERY_TOKEN
     rand_u = random_directions(model.d_model, 1, seed=seed)[0].vectors[0]
     conditions = _conditions(r, v, rand_u, sel.layer, seed, data.borderline is not None, ablate_positions)
-    if baked is not None:
-        conditions["harmful/baked weights"] = ("harmful", ())
+    conditions[baked_name] = ("harmful", ())
     for name, (which, ivs) in conditions.items():
-        on = baked.model if baked is not None and name == "harmful/baked weights" else model
+        on = baked.model if name == baked_name else model
         gens[name], refused[name], logits[name] = test.judged(which, ivs, max_new_tokens, batch_size, judge, on)
         scores[name] = refusal_score(logits[name], tokens.tokens).mean().item()
-    if baked is not None:
-        hook, baked_logits = logits["harmful/ablation"], logits["harmful/baked weights"]
-        diff = (hook - baked_logits).abs().max()
-        equiv = {"max_abs_logit_diff": float(diff), "rel_logit_diff": float(diff / hook.abs().max()),
-                 "exact_architecture": bool(baked.exact), "notes": baked.notes}
-    else:
-        equiv = {"max_abs_logit_diff": None, "rel_logit_diff": None, "exact_architecture": None,
-                 "notes": [NOT_BAKEABLE]}
+    hook = (logits["harmful/ablation"] if ablate_positions == "all" else
+            prompt_logits(model, test.encodings("harmful"), ablation(r, "all"), batch_size=batch_size))
+    diff = (hook - logits[baked_name]).abs().max()
+    equiv = {"max_abs_logit_diff": float(diff), "rel_logit_diff": float(diff / hook.abs().max()),
+             "exact_architecture": bool(baked.exact), "notes": baked.notes,
+             "compared_with": "harmful/ablation" if ablate_positions == "all" else "the every-token hook ablation"}
+    if ablate_positions != "all":
+        equiv["notes"] = [*baked.notes, NOT_BAKEABLE]
     kl_ce = harmless_kl_ce(model, test.prompts("harmless"), gens["harmless/baseline"],  # and the same cost of a
                            (ablation(r, ablate_positions),), batch_size,                # random ablation
                            controls={"random ablation": (ablation(rand_u, ablate_positions),)})
