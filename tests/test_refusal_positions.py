@@ -204,10 +204,11 @@ def test_a_null_every_token_run_points_to_the_post_instruction_ablation(tmp_path
     assert post.computed == [] and not any("--ablate-positions post_instruction" in n for n in post.metrics["notes"])
 
 
-def test_auto_falls_back_to_the_post_instruction_ablation_and_does_not_bake_it(tmp_path):
+def test_auto_falls_back_to_the_post_instruction_ablation_and_saves_no_model(tmp_path):
     """Layer 1 of the toy organism: no every-token candidate passes KL < 0.01 (measured 0.017 and 0.69), the
     post-instruction ablation of position -1 does (0.009, bypass below baseline); with the induce filter off,
-    auto selects it there, evaluates it with that ablation, and saves no baked model (said in the notes)."""
+    auto selects it there, evaluates it with that ablation, and saves no baked model (said in the notes): its baked
+    condition is the every-token ablation, which is not the selected edit."""
     cfg = RefusalConfig.from_flat(layers=[1], kl_threshold=0.01, induce_threshold=float("-inf"), save_model=True,
                                   **SMALL)
     res = run_refusal(cfg, tmp_path / "auto")
@@ -216,7 +217,8 @@ def test_auto_falls_back_to_the_post_instruction_ablation_and_does_not_bake_it(t
     assert [(t["ablate_positions"], t["found"]) for t in m["selection"]["ablation_search"]] == [
         ("all", False), ("post_instruction", True)]
     assert m["selection"]["ablate_positions"] == "post_instruction" and m["selection"]["layer"] == 1
-    assert m["evaluation"]["hook_vs_baked"]["max_abs_logit_diff"] is None
+    eq = m["evaluation"]["hook_vs_baked"]  # baked = the every-token ablation, checked against that hook only
+    assert eq["compared_with"] == "the every-token hook ablation" and eq["rel_logit_diff"] < 1e-4
     assert m.get("saved_model") is None and not (tmp_path / "auto" / "model").exists()
     notes = " ".join(m["notes"])
     assert "and selected a direction there" in notes and "--save-model: no model saved" in notes

@@ -120,7 +120,7 @@ def _evaluation_sections(res: RefusalResult) -> list[tuple[str, Any]]:
         baked = ([("max |logit diff| hook vs baked", eq["max_abs_logit_diff"]), ("relative", eq["rel_logit_diff"]),
                   ("architecture bakes exactly", eq["exact_architecture"]),
                   ("baked compared with", eq.get("compared_with", "harmful/ablation"))] +
-                 [("baked weights", n) for n in eq["notes"]] if eq["max_abs_logit_diff"] is not None
+                 [("baked weights", n) for n in eq.get("notes", [])] if eq["max_abs_logit_diff"] is not None
                  else [("baked weights", "; ".join(eq["notes"]))])
         out.append(("Hook ablation vs baked weights, KL and CE", kv_table(
             baked +
