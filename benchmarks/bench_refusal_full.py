@@ -81,10 +81,10 @@ def headline(m: dict) -> list[str]:
     if kc:
         lines.append(f"- harmless KL (first response token) {kc['kl_first_response_token']:.3f}; CE "
                      f"{kc['ce_baseline']:.3f} -> {kc['ce_edited']:.3f}")
-        rand = "kl_first_response_token (random ablation)"
-        if rand in kc:
-            lines.append(f"- the same under the random ablation: KL {kc[rand]:.3f}; CE {kc['ce_baseline']:.3f} -> "
-                         f"{kc['ce_edited (random ablation)']:.3f}")
+        for name in ("random ablation", "every token, as baked"):
+            if f"kl_first_response_token ({name})" in kc:
+                lines.append(f"- the same under the {name}: KL {kc[f'kl_first_response_token ({name})']:.3f}; CE "
+                             f"{kc['ce_baseline']:.3f} -> {kc[f'ce_edited ({name})']:.3f}")
     eq = m.get("evaluation", {}).get("hook_vs_baked", {})
     if eq.get("max_abs_logit_diff") is not None:
         lines.append(f"- hook vs baked weights: max |logit diff| {eq['max_abs_logit_diff']:.2e}")

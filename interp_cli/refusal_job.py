@@ -168,18 +168,20 @@ def summary_table(m: dict) -> Any:
     if ev:
         for k, r in ev["refusal"].items():
             t.add_row(f"refusal rate: {k}" + (" (over-refusal)" if k.startswith("borderline") else ""), _rate(r))
-        diff = ev["hook_vs_baked"]["max_abs_logit_diff"]
+        eq = ev["hook_vs_baked"]
+        diff, against = eq["max_abs_logit_diff"], eq.get("compared_with", "harmful/ablation")
         t.add_row("hook vs baked max |logit diff|", "not bakeable (post-instruction ablation)" if diff is None
-                  else f"{diff:.2e}")
+                  else f"{diff:.2e}" + ("" if against == "harmful/ablation" else f" (against {against})"))
         kc = ev["harmless_kl_ce"]
         if kc:
-            t.add_row("harmless KL (first response token)", f"{kc['kl_first_response_token']:.4f}" + (
-                f" (random ablation {kc[RANDOM_KL]:.4f})" if RANDOM_KL in kc else ""))
+            t.add_row("harmless KL (first response token)", f"{kc['kl_first_response_token']:.4f}" + "".join(
+                f" ({name} {kc[f'kl_first_response_token ({name})']:.4f})" for name in KL_CONTROLS
+                if f"kl_first_response_token ({name})" in kc))
             t.add_row("harmless CE baseline -> ablated", f"{kc['ce_baseline']:.3f} -> {kc['ce_edited']:.3f}")
     return t
 
 
-RANDOM_KL = "kl_first_response_token (random ablation)"
+KL_CONTROLS = ("random ablation", "every token, as baked")
 
 
 def _rate(r: dict) -> str:

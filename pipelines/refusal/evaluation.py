@@ -160,9 +160,11 @@ def evaluate(model: Model, data: RefusalData, cand: Candidates, sel: Selection, 
              "compared_with": "harmful/ablation" if ablate_positions == "all" else "the every-token hook ablation"}
     if ablate_positions != "all":
         equiv["notes"] = [*baked.notes, NOT_BAKEABLE]
-    kl_ce = harmless_kl_ce(model, test.prompts("harmless"), gens["harmless/baseline"],  # and the same cost of a
-                           (ablation(r, ablate_positions),), batch_size,                # random ablation
-                           controls={"random ablation": (ablation(rand_u, ablate_positions),)})
+    controls = {"random ablation": (ablation(rand_u, ablate_positions),)}  # the same cost of a random ablation,
+    if ablate_positions != "all":                                           # and of the baked (every-token) edit
+        controls["every token, as baked"] = (ablation(r, "all"),)
+    kl_ce = harmless_kl_ce(model, test.prompts("harmless"), gens["harmless/baseline"], (ablation(r, ablate_positions),),
+                           batch_size, controls=controls)
     rates = {k: sum(f) / len(f) for k, f in refused.items()}
     return Evaluation(gens, rates, scores, equiv, kl_ce, refused)
 
