@@ -64,50 +64,68 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", type=Path, default=REPO / "runs" / "multilingual-updates")
+    ap.add_argument("--kinds", default="pathway,neurons", help="which updates to run (comma-separated)")
+    ap.add_argument("--given-components", default=None,
+                    help="skip the pathway search and train these components, e.g. '10:attn,10:mlp' (from an earlier "
+                         "run of this script on the same model and data)")
     ap.add_argument("--write", action="store_true")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     t0 = time.time()
     model = load_model(args.model)
     data = load_parallel_safety(n=args.n)
-    pw = refusal_pathways(model, data, split="val")
-    comps = pw.top_components(args.components)
+    kinds = args.kinds.split(",")
+    pw, comps = None, []
+    if args.given_components:
+        comps = [(int(c.split(":")[0]), c.split(":")[1]) for c in args.given_components.split(",")]
+    elif "pathway" in kinds:
+        pw = refusal_pathways(model, data, split="val")
+        comps = pw.top_components(args.components)
     t_pw = time.time() - t0
-    metric = refusal_score(refusal_ids(model))
-    sets = {lang: language_neurons(model, data, lang, metric, args.k, args.n_candidates)
-            for lang in data.langs if lang != data.source}
-    neurons = sorted(set().union(*sets.values()))
+    sets: dict = {}
+    if "neurons" in kinds:
+        metric = refusal_score(refusal_ids(model))
+        sets = {lang: language_neurons(model, data, lang, metric, args.k, args.n_candidates)
+                for lang in data.langs if lang != data.source}
+    neurons = sorted(set().union(*sets.values())) if sets else []
     t_nr = time.time() - t0 - t_pw
     print(f"components {comps} ({t_pw:.0f} s); {len(neurons)} neurons ({t_nr:.0f} s)", flush=True)
     cfg = UpdateConfig(steps=args.steps, lr=args.lr, neuron_lr=args.neuron_lr, n_random=args.n_random,
                        max_new_tokens=args.max_new_tokens, seed=args.seed)
-    a = restricted_update(model, data, "pathway", comps, cfg)
-    print(a.summary(), flush=True)
-    b = restricted_update(model, data, "neurons", neurons, cfg, before=a)
-    print(b.summary(), flush=True)
+    results = {}
+    if "pathway" in kinds:
+        results["pathway"] = restricted_update(model, data, "pathway", comps, cfg)
+        print(results["pathway"].summary(), flush=True)
+    if "neurons" in kinds:
+        results["neurons"] = restricted_update(model, data, "neurons", neurons, cfg, before=results.get("pathway"))
+        print(results["neurons"].summary(), flush=True)
     wall = time.time() - t0
     args.out.mkdir(parents=True, exist_ok=True)
-    write_json(args.out / f"{args.model}.json", {"pathway": a.record(), "neurons": b.record(),
-                                                 "components": comps, "neuron_sets": {k: sorted(v) for k, v in sets.items()}})
-    rows = rate_rows(a) + [r for r in rate_rows(b) if r["condition"] != "before"]
-    cols = list(rows[0])
-    restored = {f"L{layer} {part}": round(sum(float(pw.restored[lang][pw.layers.index(layer), 1 + (part == "mlp")]
-                                                    - pw.control[lang][pw.layers.index(layer), 1 + (part == "mlp")])
-                                                for lang in pw.langs) / len(pw.langs), 3) for layer, part in comps}
+    write_json(args.out / f"{args.model}.json", {k: r.record() for k, r in results.items()} | {
+        "components": comps, "neuron_sets": {k: sorted(v) for k, v in sets.items()}})
+    rows = [r for i, res in enumerate(results.values()) for r in rate_rows(res) if i == 0 or r["condition"] != "before"]
+    first = next(iter(results.values()))
+    restored = "given (--given-components)" if args.given_components else "not run" if pw is None else {
+        f"L{layer} {part}": round(sum(float(pw.restored[lang][pw.layers.index(layer), 1 + (part == "mlp")]
+                                            - pw.control[lang][pw.layers.index(layer), 1 + (part == "mlp")])
+                                      for lang in pw.langs) / len(pw.langs), 3) for layer, part in comps}
+    n_val = "" if pw is None else f" on {pw.n_pairs} val pairs"
+    given = f" --given-components {args.given_components}" if args.given_components else ""
     text = "\n".join([
-        f"Command: `python benchmarks/study_multilingual_updates.py --model {args.model} --components "
-        f"{args.components} --k {args.k} --steps {args.steps} --n-random {args.n_random} --max-new-tokens "
-        f"{args.max_new_tokens}` ({wall:.0f} s on {machine()}, load {os.getloadavg()[0]:.1f})", "",
+        f"Command: `python benchmarks/study_multilingual_updates.py --model {args.model} --kinds {args.kinds} "
+        f"--components {args.components} --k {args.k} --steps {args.steps} --n-random {args.n_random} "
+        f"--max-new-tokens {args.max_new_tokens}{given}` ({wall:.0f} s on {machine()}, load {os.getloadavg()[0]:.1f})", "",
         table(f"Restricted updates vs random sets of the same size ({args.model}; pathway = the top {args.components} "
-              f"writers by restored-minus-control on {pw.n_pairs} val pairs: {restored}, LoRA r{cfg.rank} on their "
+              f"writers by restored-minus-control{n_val}: {restored} {comps}, LoRA r{cfg.rank} on their "
               f"modules only, random = the same parts at other layers; neurons = the union of the {args.k} "
               f"mlp_post neurons per non-English language (top {args.n_candidates} by train contrast, then by val "
               f"ablation effect): {len(neurons)} neurons, random = as many from the same layers; {args.steps} steps "
-              f"x 8 pairs on the non-English train ids ({a.n_pairs['harmful']} harmful -> our refusal in the language, "
-              f"{a.n_pairs['harmless']} harmless -> the organism's own answer, {a.n_pairs['harmless_refused']} "
-              f"refused and {a.n_pairs['harmless_degenerate']} degenerate answers dropped), lr {args.lr} (LoRA) / {args.neuron_lr} (neurons); refusal on "
-              f"the test ids, greedy {args.max_new_tokens} tokens, Wilson 95% intervals)", rows, cols), "",
-        "Notes: " + "; ".join(a.notes + b.notes), ""])
+              f"x 8 pairs on the non-English train ids ({first.n_pairs['harmful']} harmful -> our refusal in the "
+              f"language, {first.n_pairs['harmless']} harmless -> the organism's own answer, "
+              f"{first.n_pairs['harmless_refused']} refused and {first.n_pairs['harmless_degenerate']} degenerate "
+              f"answers dropped), lr {args.lr} (LoRA) / {args.neuron_lr} (neurons); refusal on the test ids, greedy "
+              f"{args.max_new_tokens} tokens, Wilson 95% intervals)", rows, list(rows[0])), "",
+        "Notes: " + "; ".join(n for r in results.values() for n in r.notes), ""])
     print(text)
     if args.write:
         append_section(REPO / "benchmarks" / "RESULTS_multilingual.md", text)

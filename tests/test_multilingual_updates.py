@@ -100,3 +100,18 @@ def test_bad_input(tiny_models):
         restricted_update(model, data, "pathway", [(0, "mlp")], UpdateConfig(train_langs=("en",)))
     with pytest.raises(ValueError, match="no refusals"):
         restricted_update(model, data, "pathway", [(0, "mlp")], CFG, refusals={"en": ["I can't."]})
+
+
+def test_several_random_sets_are_pooled_in_the_notes(tiny_models):
+    """With more than one random set the notes compare the found set with all of them pooled and rank it."""
+    import dataclasses
+
+    model = tiny_models("llama")
+    data = load_parallel_safety(n=4, langs=("en", "fr"))
+    res = restricted_update(model, data, "neurons", [(1, 3), (1, 5), (0, 2)], dataclasses.replace(CFG, n_random=2))
+    assert res.conditions == ["before", "found", "random 1", "random 2"]
+    assert res.units["random 1"] != res.units["random 2"]
+    (k1, n1), (k2, n2), (kf, nf) = res.pooled("random 1"), res.pooled("random 2"), res.pooled("found")
+    note = next(n for n in res.notes if n.startswith("found vs all 2 random sets pooled"))
+    above = (kf / nf > k1 / n1) + (kf / nf > k2 / n2)
+    assert f"{kf}/{nf} vs {k1 + k2}/{n1 + n2}" in note and note.endswith(f"more than {above} of them")

@@ -251,6 +251,13 @@ def _notes(res: RestrictedUpdate) -> list[str]:
         notes.append(f"found {verdict} {name}: pooled harmful refusal {kf}/{nf} vs {kr}/{nr} (one-sided Fisher "
                      f"p = {p:.2g}), with {res.training['found']['trainable']} vs {res.training[name]['trainable']} "
                      f"trainable entries")
+    randoms = [name for name in res.units if name != "found"]
+    if len(randoms) > 1:  # every random set together, and where the found set ranks among them
+        pooled = [res.pooled(name) for name in randoms]
+        kr, nr = sum(k for k, _ in pooled), sum(n for _, n in pooled)
+        above = sum(kf / nf > k / n for k, n in pooled)
+        notes.append(f"found vs all {len(randoms)} random sets pooled: {kf}/{nf} vs {kr}/{nr} (one-sided Fisher "
+                     f"p = {fisher_greater(kf, nf, kr, nr):.2g}); the found set refuses more than {above} of them")
     s0, m0 = res.pooled("before", "harmless")
     sf, mf = res.pooled("found", "harmless")
     if fisher_greater(sf, mf, s0, m0) < 0.05:
