@@ -23,7 +23,14 @@ from pipelines.refusal import (
     select_direction,
     top_candidates,
 )
-from pipelines.refusal.estimate import PROBES, ablation_moment, harmful_terms, harmless_terms, writer_sites
+from pipelines.refusal.estimate import (
+    PROBES,
+    ablation_moment,
+    estimate_modes,
+    harmful_terms,
+    harmless_terms,
+    writer_sites,
+)
 from pipelines.refusal.scoring import score_rows
 
 PROMPTS = ["the man said", "what is the good word now, tell me", "help", "write a long story about water",
@@ -277,3 +284,20 @@ def test_selection_names_what_the_kl_filter_alone_turned_down(organism_sweep):
     (note,) = kl_rejected_notes(sel)
     assert f"layer {by_hand[0][1]}, position {by_hand[0][2]}" in note and "KL filter" in note
     assert all(x["kl"] >= 0.1 and x["bypass"] < win.bypass_score for x in win.kl_rejected)
+
+
+def test_both_ablation_modes_from_the_same_passes_equal_their_own_runs(organism_sweep):
+    """``auto`` estimates the every-token and the post-instruction ablation in one set of passes: each equals its own
+    run (same probes: the positions change only which writer outputs count), and the passes are counted once."""
+    m, data, tok, cand, _, own_all = organism_sweep
+    both = estimate_modes(m, data, cand, tok, modes=("all", "post_instruction"))
+    own_post = estimate_candidates(m, data, cand, tok, ablate_positions="post_instruction")
+    for got, want in ((both["all"], own_all), (both["post_instruction"], own_post)):
+        for name in ("bypass", "induce", "kl", "curvature"):
+            torch.testing.assert_close(getattr(got, name), getattr(want, name), rtol=1e-5, atol=1e-5)
+        assert (got.baseline_harmful, got.baseline_harmless) == pytest.approx((want.baseline_harmful, want.baseline_harmless))
+    assert not torch.allclose(both["all"].bypass, both["post_instruction"].bypass), "the modes must differ here"
+    assert (both["all"].forwards, both["all"].backwards) == (own_all.forwards, own_all.backwards)
+    assert (both["post_instruction"].forwards, both["post_instruction"].backwards) == (0, 0)
+    with pytest.raises(ValueError, match="distinct"):
+        estimate_modes(m, data, cand, tok, modes=("all", "all"))

@@ -107,6 +107,63 @@ def curvature_parts(tokens: Sequence[int]) -> int:
     return 1 + (len(set(tokens)) > 1)
 
 
+def _per_mode(values: dict[Site, torch.Tensor], batch: Batch, modes: Sequence[str]) -> list[dict[Site, torch.Tensor]]:
+    """``values`` counted at every token (padding zeroed), as each of ``modes`` counts them: all of them, or the
+    post-instruction tokens only (one forward serves both: without an ablation in it, the ablation positions
+    change only which tokens' writer outputs count, not the forward or its gradients)."""
+    out = []
+    for mode in modes:
+        check_ablate_positions(mode)
+        if mode == "all":
+            out.append(values)
+        else:
+            post = next(iter(values.values())).new_tensor(batch.post_mask.float())[..., None]
+            out.append({s: v * post for s, v in values.items()})
+    return out
+
+
+def _check_modes(modes: Sequence[str], ablate: torch.Tensor | None) -> None:
+    if not modes or len(set(modes)) != len(modes):
+        raise ValueError(f"modes must be distinct ablation positions, got {list(modes)}")
+    if ablate is not None and len(modes) > 1:
+        raise ValueError("one mode at a time with ablate=: the ablation in the forward acts at that mode's tokens")
+
+
+def harmful_modes(model: Model, encs: Sequence[Encoded], tokens: Sequence[int], batch_size: int,
+                  units: Float[torch.Tensor, "c d"] | None = None, probes: int = 0, seed: int = 0,
+                  ablate: torch.Tensor | None = None, modes: Sequence[str] = ("all",)
+                  ) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], float, int]:
+    """:func:`harmful_terms` for each of ``modes`` (ablation positions) from the same forwards and backwards:
+    ``[(M, curvature) per mode]``, the mean score, the batches run."""
+    _check_modes(modes, ablate)
+    sites, n, gen = writer_sites(model), len(encs), torch.Generator().manual_seed(seed)
+    Ms = [torch.zeros(model.d_model, model.d_model, dtype=torch.float64) for _ in modes]
+    curvs = [torch.zeros(0 if units is None else len(units), dtype=torch.float64) for _ in modes]
+    probes = probes if units is not None else 0
+    inside: torch.Tensor | None = None   # the refusal tokens as a vocabulary mask, built at the first batch
+    total, n_batches = 0.0, 0
+    for batch in batches(model, encs, batch_size):
+        acts, logits, values, mask = _captured(model, batch, sites, ablate, modes[0] if ablate is not None else "all")
+        per = [values] if ablate is not None else _per_mode(values, batch, modes)
+        scores = refusal_score(logits, tokens)
+        for s, g in zip(sites, _grads(scores.sum() / n, acts, sites, mask, retain=probes > 0)):
+            for M, vals in zip(Ms, per):
+                M += torch.einsum("btd,bte->de", g, vals[s]).double().cpu()
+        if probes:
+            if inside is None:
+                inside = torch.zeros(logits.shape[-1], dtype=torch.bool, device=logits.device)
+                inside[torch.as_tensor(list(tokens), device=logits.device)] = True
+            several = curvature_parts(tokens) > 1
+            rest = _probe_terms(logits, acts, per, mask, units, probes, gen, part=~inside, retain_last=several)
+            own = _probe_terms(logits, acts, per, mask, units, probes, gen, part=inside) if several else None
+            for i, curv in enumerate(curvs):
+                curv -= rest[i]
+                if own is not None:
+                    curv += own[i]
+        total, n_batches = total + float(scores.detach().sum()), n_batches + 1
+    return [(M, c / (2 * max(probes, 1) * n)) for M, c in zip(Ms, curvs)], total / n, n_batches
+
+
 def harmful_terms(model: Model, encs: Sequence[Encoded], tokens: Sequence[int], batch_size: int,
                   units: Float[torch.Tensor, "c d"] | None = None, probes: int = 0, seed: int = 0,
                   ablate: torch.Tensor | None = None, positions: str = "all"
@@ -116,27 +173,9 @@ def harmful_terms(model: Model, encs: Sequence[Encoded], tokens: Sequence[int], 
     per part of the vocabulary; zeros without units or probes); the mean score; the batches run.
     ``ablate [k, d]``: taken where that subspace is ablated (``o`` before the projection, ``g`` after it: the
     second point of a trapezoid estimate). ``positions``: the tokens the ablation acts on (see ``_captured``)."""
-    sites, n, gen = writer_sites(model), len(encs), torch.Generator().manual_seed(seed)
-    M = torch.zeros(model.d_model, model.d_model, dtype=torch.float64)
-    curv = torch.zeros(0 if units is None else len(units), dtype=torch.float64)
-    probes = probes if units is not None else 0
-    inside: torch.Tensor | None = None   # the refusal tokens as a vocabulary mask, built at the first batch
-    total, n_batches = 0.0, 0
-    for batch in batches(model, encs, batch_size):
-        acts, logits, values, mask = _captured(model, batch, sites, ablate, positions)
-        scores = refusal_score(logits, tokens)
-        for s, g in zip(sites, _grads(scores.sum() / n, acts, sites, mask, retain=probes > 0)):
-            M += torch.einsum("btd,bte->de", g, values[s]).double().cpu()
-        if probes:
-            if inside is None:
-                inside = torch.zeros(logits.shape[-1], dtype=torch.bool, device=logits.device)
-                inside[torch.as_tensor(list(tokens), device=logits.device)] = True
-            several = curvature_parts(tokens) > 1
-            curv -= _probe_terms(logits, acts, values, mask, units, probes, gen, part=~inside, retain_last=several)
-            if several:
-                curv += _probe_terms(logits, acts, values, mask, units, probes, gen, part=inside)
-        total, n_batches = total + float(scores.detach().sum()), n_batches + 1
-    return M, curv / (2 * max(probes, 1) * n), total / n, n_batches
+    [(M, curv)], mean, n_batches = harmful_modes(model, encs, tokens, batch_size, units, probes, seed, ablate,
+                                                 (positions,))
+    return M, curv, mean, n_batches
 
 
 def ablation_moment(model: Model, encs: Sequence[Encoded], tokens: Sequence[int], batch_size: int,
@@ -147,27 +186,56 @@ def ablation_moment(model: Model, encs: Sequence[Encoded], tokens: Sequence[int]
     return M, mean, n_batches
 
 
-def _probe_terms(logits: torch.Tensor, acts: dict[Site, torch.Tensor], values: dict[Site, torch.Tensor],
+def _probe_terms(logits: torch.Tensor, acts: dict[Site, torch.Tensor], per: Sequence[dict[Site, torch.Tensor]],
                  mask: torch.Tensor, units: torch.Tensor, probes: int, gen: torch.Generator,
-                 part: torch.Tensor | None = None, retain_last: bool = False) -> torch.Tensor:
-    """``sum_i sum_k (u_ik . dz_i(r_c))^2`` per candidate ``[C]`` for this batch: ``probes`` backwards of
-    ``u . z`` with ``u ~ N(0, diag p - p p^T)``, ``p`` the softmax over the vocabulary or, with ``part`` (a bool
-    mask over it), within that part (``u`` is 0 outside it); ``dz`` the first-order logit change of ablating
-    ``units[c]``. ``retain_last``: keep the graph after the last probe (more backwards follow)."""
-    sites = list(values)
+                 part: torch.Tensor | None = None, retain_last: bool = False) -> list[torch.Tensor]:
+    """``sum_i sum_k (u_ik . dz_i(r_c))^2`` per candidate ``[C]`` for this batch, for each writer-value set of
+    ``per`` (one per ablation mode; the same probes): ``probes`` backwards of ``u . z`` with ``u ~ N(0, diag p - p
+    p^T)``, ``p`` the softmax over the vocabulary or, with ``part`` (a bool mask over it), within that part (``u``
+    is 0 outside it); ``dz`` the first-order logit change of ablating ``units[c]``. ``retain_last``: keep the graph
+    after the last probe (more backwards follow)."""
+    sites = list(per[0])
     r = units.to(logits.device, torch.float)
-    proj = {s: values[s] @ r.T for s in sites}                                    # [B, T, C]: o . r
+    projs = [{s: values[s] @ r.T for s in sites} for values in per]              # [B, T, C]: o . r
     z = logits.detach().float()
     p = (z if part is None else z.masked_fill(~part, float("-inf"))).softmax(-1)
-    out = torch.zeros(len(units), dtype=torch.float64)
+    out = [torch.zeros(len(units), dtype=torch.float64) for _ in per]
     for k in range(probes):
         xi = torch.randn(p.shape, generator=gen).to(p.device)
         u = p.sqrt() * xi
         u = u - p * u.sum(-1, keepdim=True)
         gs = _grads((u * logits).sum(), acts, sites, mask, retain=retain_last or k < probes - 1)
-        dz = sum(((g @ r.T) * proj[s]).sum(1) for s, g in zip(sites, gs))         # [B, C], sign irrelevant
-        out += (dz.double() ** 2).sum(0).cpu()
+        along = [g @ r.T for g in gs]                                              # [B, T, C]: g . r
+        for acc, proj in zip(out, projs):
+            dz = sum((a * proj[s]).sum(1) for s, a in zip(sites, along))          # [B, C], sign irrelevant
+            acc += (dz.double() ** 2).sum(0).cpu()
     return out
+
+
+def harmless_modes(model: Model, encs: Sequence[Encoded], tokens: Sequence[int], layers: Sequence[int],
+                   units: Float[torch.Tensor, "c d"], batch_size: int, probes: int = PROBES, seed: int = 0,
+                   modes: Sequence[str] = ("all",)
+                   ) -> tuple[Float[torch.Tensor, "layers d"], list[torch.Tensor], float, int]:
+    """:func:`harmless_terms` for each of ``modes`` from the same passes: ``G`` (the same for every mode), the KL
+    estimate per mode, the mean score, the batches run."""
+    _check_modes(modes, None)
+    writers, resid = writer_sites(model), [Site("resid_pre", int(layer)) for layer in layers]
+    sites = list(dict.fromkeys(writers + resid))
+    n, gen = len(encs), torch.Generator().manual_seed(seed)
+    G = torch.zeros(len(resid), model.d_model, dtype=torch.float64)
+    kls = [torch.zeros(len(units), dtype=torch.float64) for _ in modes]
+    total, n_batches = 0.0, 0
+    for batch in batches(model, encs, batch_size):
+        acts, logits, values, mask = _captured(model, batch, sites, None, "all")
+        scores = refusal_score(logits, tokens)
+        G += torch.stack([g.sum((0, 1)) for g in _grads(scores.sum() / n, acts, resid, mask, retain=probes > 0)]
+                         ).double().cpu()
+        if probes:
+            per = _per_mode({s: values[s] for s in writers}, batch, modes)
+            for kl, t in zip(kls, _probe_terms(logits, acts, per, mask, units, probes, gen)):
+                kl += t
+        total, n_batches = total + float(scores.detach().sum()), n_batches + 1
+    return G, [kl / (2 * max(probes, 1) * n) for kl in kls], total / n, n_batches
 
 
 def harmless_terms(model: Model, encs: Sequence[Encoded], tokens: Sequence[int], layers: Sequence[int],
@@ -177,21 +245,33 @@ def harmless_terms(model: Model, encs: Sequence[Encoded], tokens: Sequence[int],
     """From one forward per batch of the harmless prompts: ``G`` (``sum_t g_{l,t}`` over prompts at resid_pre of
     ``layers``, the induce gradients), the second-order KL estimate of ablating each of ``units`` (at
     ``positions``), the mean score and the batches run (each: one forward, ``1 + probes`` backwards)."""
-    writers, resid = writer_sites(model), [Site("resid_pre", int(layer)) for layer in layers]
-    sites = list(dict.fromkeys(writers + resid))
-    n, gen = len(encs), torch.Generator().manual_seed(seed)
-    G = torch.zeros(len(resid), model.d_model, dtype=torch.float64)
-    kl = torch.zeros(len(units), dtype=torch.float64)
-    total, n_batches = 0.0, 0
-    for batch in batches(model, encs, batch_size):
-        acts, logits, values, mask = _captured(model, batch, sites, None, positions)
-        scores = refusal_score(logits, tokens)
-        G += torch.stack([g.sum((0, 1)) for g in _grads(scores.sum() / n, acts, resid, mask, retain=probes > 0)]
-                         ).double().cpu()
-        if probes:
-            kl += _probe_terms(logits, acts, {s: values[s] for s in writers}, mask, units, probes, gen)
-        total, n_batches = total + float(scores.detach().sum()), n_batches + 1
-    return G, kl / (2 * max(probes, 1) * n), total / n, n_batches
+    G, [kl], mean, n_batches = harmless_modes(model, encs, tokens, layers, units, batch_size, probes, seed,
+                                              (positions,))
+    return G, kl, mean, n_batches
+
+
+def estimate_modes(model: Model, data: RefusalData, cand: Candidates, tokens: RefusalTokens,
+                   batch_size: int = 64, probes: int = PROBES, seed: int = 0, modes: Sequence[str] = ("all",)
+                   ) -> dict[str, Estimate]:
+    """:func:`estimate_candidates` for each of ``modes`` (ablation positions) from the same passes; each equals its
+    own run. The passes are counted in the first mode's estimate (the others': 0 forwards, 0 backwards)."""
+    toks = tokens.tokens
+    _, enc_h = prepare(model, data.harmful["val"].instructions)
+    _, enc_s = prepare(model, data.harmless["val"].instructions)
+    raw = cand.raw.double()
+    r = torch.nn.functional.normalize(raw, dim=-1)                                # [layers, P, d]
+    units = r.flatten(0, 1).float()
+    terms, base_h, nb_h = harmful_modes(model, enc_h, toks, batch_size, units, probes, seed + 1, modes=modes)
+    G, kls, base_s, nb_s = harmless_modes(model, enc_s, toks, cand.layers, units, batch_size, probes, seed, modes)
+    induce = (base_s + torch.einsum("lpd,ld->lp", raw, G)).float()
+    passes = (nb_h + nb_s, nb_h * (1 + curvature_parts(toks) * probes) + nb_s * (1 + probes))
+    out = {}
+    for i, (mode, (M, curv), kl) in enumerate(zip(modes, terms, kls)):
+        bypass = base_h - torch.einsum("lpd,de,lpe->lp", r, M, r) + curv.view(r.shape[:2])
+        forwards, backwards = passes if i == 0 else (0, 0)
+        out[mode] = Estimate(bypass.float(), induce, kl.view(bypass.shape).float(), base_h, base_s, forwards,
+                             backwards, curv.view(r.shape[:2]).float())
+    return out
 
 
 def estimate_candidates(model: Model, data: RefusalData, cand: Candidates, tokens: RefusalTokens,
@@ -199,21 +279,7 @@ def estimate_candidates(model: Model, data: RefusalData, cand: Candidates, token
                         ) -> Estimate:
     """Bypass, induce (first order) and KL (second order, ``probes`` random probes) estimates ``[layers, P]`` of
     every candidate, on the scale of :class:`~pipelines.refusal.stages.Scores`; ablations at ``ablate_positions``."""
-    toks = tokens.tokens
-    _, enc_h = prepare(model, data.harmful["val"].instructions)
-    _, enc_s = prepare(model, data.harmless["val"].instructions)
-    raw = cand.raw.double()
-    r = torch.nn.functional.normalize(raw, dim=-1)                                # [layers, P, d]
-    units = r.flatten(0, 1).float()
-    M, curv, base_h, nb_h = harmful_terms(model, enc_h, toks, batch_size, units, probes, seed + 1,
-                                          positions=ablate_positions)
-    G, kl, base_s, nb_s = harmless_terms(model, enc_s, toks, cand.layers, units, batch_size, probes, seed,
-                                         ablate_positions)
-    bypass = base_h - torch.einsum("lpd,de,lpe->lp", r, M, r) + curv.view(r.shape[:2])
-    induce = base_s + torch.einsum("lpd,ld->lp", raw, G)
-    parts = curvature_parts(toks)
-    return Estimate(bypass.float(), induce.float(), kl.view(bypass.shape).float(), base_h, base_s, nb_h + nb_s,
-                    nb_h * (1 + parts * probes) + nb_s * (1 + probes), curv.view(r.shape[:2]).float())
+    return estimate_modes(model, data, cand, tokens, batch_size, probes, seed, (ablate_positions,))[ablate_positions]
 
 
 def top_candidates(est: Estimate, cand: Candidates, n_layers: int, cfg: SelectionConfig, k: int
@@ -260,5 +326,5 @@ def search_metrics(cfg: SelectionConfig, est: Estimate | None, scores: Scores) -
     return out
 
 
-__all__ = ["PROBES", "Estimate", "ablation_moment", "agreement", "estimate_candidates", "harmless_terms",
+__all__ = ["PROBES", "Estimate", "ablation_moment", "agreement", "estimate_candidates", "estimate_modes", "harmless_terms",
            "search_metrics", "top_candidates", "writer_sites"]

@@ -19,7 +19,7 @@ from interp.models import Model, load_model
 from pipelines.refusal.cache import Run
 from pipelines.refusal.config import RefusalConfig, stage_key
 from pipelines.refusal.diagnosis import auto_notes, diagnose, kl_rejected_notes, relaxed_notes
-from pipelines.refusal.estimate import PROBES, Estimate, estimate_candidates, top_candidates
+from pipelines.refusal.estimate import PROBES, Estimate, estimate_modes, top_candidates
 from pipelines.refusal.evaluation import Evaluation, Subspaces, TestPrompts, evaluate, find_subspaces
 from pipelines.refusal.outputs import finish, start_notes
 from pipelines.refusal.prompt_sets import RefusalData, load_refusal_data
@@ -107,8 +107,9 @@ def _run_refusal(cfg: RefusalConfig, out: str | Path, overwrite: bool, progress:
         model, data, s.layers, bs), say)
     if res.tokens.tokens:
         tried: list[dict] = []
+        later: dict[str, Estimate] = {}  # estimates of the later modes, computed in the first mode's passes
         for at in s.modes():  # "auto": every token first; the post-instruction ablation only if nothing passes there
-            sel = _search(run, model, data, cand, res, keys.mode(at), at, cfg, say)
+            sel = _search(run, model, data, cand, res, keys.mode(at), at, cfg, say, later)
             tried.append({"ablate_positions": at, "found": sel.found, "passing": sel.passing,  # type: ignore[union-attr]
                           "n_scored_exactly": res.scores.n_scored, "kl_random": res.scores.kl_random,  # type: ignore[union-attr]
                           "kl_threshold": sel.filters["kl_threshold"]})
@@ -139,16 +140,24 @@ def _run_refusal(cfg: RefusalConfig, out: str | Path, overwrite: bool, progress:
 
 
 def _search(run: Run, model: Model, data: RefusalData, cand: Candidates, res: RefusalResult, keys: _Keys, at: str,
-            cfg: RefusalConfig, say: Progress) -> Selection:
+            cfg: RefusalConfig, say: Progress, later: dict[str, Estimate]) -> Selection:
     """Estimate (``search="estimate"``), score exactly and select with the ablation at ``at``; sets ``res``'s
     estimate, scores and selection. Each mode's stages have folders of their own (``scores``,
-    ``scores.post_instruction``), so an ``auto`` run resumes both."""
+    ``scores.post_instruction``), so an ``auto`` run resumes both. The first mode's estimate also computes the
+    later modes' (the same passes; each equal to its own run) into ``later``, used if their stage is reached."""
     s, rt, d, bs = cfg.selection, cfg.runtime, cfg.data, cfg.runtime.batch_size
     suffix = "" if at == "all" else f".{at}"
     only = None
     if s.search == "estimate":  # attribution estimates of every candidate; only the top k are scored exactly
-        res.estimate = run.stage("estimate" + suffix, keys.estimate, Estimate, lambda: estimate_candidates(
-            model, data, cand, res.tokens, bs, seed=d.seed, ablate_positions=at), say)  # type: ignore[arg-type]
+        def compute() -> Estimate:
+            if at in later:
+                return later.pop(at)
+            modes = s.modes()[s.modes().index(at):]
+            got = estimate_modes(model, data, cand, res.tokens, bs, seed=d.seed, modes=modes)  # type: ignore[arg-type]
+            later.update({m: e for m, e in got.items() if m != at})
+            return got[at]
+
+        res.estimate = run.stage("estimate" + suffix, keys.estimate, Estimate, compute, say)
         only = top_candidates(res.estimate, cand, model.n_layers, s, s.top_k)
     res.scores = run.stage("scores" + suffix, keys.exact(only), Scores, lambda: score_candidates(
         model, data, cand, res.tokens, bs, rt.max_rows, only=only, ablate_positions=at, seed=d.seed), say)  # type: ignore[arg-type]
