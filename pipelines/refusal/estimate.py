@@ -117,7 +117,8 @@ def _per_mode(values: dict[Site, torch.Tensor], batch: Batch, modes: Sequence[st
         if mode == "all":
             out.append(values)
         else:
-            post = next(iter(values.values())).new_tensor(batch.post_mask.float())[..., None]
+            ref = next(iter(values.values()))
+            post = batch.post_mask.to(ref.device, ref.dtype)[..., None]
             out.append({s: v * post for s, v in values.items()})
     return out
 
