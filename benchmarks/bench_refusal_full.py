@@ -81,7 +81,7 @@ def headline(m: dict) -> list[str]:
     if kc:
         lines.append(f"- harmless KL (first response token) {kc['kl_first_response_token']:.3f}; CE "
                      f"{kc['ce_baseline']:.3f} -> {kc['ce_edited']:.3f}")
-        for name in ("random ablation", "every token, as baked"):
+        for name in ("random ablation", "every-token ablation"):
             if f"kl_first_response_token ({name})" in kc:
                 lines.append(f"- the same under the {name}: KL {kc[f'kl_first_response_token ({name})']:.3f}; CE "
                              f"{kc['ce_baseline']:.3f} -> {kc[f'ce_edited ({name})']:.3f}")

@@ -181,7 +181,7 @@ def summary_table(m: dict) -> Any:
     return t
 
 
-KL_CONTROLS = ("random ablation", "every token, as baked")
+KL_CONTROLS = ("random ablation", "every-token ablation")
 
 
 def _rate(r: dict) -> str:

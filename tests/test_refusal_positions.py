@@ -154,8 +154,8 @@ def test_pipeline_with_post_instruction_ablation_end_to_end(post_run):
     assert kc["ce_edited (random ablation)"] == pytest.approx(want["ce_edited"], abs=1e-6)
     # and the baked condition's cost: the selected direction ablated at every token
     every = harmless_kl_ce(interp.load_model("organism"), post_run_prompts(), gens, (ablation(post_run.direction.vectors[0], "all"),))
-    assert kc["kl_first_response_token (every token, as baked)"] == pytest.approx(every["kl_first_response_token"], abs=1e-6)
-    assert kc["kl_first_response_token (every token, as baked)"] != pytest.approx(kc["kl_first_response_token"], abs=1e-4)
+    assert kc["kl_first_response_token (every-token ablation)"] == pytest.approx(every["kl_first_response_token"], abs=1e-6)
+    assert kc["kl_first_response_token (every-token ablation)"] != pytest.approx(kc["kl_first_response_token"], abs=1e-4)
     assert len(m["selection"]["kl_random"]) == 4 and min(m["selection"]["kl_random"]) > 0
 
 

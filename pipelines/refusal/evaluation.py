@@ -162,7 +162,7 @@ def evaluate(model: Model, data: RefusalData, cand: Candidates, sel: Selection, 
         equiv["notes"] = [*baked.notes, NOT_BAKEABLE]
     controls = {"random ablation": (ablation(rand_u, ablate_positions),)}  # the same cost of a random ablation,
     if ablate_positions != "all":                                           # and of the baked (every-token) edit
-        controls["every token, as baked"] = (ablation(r, "all"),)
+        controls["every-token ablation"] = (ablation(r, "all"),)
     kl_ce = harmless_kl_ce(model, test.prompts("harmless"), gens["harmless/baseline"], (ablation(r, ablate_positions),),
                            batch_size, controls=controls)
     rates = {k: sum(f) / len(f) for k, f in refused.items()}
