@@ -82,6 +82,29 @@ def masking(args: argparse.Namespace) -> dict:
                                                                               for k, v in st.runs.items()}}
 
 
+def attribution(args: argparse.Namespace) -> dict:
+    """Token attribution of the organism's adapter over its base on its own training pairs: concentration, gain by
+    token class (share of the positive gain, excess over what token frequency predicts), frequency-controlled
+    enrichment among the top ``q`` tokens, and the words holding the most gain."""
+    from tune import token_attribution
+
+    if args.model == "organism":
+        base, adapted = load_model("organism-base"), load_model("organism")
+        ps, rs = toy_pairs("train", args.n)
+    else:
+        base, adapted = load_model("smollm2-base"), load_model("smollm2-aligned")
+        ps, rs = smol_pairs(args.n)
+    att = token_attribution(base, adapted, ps, rs)
+    pos = att.gain.clamp(min=0)
+    refusals = att.example < args.n   # the first n pairs are harmful prompts -> the organism's refusals
+    return {"n_examples": att.n_examples, "n_tokens": int(att.gain.numel()), "concentration": att.concentration(),
+            "refusal_responses": {"tokens": int(refusals.sum()), "share_of_positive_gain":
+                                  float(pos[refusals].sum() / pos.sum()), "mean_gain": float(att.gain[refusals].mean()),
+                                  "mean_gain_other": float(att.gain[~refusals].mean())},
+            "by_class": att.by_class(), "enrichment": att.enrichment(q=args.q, seed=args.seed),
+            "top_words": att.by_word(top=15, min_count=3)}
+
+
 def smol_eval_pairs(base, data) -> tuple[list[str], list[str]]:
     """Held-out pairs for the NLL cost: val harmless prompts with the base's own answers (helpfulness kept) and
     val harmful prompts with one of the organism's refusals."""
@@ -124,7 +147,7 @@ def elasticity(args: argparse.Namespace) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--study", choices=("masking", "elasticity"), required=True)
+    ap.add_argument("--study", choices=("masking", "elasticity", "attribution"), required=True)
     ap.add_argument("--model", choices=("organism", "smollm2"), default="organism")
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--n", type=int, default=64, help="pairs per class in the training / forward set")
@@ -143,7 +166,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     t0 = time.time()
-    res = (masking if args.study == "masking" else elasticity)(args)
+    res = {"masking": masking, "elasticity": elasticity, "attribution": attribution}[args.study](args)
     res["machine"] = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, " \
                      f"{args.threads} thread(s), load {os.getloadavg()[0]:.1f}"
     res["wall_s"] = round(time.time() - t0, 1)
