@@ -24,6 +24,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 from benchmarks._common import append_section, write_text  # noqa: E402
+from pipelines.refusal.evaluation import KL_CONTROLS  # noqa: E402
 
 
 def run(model: str, threads: int | None, out: Path, ablate_positions: str = "auto", kl_reference: str = "absolute"
@@ -81,7 +82,7 @@ def headline(m: dict) -> list[str]:
     if kc:
         lines.append(f"- harmless KL (first response token) {kc['kl_first_response_token']:.3f}; CE "
                      f"{kc['ce_baseline']:.3f} -> {kc['ce_edited']:.3f}")
-        for name in ("random ablation", "every-token ablation"):
+        for name in KL_CONTROLS:
             if f"kl_first_response_token ({name})" in kc:
                 lines.append(f"- the same under the {name}: KL {kc[f'kl_first_response_token ({name})']:.3f}; CE "
                              f"{kc['ce_baseline']:.3f} -> {kc[f'ce_edited ({name})']:.3f}")

@@ -105,10 +105,10 @@ def main() -> None:
         "components": comps, "neuron_sets": {k: sorted(v) for k, v in sets.items()}})
     rows = [r for i, res in enumerate(results.values()) for r in rate_rows(res) if i == 0 or r["condition"] != "before"]
     first = next(iter(results.values()))
-    restored = "given (--given-components)" if args.given_components else "not run" if pw is None else {
-        f"L{layer} {part}": round(sum(float(pw.restored[lang][pw.layers.index(layer), 1 + (part == "mlp")]
-                                            - pw.control[lang][pw.layers.index(layer), 1 + (part == "mlp")])
-                                      for lang in pw.langs) / len(pw.langs), 3) for layer, part in comps}
+    excess = pw.component_excess() if pw is not None else None
+    restored = "given (--given-components)" if args.given_components else "not run" if excess is None else {
+        f"L{layer} {part}": round(float(excess[pw.layers.index(layer), int(part == "mlp")]), 3)  # type: ignore[union-attr]
+        for layer, part in comps}
     n_val = "" if pw is None else f" on {pw.n_pairs} val pairs"
     given = f" --given-components {args.given_components}" if args.given_components else ""
     text = "\n".join([

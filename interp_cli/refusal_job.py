@@ -146,6 +146,8 @@ def cmd_refusal(args: argparse.Namespace) -> int:
 def summary_table(m: dict) -> Any:
     from rich.table import Table
 
+    from pipelines.refusal.evaluation import KL_CONTROLS
+
     t = Table(title="Refusal direction: summary")
     t.add_column("measure")
     t.add_column("value", justify="right")
@@ -179,9 +181,6 @@ def summary_table(m: dict) -> Any:
                 if f"kl_first_response_token ({name})" in kc))
             t.add_row("harmless CE baseline -> ablated", f"{kc['ce_baseline']:.3f} -> {kc['ce_edited']:.3f}")
     return t
-
-
-KL_CONTROLS = ("random ablation", "every-token ablation")
 
 
 def _rate(r: dict) -> str:

@@ -48,14 +48,18 @@ class Pathways:
     intervals: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)  # lang -> name -> [2, L, 3]
     n_boot: int = 0
 
+    def component_excess(self) -> torch.Tensor:
+        """``[L, 2]``: restored minus control of each layer's attention (column 0) and MLP (column 1) writer,
+        averaged over languages (nan where a language's gap is 0)."""
+        return torch.stack([self.restored[lang][:, 1:] - self.control[lang][:, 1:] for lang in self.langs]).mean(0)
+
     def top_components(self, n: int) -> list[tuple[int, str]]:
         """The ``n`` (layer, part) writers, part ``attn`` or ``mlp``, whose patch restores the most refusal beyond
         the harmless-source control (``restored - control``, averaged over languages), best first."""
         if not 1 <= n <= 2 * len(self.layers):
             raise ValueError(f"n must be within 1..{2 * len(self.layers)} (attn and mlp of {len(self.layers)} layers), "
                              f"got {n}")
-        score = torch.stack([self.restored[lang][:, 1:] - self.control[lang][:, 1:] for lang in self.langs]).mean(0)
-        score = torch.nan_to_num(score.float(), nan=float("-inf"))
+        score = torch.nan_to_num(self.component_excess().float(), nan=float("-inf"))
         order = score.flatten().argsort(descending=True)[:n].tolist()
         return [(self.layers[i // 2], ("attn", "mlp")[i % 2]) for i in order]
 

@@ -113,7 +113,6 @@ def _per_mode(values: dict[Site, torch.Tensor], batch: Batch, modes: Sequence[st
     change only which tokens' writer outputs count, not the forward or its gradients)."""
     out = []
     for mode in modes:
-        check_ablate_positions(mode)
         if mode == "all":
             out.append(values)
         else:
@@ -124,6 +123,8 @@ def _per_mode(values: dict[Site, torch.Tensor], batch: Batch, modes: Sequence[st
 
 
 def _check_modes(modes: Sequence[str], ablate: torch.Tensor | None) -> None:
+    for mode in modes:
+        check_ablate_positions(mode)
     if not modes or len(set(modes)) != len(modes):
         raise ValueError(f"modes must be distinct ablation positions, got {list(modes)}")
     if ablate is not None and len(modes) > 1:

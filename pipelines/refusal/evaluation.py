@@ -31,6 +31,9 @@ NOT_BAKEABLE = ("the run's ablation acts at the post-instruction and generated t
                 "'post_instruction'), which no weight edit reproduces (weights act on every token alike): the baked "
                 "weights ablate the direction at every token, and are compared with the every-token hook ablation")
 BAKED, BAKED_EVERY_TOKEN = "harmful/baked weights", "harmful/baked weights (every token)"
+# the controls whose harmless KL / CE ``evaluate`` reports beside the direction's, as "kl_first_response_token (name)"
+# and "ce_edited (name)": the random ablation always, the every-token ablation (the baked edit) in post-instruction runs
+KL_CONTROLS = ("random ablation", "every-token ablation")
 
 
 @dataclass
@@ -144,7 +147,8 @@ def evaluate(model: Model, data: RefusalData, cand: Candidates, sel: Selection, 
     r, v = direction.vectors[0], direction.raw[0]
     gens, refused, scores, logits = {}, {}, {}, {}
     baked = steering.bake(model, r, allow_inexact=True)
-    baked_name = BAKED if ablate_positions == "all" else BAKED_EVERY_TOKEN
+    every_token = ablate_positions == "all"   # the run's ablation is the weight edit itself
+    baked_name = BAKED if every_token else BAKED_EVERY_TOKEN
     rand_u = random_directions(model.d_model, 1, seed=seed)[0].vectors[0]
     conditions = _conditions(r, v, rand_u, sel.layer, seed, data.borderline is not None, ablate_positions)
     conditions[baked_name] = ("harmful", ())
@@ -152,17 +156,15 @@ def evaluate(model: Model, data: RefusalData, cand: Candidates, sel: Selection, 
         on = baked.model if name == baked_name else model
         gens[name], refused[name], logits[name] = test.judged(which, ivs, max_new_tokens, batch_size, judge, on)
         scores[name] = refusal_score(logits[name], tokens.tokens).mean().item()
-    hook = (logits["harmful/ablation"] if ablate_positions == "all" else
+    hook = (logits["harmful/ablation"] if every_token else
             prompt_logits(model, test.encodings("harmful"), ablation(r, "all"), batch_size=batch_size))
     diff = (hook - logits[baked_name]).abs().max()
     equiv = {"max_abs_logit_diff": float(diff), "rel_logit_diff": float(diff / hook.abs().max()),
-             "exact_architecture": bool(baked.exact), "notes": baked.notes,
-             "compared_with": "harmful/ablation" if ablate_positions == "all" else "the every-token hook ablation"}
-    if ablate_positions != "all":
-        equiv["notes"] = [*baked.notes, NOT_BAKEABLE]
-    controls = {"random ablation": (ablation(rand_u, ablate_positions),)}  # the same cost of a random ablation,
-    if ablate_positions != "all":                                           # and of the baked (every-token) edit
-        controls["every-token ablation"] = (ablation(r, "all"),)
+             "exact_architecture": bool(baked.exact), "notes": baked.notes if every_token else [*baked.notes, NOT_BAKEABLE],
+             "compared_with": "harmful/ablation" if every_token else "the every-token hook ablation"}
+    controls = {KL_CONTROLS[0]: (ablation(rand_u, ablate_positions),)}  # the same cost of a random ablation,
+    if not every_token:                                                  # and of the baked (every-token) edit
+        controls[KL_CONTROLS[1]] = (ablation(r, "all"),)
     kl_ce = harmless_kl_ce(model, test.prompts("harmless"), gens["harmless/baseline"], (ablation(r, ablate_positions),),
                            batch_size, controls=controls)
     rates = {k: sum(f) / len(f) for k, f in refused.items()}
