@@ -32,8 +32,8 @@ def add_refusal_parser(sub: Any, model_args: Any) -> None:
     p.add_argument("--max-new-tokens", type=int, default=24, help="tokens generated per answer (default: %(default)s)")
     p.add_argument("--batch-size", type=int, default=64, help="prompts per forward / generate batch "
                    "(default: %(default)s)")
-    p.add_argument("--max-rows", type=int, default=256, help="rows per forward when scoring candidates "
-                   "(default: %(default)s)")
+    p.add_argument("--max-rows", type=int, default=256, help="rows per forward when scoring candidates; the "
+                   "evaluation generates max-rows // batch-size conditions per batch (default: %(default)s)")
     p.add_argument("--subspace-rank", type=int, default=8, help="largest per-category subspace to ablate "
                    "(default: %(default)s)")
     p.add_argument("--threads", type=int, default=None, help="torch threads for the run (default: torch's own)")

@@ -21,12 +21,12 @@ from __future__ import annotations
 from steering.apply import apply
 from steering.bake import bake
 from steering.bias import bake_addition
-from steering.generate import generate
+from steering.generate import generate, generate_each
 from steering.gguf_export import export_gguf
 from steering.interventions import Ablate, AblateSubspace, AddVector, Clamp, DirectionalAblation
-from steering.rows import RowEdits
+from steering.rows import RowEdits, RowGroups
 from steering.strength import residual_norms
 from steering.sweep import alpha_sweep
 
-__all__ = ["Ablate", "AblateSubspace", "AddVector", "Clamp", "DirectionalAblation", "RowEdits", "alpha_sweep", "apply",
-           "bake", "bake_addition", "export_gguf", "generate", "residual_norms"]
+__all__ = ["Ablate", "AblateSubspace", "AddVector", "Clamp", "DirectionalAblation", "RowEdits", "RowGroups", "alpha_sweep",
+           "apply", "bake", "bake_addition", "export_gguf", "generate", "generate_each", "residual_norms"]

@@ -20,6 +20,7 @@ from interp.models import Model
 from interp.nnsight_backend import NNsightModel, refuse
 from steering._args import check_finite
 from steering.apply import _flat, apply
+from steering.rows import RowGroups
 from steering.serve import vllm_token_ids
 
 ENGINES = ("hf", "vllm")
@@ -128,6 +129,10 @@ def leaves_prompt_prefix(model: Model, interventions: Sequence[Any]) -> bool:
     (``scope='generated'``) tokens, so the plain keys and values of the earlier prompt columns stay valid under
     them (none: a plain generation). Only steering's own edits (``site_edits``) can say so."""
     for iv in _flat(tuple(interventions)):
+        if isinstance(iv, RowGroups):
+            if not all(leaves_prompt_prefix(model, g) for g in iv.groups):
+                return False
+            continue
         if not hasattr(iv, "site_edits"):
             return False
         if any(e.positions != "post_instruction" and e.scope != "generated" for e in iv.site_edits(model).values()):
@@ -187,6 +192,59 @@ def generate(model: Model, prompts: Sequence[str], *interventions: Any, max_new_
             bar.close()
     decoded = [model.tokenizer.decode(ids, skip_special_tokens=True) for ids in out_ids]
     return Generations(prompts, texts, decoded, out_ids, torch.cat(firsts) if firsts else None)
+
+
+def generate_each(model: Model, prompts: Sequence[str], conditions: Sequence[Sequence[Any]], stack: int = 4,
+                  batch_size: int = 16, prepared: tuple[list[str], list] | None = None,
+                  prompt_prefix: Prefixes | None = None, **kwargs: Any) -> list[Generations]:
+    """:func:`generate` of ``prompts`` under each of ``conditions`` (each a sequence of interventions; ``()``:
+    plain), ``stack`` conditions at a time in one batch: each batch of ``batch_size`` prompts is stacked once per
+    condition and each block of rows runs its own condition (:class:`~steering.rows.RowGroups`), so one batch of
+    ``stack * batch_size`` rows replaces ``stack`` narrow ones (on a CPU, decoding 4 x 64 rows at once took about
+    0.7x the time of 4 batches of 64). Each result equals its own :func:`generate` up to the float rounding of the
+    wider batch. ``prompt_prefix`` (:func:`prompt_prefixes` of the unstacked prompts and ``batch_size``) is
+    reused by the conditions that leave those columns as they are (:func:`leaves_prompt_prefix`); the others are
+    stacked apart. Other keyword arguments go to :func:`generate` (greedy decoding only: a sampled row's draw
+    would depend on its neighbours)."""
+    if stack < 1:
+        raise ValueError(f"stack must be >= 1, got {stack}")
+    if kwargs.get("do_sample") or kwargs.get("engine", "hf") != "hf":
+        raise ValueError("generate_each stacks conditions for greedy decoding with engine='hf'; call generate per "
+                         "condition to sample or to serve with vLLM")
+    prompts, conditions = list(prompts), [tuple(_flat(tuple(c))) for c in conditions]
+    texts, encs = prepared if prepared is not None else prepare(model, prompts)
+    keep = [prompt_prefix is not None and leaves_prompt_prefix(model, c) for c in conditions]
+    out: list[Generations | None] = [None] * len(conditions)
+    for reuse in (True, False):
+        todo = [i for i, k in enumerate(keep) if k == reuse]
+        for c0 in range(0, len(todo), stack):
+            part = todo[c0:c0 + stack]
+            for i, g in zip(part, _stacked(model, prompts, texts, encs, [conditions[i] for i in part], batch_size,
+                                           prompt_prefix if reuse else None, kwargs)):
+                out[i] = g
+    return out  # type: ignore[return-value]
+
+
+def _stacked(model: Model, prompts: list[str], texts: list[str], encs: list, conds: list[tuple], batch_size: int,
+             prefix: Prefixes | None, kwargs: dict[str, Any]) -> list[Generations]:
+    """One :func:`generate` of every batch stacked once per condition of ``conds``, split back per condition."""
+    k = len(conds)
+    if k == 1:
+        return [generate(model, prompts, *conds[0], batch_size=batch_size, prepared=(texts, encs),
+                         prompt_prefix=prefix, **kwargs)]
+    spans = [(a, min(a + batch_size, len(encs))) for a in range(0, len(encs), batch_size)]
+    rows = [(g, j) for a, b in spans for g in range(k) for j in range(a, b)]   # stacked row -> (condition, prompt)
+    wide = None if prefix is None else [
+        (None if kv is None else [(K.repeat(k, 1, 1, 1), V.repeat(k, 1, 1, 1)) for K, V in kv], start)
+        for kv, start in prefix]
+    gen = generate(model, [prompts[j] for _, j in rows], RowGroups(conds), batch_size=batch_size * k,
+                   prepared=([texts[j] for _, j in rows], [encs[j] for _, j in rows]), prompt_prefix=wide, **kwargs)
+    out = []
+    for g in range(k):
+        idx = [i for i, (c, _) in enumerate(rows) if c == g]
+        first = None if gen.first_logits is None else gen.first_logits[idx]
+        out.append(Generations(prompts, texts, [gen.texts[i] for i in idx], [gen.token_ids[i] for i in idx], first))
+    return out
 
 
 def _check_prefix(model: Model, encs: list, batch_size: int, interventions: tuple, engine: str,

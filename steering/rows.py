@@ -1,8 +1,11 @@
-"""Per-row edits for batched candidate scoring: row ``i`` of the batch gets its own direction or vector.
+"""Per-row edits: row ``i`` of the batch gets its own direction or vector (:class:`RowEdits`, batched candidate
+scoring), or each block of rows its own interventions (:class:`RowGroups`, several conditions in one batch).
 
 Scoring many candidate directions at once stacks the prompts once per candidate along the batch; each
-row's hooks then use that row's own edit, so one forward pass scores a whole chunk of candidates. It is
-an intervention like the others (``hook_fns(model)``), so it composes in :func:`steering.apply`.
+row's hooks then use that row's own edit, so one forward pass scores a whole chunk of candidates. Generating the
+same prompts under several conditions stacks them once per condition, each block of rows under its own
+interventions, so one wide batch replaces several narrow ones. Both are interventions like the others
+(``hook_fns(model)``), so they compose in :func:`steering.apply`.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from jaxtyping import Float, Int
 
 from interp.hooks import HookContext
 from interp.models import Model
+from steering.apply import _flat, _is_weight_edit, plan_hooks
+from steering.scope import STATE_KEY, PromptRecord, TokenState
 
 ABLATE_KINDS = ("resid_pre", "attn_out", "mlp_out")  # the writers, as steering.DirectionalAblation's default
 
@@ -105,4 +110,74 @@ class RowEdits:
         return fn
 
 
-__all__ = ["RowEdits"]
+@dataclass(eq=False)
+class RowGroups:
+    """Each block of rows under its own interventions: the batch holds ``len(groups)`` equal consecutive blocks
+    of rows (the same prompts stacked once per group, e.g. ``encs * 3``), and block ``g`` runs ``groups[g]`` (a
+    sequence of interventions, empty for a plain block), so one forward or generation serves several conditions.
+
+    Block ``g`` equals running ``groups[g]`` alone on those rows (up to the float rounding of a wider batch): each
+    group's hooks see only its rows, and ``positions=`` / ``scope=`` gates (the pass's
+    :class:`~steering.scope.TokenState`) are sliced to them. Hooks that look beyond their own rows, row-indexed
+    edits (:class:`RowEdits`) and weight edits cannot be split by rows and are refused."""
+
+    groups: Any
+
+    def __post_init__(self) -> None:
+        self.groups = [tuple(_flat(tuple(g))) for g in self.groups]
+        if not self.groups:
+            raise ValueError("RowGroups needs at least one group (a sequence of interventions; () for a plain block)")
+        for iv in (iv for g in self.groups for iv in g):
+            if _is_weight_edit(iv) or isinstance(iv, (RowEdits, RowGroups)):
+                raise ValueError(f"RowGroups cannot split {type(iv).__name__} by rows (a weight edit acts on every "
+                                 f"row; row-indexed edits index the whole batch); run that condition on its own")
+
+    def hook_fns(self, model: Model) -> dict[str, Callable[[torch.Tensor, HookContext], torch.Tensor]]:
+        """``{site: fn(x, ctx)}``: at each site any group edits, each block of rows through its group's hooks."""
+        plans = [plan_hooks(model, g) for g in self.groups]
+        sites = dict.fromkeys(site for plan in plans for site, _ in plan)
+        return {site: self._at_site([[fn for s, fn in plan if s == site] for plan in plans]) for site in sites}
+
+    def _at_site(self, chains: list[list[Any]]) -> Callable[[torch.Tensor, HookContext], torch.Tensor]:
+        k = len(chains)
+
+        def fn(x: torch.Tensor, ctx: HookContext) -> torch.Tensor:
+            if x.shape[0] % k:
+                raise ValueError(f"RowGroups holds {k} groups but the batch has {x.shape[0]} rows, not a multiple; "
+                                 f"stack the prompts once per group (encodings * {k})")
+            st = ctx.data.get(STATE_KEY)
+            if st is not None and x.shape[0] not in (st.batch, st.batch * st.seq):
+                raise ValueError(f"the hook at {ctx.site.name} sees {x.shape[0]} leading rows, neither the batch's "
+                                 f"{st.batch} rows nor its {st.batch * st.seq} tokens: RowGroups cannot split it")
+            n, parts = x.shape[0] // k, []
+            for g, chain in enumerate(chains):
+                part = x[g * n:(g + 1) * n]
+                if chain:
+                    sub = HookContext(ctx.site, ctx.model, _block_data(ctx.data, g, k))
+                    for f in chain:
+                        part = f(part, sub)
+                parts.append(part)
+            return torch.cat(parts)
+        return fn
+
+
+def _block_data(data: dict, g: int, k: int) -> dict:
+    """The hooks' shared data as block ``g`` of ``k`` sees it: the pass's token state sliced to its rows (built
+    once per pass and block)."""
+    st = data.get(STATE_KEY)
+    if st is None:
+        return data
+    key = ("row_groups", k)
+    if key not in st._cache:
+        n, rec = st.batch // k, st.prompt
+        blocks = []
+        for i in range(k):
+            rows = slice(i * n, (i + 1) * n)
+            sub = PromptRecord(rec.width, rec.start[rows], rec.end[rows],
+                               None if rec.post_mask is None else rec.post_mask[rows])
+            blocks.append({**data, STATE_KEY: TokenState(n, st.seq, st.past, sub, st.device)})
+        st._cache[key] = blocks
+    return st._cache[key][g]
+
+
+__all__ = ["RowEdits", "RowGroups"]

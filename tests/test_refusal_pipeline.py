@@ -358,3 +358,21 @@ def test_subspace_rank_one_read_from_the_evaluation_equals_measuring_it(aligned_
     assert again.control_rates == [res.subspaces.control_rates[0]] == [ev["harmful/random ablation"]]
     assert again.scores[0] == pytest.approx(res.subspaces.scores[0], abs=1e-4)
     assert again.control_scores[0] == pytest.approx(res.subspaces.control_scores[0], abs=1e-4)
+
+
+def test_the_evaluation_generated_one_condition_at_a_time_equals_the_stacked_run(aligned_run):
+    """The job generates 4 conditions per batch (steering.generate_each); the evaluation with one condition per
+    generation gives the same generations, refusal rates and (to float rounding) scores."""
+    import interp
+    from pipelines.refusal import load_refusal_data
+    from pipelines.refusal.evaluation import TestPrompts, evaluate
+
+    res, cfg = aligned_run, RefusalConfig.from_flat(model="organism")
+    d = cfg.data
+    data = load_refusal_data(d.harmful, d.harmless, d.column, d.harmless_column, d.n_train, d.n_val, d.n_test, d.seed,
+                             "organism", d.borderline, d.borderline_column, d.n_borderline)
+    model = interp.load_model("organism")
+    one = evaluate(model, data, res.candidates, res.selection, res.tokens, cfg.generation.max_new_tokens,
+                   test=TestPrompts(model, data, stack=1))
+    assert one.generations == res.evaluation.generations and one.refusal_rate == res.evaluation.refusal_rate
+    assert one.refusal_score == pytest.approx(res.evaluation.refusal_score, abs=1e-4)

@@ -112,6 +112,20 @@ def test_moe_with_a_dense_layer(tmp_path):
     assert len(w.plot().data) == 2
 
 
+@pytest.mark.parametrize("family", ["qwen2_moe", "llama"])
+def test_stacked_conditions_equal_generating_each_alone(family):
+    """The writer rows with the conditions generated 4 to a batch (steering.generate_each, as the job runs them)
+    equal those generated one condition at a time, also through the routed experts' site (flattened tokens)."""
+    m = tiny_model(family, **({"mlp_only_layers": [1]} if family == "qwen2_moe" else {}))
+    data = load_refusal_data(n_train=8, n_val=4, n_test=6)
+    toks = RefusalTokens([5], ["x"], 1.0, 0.0)
+    one, stacked = (writer_attribution(m, Prompts(m, data, stack=k), _unit(m), toks, max_new_tokens=3, batch_size=4)
+                    for k in (1, 4))
+    plain = [{k: v for k, v in row.items() if k != "score"} for row in one.rows]
+    assert [{k: v for k, v in row.items() if k != "score"} for row in stacked.rows] == plain
+    assert [row["score"] for row in stacked.rows] == pytest.approx([row["score"] for row in one.rows], abs=1e-4)
+
+
 def test_bad_input():
     m = tiny_model("llama")
     test = Prompts(m, load_refusal_data(n_train=8, n_val=4, n_test=4))

@@ -68,8 +68,8 @@ class Subspaces:
 class TestPrompts:
     """The test prompts of one run, each class tokenised once (on first use) and shared by every condition."""
 
-    def __init__(self, model: Model, data: RefusalData):
-        self.model, self.data = model, data
+    def __init__(self, model: Model, data: RefusalData, stack: int = 1):
+        self.model, self.data, self.stack = model, data, stack   # stack: conditions per generation (generate_each)
         self._prepared: dict[str, tuple[list[str], list[Encoded]]] = {}
         self._prefixes: dict[tuple[str, int], Prefixes] = {}
 
@@ -97,17 +97,28 @@ class TestPrompts:
         On this run's model, under edits of the post-instruction and generated tokens only (or none), the prompt
         columns before the post-instruction tokens are computed once per prompt set and reused by every such
         condition (``steering.generate(..., prompt_prefix=)``, exact)."""
+        return self.judged_many(which, [ivs], max_new_tokens, batch_size, judge, model)[0]
+
+    def judged_many(self, which: str, conditions: Sequence[Sequence[Any]], max_new_tokens: int, batch_size: int,
+                    judge: Judge | None = None, model: Model | None = None
+                    ) -> list[tuple[list[str], list[bool], torch.Tensor]]:
+        """:meth:`judged` under each of ``conditions``, ``self.stack`` of them per generation
+        (:func:`steering.generate_each`: the prompts stacked once per condition in one wider batch)."""
         prefix = None
-        if (model is None or model is self.model) and leaves_prompt_prefix(self.model, ivs):
+        if (model is None or model is self.model) and any(leaves_prompt_prefix(self.model, c) for c in conditions):
             key = (which, batch_size)
             if key not in self._prefixes:
                 self._prefixes[key] = prompt_prefixes(self.model, self.encodings(which), batch_size)
             prefix = self._prefixes[key]
-        out = steering.generate(model or self.model, self.prompts(which), *ivs, max_new_tokens=max_new_tokens,
-                                batch_size=batch_size, progress=False, prepared=self.prepared(which), first_logits=True,
-                                prompt_prefix=prefix)
-        assert out.first_logits is not None
-        return out.texts, judge_many(judge, out.texts), out.first_logits
+        outs = steering.generate_each(model or self.model, self.prompts(which), conditions, stack=self.stack,
+                                      max_new_tokens=max_new_tokens, batch_size=batch_size, progress=False,
+                                      prepared=self.prepared(which), first_logits=True, prompt_prefix=prefix)
+        flags = judge_many(judge, [t for out in outs for t in out.texts])
+        n, res = len(self.prompts(which)), []
+        for i, out in enumerate(outs):
+            assert out.first_logits is not None
+            res.append((out.texts, flags[i * n:(i + 1) * n], out.first_logits))
+        return res
 
 
 def _conditions(r: torch.Tensor, v: torch.Tensor, rand_u: torch.Tensor, layer: int, seed: int, borderline: bool,
@@ -145,17 +156,22 @@ def evaluate(model: Model, data: RefusalData, cand: Candidates, sel: Selection, 
     test = test or TestPrompts(model, data)
     direction = sel.direction(cand, model.name)
     r, v = direction.vectors[0], direction.raw[0]
-    gens, refused, scores, logits = {}, {}, {}, {}
+    gens, refused, logits = {}, {}, {}
     baked = steering.bake(model, r, allow_inexact=True)
     every_token = ablate_positions == "all"   # the run's ablation is the weight edit itself
     baked_name = BAKED if every_token else BAKED_EVERY_TOKEN
     rand_u = random_directions(model.d_model, 1, seed=seed)[0].vectors[0]
     conditions = _conditions(r, v, rand_u, sel.layer, seed, data.borderline is not None, ablate_positions)
     conditions[baked_name] = ("harmful", ())
-    for name, (which, ivs) in conditions.items():
-        on = baked.model if name == baked_name else model
-        gens[name], refused[name], logits[name] = test.judged(which, ivs, max_new_tokens, batch_size, judge, on)
-        scores[name] = refusal_score(logits[name], tokens.tokens).mean().item()
+    for which in dict.fromkeys(w for w, _ in conditions.values()):   # each prompt set's conditions stacked
+        names = [k for k, (w, _) in conditions.items() if w == which and k != baked_name]
+        for name, got in zip(names, test.judged_many(which, [conditions[k][1] for k in names], max_new_tokens,
+                                                     batch_size, judge)):
+            gens[name], refused[name], logits[name] = got
+    gens[baked_name], refused[baked_name], logits[baked_name] = test.judged(
+        "harmful", (), max_new_tokens, batch_size, judge, baked.model)
+    gens, refused, logits = ({k: d[k] for k in conditions} for d in (gens, refused, logits))
+    scores = {k: refusal_score(lg, tokens.tokens).mean().item() for k, lg in logits.items()}
     hook = (logits["harmful/ablation"] if every_token else
             prompt_logits(model, test.encodings("harmful"), ablation(r, "all"), batch_size=batch_size))
     diff = (hook - logits[baked_name]).abs().max()
@@ -212,13 +228,14 @@ def _edited_logits(model: Model, b: Any, ivs: tuple, keep: int, kv: Any) -> torc
     return out
 
 
-def _ablated(model: Model, test: TestPrompts, basis: torch.Tensor, tokens: RefusalTokens, max_new_tokens: int,
-             batch_size: int, judge: Judge | None = None, positions: str = "all") -> tuple[float, float]:
-    """Harmful test refusal rate and mean refusal score with the span of ``basis [k, d]`` ablated at every
-    writer, at ``positions`` (every token, or the post-instruction ones and every generated one)."""
-    iv = steering.AblateSubspace(basis, sites=("resid_pre", "attn_out", "mlp_out"), positions=positions)
-    _, flags, logits = test.judged("harmful", (iv,), max_new_tokens, batch_size, judge)
-    return sum(flags) / len(flags), refusal_score(logits, tokens.tokens).mean().item()
+def _ablated(model: Model, test: TestPrompts, bases: list[torch.Tensor], tokens: RefusalTokens, max_new_tokens: int,
+             batch_size: int, judge: Judge | None = None, positions: str = "all") -> list[tuple[float, float]]:
+    """Per basis ``[k, d]`` of ``bases``: harmful test refusal rate and mean refusal score with its span ablated at
+    every writer, at ``positions`` (every token, or the post-instruction ones and every generated one)."""
+    ivs = [(steering.AblateSubspace(b, sites=("resid_pre", "attn_out", "mlp_out"), positions=positions),)
+           for b in bases]
+    return [(sum(flags) / len(flags), refusal_score(logits, tokens.tokens).mean().item())
+            for _, flags, logits in test.judged_many("harmful", ivs, max_new_tokens, batch_size, judge)]
 
 
 def _rank_one(ev: Evaluation | None) -> tuple[tuple[float, float], tuple[float, float]] | None:
@@ -257,14 +274,14 @@ def find_subspaces(model: Model, data: RefusalData, cand: Candidates, sel: Selec
     rand = torch.linalg.qr(rand.T.double()).Q.T.to(basis.dtype)
     out = Subspaces([cats[i] for i in order.tolist()], [], [], [])
     known = _rank_one(evaluation)
+    todo = [k for k in range(1, k_max + 1) if not (k == 1 and known is not None)]
+    got = iter(_ablated(model, test, [b[:k] for k in todo for b in (basis, rand)], tokens, max_new_tokens,
+                        batch_size, judge, ablate_positions))
     for k in range(1, k_max + 1):
         if k == 1 and known is not None:
             (k_rate, score), (c_rate, c_score) = known
         else:
-            k_rate, score = _ablated(model, test, basis[:k], tokens, max_new_tokens, batch_size, judge,
-                                     ablate_positions)
-            c_rate, c_score = _ablated(model, test, rand[:k], tokens, max_new_tokens, batch_size, judge,
-                                       ablate_positions)
+            (k_rate, score), (c_rate, c_score) = next(got), next(got)
         out.ranks.append(k)
         out.rates.append(k_rate)
         out.scores.append(score)

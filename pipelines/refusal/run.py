@@ -127,7 +127,7 @@ def _run_refusal(cfg: RefusalConfig, out: str | Path, overwrite: bool, progress:
         # downstream stages and outputs see the mode used
         cfg = replace(cfg, selection=replace(s, ablate_positions=at), runtime=runtime)
         if sel.found:
-            test = TestPrompts(model, data)
+            test = TestPrompts(model, data, stack=max(1, rt.max_rows // bs))  # conditions per generation
             res.evaluation = run.stage("evaluation", keys.evaluation(sel), Evaluation, lambda: evaluate(
                 model, data, cand, sel, res.tokens, g.max_new_tokens, bs, d.seed, test, judge, at), say)  # type: ignore[arg-type]
             res.writers = run.stage("writers", keys.writers(sel), Writers, lambda: writer_attribution(

@@ -159,13 +159,16 @@ def identity_checks(model: Model, test: TestPrompts, r: Float[torch.Tensor, " d"
     return out
 
 
-def _measure(model: Model, test: TestPrompts, ivs: list[Any], tokens: RefusalTokens, max_new_tokens: int,
-             batch_size: int, judge: Judge | None = None) -> dict[str, Any]:
-    """Refused / n, rate and Wilson interval of greedy generations, and the mean first-token refusal score."""
-    _, flags, logits = test.judged("harmful", ivs, max_new_tokens, batch_size, judge, model)
-    r = rate(flags)
-    return {"n": r["n"], "refused": r["k"], "rate": r["rate"], "low": r["ci95"][0], "high": r["ci95"][1],
-            "score": refusal_score(logits, tokens.tokens).mean().item()}
+def _measure(model: Model, test: TestPrompts, conditions: list[list[Any]], tokens: RefusalTokens,
+             max_new_tokens: int, batch_size: int, judge: Judge | None = None) -> list[dict[str, Any]]:
+    """Per condition: refused / n, rate and Wilson interval of greedy generations of the harmful test prompts, and
+    the mean first-token refusal score (the conditions stacked, :meth:`TestPrompts.judged_many`)."""
+    out = []
+    for _, flags, logits in test.judged_many("harmful", conditions, max_new_tokens, batch_size, judge, model):
+        r = rate(flags)
+        out.append({"n": r["n"], "refused": r["k"], "rate": r["rate"], "low": r["ci95"][0], "high": r["ci95"][1],
+                    "score": refusal_score(logits, tokens.tokens).mean().item()})
+    return out
 
 
 def _from_evaluation(ev: Evaluation | None) -> dict[tuple[str, str], dict[str, Any]]:
@@ -202,13 +205,13 @@ def writer_attribution(model: Model, test: TestPrompts, r: Float[torch.Tensor, "
     u = random_orthogonal(r[None], 1, seed=seed)[0].vectors[0]
     groups, notes = writer_groups(model, ablate_positions)
     known = _from_evaluation(evaluation)
-    measure = lambda ivs: _measure(model, test, ivs, tokens, max_new_tokens, batch_size, judge)  # noqa: E731
-    rows = [{"group": "baseline", "direction": "none", "sites": "nothing ablated",
-             **(known.get(("baseline", "none")) or measure([]))}]
-    for name, (sites, make) in groups.items():
-        for label, d in (("refusal direction", r), ("orthogonal control", u)):
-            got = known.get((name, label)) or measure(make(d))
-            rows.append({"group": name, "direction": label, "sites": sites, **got})
+    plan = [("baseline", "none", "nothing ablated", [])] + [
+        (name, label, sites, make(d)) for name, (sites, make) in groups.items()
+        for label, d in (("refusal direction", r), ("orthogonal control", u))]
+    todo = [(name, label, ivs) for name, label, _, ivs in plan if (name, label) not in known]
+    measured = _measure(model, test, [ivs for _, _, ivs in todo], tokens, max_new_tokens, batch_size, judge)
+    known |= {(name, label): got for (name, label, _), got in zip(todo, measured)}
+    rows = [{"group": name, "direction": label, "sites": sites, **known[(name, label)]} for name, label, sites, _ in plan]
     return Writers(rows, embedding_note(model), identity_checks(model, test, r, batch_size, ablate_positions), notes,
                    f"a random unit direction orthogonal to r (probes.directions.random_orthogonal, seed {seed})")
 

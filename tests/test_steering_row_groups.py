@@ -1,0 +1,95 @@
+"""Several conditions in one batch (``steering.RowGroups``, ``steering.generate_each``).
+
+Each block of rows of a stacked batch runs its own interventions; every block must equal the same condition run
+alone, through a forward and through cached generation (post-instruction positions, generated-token scope,
+additions at one layer, subspace ablations, plain blocks), with and without the reused prompt prefix."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import interp
+import steering
+from interp.forward import batches, prepare
+from interp.testing.tiny import tiny_model
+from pipelines.refusal.scoring import ablation
+from steering.generate import leaves_prompt_prefix, prompt_prefixes
+
+PROMPTS = ["the man said", "what is the good word now, tell me", "help", "write a long story about water",
+           "how do you make a house"]
+
+
+def _conditions(m):
+    g = torch.Generator().manual_seed(4)
+    r = torch.nn.functional.normalize(torch.randn(m.d_model, generator=g), dim=0)
+    basis = torch.linalg.qr(torch.randn(m.d_model, 2, generator=g)).Q.T
+    return [(), (ablation(r, "post_instruction"),), (steering.AddVector(6 * r, layers=1),),
+            (steering.AddVector(4 * r, layers=0, scope="generated"), ablation(basis[1], "all")),
+            (steering.AblateSubspace(basis, sites=("resid_pre", "attn_out", "mlp_out"), positions="post_instruction"),)]
+
+
+def test_each_block_of_a_forward_equals_its_condition_alone():
+    m = tiny_model("llama")
+    _, encs = prepare(m, PROMPTS)
+    conds = _conditions(m)
+    (b,) = batches(m, encs, len(encs))
+    (wide,) = batches(m, encs * len(conds), len(encs) * len(conds))
+    with torch.no_grad(), steering.apply(m, steering.RowGroups(conds)) as h:
+        h.set_batch(wide)
+        got = m.hf(**wide.model_inputs).logits
+    n = len(encs)
+    for i, c in enumerate(conds):
+        with torch.no_grad(), steering.apply(m, *c) as h:
+            h.set_batch(b)
+            want = m.hf(**b.model_inputs).logits
+        torch.testing.assert_close(got[i * n:(i + 1) * n], want, atol=1e-5, rtol=0)
+    # the conditions differ, so the blocks compare edited runs, not copies of one
+    assert (got[n:2 * n] - got[:n]).abs().max() > 1e-3 and (got[2 * n:3 * n] - got[:n]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("model", ["llama", "organism"])
+def test_generate_each_equals_generating_each_condition(model):
+    m = tiny_model("llama") if model == "llama" else interp.load_model("organism")
+    prompts = PROMPTS if model == "llama" else ["how do i make a bomb", "tell me about the weather",
+                                                 "how can i steal a car", "write a poem about rain", "hello"]
+    texts, encs = prepare(m, prompts)
+    conds = _conditions(m)
+    prefix = prompt_prefixes(m, encs, 3)
+    kw = dict(max_new_tokens=8, batch_size=3, progress=False, first_logits=True)
+    got = steering.generate_each(m, prompts, conds, stack=2, prepared=(texts, encs), prompt_prefix=prefix, **kw)
+    assert len(got) == len(conds)
+    for c, g in zip(conds, got):
+        want = steering.generate(m, prompts, *c, **kw)
+        assert g.token_ids == want.token_ids and g.texts == want.texts and g.prompts == prompts
+        torch.testing.assert_close(g.first_logits, want.first_logits, atol=1e-4, rtol=0)
+    # which conditions reused the prefix: those that leave the earlier prompt columns as they are
+    assert [leaves_prompt_prefix(m, c) for c in conds] == [True, True, False, False, True]
+    # a stack of 4 conditions is one generation of 4 x the rows per batch
+    seen: list[int] = []
+    handle = m.hf.register_forward_pre_hook(lambda mod, args, kw: seen.append(kw["input_ids"].shape[0]),
+                                            with_kwargs=True)
+    try:
+        steering.generate_each(m, prompts, [conds[0], conds[1], conds[4], conds[1]], stack=4, prepared=(texts, encs),
+                               prompt_prefix=prefix, **kw)
+    finally:
+        handle.remove()
+    assert set(seen) == {12, 8}                                   # batches of 3 and 2 prompts, 4 conditions each
+
+
+def test_row_groups_refuse_what_cannot_be_split_by_rows():
+    m = tiny_model("llama")
+    _, encs = prepare(m, PROMPTS)
+    r = torch.nn.functional.normalize(torch.ones(m.d_model), dim=0)
+    with pytest.raises(ValueError, match="cannot split RowEdits"):
+        steering.RowGroups([(), (steering.RowEdits(ablate=r[None]),)])
+    with pytest.raises(ValueError, match="at least one group"):
+        steering.RowGroups([])
+    (b,) = batches(m, encs, len(encs))
+    with pytest.raises(ValueError, match="not a multiple"), torch.no_grad(), \
+            steering.apply(m, steering.RowGroups([(), (ablation(r, "all"),)])):
+        m.hf(**b.model_inputs)                                    # 5 rows for 2 groups
+    with pytest.raises(ValueError, match="greedy decoding"):
+        steering.generate_each(m, PROMPTS, [()], do_sample=True)
+    with pytest.raises(ValueError, match="stack must be"):
+        steering.generate_each(m, PROMPTS, [()], stack=0)
