@@ -128,19 +128,24 @@ def find_refusal_tokens(model: Model, data: RefusalData, max_new_tokens: int = 1
     Sequential: the first ``PROBE`` prompts per class go first; when their harmful refusals do not exceed the
     harmless ones (one-sided Fisher p > ``PROBE_STOP_P``) the rest is not generated, so a model that does
     not refuse is diagnosed in seconds (the diagnosis then reads the probe, with its own sample size)."""
-    kw = dict(max_new_tokens=max_new_tokens, batch_size=batch_size, progress=False)
+    kw = dict(max_new_tokens=max_new_tokens, batch_size=2 * batch_size, progress=False)  # both classes at once
     prompts = {w: getattr(data, w)["train"].instructions for w in ("harmful", "harmless")}
     texts: dict[str, list[str]] = {"harmful": [], "harmless": []}
     first: dict[str, list[int]] = {"harmful": [], "harmless": []}
     flags: dict[str, list[bool]] = {"harmful": [], "harmless": []}
     for lo, hi in ((0, PROBE), (PROBE, None)):
+        chunks = {w: prompts[w][lo:hi] for w in prompts}
+        both = [p for w in prompts for p in chunks[w]]
+        if not both:
+            continue
+        g = steering.generate(model, both, **kw)
+        verdicts, at = judge_many(judge, g.texts), 0
         for w in prompts:
-            chunk = prompts[w][lo:hi]
-            if chunk:
-                g = steering.generate(model, chunk, **kw)
-                texts[w] += list(g.texts)
-                flags[w] += judge_many(judge, g.texts)
-                first[w] += [ids[0] if ids else -1 for ids in g.token_ids]
+            span = slice(at, at + len(chunks[w]))
+            texts[w] += list(g.texts[span])
+            flags[w] += verdicts[span]
+            first[w] += [ids[0] if ids else -1 for ids in g.token_ids[span]]
+            at += len(chunks[w])
         kh, ks = sum(flags["harmful"]), sum(flags["harmless"])
         if hi is not None and fisher_greater(kh, len(flags["harmful"]), ks, len(flags["harmless"])) > PROBE_STOP_P:
             break
