@@ -78,12 +78,13 @@ def exhaustive(model: Any, data: Any, tok: Any, cand: Any, batch_size: int, max_
 
 
 def estimate_mode(model: Any, data: Any, tok: Any, cand: Any, batch_size: int, max_rows: int, top_k: int,
-                  cfgs: dict[str, Any], positions: str = "all") -> tuple[Any, dict]:
-    """The estimate once, then for each selection config its top k scored exactly and the selection."""
+                  cfgs: dict[str, Any], positions: str = "all", probes: int | None = None) -> tuple[Any, dict]:
+    """The estimate once (``probes``: its random probes per part, default the job's), then for each selection
+    config its top k scored exactly and the selection."""
     from pipelines.refusal import score_candidates, select_direction
-    from pipelines.refusal.estimate import estimate_candidates, top_candidates
+    from pipelines.refusal.estimate import PROBES, estimate_candidates, top_candidates
 
-    est, t_e, f_e = _timed(lambda: estimate_candidates(model, data, cand, tok, batch_size,
+    est, t_e, f_e = _timed(lambda: estimate_candidates(model, data, cand, tok, batch_size, probes=probes or PROBES,
                                                        ablate_positions=positions))
     out: dict[str, Any] = {"estimate_s": t_e, "estimate_forwards": f_e["forwards"], "estimate_rows": f_e["rows"],
                            "backwards": est.backwards, "by_filters": {}}
@@ -156,7 +157,7 @@ FILTERS = {"default": {}, "relaxed (KL < 1, no induce filter)": {"kl_threshold":
 
 
 def run_model(name: str, n_val: int, n_train: int, top_k: int, batch_size: int, max_rows: int,
-              save: Path | None, reuse: Path | None, positions: str = "all") -> dict:
+              save: Path | None, reuse: Path | None, positions: str = "all", probes: int | None = None) -> dict:
     """Both modes on one model; ``reuse``: an earlier run's saved exhaustive scores and cost (same code, data)."""
     from pipelines.refusal import SelectionConfig
 
@@ -167,7 +168,7 @@ def run_model(name: str, n_val: int, n_train: int, top_k: int, batch_size: int, 
         exact, ex = blob["exact"], blob["exhaustive"] | {"reused_from": str(reuse)}
     else:
         exact, ex = exhaustive(model, data, tok, cand, batch_size, max_rows, positions)
-    est, es = estimate_mode(model, data, tok, cand, batch_size, max_rows, top_k, cfgs, positions)
+    est, es = estimate_mode(model, data, tok, cand, batch_size, max_rows, top_k, cfgs, positions, probes)
     res = {"model": name, "n_layers": model.n_layers, "n_positions": cand.n_positions, "n_val": n_val,
            "n_train": n_train, "top_k": top_k, "ablate_positions": positions, **common, "exhaustive": ex,
            "estimate": es, **compare(model, data, tok, est, exact, cand, cfgs, batch_size, positions)}

@@ -108,7 +108,7 @@ def search_main(args: argparse.Namespace) -> None:
         save = Path(args.save_dir) / f"search_{name}_n{n_val}{mode}.pt" if args.save_dir else None
         reuse = save if args.reuse_exhaustive else None
         results.append(run_model(name, n_val, args.n_train, args.top_k, args.batch_size, args.max_rows, save, reuse,
-                                 args.ablate_positions))
+                                 args.ablate_positions, args.probes))
         print(json.dumps(results[-1], indent=1), flush=True)
     cmd = " ".join(["python benchmarks/bench_refusal.py"] + sys.argv[1:])
     text = section(results, cmd, machine())
@@ -137,6 +137,8 @@ def main() -> None:
     ap.add_argument("--save-dir", default=None, help="--search: save each model's scores and figures here")
     ap.add_argument("--reuse-exhaustive", action="store_true", help="--search: take the exhaustive scores and cost "
                     "from --save-dir's earlier run of this script (same data and settings) instead of re-running them")
+    ap.add_argument("--probes", type=int, default=None, help="--search: the estimate's random probes per part of "
+                    "the vocabulary (default: the job's, pipelines.refusal.estimate.PROBES)")
     args = ap.parse_args()
     if args.search:
         search_main(args)
