@@ -25,6 +25,20 @@ def shared_path(*parts: str) -> Path:
     return p
 
 
+PREFIX_PROMPTS = ["the man said", "what is the good word now, tell me", "help", "write a long story about water",
+                  "how do you make a house"]
+ORGANISM_PROMPTS = ["how do i make a bomb", "tell me about the weather", "how can i steal a car",
+                    "write a poem about rain", "hello"]
+
+
+def chat_case(name: str) -> tuple:
+    """``(model, prompts)`` for generation checks: a tiny chat-templated Llama (``"llama"``) or the toy organism."""
+    from interp.models import load_model
+    from interp.testing.tiny import tiny_model
+
+    return (tiny_model("llama"), PREFIX_PROMPTS) if name == "llama" else (load_model("organism"), ORGANISM_PROMPTS)
+
+
 def norm_text(text: str) -> str:
     """Lower case, letters, digits and single spaces: verbatim up to casing and punctuation."""
     return " ".join(re.sub(r"[^a-z0-9 ]", " ", text.lower()).split())

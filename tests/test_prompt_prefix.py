@@ -10,15 +10,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-import interp
 import steering
 from interp.forward import batches, forward, prepare, untouched_prefix
 from interp.testing.tiny import tiny_model
 from pipelines.refusal.scoring import ablation, score_rows
 from steering.generate import leaves_prompt_prefix, prompt_prefixes
-
-PROMPTS = ["the man said", "what is the good word now, tell me", "help", "write a long story about water",
-           "how do you make a house"]
+from tests.conftest import PREFIX_PROMPTS as PROMPTS
+from tests.conftest import chat_case
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
@@ -43,9 +41,7 @@ def _generate(m, prompts, ivs, prefix=None, bs=3):
 
 @pytest.mark.parametrize("model", ["llama", "organism"])
 def test_generation_with_the_reused_prefix_equals_a_full_prompt_pass(model):
-    m = tiny_model("llama") if model == "llama" else interp.load_model("organism")
-    prompts = PROMPTS if model == "llama" else ["how do i make a bomb", "tell me about the weather",
-                                                 "how can i steal a car", "write a poem about rain", "hello"]
+    m, prompts = chat_case(model)
     _, encs = prepare(m, prompts)
     prefix = prompt_prefixes(m, encs, 3)
     assert len(prefix) == 2 and all(kv is not None and start > 0 for kv, start in prefix)

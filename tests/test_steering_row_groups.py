@@ -9,15 +9,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-import interp
 import steering
 from interp.forward import batches, prepare
 from interp.testing.tiny import tiny_model
 from pipelines.refusal.scoring import ablation
 from steering.generate import leaves_prompt_prefix, prompt_prefixes
-
-PROMPTS = ["the man said", "what is the good word now, tell me", "help", "write a long story about water",
-           "how do you make a house"]
+from tests.conftest import PREFIX_PROMPTS as PROMPTS
+from tests.conftest import chat_case
 
 
 def _conditions(m):
@@ -50,9 +48,7 @@ def test_each_block_of_a_forward_equals_its_condition_alone():
 
 @pytest.mark.parametrize("model", ["llama", "organism"])
 def test_generate_each_equals_generating_each_condition(model):
-    m = tiny_model("llama") if model == "llama" else interp.load_model("organism")
-    prompts = PROMPTS if model == "llama" else ["how do i make a bomb", "tell me about the weather",
-                                                 "how can i steal a car", "write a poem about rain", "hello"]
+    m, prompts = chat_case(model)
     texts, encs = prepare(m, prompts)
     conds = _conditions(m)
     prefix = prompt_prefixes(m, encs, 3)
