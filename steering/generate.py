@@ -213,7 +213,8 @@ def generate_each(model: Model, prompts: Sequence[str], conditions: Sequence[Seq
         raise ValueError("generate_each stacks conditions for greedy decoding with engine='hf'; call generate per "
                          "condition to sample or to serve with vLLM")
     prompts, conditions = list(prompts), [tuple(_flat(tuple(c))) for c in conditions]
-    texts, encs = prepared if prepared is not None else prepare(model, prompts)
+    chat, system = kwargs.pop("chat", True), kwargs.pop("system", None)
+    texts, encs = prepared if prepared is not None else prepare(model, prompts, chat=chat, system=system)
     keep = [prompt_prefix is not None and leaves_prompt_prefix(model, c) for c in conditions]
     out: list[Generations | None] = [None] * len(conditions)
     for reuse in (True, False):

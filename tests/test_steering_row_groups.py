@@ -71,6 +71,12 @@ def test_generate_each_equals_generating_each_condition(model):
     finally:
         handle.remove()
     assert set(seen) == {12, 8}                                   # batches of 3 and 2 prompts, 4 conditions each
+    # the prompts formatted as generate formats them (here without the chat template)
+    raw = steering.generate_each(m, prompts, conds[:2], stack=2, chat=False, max_new_tokens=4, batch_size=3,
+                                 progress=False)
+    assert [g.texts for g in raw] == [steering.generate(m, prompts, *c, chat=False, max_new_tokens=4, batch_size=3,
+                                                        progress=False).texts for c in conds[:2]]
+    assert raw[0].formatted == prompts
 
 
 def test_row_groups_refuse_what_cannot_be_split_by_rows():
