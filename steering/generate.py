@@ -203,10 +203,10 @@ def generate_each(model: Model, prompts: Sequence[str], conditions: Sequence[Seq
     ``stack * batch_size`` rows replaces ``stack`` narrow ones: for accelerators, where a wider batch costs little
     more than a narrow one (on a 2-core CPU, where decoding is compute-bound, it measured no faster: 4 conditions
     of 64 prompts took 18.6-22.6 s stacked against 19.6-20.3 s apart). Each result equals its own :func:`generate`
-    up to the float rounding of the wider batch. ``prompt_prefix`` (:func:`prompt_prefixes` of the unstacked prompts and ``batch_size``) is
-    reused by the conditions that leave those columns as they are (:func:`leaves_prompt_prefix`); the others are
-    stacked apart. Other keyword arguments go to :func:`generate` (greedy decoding only: a sampled row's draw
-    would depend on its neighbours)."""
+    up to the float rounding of the wider batch. ``prompt_prefix`` (:func:`prompt_prefixes` of the unstacked
+    prompts and ``batch_size``) is reused by the conditions that leave those columns as they are
+    (:func:`leaves_prompt_prefix`); the others are stacked apart. Other keyword arguments go to :func:`generate`
+    (greedy decoding only: a sampled row's draw would depend on its neighbours)."""
     if stack < 1:
         raise ValueError(f"stack must be >= 1, got {stack}")
     if kwargs.get("do_sample") or kwargs.get("engine", "hf") != "hf":
