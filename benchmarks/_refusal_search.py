@@ -84,7 +84,8 @@ def estimate_mode(model: Any, data: Any, tok: Any, cand: Any, batch_size: int, m
     from pipelines.refusal import score_candidates, select_direction
     from pipelines.refusal.estimate import PROBES, estimate_candidates, top_candidates
 
-    est, t_e, f_e = _timed(lambda: estimate_candidates(model, data, cand, tok, batch_size, probes=probes or PROBES,
+    est, t_e, f_e = _timed(lambda: estimate_candidates(model, data, cand, tok, batch_size,
+                                                       probes=PROBES if probes is None else probes,
                                                        ablate_positions=positions))
     out: dict[str, Any] = {"estimate_s": t_e, "estimate_forwards": f_e["forwards"], "estimate_rows": f_e["rows"],
                            "backwards": est.backwards, "by_filters": {}}

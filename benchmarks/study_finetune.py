@@ -94,6 +94,9 @@ def attribution(args: argparse.Namespace) -> dict:
     else:
         base, adapted = load_model("smollm2-base"), load_model("smollm2-aligned")
         ps, rs = smol_pairs(args.n)
+    if len(ps) != 2 * args.n:
+        raise SystemExit(f"--n {args.n}: the training set gave {len(ps)} pairs, not {args.n} harmful + {args.n} "
+                         f"others; pass a smaller --n")
     att = token_attribution(base, adapted, ps, rs)
     pos = att.gain.clamp(min=0)
     refusals = att.example < args.n   # the first n pairs are harmful prompts -> the organism's refusals
