@@ -9,17 +9,17 @@ pad-id rule), ``forward`` (hooks attached, optional early stop, full or last-pos
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager, nullcontext
+from collections.abc import Sequence
+from contextlib import nullcontext
 from typing import Any
 
 import torch
-import torch.nn as nn
 
 from interp.chat import Batch, Encoded, collate, encode, format_prompts
-from interp.hooks import StopForward, count_hooks, hooks
+from interp.hooks import StopForward, hooks
 from interp.models import Model
 from interp.nnsight_backend import NNsightModel, refuse, trace_batch
+from interp.skip import SKIPPABLE, can_skip, resume_from, skip_blocks
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # keys and values per layer
 
@@ -157,11 +157,7 @@ def forward(model: Model, batch: Batch, hook_fns: Any = (), *, logits: str | int
     if logits == "last" or isinstance(logits, int):
         kw["logits_to_keep"] = 1 if logits == "last" else logits
     grad_ctx = nullcontext() if grad else torch.inference_mode()
-    skip = from_layer if full is not None and can_skip(model) else 0
-    with grad_ctx, hooks(model, _resume_hooks(model, from_layer, full, bool(skip))), hooks(model, hook_fns), \
-            skip_blocks(model, skip, full):
-        if full is not None and not skip:
-            _refuse_hooks_below(model, from_layer, 1)
+    with grad_ctx, hooks(model, hook_fns), resume_from(model, from_layer, full):
         try:
             out = model.hf(**inputs, **kw)
         except StopForward:
@@ -232,17 +228,34 @@ def cached_forward(model: Model, batch: Batch, last: int) -> tuple[torch.Tensor,
     return out.logits.float(), [(la.keys, la.values) for la in layers]
 
 
-def untouched_prefix(model: Model, batch: Batch) -> tuple[KV | None, int]:
+def plain_states(model: Model, batch: Batch, layers: Sequence[int] = ()) -> tuple[KV | None, dict[int, torch.Tensor]]:
+    """One plain forward of ``batch``: its keys and values of every column (as :func:`prefix_cache`) and the
+    resid_pre ``[B, T, d]`` of ``layers``, so a pass under edits at or above a layer can resume there
+    (:func:`resume_from`) with the keys and values of the blocks below taken from here."""
+    got: dict[int, torch.Tensor] = {}
+
+    def grab(layer: int) -> Any:
+        def fn(x: torch.Tensor, ctx: Any) -> None:
+            got[layer] = x.detach().clone()
+        return fn
+
+    with hooks(model, [(f"blocks.{layer}.hook_resid_pre", grab(layer)) for layer in sorted(set(layers))]):
+        _, kv = cached_forward(model, batch, 1)
+    return kv, got
+
+
+def untouched_prefix(model: Model, batch: Batch, kv: KV | None = None) -> tuple[KV | None, int]:
     """The keys and values of ``batch``'s columns before its first post-instruction token (one plain forward) and
     that column: an edit at the post-instruction and generated tokens only leaves them as they are (a causal model),
     so a pass under it need recompute only the later columns (``forward(..., prefix=, start=)``,
     ``steering.generate(..., prompt_prefix=)``). ``(None, 0)`` when there is nothing to reuse: no column before the
-    post-instruction tokens, or a cache that is not a plain full-attention one."""
+    post-instruction tokens, or a cache that is not a plain full-attention one. ``kv``: the keys and values of a
+    plain pass of ``batch`` already run (:func:`plain_states`), sliced instead of running one."""
     pm = batch.post_mask.bool()
     if not bool(pm.any(1).all()):
         return None, 0
     start = int(pm.float().argmax(1).min())
-    prefix = prefix_cache(model, batch) if start > 0 else None
+    prefix = (kv if kv is not None else prefix_cache(model, batch)) if start > 0 else None
     if prefix is None:
         return None, 0
     return [(K[:, :, :start].clone(), V[:, :, :start].clone()) for K, V in prefix], start
@@ -270,18 +283,6 @@ def last_logits(model: Model, batch: Batch, hook_fns: Any = (), grad: bool = Fal
                   from_layer=from_layer, resid=resid)
     assert out is not None
     return out
-
-
-# families whose model loop feeds each block's output (a tensor) to the next block as its first argument, so a
-# block can be stood in for by a pass-through (checked equal to the full forward in tests/test_core_forward_resume.py)
-SKIPPABLE = frozenset({"llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3", "olmo2", "gpt2",
-                       "gpt_neox", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe"})
-
-
-def can_skip(model: Model) -> bool:
-    """Whether blocks can be stood in for (:func:`skip_blocks`): a family in ``SKIPPABLE`` whose HF
-    ``model_type`` is that family (an inferred or user-registered spec is not assumed to loop the same way)."""
-    return model.spec.family in SKIPPABLE and getattr(model.config, "model_type", None) == model.spec.family
 
 
 def resid_pre_cache(model: Model, batch: Batch, layers: Sequence[int]) -> dict[int, torch.Tensor]:
@@ -322,63 +323,8 @@ def _resume_rows(model: Model, from_layer: int, resid: torch.Tensor | None, rows
     return resid.repeat(rows // resid.shape[0], 1, 1)
 
 
-def _swap_in(x: torch.Tensor, resid: torch.Tensor, layer: int) -> torch.Tensor:
-    if x.shape != resid.shape:
-        raise ValueError(f"resid has shape {tuple(resid.shape)} (repeated) but block {layer} reads {tuple(x.shape)}; "
-                         f"take resid from the same batch")
-    return resid.to(x.device, x.dtype)
-
-
-def _resume_hooks(model: Model, from_layer: int, resid: torch.Tensor | None, skipped: bool) -> list[tuple[str, Any]]:
-    """Where blocks are not skipped, the hook that hands block ``from_layer`` the given ``resid``: at the output
-    of the block below, so every hook at ``from_layer``'s resid_pre sees it."""
-    if resid is None or skipped:
-        return []
-    return [(f"blocks.{from_layer - 1}.hook_resid_post", lambda x, ctx: _swap_in(x, resid, from_layer))]
-
-
-class _PassThrough(nn.Module):
-    """Stands in for a skipped block: returns the residual stream it is given, or ``resid`` when it is the last."""
-
-    def __init__(self, resid: torch.Tensor | None = None, layer: int = 0):
-        super().__init__()
-        self.resid, self.layer = resid, layer
-
-    def forward(self, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-        return hidden_states if self.resid is None else _swap_in(hidden_states, self.resid, self.layer)
-
-
-def _refuse_hooks_below(model: Model, upto: int, ours: int) -> None:
-    """An edit below the resumed block would be skipped (or overwritten): refuse it."""
-    for i in range(upto):
-        if count_hooks(model.blocks[i]) > (ours if i == upto - 1 else 0):
-            raise ValueError(f"a hook is attached inside block {i}, below from_layer={upto}, whose output the resumed "
-                             f"forward does not compute; resume from a layer at or below the lowest edited one")
-
-
-@contextmanager
-def skip_blocks(model: Model, upto: int, resid: torch.Tensor | None = None) -> Iterator[None]:
-    """Blocks ``0..upto-1`` replaced by pass-throughs for the duration (restored on exit and on exception), the
-    last one returning ``resid`` when given: the model computes only blocks ``upto..``. Only for families in
-    ``SKIPPABLE``; a hook inside a skipped block would silently not run, so one is refused."""
-    if upto <= 0:
-        yield
-        return
-    if not can_skip(model):
-        raise ValueError(f"blocks of {model.spec.family} models cannot be skipped (not in interp.forward.SKIPPABLE)")
-    _refuse_hooks_below(model, upto, 0)
-    blocks = model.blocks
-    saved = [blocks[i] for i in range(upto)]
-    try:
-        for i in range(upto):
-            blocks[i] = _PassThrough(resid if i == upto - 1 else None, upto)
-        yield
-    finally:
-        for i, b in enumerate(saved):
-            blocks[i] = b
-
-
 __all__ = ["SKIPPABLE", "Inputs", "batch_of", "can_skip", "batches", "encode_ids", "encodings", "forward", "last_logits",
            "length_order", "pad_id",
            "prefix_cache", "prepare", "resid_pre_cache", "skip_blocks",
-           "untouched_prefix", "cache_kwarg", "kv_cache", "cached_forward"]
+           "untouched_prefix", "cache_kwarg", "kv_cache", "cached_forward", "plain_states",
+           "resume_from"]

@@ -22,7 +22,7 @@ from interp.nnsight_backend import SKIP as TRACE_SKIP
 from interp.nnsight_backend import NNsightModel, TraceEdit, refuse
 from interp.sites import parse_site
 from steering.fused import LowRankEdit, apply_edit
-from steering.scope import DECLARED_KEY, PROMPT_KEY, SKIP, STATE_KEY, record_pass
+from steering.scope import DECLARED_KEY, PROMPT_KEY, ROWS_KEY, SKIP, STATE_KEY, keep_rows, record_pass
 
 
 @dataclass(eq=False)
@@ -178,10 +178,17 @@ class Steering:
         self.data[DECLARED_KEY] = {"width": ref.shape[1], "batch": ref.shape[0],
                                    "post_mask": None if pm is None else pm.bool(), "cached": int(cached)}
         self.data.pop(PROMPT_KEY, None)
+        self.data.pop(ROWS_KEY, None)
 
     def clear_batch(self) -> None:
         self.data.pop(DECLARED_KEY, None)
         self.data.pop(PROMPT_KEY, None)
+        self.data.pop(ROWS_KEY, None)
+
+    def keep_rows(self, idx: torch.Tensor) -> None:
+        """Only rows ``idx`` of the batch being generated go on (the others finished): the later passes hold
+        just those rows, and the gates and row-wise edits (:class:`~steering.rows.RowGroups`) follow them."""
+        keep_rows(self.data, idx)
 
     @property
     def state(self) -> Any:

@@ -20,7 +20,7 @@ from jaxtyping import Float, Int
 from interp.hooks import HookContext
 from interp.models import Model
 from steering.apply import _flat, _is_weight_edit, plan_hooks
-from steering.scope import STATE_KEY, PromptRecord, TokenState
+from steering.scope import ROWS_KEY, STATE_KEY, PromptRecord, TokenState
 
 ABLATE_KINDS = ("resid_pre", "attn_out", "mlp_out")  # the writers, as steering.DirectionalAblation's default
 
@@ -119,7 +119,8 @@ class RowGroups:
     Block ``g`` equals running ``groups[g]`` alone on those rows (up to the float rounding of a wider batch): each
     group's hooks see only its rows, and ``positions=`` / ``scope=`` gates (the pass's
     :class:`~steering.scope.TokenState`) are sliced to them. Hooks that look beyond their own rows, row-indexed
-    edits (:class:`RowEdits`) and weight edits cannot be split by rows and are refused."""
+    edits (:class:`RowEdits`) and weight edits cannot be split by rows and are refused. When finished rows
+    leave a generation (:meth:`~steering.apply.Steering.keep_rows`), each remaining row keeps its block's edits."""
 
     groups: Any
 
@@ -142,13 +143,16 @@ class RowGroups:
         k = len(chains)
 
         def fn(x: torch.Tensor, ctx: HookContext) -> torch.Tensor:
-            if x.shape[0] % k:
-                raise ValueError(f"RowGroups holds {k} groups but the batch has {x.shape[0]} rows, not a multiple; "
-                                 f"stack the prompts once per group (encodings * {k})")
             st = ctx.data.get(STATE_KEY)
             if st is not None and x.shape[0] not in (st.batch, st.batch * st.seq):
                 raise ValueError(f"the hook at {ctx.site.name} sees {x.shape[0]} leading rows, neither the batch's "
                                  f"{st.batch} rows nor its {st.batch * st.seq} tokens: RowGroups cannot split it")
+            kept = ctx.data.get(ROWS_KEY)
+            if kept is not None:  # some rows finished generating: each row's block from its original index
+                return _by_index(x, ctx, chains, kept, st)
+            if x.shape[0] % k:
+                raise ValueError(f"RowGroups holds {k} groups but the batch has {x.shape[0]} rows, not a multiple; "
+                                 f"stack the prompts once per group (encodings * {k})")
             n, parts = x.shape[0] // k, []
             for g, chain in enumerate(chains):
                 part = x[g * n:(g + 1) * n]
@@ -159,6 +163,40 @@ class RowGroups:
                 parts.append(part)
             return torch.cat(parts)
         return fn
+
+
+def _by_index(x: torch.Tensor, ctx: HookContext, chains: list[list[Any]], kept: tuple[int, torch.Tensor],
+              st: Any) -> torch.Tensor:
+    """The blocks of a batch that lost its finished rows: row ``i`` was the batch's row ``kept[1][i]`` of
+    ``kept[0]``, so it belongs to block ``kept[1][i] // (kept[0] // k)``."""
+    total, rows = kept
+    k = len(chains)
+    if total % k:
+        raise ValueError(f"RowGroups holds {k} groups but the batch had {total} rows, not a multiple")
+    group = rows.to(x.device) // (total // k)
+    per_token = st is not None and st.seq > 1 and x.shape[0] == st.batch * st.seq
+    out = x.clone()
+    for g, chain in enumerate(chains):
+        sel = (group == g).nonzero().squeeze(1)
+        if not chain or not len(sel):
+            continue
+        at = (sel[:, None] * st.seq + torch.arange(st.seq, device=x.device)).flatten() if per_token else sel
+        part = x[at]
+        sub = HookContext(ctx.site, ctx.model, _row_data(ctx.data, sel))
+        for f in chain:
+            part = f(part, sub)
+        out[at] = part
+    return out
+
+
+def _row_data(data: dict, rows: torch.Tensor) -> dict:
+    """The hooks' shared data as the batch's rows ``rows`` see it: the pass's token state sliced to them."""
+    st = data.get(STATE_KEY)
+    if st is None:
+        return data
+    rec, i = st.prompt, rows.to(st.prompt.start.device)
+    sub = PromptRecord(rec.width, rec.start[i], rec.end[i], None if rec.post_mask is None else rec.post_mask[i])
+    return {**data, STATE_KEY: TokenState(len(rows), st.seq, st.past, sub, st.device)}
 
 
 def _block_data(data: dict, g: int, k: int) -> dict:

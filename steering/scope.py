@@ -28,6 +28,7 @@ from interp.positions import columns
 STATE_KEY = "token_state"
 PROMPT_KEY = "steering.prompt"
 DECLARED_KEY = "steering.declared"
+ROWS_KEY = "steering.rows"  # after rows left the batch mid-generation: (original batch size, Long[rows] kept)
 SKIP = "skip"  # select(): the edit touches no token of this pass
 
 
@@ -168,4 +169,20 @@ def record_pass(data: dict, args: tuple, kwargs: dict) -> None:
         start, end = _spans(attn, width, B, device)
         rec = PromptRecord(width, start, end, post)
         data[PROMPT_KEY] = rec
+        data.pop(ROWS_KEY, None)  # a new prompt: every row is there
     data[STATE_KEY] = TokenState(B, S, past, rec, device)
+
+
+def keep_rows(data: dict, idx: Tensor) -> None:
+    """Only rows ``idx`` of the current batch go on (the others finished generating): the prompt record is sliced
+    to them, and ``data[ROWS_KEY]`` says which of the batch's original rows they are (for edits that act per row,
+    such as :class:`~steering.rows.RowGroups`). A new prompt pass (:meth:`~steering.apply.Steering.set_batch`)
+    starts over with every row."""
+    rec: PromptRecord | None = data.get(PROMPT_KEY)
+    if rec is None:
+        raise RuntimeError("keep_rows needs a prompt pass first: there is no prompt record in the hooks' data")
+    idx = idx.to(rec.start.device)
+    total, rows = data.get(ROWS_KEY, (rec.start.shape[0], torch.arange(rec.start.shape[0], device=idx.device)))
+    post = None if rec.post_mask is None else rec.post_mask[idx.to(rec.post_mask.device)]
+    data[PROMPT_KEY] = PromptRecord(rec.width, rec.start[idx], rec.end[idx], post)
+    data[ROWS_KEY] = (total, rows.to(idx.device)[idx])

@@ -360,9 +360,15 @@ def test_subspace_rank_one_read_from_the_evaluation_equals_measuring_it(aligned_
     assert again.control_scores[0] == pytest.approx(res.subspaces.control_scores[0], abs=1e-4)
 
 
-def test_the_evaluation_generated_one_condition_at_a_time_equals_the_stacked_run(aligned_run):
-    """The job generates 4 conditions per batch (steering.generate_each); the evaluation with one condition per
-    generation gives the same generations, refusal rates and (to float rounding) scores."""
+@pytest.mark.parametrize("hf_generate", [False, True])
+def test_the_evaluation_generated_one_condition_at_a_time_equals_the_stacked_run(aligned_run, hf_generate,
+                                                                                 monkeypatch):
+    """The job generates 4 conditions per batch (steering.generate_each), drops finished rows and resumes the
+    additions' prompt pass at their layer (steering.decode); the evaluation with one condition per generation, and
+    with HF generate for every batch (``hf_generate``: nothing dropped or resumed), gives the same generations,
+    refusal rates and (to float rounding) scores."""
+    if hf_generate:
+        monkeypatch.setattr(sys.modules["steering.generate"], "can_drop_rows", lambda *args: False)
     import interp
     from pipelines.refusal import load_refusal_data
     from pipelines.refusal.evaluation import TestPrompts, evaluate

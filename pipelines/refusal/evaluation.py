@@ -25,7 +25,8 @@ from pipelines.refusal.prompt_sets import RefusalData
 from pipelines.refusal.scoring import ablation, prompt_logits
 from pipelines.refusal.stages import Candidates, RefusalTokens, Selection
 from probes.directions import random_directions, random_orthogonal
-from steering.generate import Prefixes, leaves_prompt_prefix, prompt_prefixes
+from steering.decode import lowest_edited_layer
+from steering.generate import Prefixes, Resumes, leaves_prompt_prefix, prompt_states
 
 NOT_BAKEABLE = ("the run's ablation acts at the post-instruction and generated tokens only (ablate_positions="
                 "'post_instruction'), which no weight edit reproduces (weights act on every token alike): the baked "
@@ -71,7 +72,7 @@ class TestPrompts:
     def __init__(self, model: Model, data: RefusalData, stack: int = 1):
         self.model, self.data, self.stack = model, data, stack   # stack: conditions per generation (generate_each)
         self._prepared: dict[str, tuple[list[str], list[Encoded]]] = {}
-        self._prefixes: dict[tuple[str, int], Prefixes] = {}
+        self._states: dict[tuple[str, int], tuple[Prefixes, Resumes | None, set[int]]] = {}
 
     def prompts(self, which: str) -> list[str]:
         """The ``"harmful"``, ``"harmless"`` or ``"borderline"`` (over-refusal) test instructions."""
@@ -96,7 +97,8 @@ class TestPrompts:
         and the first step's logits ``[n, vocab]`` (the prompts' own: no second forward for a refusal score).
         On this run's model, under edits of the post-instruction and generated tokens only (or none), the prompt
         columns before the post-instruction tokens are computed once per prompt set and reused by every such
-        condition (``steering.generate(..., prompt_prefix=)``, exact)."""
+        condition (``steering.generate(..., prompt_prefix=)``, exact); under edits at or above one layer (an
+        addition), the plain pass's blocks below that layer are reused (``prompt_resume=``, exact)."""
         return self.judged_many(which, [ivs], max_new_tokens, batch_size, judge, model)[0]
 
     def judged_many(self, which: str, conditions: Sequence[Sequence[Any]], max_new_tokens: int, batch_size: int,
@@ -104,21 +106,37 @@ class TestPrompts:
                     ) -> list[tuple[list[str], list[bool], torch.Tensor]]:
         """:meth:`judged` under each of ``conditions``, ``self.stack`` of them per generation
         (:func:`steering.generate_each`: the prompts stacked once per condition in one wider batch)."""
-        prefix = None
-        if (model is None or model is self.model) and any(leaves_prompt_prefix(self.model, c) for c in conditions):
-            key = (which, batch_size)
-            if key not in self._prefixes:
-                self._prefixes[key] = prompt_prefixes(self.model, self.encodings(which), batch_size)
-            prefix = self._prefixes[key]
+        prefix, resume = self._plain(which, conditions, batch_size) if model is None or model is self.model else (
+            None, None)
         outs = steering.generate_each(model or self.model, self.prompts(which), conditions, stack=self.stack,
                                       max_new_tokens=max_new_tokens, batch_size=batch_size, progress=False,
-                                      prepared=self.prepared(which), first_logits=True, prompt_prefix=prefix)
+                                      prepared=self.prepared(which), first_logits=True, prompt_prefix=prefix,
+                                      prompt_resume=resume)
         flags = judge_many(judge, [t for out in outs for t in out.texts])
         n, res = len(self.prompts(which)), []
         for i, out in enumerate(outs):
             assert out.first_logits is not None
             res.append((out.texts, flags[i * n:(i + 1) * n], out.first_logits))
         return res
+
+
+    def _plain(self, which: str, conditions: Sequence[Sequence[Any]], batch_size: int
+               ) -> tuple[Prefixes | None, Resumes | None]:
+        """The plain pass's states of ``which`` these conditions can reuse (one plain pass per prompt set, again
+        only if a later call needs a layer it did not keep): the prompt prefix, and the blocks below the lowest
+        edited layer of conditions that edit every prompt token."""
+        m, key = self.model, (which, batch_size)
+        prefix = any(leaves_prompt_prefix(m, c) for c in conditions)
+        lows = {lowest_edited_layer(m, tuple(c)) for c in conditions if not leaves_prompt_prefix(m, c)}
+        layers = {la for la in lows if la is not None and 1 <= la < m.n_layers}
+        if not prefix and not layers:
+            return None, None
+        have = self._states.get(key)
+        if have is None or not layers <= have[2]:
+            want = layers | (have[2] if have is not None else set())
+            prefixes, resumes = prompt_states(m, self.encodings(which), batch_size, sorted(want))
+            self._states[key] = have = (prefixes, resumes if want else None, want)
+        return have[0], have[1]
 
 
 def _conditions(r: torch.Tensor, v: torch.Tensor, rand_u: torch.Tensor, layer: int, seed: int, borderline: bool,

@@ -1,0 +1,213 @@
+"""Greedy decoding that drops finished rows (``steering.decode``) against HF ``generate``.
+
+Rows must leave the batch at different steps for the check to mean anything, so each model's end-of-sequence
+token is set to a token its greedy continuations emit at different steps (read from an HF run without stops)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+
+import steering
+from interp.forward import batches, prepare
+from interp.testing.tiny import tiny_model
+from pipelines.refusal.scoring import ablation
+from steering.decode import can_drop_rows, row_wise
+from steering.generate import prompt_prefixes, prompt_states
+from steering.scope import PROMPT_KEY, ROWS_KEY
+from tests.conftest import PREFIX_PROMPTS, chat_case
+
+
+def _ragged_eos(m, prompts, n=10) -> int:
+    """A token the plain greedy continuations first emit at several different steps, made the model's EOS."""
+    g = steering.generate(m, prompts, max_new_tokens=n, batch_size=len(prompts), progress=False, stop_at_eos=False,
+                          drop_finished=False)
+    firsts: dict[int, set[int]] = {}
+    for ids in g.token_ids:
+        seen: set[int] = set()
+        for step, t in enumerate(ids):
+            if t not in seen:
+                firsts.setdefault(t, set()).add(step)
+                seen.add(t)
+    counts = Counter({t: len(s) for t, s in firsts.items()})
+    tok = counts.most_common(1)[0][0]
+    m.hf.generation_config.eos_token_id = tok
+    return tok
+
+
+def _conditions(m):
+    g = torch.Generator().manual_seed(7)
+    r = torch.nn.functional.normalize(torch.randn(m.d_model, generator=g), dim=0)
+    return [(), (ablation(r, "post_instruction"),), (steering.AddVector(4 * r, layers=1),),
+            (steering.AddVector(3 * r, layers=0, scope="generated"), ablation(r, "all"))]
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3_text", "qwen2_moe", "gpt_neox"])
+def test_dropping_finished_rows_gives_hf_generate_tokens(family):
+    """Plain, post-instruction (with the reused prefix), every-token and generated-scope edits; a sliding-window
+    cache (gemma3), routed experts that see flattened tokens (qwen2_moe), rotary on part of the head (gpt_neox)."""
+    m, prompts = tiny_model(family), PREFIX_PROMPTS
+    before = m.hf.generation_config.eos_token_id
+    try:
+        eos = _ragged_eos(m, prompts)
+        texts, encs = prepare(m, prompts)
+        prefix = prompt_prefixes(m, encs, len(prompts))
+        kw = dict(max_new_tokens=10, batch_size=len(prompts), progress=False, first_logits=True)
+        lengths = set()
+        for c in _conditions(m):
+            reuse = dict(prompt_prefix=prefix, prepared=(texts, encs)) if c and c[0].site_edits(m) and all(
+                e.positions == "post_instruction" for e in c[0].site_edits(m).values()) else {}
+            got = steering.generate(m, prompts, *c, **kw, **reuse)
+            want = steering.generate(m, prompts, *c, drop_finished=False, **kw, **reuse)
+            assert got.token_ids == want.token_ids and got.texts == want.texts
+            torch.testing.assert_close(got.first_logits, want.first_logits, atol=1e-5, rtol=0)
+            lengths |= {len(t) for t in got.token_ids}
+        assert len(lengths) >= 3  # rows finished at different steps, some before the last
+        assert min(lengths) < 10 and eos is not None
+        # the stacked conditions (RowGroups) lose rows unevenly across their blocks
+        each = steering.generate_each(m, prompts, _conditions(m), stack=4, **kw)
+        alone = [steering.generate(m, prompts, *c, drop_finished=False, **kw) for c in _conditions(m)]
+        assert [g.token_ids for g in each] == [g.token_ids for g in alone]
+    finally:
+        m.hf.generation_config.eos_token_id = before
+
+
+def test_hooks_see_only_the_live_rows(monkeypatch):
+    """Every generated pass's hooks see exactly the rows that have not finished, with their prompt records (the
+    spy below is a bare hook, which acts on every row alike: let it through the row-wise check)."""
+    monkeypatch.setattr("steering.decode.row_wise", lambda interventions: True)
+    m, prompts = chat_case("llama")
+    before = m.hf.generation_config.eos_token_id
+    seen: list[tuple[int, tuple]] = []
+
+    class Spy:
+        def hook_fns(self, model):
+            def fn(x, ctx):
+                kept = ctx.data.get(ROWS_KEY)
+                seen.append((x.shape[0], () if kept is None else tuple(kept[1].tolist())))
+                assert ctx.data[PROMPT_KEY].start.shape[0] == x.shape[0]
+                return x
+            return {"blocks.0.hook_resid_pre": fn}
+    try:
+        _ragged_eos(m, prompts)
+        g = steering.generate(m, prompts, Spy(), max_new_tokens=10, batch_size=len(prompts), progress=False)
+    finally:
+        m.hf.generation_config.eos_token_id = before
+    widths = [w for w, _ in seen]
+    assert widths[0] == len(prompts) and widths == sorted(widths, reverse=True) and widths[-1] < len(prompts)
+    last = seen[-1][1]
+    assert len(last) == widths[-1] and all(len(g.token_ids[i]) >= len(g.token_ids[j])
+                                           for i in last for j in range(len(prompts)) if j not in last)
+
+
+def test_only_row_wise_greedy_decoding_drops_rows():
+    m = tiny_model("llama")
+    kw = dict(max_new_tokens=4, do_sample=False, pad_token_id=0)
+    r = torch.ones(m.d_model)
+    assert can_drop_rows(m, kw, ()) and can_drop_rows(m, kw, (ablation(r, "all"), steering.RowGroups([(), ()])))
+    assert not can_drop_rows(m, {**kw, "do_sample": True}, ())
+    assert not can_drop_rows(m, {**kw, "num_beams": 2}, ())
+    rows = steering.RowEdits(ablate=torch.nn.functional.normalize(torch.randn(3, m.d_model), dim=-1))
+    assert not row_wise((rows,)) and not can_drop_rows(m, kw, (rows,))
+
+    class Hook:  # a bare hook may index rows (a patch from a cached run): not droppable
+        def hook_fns(self, model):
+            return {}
+    assert not row_wise((Hook(),)) and not row_wise((steering.RowGroups([(), ()]), [Hook()]))
+    before = m.hf.generation_config.repetition_penalty
+    m.hf.generation_config.repetition_penalty = 1.3
+    try:
+        assert not can_drop_rows(m, kw, ())  # a logits processor: HF generate decodes
+    finally:
+        m.hf.generation_config.repetition_penalty = before
+
+
+def test_keep_rows_slices_the_prompt_record_and_a_new_batch_resets_it():
+    m, prompts = chat_case("llama")
+    _, encs = prepare(m, prompts)
+    (b,) = batches(m, encs, len(encs))
+    with torch.no_grad(), steering.apply(m, ablation(torch.ones(m.d_model), "post_instruction")) as h:
+        with pytest.raises(RuntimeError, match="prompt pass first"):
+            h.keep_rows(torch.tensor([0]))
+        h.set_batch(b)
+        m.hf(**b.model_inputs)
+        h.keep_rows(torch.tensor([1, 3]))
+        h.keep_rows(torch.tensor([1]))
+        rec = h.data[PROMPT_KEY]
+        assert h.data[ROWS_KEY][0] == len(prompts) and h.data[ROWS_KEY][1].tolist() == [3]
+        assert torch.equal(rec.post_mask, b.post_mask[3:4].bool())
+        h.set_batch(b)
+        assert ROWS_KEY not in h.data
+
+
+def _additions(m):
+    g = torch.Generator().manual_seed(3)
+    r = torch.nn.functional.normalize(torch.randn(m.d_model, generator=g), dim=0)
+    return [(steering.AddVector(5 * r, layers=1),), (steering.AddVector(-4 * r, layers=1, sites="resid_post"),),
+            (steering.AddVector(5 * r, layers=1), ablation(r, "all")),   # edits block 0 too: no resume
+            (steering.AddVector(3 * r, layers=1, scope="generated"),)]
+
+
+@pytest.mark.parametrize("family,skip", [("llama", True), ("llama", False), ("qwen2_moe", True),
+                                         ("gemma3_text", True), ("gpt_neox", True)])
+def test_resuming_the_prompt_pass_from_a_layer_gives_hf_generate_tokens(family, skip, monkeypatch):
+    """Additions at one layer reuse the plain pass's blocks below it (skipped, or run with their output replaced
+    for families that cannot skip); a condition that edits lower runs in full; sliding-window caches keep no
+    states to resume from (gemma3) and still decode right."""
+    if not skip:
+        monkeypatch.setattr("interp.skip.can_skip", lambda model: False)
+    m, prompts = tiny_model(family, n_layers=3), PREFIX_PROMPTS
+    before = m.hf.generation_config.eos_token_id
+    try:
+        _ragged_eos(m, prompts)
+        texts, encs = prepare(m, prompts)
+        prefixes, resumes = prompt_states(m, encs, 3, [1, 2])
+        assert len(resumes) == 2 and (resumes[0][0] is None) == (family == "gemma3_text")
+        kw = dict(max_new_tokens=10, batch_size=3, progress=False, first_logits=True, prepared=(texts, encs))
+        prompt_passes, block0 = [], m.blocks[0]
+        inner = block0.forward
+
+        def spy(x, *args, **kwargs):  # not a hook: a hook inside a skipped block is refused
+            prompt_passes.append(x.shape[1] > 1)
+            return inner(x, *args, **kwargs)
+        block0.forward = spy
+        try:
+            steering.generate(m, prompts, *_additions(m)[0], prompt_resume=resumes, **kw)
+        finally:
+            del block0.forward
+        # block 0 computed no prompt column where it was skipped (it ran only for the generated tokens)
+        assert any(prompt_passes) == (not skip or family == "gemma3_text") and len(prompt_passes) > 2
+        for c in _additions(m):
+            got = steering.generate(m, prompts, *c, prompt_resume=resumes, **kw)
+            want = steering.generate(m, prompts, *c, drop_finished=False, **kw)
+            assert got.token_ids == want.token_ids
+            torch.testing.assert_close(got.first_logits, want.first_logits, atol=1e-5, rtol=0)
+        each = steering.generate_each(m, prompts, _additions(m), stack=2, prompt_resume=resumes, **kw)
+        assert [g.token_ids for g in each] == [steering.generate(m, prompts, *c, drop_finished=False, **kw).token_ids
+                                               for c in _additions(m)]
+    finally:
+        m.hf.generation_config.eos_token_id = before
+
+
+def test_the_resume_layer_is_the_highest_kept_at_or_below_the_lowest_edit(monkeypatch):
+    from steering.decode import lowest_edited_layer
+    from steering.generate import _resume_layer
+
+    m = tiny_model("llama", n_layers=4)
+    _, encs = prepare(m, PREFIX_PROMPTS)
+    _, resumes = prompt_states(m, encs, 5, [1, 2])
+    r = torch.ones(m.d_model)
+    assert lowest_edited_layer(m, ()) == 4 and lowest_edited_layer(m, (steering.AddVector(r, layers=3),)) == 3
+    assert lowest_edited_layer(m, (steering.RowGroups([(), (steering.AddVector(r, layers=2),)]),)) == 2
+    assert _resume_layer(m, (steering.AddVector(r, layers=3),), resumes, encs, 5)[0] == 2
+    assert _resume_layer(m, (steering.AddVector(r, layers=1),), resumes, encs, 5)[0] == 1
+    assert _resume_layer(m, (ablation(r, "all"),), resumes, encs, 5) is None   # block 0 edited
+
+    class Hook:
+        def hook_fns(self, model):
+            return {}
+    assert lowest_edited_layer(m, (Hook(),)) is None
+    with pytest.raises(ValueError, match="prompt_states"):
+        _resume_layer(m, (steering.AddVector(r, layers=3),), resumes, encs, 2)  # other batches
