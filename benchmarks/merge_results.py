@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-ORDER = ["capture", "probes", "steering", "refusal", "refusal_full", "refusal_positions", "sae", "patching", "finetune",
+ORDER = ["capture", "probes", "steering", "decode", "refusal", "refusal_full", "refusal_positions", "sae", "patching", "finetune",
          "finetune_speed", "circuits", "circuits_direct", "graphs", "traits", "traits_statements", "biases",
          "biases_causal", "values", "similarity", "multilingual", "gpu"]
 

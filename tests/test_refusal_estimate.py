@@ -301,3 +301,21 @@ def test_both_ablation_modes_from_the_same_passes_equal_their_own_runs(organism_
     assert (both["post_instruction"].forwards, both["post_instruction"].backwards) == (0, 0)
     with pytest.raises(ValueError, match="distinct"):
         estimate_modes(m, data, cand, tok, modes=("all", "all"))
+
+
+def test_a_kl_gate_skips_bypass_and_induce_only_when_no_candidate_passes_the_kl_filter(organism_sweep):
+    """score_candidates(kl_gate=): the KL is scored first; bypass and induce only if some candidate's KL is below the
+    gate (the job's every-token search when the post-instruction one follows)."""
+    m, data, tok, cand, exact, est = organism_sweep
+    only = top_candidates(est, cand, m.n_layers, SelectionConfig(), 3)
+    kls = exact.kl[only]
+    passed = score_candidates(m, data, cand, tok, only=only, kl_gate=lambda rand: float(kls.max()) + 1)
+    for name in ("bypass", "induce", "kl"):
+        torch.testing.assert_close(getattr(passed, name)[only], getattr(exact, name)[only], atol=1e-5, rtol=0)
+    seen: list[list[float]] = []
+    gated = score_candidates(m, data, cand, tok, only=only, kl_gate=lambda rand: seen.append(rand) or
+                             float(kls.min()))  # none is strictly below its own minimum
+    assert gated.bypass.isnan().all() and gated.induce.isnan().all() and gated.n_scored == 3
+    torch.testing.assert_close(gated.kl[only], exact.kl[only], atol=1e-5, rtol=0)
+    assert seen == [gated.kl_random] and len(gated.kl_random) > 0
+    assert not select_direction(m.n_layers, cand, gated, SelectionConfig()).found

@@ -227,3 +227,34 @@ def test_auto_falls_back_to_the_post_instruction_ablation_and_saves_no_model(tmp
     notes = " ".join(m["notes"])
     assert "and selected a direction there" in notes and "--save-model: no model saved" in notes
     assert "ablation (auto)" in (tmp_path / "auto" / "report.html").read_text()
+
+
+def _saved_scores(out):
+    import json
+
+    from pipelines.refusal.cache import load_stage
+    from pipelines.refusal.stages import Scores
+
+    folder = out / "stages" / "scores"
+    return load_stage(folder, json.loads((folder / "meta.json").read_text())["key"], Scores)
+
+
+def test_auto_skips_the_every_token_bypass_when_nothing_passes_kl_and_a_later_run_fills_it_in(tmp_path):
+    """auto's every-token search scores the KL first; when no candidate passes it (KL < 0 here: none can), the
+    bypass and induce are left unscored, the post-instruction search follows; a run that needs them (this mode
+    alone, or a threshold some candidate passes) scores them then, the other stages reused."""
+    out = tmp_path / "gate"
+    auto = run_refusal(RefusalConfig.from_flat(kl_threshold=0.0, **SMALL), out)
+    assert not auto.found and "scores.post_instruction" in auto.computed
+    skipped = _saved_scores(out)
+    assert skipped.bypass.isnan().all() and skipped.induce.isnan().all()
+    assert skipped.n_scored == int((~skipped.kl.isnan()).sum()) == 6  # the top 8 less the 2 below the depth cut
+    alone = run_refusal(RefusalConfig.from_flat(kl_threshold=0.0, ablate_positions="all", **SMALL), out)
+    assert alone.computed == ["scores", "selection"] and not alone.found
+    filled = _saved_scores(out)
+    assert torch.equal(filled.bypass.isnan(), filled.kl.isnan())
+    torch.testing.assert_close(filled.kl, skipped.kl, atol=0, rtol=0, equal_nan=True)
+    fresh = run_refusal(RefusalConfig.from_flat(kl_threshold=0.0, ablate_positions="all", **SMALL), tmp_path / "fresh")
+    torch.testing.assert_close(_saved_scores(tmp_path / "fresh").bypass, filled.bypass, atol=1e-5, rtol=0,
+                               equal_nan=True)
+    assert fresh.metrics["selection"]["passing"] == alone.metrics["selection"]["passing"]

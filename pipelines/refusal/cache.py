@@ -82,15 +82,18 @@ class Run:
         write_json(self.out / "run.json", {"key": self.key, "config": self.cfg.flat()})
 
     def stage(self, name: str, key: str, cls: type[T], compute: Callable[[], T],
-              say: Callable[[str, str], None]) -> T:
-        """Load stage ``name`` if saved under ``key``, else compute and save it; reports to ``say``."""
+              say: Callable[[str, str], None], complete: Callable[[T], T | None] | None = None) -> T:
+        """Load stage ``name`` if saved under ``key``, else compute and save it; reports to ``say``.
+        ``complete``: given the loaded result, a fuller one to save instead (what this run needs that the saved
+        one skipped), or ``None`` when it has all."""
         folder = self.out / "stages" / name
         say(name, "start")
         got = load_stage(folder, key, cls)
-        if got is not None:
+        more = complete(got) if got is not None and complete is not None else None
+        if got is not None and more is None:
             say(name, "cached")
             return got
-        got = compute()
+        got = more if more is not None else compute()
         save_stage(folder, key, got)
         self.computed.append(name)
         say(name, "done")

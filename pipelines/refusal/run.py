@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -30,8 +31,10 @@ from pipelines.refusal.stages import (
     RefusalTokens,
     Scores,
     Selection,
+    fill_skipped,
     find_candidates,
     find_refusal_tokens,
+    kl_threshold,
     score_candidates,
     select_direction,
 )
@@ -159,9 +162,14 @@ def _search(run: Run, model: Model, data: RefusalData, cand: Candidates, res: Re
 
         res.estimate = run.stage("estimate" + suffix, keys.estimate, Estimate, compute, say)
         only = top_candidates(res.estimate, cand, model.n_layers, s, s.top_k)
+    # with a later search to try, bypass and induce are scored only if some candidate passes the KL filter here;
+    # a later run that needs them (new thresholds, or this mode alone) fills them in
+    gate = partial(kl_threshold, s) if at != s.modes()[-1] else None
     res.scores = run.stage("scores" + suffix, keys.exact(only), Scores, lambda: score_candidates(
-        model, data, cand, res.tokens, bs, rt.max_rows, only=only, ablate_positions=at, seed=d.seed), say)  # type: ignore[arg-type]
-    res.selection = run.stage("selection" + suffix, keys.selection(model.n_layers), Selection, lambda: select_direction(
+        model, data, cand, res.tokens, bs, rt.max_rows, only=only, ablate_positions=at, seed=d.seed,
+        kl_gate=gate), say, complete=lambda sc: fill_skipped(  # type: ignore[arg-type]
+            model, data, cand, res.tokens, sc, bs, rt.max_rows, at, gate))
+    res.selection = run.stage("selection" + suffix, keys.selection(model.n_layers, res.scores), Selection, lambda: select_direction(
         model.n_layers, cand, res.scores, s), say)  # type: ignore[arg-type]
     return res.selection
 
@@ -201,12 +209,16 @@ class _Keys:
             self.scores = stage_key("scores", {"all": self.scores, "only": only.flatten().tolist()})
         return self.scores
 
-    def selection(self, n_layers: int) -> str:
+    def selection(self, n_layers: int, scores: Scores) -> str:
+        """Keyed on the scores' key and, for scores a KL gate left partly unscored, how many it left (a later run
+        that fills them in selects again)."""
         s = self.cfg.selection
+        unscored = int((~scores.kl.isnan() & scores.bypass.isnan()).sum())
         # "record": the Selection's fields (2: with kl_rejected), so a run folder from before recomputes it (cheap)
         return stage_key("selection", {"scores": self.scores, "n_layers": n_layers, "kl": s.kl_threshold,
                                        "kl_reference": s.kl_reference, "record": 2,
-                                       "prune": s.prune_layer_fraction, "induce": s.induce_threshold})
+                                       "prune": s.prune_layer_fraction, "induce": s.induce_threshold,
+                                       **({"unscored": unscored} if unscored else {})})
 
     def evaluation(self, sel: Selection) -> str:
         """Keyed on the selection's result (the chosen candidate), not its thresholds."""

@@ -8,7 +8,8 @@ layer x post-instruction position) -> ``score_candidates`` (bypass, induce, KL; 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -82,8 +83,9 @@ class Scores:
 
     @property
     def n_scored(self) -> int:
-        """How many candidates were scored exactly (the others are NaN: not scored by the estimate search)."""
-        return int((~self.bypass.isnan()).sum())
+        """How many candidates were scored exactly (the others are NaN: not scored by the estimate search; a
+        candidate whose KL alone was scored, see ``score_candidates(kl_gate=)``, counts)."""
+        return int((~self.kl.isnan()).sum())
 
 
 @dataclass
@@ -180,12 +182,16 @@ def find_candidates(model: Model, data: RefusalData, layers: list[int] | None = 
 
 def score_candidates(model: Model, data: RefusalData, cand: Candidates, tokens: RefusalTokens, batch_size: int = 64,
                      max_rows: int = 256, only: torch.Tensor | None = None, ablate_positions: str = "all",
-                     n_random: int = RANDOM_KL, seed: int = 0) -> Scores:
+                     n_random: int = RANDOM_KL, seed: int = 0,
+                     kl_gate: Callable[[list[float]], float] | None = None) -> Scores:
     """Bypass (ablate on harmful val), KL (ablate on harmless val) and induce (add on harmless val), batched;
     and the KL of ``n_random`` random unit directions (seeded) ablated the same way on the same prompts.
 
     ``only [layers, P]`` (bool): score just these candidates; the others are NaN (and so pass no filter).
-    ``ablate_positions``: ablate at every token, or at the post-instruction tokens only."""
+    ``ablate_positions``: ablate at every token, or at the post-instruction tokens only. ``kl_gate`` (the KL
+    filter's threshold from the random directions' KLs, :func:`kl_cutoff`): the KL is scored first, and when no
+    candidate passes it, bypass and induce are not scored (NaN; nothing here could be selected): for a caller
+    with another search to try next."""
     toks = tokens.tokens
     _, enc_h = prepare(model, data.harmful["val"].instructions)
     _, enc_s = prepare(model, data.harmless["val"].instructions)
@@ -200,11 +206,6 @@ def score_candidates(model: Model, data: RefusalData, cand: Candidates, tokens: 
     out = torch.full((3, n_layers * n_pos), math.nan)
     kw: dict[str, Any] = dict(max_rows=max_rows)
     at = dict(positions=ablate_positions)
-    if len(idx):
-        out[0, idx] = score_rows(model, enc_h, units, "ablate", reduce=lambda lg: refusal_score(lg, toks), **kw,
-                                 **at).mean(1)
-        out[1, idx] = score_rows(model, enc_s, flat, "add", layer_of, reduce=lambda lg: refusal_score(lg, toks),
-                                 **kw).mean(1)
     # KL of the candidates and of the random directions in one batched pass (a direction ablation acts at every
     # layer, so a random one has no layer of its own)
     rand = torch.stack([r.vectors[0] for r in random_directions(d, n_random, seed=seed)]) if n_random > 0 else \
@@ -214,19 +215,62 @@ def score_candidates(model: Model, data: RefusalData, cand: Candidates, tokens: 
                      **at).mean(1) if len(dirs) else dirs.new_empty(0)
     out[2, idx] = kls[:len(idx)]
     kl_random = kls[len(idx):].tolist()
+    if len(idx) and (kl_gate is None or bool((kls[:len(idx)] < kl_gate(kl_random)).any())):
+        out[0, idx], out[1, idx] = _bypass_induce(model, enc_h, enc_s, units, flat, layer_of, toks, max_rows,
+                                                  ablate_positions)
     bypass, induce, kl = (x.view(n_layers, n_pos) for x in out)
     return Scores(bypass, induce, kl, refusal_score(base_h, toks).mean().item(), refusal_score(base_s, toks).mean().item(),
                   kl_random)
 
 
+def _bypass_induce(model: Model, enc_h: list, enc_s: list, units: torch.Tensor, flat: torch.Tensor,
+                   layer_of: torch.Tensor, toks: list[int], max_rows: int, positions: str
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean refusal score per candidate: harmful prompts with ``units`` ablated, harmless ones with ``flat`` added
+    at ``layer_of``."""
+    bypass = score_rows(model, enc_h, units, "ablate", reduce=lambda lg: refusal_score(lg, toks), max_rows=max_rows,
+                        positions=positions).mean(1)
+    induce = score_rows(model, enc_s, flat, "add", layer_of, reduce=lambda lg: refusal_score(lg, toks),
+                        max_rows=max_rows).mean(1)
+    return bypass, induce
+
+
+def fill_skipped(model: Model, data: RefusalData, cand: Candidates, tokens: RefusalTokens, scores: Scores,
+                 batch_size: int = 64, max_rows: int = 256, ablate_positions: str = "all",
+                 kl_gate: Callable[[list[float]], float] | None = None) -> Scores | None:
+    """``scores`` with the bypass and induce that a KL gate skipped (``score_candidates(kl_gate=)``) scored, when
+    this run needs them: no gate now (the mode's own search), or some candidate passes the gate now (new
+    thresholds); ``None`` when nothing was skipped or nothing is needed."""
+    scored = ~scores.kl.isnan()
+    missing = scored & scores.bypass.isnan()
+    if not bool(missing.any()) or (kl_gate is not None and not bool(
+            (scores.kl[scored] < kl_gate(scores.kl_random)).any())):
+        return None
+    idx = missing.flatten().nonzero().squeeze(1)
+    n_pos, d = cand.raw.shape[1], cand.raw.shape[2]
+    flat = cand.raw.reshape(-1, d)[idx]
+    layer_of = torch.tensor(cand.layers).repeat_interleave(n_pos)[idx]
+    _, enc_h = prepare(model, data.harmful["val"].instructions)
+    _, enc_s = prepare(model, data.harmless["val"].instructions)
+    bypass, induce = scores.bypass.clone().flatten(), scores.induce.clone().flatten()
+    bypass[idx], induce[idx] = _bypass_induce(model, enc_h, enc_s, torch.nn.functional.normalize(flat, dim=-1), flat,
+                                              layer_of, tokens.tokens, max_rows, ablate_positions)
+    return replace(scores, bypass=bypass.view_as(scores.bypass), induce=induce.view_as(scores.induce))
+
+
 def kl_cutoff(cfg: SelectionConfig, scores: Scores) -> float:
     """The KL filter's threshold: ``cfg.kl_threshold``, or with ``kl_reference="random"`` the larger of it and the
     highest KL of the random directions ablated the same way (an error when the scores have none)."""
+    return kl_threshold(cfg, scores.kl_random)
+
+
+def kl_threshold(cfg: SelectionConfig, kl_random: list[float]) -> float:
+    """:func:`kl_cutoff` from the random directions' KLs alone."""
     if cfg.kl_reference == "absolute":
         return cfg.kl_threshold
-    if not scores.kl_random:
+    if not kl_random:
         raise ValueError("kl_reference='random' needs the KL of random directions (score_candidates(n_random > 0))")
-    return max(cfg.kl_threshold, max(scores.kl_random))
+    return max(cfg.kl_threshold, max(kl_random))
 
 
 def select_direction(n_layers: int, cand: Candidates, scores: Scores, cfg: SelectionConfig) -> Selection:

@@ -1,0 +1,86 @@
+"""Greedy generation of refusal-job prompts: HF ``generate`` against ours (finished rows dropped, an addition's
+prompt pass resumed at its layer), interleaved in one process on the same batches, with the same token ids checked.
+
+HF ``generate`` keeps a finished row in the batch, fed padding, until every row is done; ``steering.decode`` drops
+it, so a batch of short answers (refusals) costs what its live rows cost. Under an addition at one layer, the prompt
+pass computes only the blocks from that layer on (``steering.generate(..., prompt_resume=)``), the ones below read
+from one plain pass shared by every such condition (its cost is printed apart: the job pays it once per prompt set,
+with its plain generation's prefix).
+
+    python benchmarks/bench_decode.py                 # smollm2-aligned, the job's default test prompts, 3 rounds
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+import steering  # noqa: E402
+from benchmarks._common import machine, table, write_text  # noqa: E402
+from interp.forward import prepare  # noqa: E402
+from interp.models import load_model  # noqa: E402
+from pipelines.refusal.prompt_sets import load_refusal_data  # noqa: E402
+from steering.generate import prompt_states  # noqa: E402
+
+COLS = ["prompts", "edit", "HF generate s", "ours s", "ours / HF", "same tokens", "mean new tokens"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2-aligned")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--tokens", type=int, default=24, help="max new tokens (the job's default)")
+    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--layer", type=int, default=18, help="the addition's layer (the job's selection on smollm2-aligned)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", default=str(HERE / "RESULTS_decode.md"))
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    m = load_model(args.model)
+    data = load_refusal_data(model=args.model)
+    v = torch.randn(m.d_model, generator=torch.Generator().manual_seed(0))
+    sets = {"harmful test": data.harmful["test"].instructions, "harmless test": data.harmless["test"].instructions}
+    cases = [(name, "none", ()) for name in sets] + [
+        ("harmless test", f"addition at layer {args.layer} (random direction, norm 8)",
+         (steering.AddVector(8 * v / v.norm(), layers=args.layer, sites="resid_pre"),))]
+    rows, t0 = [], time.perf_counter()
+    for name, label, ivs in cases:
+        prompts = sets[name]
+        texts, encs = prepare(m, prompts)
+        s0 = time.perf_counter()
+        _, resume = prompt_states(m, encs, args.batch_size, [args.layer]) if ivs else (None, None)
+        states_s = time.perf_counter() - s0
+        kw = dict(max_new_tokens=args.tokens, batch_size=args.batch_size, progress=False, prepared=(texts, encs))
+        times: dict[bool, list[float]] = {True: [], False: []}
+        outs = {}
+        for _ in range(args.rounds):
+            for ours in (True, False):
+                s = time.perf_counter()
+                outs[ours] = steering.generate(m, prompts, *ivs, drop_finished=ours,
+                                               prompt_resume=resume if ours else None, **kw).token_ids
+                times[ours].append(time.perf_counter() - s)
+        hf, us = statistics.median(times[False]), statistics.median(times[True])
+        rows.append({"prompts": f"{name} ({len(prompts)})", "edit": label + (
+            f"; plain pass for the resume {states_s:.2f} s" if ivs else ""), "HF generate s": f"{hf:.2f}",
+            "ours s": f"{us:.2f}", "ours / HF": f"{us / hf:.2f}", "same tokens": outs[True] == outs[False],
+            "mean new tokens": f"{sum(map(len, outs[True])) / len(prompts):.1f}"})
+        print(rows[-1], flush=True)
+    text = table(f"Greedy generation, {args.model}, batch {args.batch_size}, up to {args.tokens} new tokens "
+                 f"(median of {args.rounds} interleaved rounds)", rows, COLS)
+    text += (f"\nMachine: {machine()}; {args.threads} threads; total {time.perf_counter() - t0:.0f} s. Command: "
+             f"`python benchmarks/bench_decode.py --model {args.model} --rounds {args.rounds} --threads "
+             f"{args.threads}`.\n")
+    print(text)
+    write_text(args.out, text)
+
+
+if __name__ == "__main__":
+    main()
