@@ -246,6 +246,8 @@ def test_auto_skips_the_every_token_bypass_when_nothing_passes_kl_and_a_later_ru
     out = tmp_path / "gate"
     auto = run_refusal(RefusalConfig.from_flat(kl_threshold=0.0, **SMALL), out)
     assert not auto.found and "scores.post_instruction" in auto.computed
+    first = auto.metrics["selection"]["ablation_search"][0]
+    assert not first["bypass_induce_scored"] and any("their bypass and induce were not scored" in n for n in auto.notes)
     skipped = _saved_scores(out)
     assert skipped.bypass.isnan().all() and skipped.induce.isnan().all()
     assert skipped.n_scored == int((~skipped.kl.isnan()).sum()) == 6  # the top 8 less the 2 below the depth cut

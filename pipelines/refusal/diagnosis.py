@@ -118,6 +118,8 @@ def auto_notes(tried: list[dict[str, Any]], sel: SelectionConfig) -> list[str]:
         return []
     first, last = tried[0], tried[-1]
     scored = f"{first['passing'].get('kl', 0)} of the {first['n_scored_exactly']} candidates scored exactly pass KL"
+    if not first.get("bypass_induce_scored", True):
+        scored = f"their bypass and induce were not scored, as none could be selected: {scored}"
     cut = first.get("kl_threshold", sel.kl_threshold)
     level = random_kl_text(first.get("kl_random", []), cut)
     outcome = "and selected a direction there" if last["found"] else "and found none there either"

@@ -115,6 +115,7 @@ def _run_refusal(cfg: RefusalConfig, out: str | Path, overwrite: bool, progress:
             sel = _search(run, model, data, cand, res, keys.mode(at), at, cfg, say, later)
             tried.append({"ablate_positions": at, "found": sel.found, "passing": sel.passing,  # type: ignore[union-attr]
                           "n_scored_exactly": res.scores.n_scored, "kl_random": res.scores.kl_random,  # type: ignore[union-attr]
+                          "bypass_induce_scored": res.scores.n_gated == 0,  # type: ignore[union-attr]
                           "kl_threshold": sel.filters["kl_threshold"]})
             if sel.found:
                 break
@@ -213,7 +214,7 @@ class _Keys:
         """Keyed on the scores' key and, for scores a KL gate left partly unscored, how many it left (a later run
         that fills them in selects again)."""
         s = self.cfg.selection
-        unscored = int((~scores.kl.isnan() & scores.bypass.isnan()).sum())
+        unscored = scores.n_gated
         # "record": the Selection's fields (2: with kl_rejected), so a run folder from before recomputes it (cheap)
         return stage_key("selection", {"scores": self.scores, "n_layers": n_layers, "kl": s.kl_threshold,
                                        "kl_reference": s.kl_reference, "record": 2,

@@ -87,6 +87,12 @@ class Scores:
         candidate whose KL alone was scored, see ``score_candidates(kl_gate=)``, counts)."""
         return int((~self.kl.isnan()).sum())
 
+    @property
+    def n_gated(self) -> int:
+        """How many candidates have their KL scored but not their bypass and induce (``score_candidates(kl_gate=)``
+        skipped them: none passed the KL filter)."""
+        return int((~self.kl.isnan() & self.bypass.isnan()).sum())
+
 
 @dataclass
 class Selection:
@@ -243,7 +249,7 @@ def fill_skipped(model: Model, data: RefusalData, cand: Candidates, tokens: Refu
     thresholds); ``None`` when nothing was skipped or nothing is needed."""
     scored = ~scores.kl.isnan()
     missing = scored & scores.bypass.isnan()
-    if not bool(missing.any()) or (kl_gate is not None and not bool(
+    if not scores.n_gated or (kl_gate is not None and not bool(
             (scores.kl[scored] < kl_gate(scores.kl_random)).any())):
         return None
     idx = missing.flatten().nonzero().squeeze(1)
