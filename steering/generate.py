@@ -184,7 +184,9 @@ def generate(model: Model, prompts: Sequence[str], *interventions: Any, max_new_
     :func:`leaves_prompt_prefix`). A caller generating the same prompts under many such edits prefills them once.
     ``drop_finished`` (greedy, engine ``"hf"``): rows leave the batch once they emit the end-of-sequence token
     (:mod:`steering.decode`; the same tokens as HF ``generate``, which is used where that is not possible: a
-    logits processor, a cache whose rows cannot be selected, hooks that index rows); ``False``: HF ``generate``.
+    logits processor, a cache whose rows cannot be selected, hooks that index rows); ``False``: HF ``generate``
+    (also for hooks attached outside :func:`steering.apply` that need every row at every step: with rows dropped,
+    a generated step's pass holds the live rows only).
     ``prompt_resume`` (from :func:`prompt_states` for these encodings and ``batch_size``; used when rows are
     dropped): under interventions that edit nothing below one of its layers (:func:`steering.decode.
     lowest_edited_layer`), each batch's prompt pass computes only the blocks from the highest such layer on, the
