@@ -107,6 +107,15 @@ def _prefill(model: Model, ids: torch.Tensor, attn: torch.Tensor, pos: torch.Ten
     return logits
 
 
+def _keep(cache: Any, idx: torch.Tensor) -> None:
+    """Rows ``idx`` of every cache layer, each indexed on its own device (a model split over devices keeps each
+    layer's keys and values on that layer's)."""
+    for layer in cache.layers:
+        keys = getattr(layer, "keys", None)
+        if keys is not None and keys.numel():
+            layer.batch_select_indices(idx.to(keys.device))
+
+
 @torch.inference_mode()
 def greedy_rows(model: Model, inputs: dict[str, torch.Tensor], max_new_tokens: int, eos: set[int], handle: Any,
                 prefix: Any = None, start: int = 0, firsts: list[torch.Tensor] | None = None,
@@ -140,7 +149,7 @@ def greedy_rows(model: Model, inputs: dict[str, torch.Tensor], max_new_tokens: i
             break
         if not bool(live.all()):
             idx = live.nonzero().squeeze(1)
-            cache.batch_select_indices(idx)
+            _keep(cache, idx)
             attn, nxt, rows = attn[idx], nxt[idx], rows[idx]
             if handle is not None:
                 handle.keep_rows(idx)

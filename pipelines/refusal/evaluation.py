@@ -119,7 +119,6 @@ class TestPrompts:
             res.append((out.texts, flags[i * n:(i + 1) * n], out.first_logits))
         return res
 
-
     def _plain(self, which: str, conditions: Sequence[Sequence[Any]], batch_size: int
                ) -> tuple[Prefixes | None, Resumes | None]:
         """The plain pass's states of ``which`` these conditions can reuse (one plain pass per prompt set, again
