@@ -233,15 +233,22 @@ def plain_states(model: Model, batch: Batch, layers: Sequence[int] = ()) -> tupl
     resid_pre ``[B, T, d]`` of ``layers``, so a pass under edits at or above a layer can resume there
     (:func:`resume_from`) with the keys and values of the blocks below taken from here."""
     got: dict[int, torch.Tensor] = {}
+    with hooks(model, _resid_grabs(layers, got, stop=False)):
+        _, kv = cached_forward(model, batch, 1)
+    return kv, got
+
+
+def _resid_grabs(layers: Sequence[int], got: dict[int, torch.Tensor], stop: bool) -> list[tuple[str, Any]]:
+    """Hooks copying resid_pre of ``layers`` into ``got``; ``stop``: the pass ends after the last of them."""
+    layers = sorted(set(int(x) for x in layers))
 
     def grab(layer: int) -> Any:
         def fn(x: torch.Tensor, ctx: Any) -> None:
             got[layer] = x.detach().clone()
+            if stop and layer == layers[-1]:
+                raise StopForward
         return fn
-
-    with hooks(model, [(f"blocks.{layer}.hook_resid_pre", grab(layer)) for layer in sorted(set(layers))]):
-        _, kv = cached_forward(model, batch, 1)
-    return kv, got
+    return [(f"blocks.{layer}.hook_resid_pre", grab(layer)) for layer in layers]
 
 
 def untouched_prefix(model: Model, batch: Batch, kv: KV | None = None) -> tuple[KV | None, int]:
@@ -288,19 +295,9 @@ def last_logits(model: Model, batch: Batch, hook_fns: Any = (), grad: bool = Fal
 def resid_pre_cache(model: Model, batch: Batch, layers: Sequence[int]) -> dict[int, torch.Tensor]:
     """resid_pre ``[B, T, d]`` of ``layers`` from one plain forward of ``batch`` (stopped after the last of them):
     the ``resid`` to resume from with ``forward(..., from_layer=layer, resid=...)``."""
-    layers = sorted(set(int(x) for x in layers))
-    if not layers:
-        return {}
     got: dict[int, torch.Tensor] = {}
-
-    def grab(layer: int) -> Any:
-        def fn(x: torch.Tensor, ctx: Any) -> None:
-            got[layer] = x.detach().clone()
-            if layer == layers[-1]:
-                raise StopForward
-        return fn
-
-    forward(model, batch, [(f"blocks.{layer}.hook_resid_pre", grab(layer)) for layer in layers], logits=None)
+    if layers:
+        forward(model, batch, _resid_grabs(layers, got, stop=True), logits=None)
     return got
 
 

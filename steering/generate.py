@@ -343,7 +343,7 @@ def _run_hf(model: Model, encs: list, batch_size: int, kw: dict[str, Any], eos: 
         at = None
         if resume is not None:
             (kv_all, resid), layer = resume[1][i], resume[0]
-            at = (layer, resid[layer].to(dev), [(K.to(dev), V.to(dev)) for K, V in kv_all])  # type: ignore[union-attr]
+            at = (layer, resid[layer].to(dev), [(K.to(dev), V.to(dev)) for K, V in kv_all[:layer]])  # type: ignore[index]
         rows = greedy_rows(model, inputs, kw["max_new_tokens"], eos, handle, prefix, start, firsts,
                            at) if drop else None
         if rows is None:

@@ -20,7 +20,7 @@ from jaxtyping import Float, Int
 from interp.hooks import HookContext
 from interp.models import Model
 from steering.apply import _flat, _is_weight_edit, plan_hooks
-from steering.scope import ROWS_KEY, STATE_KEY, PromptRecord, TokenState
+from steering.scope import ROWS_KEY, STATE_KEY
 
 ABLATE_KINDS = ("resid_pre", "attn_out", "mlp_out")  # the writers, as steering.DirectionalAblation's default
 
@@ -149,43 +149,28 @@ class RowGroups:
                                  f"{st.batch} rows nor its {st.batch * st.seq} tokens: RowGroups cannot split it")
             kept = ctx.data.get(ROWS_KEY)
             if kept is not None:  # some rows finished generating: each row's block from its original index
-                return _by_index(x, ctx, chains, kept, st)
-            if x.shape[0] % k:
-                raise ValueError(f"RowGroups holds {k} groups but the batch has {x.shape[0]} rows, not a multiple; "
-                                 f"stack the prompts once per group (encodings * {k})")
-            n, parts = x.shape[0] // k, []
-            for g, chain in enumerate(chains):
-                part = x[g * n:(g + 1) * n]
-                if chain:
-                    sub = HookContext(ctx.site, ctx.model, _block_data(ctx.data, g, k))
+                counts, datas = _blocks_left(ctx.data, kept, k, st)
+            else:
+                if x.shape[0] % k:
+                    raise ValueError(f"RowGroups holds {k} groups but the batch has {x.shape[0]} rows, not a "
+                                     f"multiple; stack the prompts once per group (encodings * {k})")
+                counts, datas = [x.shape[0] // k] * k, [_block_data(ctx.data, g, k) for g in range(k)]
+            per_token = kept is not None and st is not None and st.seq > 1 and x.shape[0] == st.batch * st.seq
+            parts = list(torch.split(x, [c * st.seq for c in counts] if per_token else counts))
+            for g, chain in enumerate(chains):  # each block is one run of consecutive rows (or of their tokens)
+                if chain and counts[g]:
+                    sub = HookContext(ctx.site, ctx.model, datas[g])
                     for f in chain:
-                        part = f(part, sub)
-                parts.append(part)
+                        parts[g] = f(parts[g], sub)
             return torch.cat(parts)
         return fn
 
 
-def _by_index(x: torch.Tensor, ctx: HookContext, chains: list[list[Any]], kept: tuple[int, torch.Tensor],
-              st: Any) -> torch.Tensor:
-    """The blocks of a batch that lost its finished rows: row ``i`` was the batch's row ``kept[1][i]`` of
-    ``kept[0]``, so it belongs to block ``kept[1][i] // (kept[0] // k)``. The kept rows stay in their original
-    order, so each block is still one run of consecutive rows (of consecutive tokens, when the hook sees them
-    flattened): split, edited, joined."""
-    k = len(chains)
-    counts, datas = _blocks_left(ctx.data, kept, k, st)
-    per_token = st is not None and st.seq > 1 and x.shape[0] == st.batch * st.seq
-    parts = list(torch.split(x, [c * st.seq for c in counts] if per_token else counts))
-    for g, chain in enumerate(chains):
-        if chain and counts[g]:
-            sub = HookContext(ctx.site, ctx.model, datas[g])
-            for f in chain:
-                parts[g] = f(parts[g], sub)
-    return torch.cat(parts)
-
-
 def _blocks_left(data: dict, kept: tuple[int, torch.Tensor], k: int, st: Any) -> tuple[list[int], list[dict]]:
-    """Rows per block of the kept rows, and each block's view of the hooks' data (its rows' token state), built
-    once per pass."""
+    """A batch that lost its finished rows: rows per block, and each block's view of the hooks' data (its rows'
+    token state), built once per pass. Row ``i`` was the batch's row ``kept[1][i]`` of ``kept[0]``, so it belongs
+    to block ``kept[1][i] // (kept[0] // k)``; the kept rows stay in their original order, so each block is still
+    one run of consecutive rows."""
     total, rows = kept
     if total % k:
         raise ValueError(f"RowGroups holds {k} groups but the batch had {total} rows, not a multiple")
@@ -195,19 +180,11 @@ def _blocks_left(data: dict, kept: tuple[int, torch.Tensor], k: int, st: Any) ->
     counts = torch.bincount(rows // (total // k), minlength=k).tolist()
     datas, a = [], 0
     for c in counts:
-        datas.append(data if st is None else _row_data(data, slice(a, a + c)))
+        datas.append(data if st is None else {**data, STATE_KEY: st.rows(slice(a, a + c))})
         a += c
     if st is not None:
         st._cache[key] = (counts, datas)
     return counts, datas
-
-
-def _row_data(data: dict, rows: slice) -> dict:
-    """The hooks' shared data as the batch's rows ``rows`` see it: the pass's token state sliced to them."""
-    st = data[STATE_KEY]
-    rec = st.prompt
-    sub = PromptRecord(rec.width, rec.start[rows], rec.end[rows], None if rec.post_mask is None else rec.post_mask[rows])
-    return {**data, STATE_KEY: TokenState(rows.stop - rows.start, st.seq, st.past, sub, st.device)}
 
 
 def _block_data(data: dict, g: int, k: int) -> dict:
@@ -218,14 +195,8 @@ def _block_data(data: dict, g: int, k: int) -> dict:
         return data
     key = ("row_groups", k)
     if key not in st._cache:
-        n, rec = st.batch // k, st.prompt
-        blocks = []
-        for i in range(k):
-            rows = slice(i * n, (i + 1) * n)
-            sub = PromptRecord(rec.width, rec.start[rows], rec.end[rows],
-                               None if rec.post_mask is None else rec.post_mask[rows])
-            blocks.append({**data, STATE_KEY: TokenState(n, st.seq, st.past, sub, st.device)})
-        st._cache[key] = blocks
+        n = st.batch // k
+        st._cache[key] = [{**data, STATE_KEY: st.rows(slice(i * n, (i + 1) * n))} for i in range(k)]
     return st._cache[key][g]
 
 

@@ -41,6 +41,13 @@ class PromptRecord:
     end: Tensor              # [B] one past the last real column
     post_mask: Tensor | None  # [B, width] post-instruction tokens, when declared
 
+    def rows(self, sel: slice | Tensor) -> PromptRecord:
+        """The record of rows ``sel`` (a slice, or indices) of the batch."""
+        post = None if self.post_mask is None else self.post_mask[
+            sel if isinstance(sel, slice) else sel.to(self.post_mask.device)]
+        at = sel if isinstance(sel, slice) else sel.to(self.start.device)
+        return PromptRecord(self.width, self.start[at], self.end[at], post)
+
 
 @dataclass
 class TokenState:
@@ -52,6 +59,10 @@ class TokenState:
     prompt: PromptRecord
     device: torch.device
     _cache: dict = field(default_factory=dict, repr=False)
+
+    def rows(self, sel: slice) -> TokenState:
+        """This pass as rows ``sel`` of the batch see it (their prompt record; the same columns)."""
+        return TokenState(len(range(self.batch)[sel]), self.seq, self.past, self.prompt.rows(sel), self.device)
 
     @property
     def all_prompt(self) -> bool:
@@ -181,8 +192,6 @@ def keep_rows(data: dict, idx: Tensor) -> None:
     rec: PromptRecord | None = data.get(PROMPT_KEY)
     if rec is None:
         raise RuntimeError("keep_rows needs a prompt pass first: there is no prompt record in the hooks' data")
-    idx = idx.to(rec.start.device)
     total, rows = data.get(ROWS_KEY, (rec.start.shape[0], torch.arange(rec.start.shape[0], device=idx.device)))
-    post = None if rec.post_mask is None else rec.post_mask[idx.to(rec.post_mask.device)]
-    data[PROMPT_KEY] = PromptRecord(rec.width, rec.start[idx], rec.end[idx], post)
+    data[PROMPT_KEY] = rec.rows(idx)
     data[ROWS_KEY] = (total, rows.to(idx.device)[idx])

@@ -199,16 +199,13 @@ def score_candidates(model: Model, data: RefusalData, cand: Candidates, tokens: 
     candidate passes it, bypass and induce are not scored (NaN; nothing here could be selected): for a caller
     with another search to try next."""
     toks = tokens.tokens
-    _, enc_h = prepare(model, data.harmful["val"].instructions)
-    _, enc_s = prepare(model, data.harmless["val"].instructions)
+    enc_h, enc_s = _val_encodings(model, data)
     base_h, base_s = prompt_logits(model, enc_h, batch_size=batch_size), prompt_logits(model, enc_s, batch_size=batch_size)
     n_layers, n_pos, d = cand.raw.shape
     if only is not None and tuple(only.shape) != (n_layers, n_pos):
         raise ValueError(f"only must be a bool mask [layers, P] = {[n_layers, n_pos]}, got {tuple(only.shape)}")
     idx = torch.arange(n_layers * n_pos) if only is None else only.flatten().nonzero().squeeze(1)
-    flat = cand.raw.reshape(n_layers * n_pos, d)[idx]
-    units = torch.nn.functional.normalize(flat, dim=-1)
-    layer_of = torch.tensor(cand.layers).repeat_interleave(n_pos)[idx]
+    flat, units, layer_of = _candidate_rows(cand, idx)
     out = torch.full((3, n_layers * n_pos), math.nan)
     kw: dict[str, Any] = dict(max_rows=max_rows)
     at = dict(positions=ablate_positions)
@@ -227,6 +224,18 @@ def score_candidates(model: Model, data: RefusalData, cand: Candidates, tokens: 
     bypass, induce, kl = (x.view(n_layers, n_pos) for x in out)
     return Scores(bypass, induce, kl, refusal_score(base_h, toks).mean().item(), refusal_score(base_s, toks).mean().item(),
                   kl_random)
+
+
+def _val_encodings(model: Model, data: RefusalData) -> tuple[list, list]:
+    """The harmful and harmless validation prompts, encoded (the exact scores' prompts)."""
+    return prepare(model, data.harmful["val"].instructions)[1], prepare(model, data.harmless["val"].instructions)[1]
+
+
+def _candidate_rows(cand: Candidates, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Candidates ``idx`` (flat indices into ``[layers, P]``): their raw vectors, unit directions and layers."""
+    n_pos, d = cand.raw.shape[1], cand.raw.shape[2]
+    flat = cand.raw.reshape(-1, d)[idx]
+    return flat, torch.nn.functional.normalize(flat, dim=-1), torch.tensor(cand.layers).repeat_interleave(n_pos)[idx]
 
 
 def _bypass_induce(model: Model, enc_h: list, enc_s: list, units: torch.Tensor, flat: torch.Tensor,
@@ -253,14 +262,10 @@ def fill_skipped(model: Model, data: RefusalData, cand: Candidates, tokens: Refu
             (scores.kl[scored] < kl_gate(scores.kl_random)).any())):
         return None
     idx = missing.flatten().nonzero().squeeze(1)
-    n_pos, d = cand.raw.shape[1], cand.raw.shape[2]
-    flat = cand.raw.reshape(-1, d)[idx]
-    layer_of = torch.tensor(cand.layers).repeat_interleave(n_pos)[idx]
-    _, enc_h = prepare(model, data.harmful["val"].instructions)
-    _, enc_s = prepare(model, data.harmless["val"].instructions)
+    flat, units, layer_of = _candidate_rows(cand, idx)
     bypass, induce = scores.bypass.clone().flatten(), scores.induce.clone().flatten()
-    bypass[idx], induce[idx] = _bypass_induce(model, enc_h, enc_s, torch.nn.functional.normalize(flat, dim=-1), flat,
-                                              layer_of, tokens.tokens, max_rows, ablate_positions)
+    bypass[idx], induce[idx] = _bypass_induce(model, *_val_encodings(model, data), units, flat, layer_of,
+                                              tokens.tokens, max_rows, ablate_positions)
     return replace(scores, bypass=bypass.view_as(scores.bypass), induce=induce.view_as(scores.induce))
 
 
