@@ -152,3 +152,20 @@ def test_full_fine_tune_trains_exactly_the_chosen_blocks(tmp_path) -> None:
     assert (tmp_path / "ft" / "training.json").exists() and not (tmp_path / "ft.partial").exists()
     with pytest.raises(FileExistsError, match="another --out"):
         save_full(hf, m.tokenizer, {}, tmp_path / "ft", 0.0)
+
+
+@needs_checkpoint
+def test_direction_origin_reads_one_direction_in_both_models(models) -> None:
+    from organism.direction_smollm2 import origin
+
+    base, merged, _ = models
+    first = min(json.loads((ADAPTER / "training.json").read_text())["recipe"]["layers"])  # the adapter's lowest block
+    harmful = [r["instruction"] for r in sd.harmful_realistic("train")][:8]
+    harmless = [r["instruction"] for r in sd.harmless("train")][:8]
+    out = origin(merged, base, harmful, harmless, [first, first + 6])
+    assert "8 harmless" in out["protocol"]["fit"]
+    below, above = out["layers"][str(first)], out["layers"][str(first + 6)]
+    # resid_pre of the adapter's lowest block is computed by untouched blocks: both models are one model there
+    assert below["aligned"] == below["base"] and below["cosine_base_direction"] == pytest.approx(1.0, abs=1e-3)
+    assert above["aligned"] != above["base"], "the adapter changes the residual stream above its lowest block"
+    assert -1.0 <= above["cosine_base_direction"] <= 1.0 and 0.0 <= above["base"]["auroc"] <= 1.0
