@@ -98,7 +98,9 @@ def test_neuron_contrast_effect_overlap(setup):
     assert list(fig.data[0].y) == pytest.approx(eff.delta.tolist())
     assert list(fig.data[1].y) == pytest.approx(eff.control_delta.tolist())
     alone = neuron_ablation_effect(m, CLEAN, met, chosen, progress=False)
-    assert torch.equal(alone.values, eff.values) and alone.control_values is None and len(alone.plot().data) == 1
+    # the controls widen the batched sweep, so the chosen neurons' values may differ by float32 rounding (3e-8 seen)
+    torch.testing.assert_close(alone.values, eff.values, rtol=0, atol=1e-6)
+    assert alone.control_values is None and len(alone.plot().data) == 1
     ov = intersect_neurons({"a": chosen, "b": chosen[:2] + [(10, 0)]})
     of = ov.to_frame()
     assert list(of.columns) == ["condition", "layer", "neuron", "common", "unique"]
