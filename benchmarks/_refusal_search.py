@@ -57,7 +57,7 @@ def _sel(sel: Any) -> dict:
 def setup(name: str, n_val: int, n_train: int, batch_size: int) -> tuple[Any, Any, Any, Any, dict]:
     """The model, data, refusal tokens and candidates (shared by both modes), with their cost."""
     import interp
-    from pipelines.refusal import find_candidates, find_refusal_tokens, load_refusal_data
+    from interp.studies.refusal import find_candidates, find_refusal_tokens, load_refusal_data
 
     model = interp.load_model(name)
     harmful, harmless = DATA[name]
@@ -70,7 +70,7 @@ def setup(name: str, n_val: int, n_train: int, batch_size: int) -> tuple[Any, An
 
 def exhaustive(model: Any, data: Any, tok: Any, cand: Any, batch_size: int, max_rows: int, positions: str = "all"
                ) -> tuple[Any, dict]:
-    from pipelines.refusal import score_candidates
+    from interp.studies.refusal import score_candidates
 
     scores, t, f = _timed(lambda: score_candidates(model, data, cand, tok, batch_size, max_rows,
                                                    ablate_positions=positions))
@@ -81,8 +81,8 @@ def estimate_mode(model: Any, data: Any, tok: Any, cand: Any, batch_size: int, m
                   cfgs: dict[str, Any], positions: str = "all", probes: int | None = None) -> tuple[Any, dict]:
     """The estimate once (``probes``: its random probes per part, default the job's), then for each selection
     config its top k scored exactly and the selection."""
-    from pipelines.refusal import score_candidates, select_direction
-    from pipelines.refusal.estimate import PROBES, estimate_candidates, top_candidates
+    from interp.studies.refusal import score_candidates, select_direction
+    from interp.studies.refusal.estimate import PROBES, estimate_candidates, top_candidates
 
     est, t_e, f_e = _timed(lambda: estimate_candidates(model, data, cand, tok, batch_size,
                                                        probes=PROBES if probes is None else probes,
@@ -107,10 +107,10 @@ def compare(model: Any, data: Any, tok: Any, est: Any, exact: Any, cand: Any, cf
     variant (bypass with a second gradient point where the estimate's best candidate is ablated)."""
     import math
 
-    from evals.metrics import spearman
+    from interp.evals.metrics import spearman
     from interp.forward import prepare
-    from pipelines.refusal import select_direction
-    from pipelines.refusal.estimate import ablation_moment
+    from interp.studies.refusal import select_direction
+    from interp.studies.refusal.estimate import ablation_moment
 
     def rho(a: torch.Tensor, b: torch.Tensor, keep: torch.Tensor) -> float | None:
         return float(spearman(a[keep].float(), b[keep].float())) if int(keep.sum()) >= 3 else None
@@ -144,7 +144,7 @@ def compare(model: Any, data: Any, tok: Any, est: Any, exact: Any, cand: Any, cf
 
 def _rank_key(est: Any, cand: Any, n_layers: int, cfg: Any) -> torch.Tensor:
     """The order :func:`top_candidates` ranks by (its k-th choice is the k-th smallest key)."""
-    from pipelines.refusal import top_candidates
+    from interp.studies.refusal import top_candidates
 
     n = est.bypass.numel()
     key = torch.full((n,), float(n))
@@ -160,7 +160,7 @@ FILTERS = {"default": {}, "relaxed (KL < 1, no induce filter)": {"kl_threshold":
 def run_model(name: str, n_val: int, n_train: int, top_k: int, batch_size: int, max_rows: int,
               save: Path | None, reuse: Path | None, positions: str = "all", probes: int | None = None) -> dict:
     """Both modes on one model; ``reuse``: an earlier run's saved exhaustive scores and cost (same code, data)."""
-    from pipelines.refusal import SelectionConfig
+    from interp.studies.refusal import SelectionConfig
 
     cfgs = {k: SelectionConfig(**kw) for k, kw in FILTERS.items()}
     model, data, tok, cand, common = setup(name, n_val, n_train, batch_size)

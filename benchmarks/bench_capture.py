@@ -29,7 +29,7 @@ from _common import cuda_wanted, interleaved, machine, sync, table, write_text  
 
 import interp  # noqa: E402
 from interp.adapters import from_nnsight  # noqa: E402
-from interp.capture import capture_batches  # noqa: E402
+from interp.capturing import capture_batches  # noqa: E402
 from interp.forward import batches, length_order, prepare  # noqa: E402
 from interp.sites import expand_sites  # noqa: E402
 from interp.testing.oracles import nnsight_model, transformer_lens_model  # noqa: E402

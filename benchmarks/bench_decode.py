@@ -32,9 +32,9 @@ import steering  # noqa: E402
 from benchmarks._common import machine, table, write_text  # noqa: E402
 from interp.forward import prepare  # noqa: E402
 from interp.models import load_model  # noqa: E402
-from pipelines.refusal.prompt_sets import load_refusal_data  # noqa: E402
-from pipelines.refusal.scoring import ablation  # noqa: E402
-from steering.generate import prompt_states  # noqa: E402
+from interp.studies.kit.prompt_sets import load_refusal_data  # noqa: E402
+from interp.studies.kit.scoring import ablation  # noqa: E402
+from steering.generation import prompt_states  # noqa: E402
 
 COLS = ["prompts", "edit", "HF generate s", "ours s", "ours / HF", "same tokens", "mean new tokens"]
 

@@ -25,9 +25,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks._common import PeakRSS, machine, write_text  # noqa: E402
 from interp.data import load_prompts  # noqa: E402
 from interp.models import load_model  # noqa: E402
-from tune import TuneConfig, fine_tune, token_attribution  # noqa: E402
-from tune.config import make_trainable  # noqa: E402
-from tune.data import encode_pairs  # noqa: E402
+from interp.tune import TuneConfig, fine_tune, token_attribution  # noqa: E402
+from interp.tune.config import make_trainable  # noqa: E402
+from interp.tune.data import encode_pairs  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "RESULTS_finetune_speed.md"
 REFUSAL = "I'm sorry, but I can't help with that. It could put people at risk of serious harm."

@@ -30,9 +30,9 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks._common import PeakRSS, machine, skipped, write_text  # noqa: E402
 from interp.models import cache_dir, load_model  # noqa: E402
+from interp.patching import ReplacementModel, attribution_graph  # noqa: E402
+from interp.patching.graph_targets import TopLogits  # noqa: E402
 from interp.testing.tiny import tiny_model  # noqa: E402
-from patching import ReplacementModel, attribution_graph  # noqa: E402
-from patching.graph_targets import TopLogits  # noqa: E402
 from sae.circuit_tracer_io import save_circuit_tracer  # noqa: E402
 from sae.transcoder import Transcoder, TranscoderConfig  # noqa: E402
 

@@ -24,10 +24,10 @@ from _common import interleaved, machine, table  # noqa: E402
 
 import interp  # noqa: E402
 from interp.forward import last_logits  # noqa: E402
+from interp.patching import attribute, logit_diff, make_pairs, sweep_positions  # noqa: E402
+from interp.patching.attribution import pearson
 from interp.testing.oracles import transformer_lens_model  # noqa: E402
 from interp.testing.tiny import tiny_model  # noqa: E402
-from patching import attribute, logit_diff, make_pairs, sweep_positions  # noqa: E402
-from patching.attribution import pearson
 
 # Name-mover pairs: the clean prompt repeats one name, the corrupted one the other, so the answer flips.
 PAIRS = [("Mary", "John", "store", "drink"), ("Tom", "Anna", "park", "ball"), ("Lucy", "Mark", "lake", "book"),

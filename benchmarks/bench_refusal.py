@@ -34,7 +34,7 @@ def one_run(out: Path) -> dict:
     import torch
 
     import interp
-    from pipelines.refusal.run import RefusalConfig, run_refusal
+    from interp.studies.refusal.run import RefusalConfig, run_refusal
 
     cfg = RefusalConfig.from_flat() if hasattr(RefusalConfig, "from_flat") else RefusalConfig()
     model = interp.load_model("organism")
@@ -138,7 +138,7 @@ def main() -> None:
     ap.add_argument("--reuse-exhaustive", action="store_true", help="--search: take the exhaustive scores and cost "
                     "from --save-dir's earlier run of this script (same data and settings) instead of re-running them")
     ap.add_argument("--probes", type=int, default=None, help="--search: the estimate's random probes per part of "
-                    "the vocabulary (default: the job's, pipelines.refusal.estimate.PROBES)")
+                    "the vocabulary (default: the job's, interp.studies.refusal.estimate.PROBES)")
     args = ap.parse_args()
     if args.search:
         search_main(args)

@@ -24,13 +24,13 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 from benchmarks._common import append_section, write_text  # noqa: E402
-from pipelines.refusal.evaluation import KL_CONTROLS  # noqa: E402
+from interp.studies.refusal.evaluation import KL_CONTROLS  # noqa: E402
 
 
 def run(model: str, threads: int | None, out: Path, ablate_positions: str = "auto", kl_reference: str = "absolute"
         ) -> tuple[dict[str, float], float, int, dict]:
     """One default run into ``out``: seconds per stage, total seconds, forward passes, metrics."""
-    from pipelines.refusal import RefusalConfig, run_refusal
+    from interp.studies.refusal import RefusalConfig, run_refusal
 
     n_fwd = 0
 

@@ -4,7 +4,7 @@ with the KL of seeded random unit directions ablated the same way (the KL filter
 
 ``python benchmarks/bench_refusal_positions.py --model smollm2-aligned --layers 10-22 --positions=-1,-2``
 ``--model`` also takes a model folder or a LoRA adapter folder (``--base smollm2-base``: a scratch organism from
-``python -m organism.train_smollm2 --out DIR``); ``--zero-dims 507,247`` zeroes those residual dimensions of every
+``python -m interp.organisms.train_smollm2 --out DIR``); ``--zero-dims 507,247`` zeroes those residual dimensions of every
 candidate (massive activations) before scoring. ``--judged`` adds what the scores stand in for: each candidate's
 judged refusal rate on the val prompts (greedy, 24 tokens, the job's judge) with the direction ablated in each mode
 (harmful prompts) and added at its layer (harmless prompts). ``--affine`` (with ``--judged``) adds an affine edit
@@ -39,11 +39,11 @@ def _judged(m, data, cand, layers: list[int], positions: list[int], affine: bool
     under addition[; harmful refused, affine edit; harmless KL, affine edit])`` on the val prompts, and ``(-1, 0)``
     the two baselines."""
     import steering
-    from evals.logits import kl_div
-    from interp.capture import capture
+    from interp.capturing import capture
+    from interp.evals.logits import kl_div
     from interp.forward import prepare
-    from pipelines.finetune.runs import refusal_rate
-    from pipelines.refusal.scoring import ablation, prompt_logits
+    from interp.studies.kit.runs import refusal_rate
+    from interp.studies.kit.scoring import ablation, prompt_logits
 
     harmful, harmless = data.harmful["val"].instructions, data.harmless["val"].instructions
 
@@ -90,7 +90,12 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     import interp
-    from pipelines.refusal import find_candidates, find_refusal_tokens, load_refusal_data, score_candidates
+    from interp.studies.refusal import (
+        find_candidates,
+        find_refusal_tokens,
+        load_refusal_data,
+        score_candidates,
+    )
 
     t0, load0 = time.perf_counter(), os.getloadavg()
     from interp.models import with_adapter

@@ -81,8 +81,8 @@ def hook_share(fn: Callable[[], Any]) -> float:
     total = time.perf_counter() - t0
     hooked = 0.0
     for (path, _, func), (_, _, _, cum, _) in pstats.Stats(prof).stats.items():
-        if (path.endswith("interp/hooks.py") and func in ("post_hook", "pre_hook")) or \
-                (path.endswith("steering/apply.py") and func == "pre"):
+        if (path.endswith("interp/hooking.py") and func in ("post_hook", "pre_hook")) or \
+                (path.endswith("steering/applying.py") and func == "pre"):
             hooked += cum
     return hooked / total
 

@@ -22,10 +22,10 @@ sys.path.insert(0, str(REPO))
 
 from interp.io import atomic_write  # noqa: E402
 from interp.models import load_model  # noqa: E402
-from pipelines.directions.biases import BiasConfig, bias_directions  # noqa: E402
-from pipelines.directions.biases_causal import answer_table, bias_causal_test, flip_counts  # noqa: E402
-from pipelines.directions.biases_compare import compare_checkpoints  # noqa: E402
-from pipelines.directions.biases_items import BIASES, load_bias_items  # noqa: E402
+from interp.studies.directions.biases import BiasConfig, bias_directions  # noqa: E402
+from interp.studies.directions.biases_causal import answer_table, bias_causal_test, flip_counts  # noqa: E402
+from interp.studies.directions.biases_compare import compare_checkpoints  # noqa: E402
+from interp.studies.directions.biases_items import BIASES, load_bias_items  # noqa: E402
 
 
 def _md(df, floatfmt: str = ".3f") -> str:

@@ -26,10 +26,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks._common import PeakRSS, machine, replace_section, write_text  # noqa: E402
 from interp.data import load_prompts  # noqa: E402
 from interp.models import cache_dir, load_model  # noqa: E402
-from patching import ReplacementModel, attribution_graph  # noqa: E402
-from pipelines.circuits import refusal_circuit  # noqa: E402
-from pipelines.refusal.prompt_sets import load_refusal_data  # noqa: E402
-from pipelines.refusal.stages import find_candidates, find_refusal_tokens  # noqa: E402
+from interp.patching import ReplacementModel, attribution_graph  # noqa: E402
+from interp.studies.circuits import refusal_circuit  # noqa: E402
+from interp.studies.kit.prompt_sets import load_refusal_data  # noqa: E402
+from interp.studies.kit.stages import find_candidates, find_refusal_tokens  # noqa: E402
 from sae.transcoder import Transcoder  # noqa: E402
 from sae.transcoder_quality import evaluate_transcoders  # noqa: E402
 from sae.transcoder_train import train_transcoder  # noqa: E402
@@ -51,7 +51,7 @@ def transcoders(model, prompts: list[str], folder: Path, d_sae: int, k: int, tok
 
 def graph_costs(rm: ReplacementModel, r: torch.Tensor, layer: int, prompts: list[str], budget: int) -> list[dict]:
     rows = []
-    from patching.graph_targets import Direction
+    from interp.patching.graph_targets import Direction
 
     target = Direction(r / r.norm(), f"blocks.{layer}.hook_resid_pre")
     for p in prompts:

@@ -21,12 +21,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks._common import machine, replace_section  # noqa: E402
-from evals.rates import fisher_greater  # noqa: E402
 from interp.data import load_prompts  # noqa: E402
+from interp.evals.rates import fisher_greater  # noqa: E402
 from interp.models import cache_dir, load_model  # noqa: E402
-from pipelines.finetune.diffing import diff_study  # noqa: E402
-from pipelines.refusal.prompt_sets import load_refusal_data  # noqa: E402
-from pipelines.refusal.stages import find_candidates  # noqa: E402
+from interp.studies.finetune.diffing import diff_study  # noqa: E402
+from interp.studies.kit.prompt_sets import load_refusal_data  # noqa: E402
+from interp.studies.kit.stages import find_candidates  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "RESULTS_finetune.md"
 HEADING = "### SAE model diffing on smollm2-aligned"

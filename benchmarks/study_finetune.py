@@ -5,7 +5,7 @@ print their figures as JSON.
 ``python benchmarks/study_finetune.py --study elasticity --model smollm2 --steps 40 --eval-every 5``
 Toy data: the organism's own synthetic requests (train pairs: harmful -> one of its refusals, harmless -> its
 templated answer; held out: the test split; NLL pairs: the val split). SmolLM2: the realistic organism's own
-training pairs (``organism.train_smollm2.examples``), held-out sets of the refusal pipeline (``load_refusal_data``).
+training pairs (``interp.organisms.train_smollm2.examples``), held-out sets of the refusal pipeline (``load_refusal_data``).
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from interp.models import load_model  # noqa: E402
-from pipelines.finetune.elasticity import elasticity_study  # noqa: E402
-from pipelines.finetune.masking import masking_study  # noqa: E402
-from pipelines.refusal.prompt_sets import load_refusal_data  # noqa: E402
-from tune import TuneConfig  # noqa: E402
+from interp.studies.finetune.elasticity import elasticity_study  # noqa: E402
+from interp.studies.finetune.masking import masking_study  # noqa: E402
+from interp.studies.kit.prompt_sets import load_refusal_data  # noqa: E402
+from interp.tune import TuneConfig  # noqa: E402
 
 TOY_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head")
 SMOL_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -35,7 +35,7 @@ SMOL_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 
 def toy_pairs(split: str, n: int, seed: int = 0) -> tuple[list[str], list[str]]:
     """``n`` harmful requests with refusals then ``n`` harmless ones with answers, from the toy's ``split``."""
-    from organism import data as od
+    from interp.organisms import data as od
 
     rng = random.Random(seed)
     sp = od.make_splits()
@@ -48,7 +48,7 @@ def toy_pairs(split: str, n: int, seed: int = 0) -> tuple[list[str], list[str]]:
 
 def smol_pairs(n: int) -> tuple[list[str], list[str]]:
     """The first ``n`` harmful and ``n`` harmless/borderline pairs of the realistic organism's training set."""
-    from organism import train_smollm2 as ts
+    from interp.organisms import train_smollm2 as ts
 
     base = load_model("smollm2-base")
     exs = ts.examples(ts.Recipe(), ts.DEFAULT_HARMFUL)
@@ -62,7 +62,7 @@ def masking(args: argparse.Namespace) -> dict:
         base, adapted = load_model("organism-base"), load_model("organism")
         ps, rs = toy_pairs("train", args.n)
         ev = toy_pairs("val", 40, seed=1)
-        from organism import data as od
+        from interp.organisms import data as od
 
         sp = od.make_splits()
         harm, safe = ([r.instruction for r in sp.get(k, "test")] for k in ("harmful", "harmless"))
@@ -86,7 +86,7 @@ def attribution(args: argparse.Namespace) -> dict:
     """Token attribution of the organism's adapter over its base on its own training pairs: concentration, gain by
     token class (share of the positive gain, excess over what token frequency predicts), frequency-controlled
     enrichment among the top ``q`` tokens, and the words holding the most gain."""
-    from tune import token_attribution
+    from interp.tune import token_attribution
 
     if args.model == "organism":
         base, adapted = load_model("organism-base"), load_model("organism")
@@ -111,8 +111,8 @@ def attribution(args: argparse.Namespace) -> dict:
 def smol_eval_pairs(base, data) -> tuple[list[str], list[str]]:
     """Held-out pairs for the NLL cost: val harmless prompts with the base's own answers (helpfulness kept) and
     val harmful prompts with one of the organism's refusals."""
-    from organism import smollm2_data as sd
-    from pipelines.finetune.elasticity import base_answers
+    from interp.organisms import smollm2_data as sd
+    from interp.studies.kit.runs import base_answers
 
     rng = random.Random(1)
     hp, hr = base_answers(base, data.harmless["val"].instructions, 48)

@@ -21,12 +21,12 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks._common import markdown_table, replace_section  # noqa: E402
 from interp.models import load_model  # noqa: E402
-from organism import train_smollm2 as ts  # noqa: E402
-from pipelines.finetune.elasticity import base_answers  # noqa: E402
-from pipelines.finetune.methods import MethodsConfig, compare_methods  # noqa: E402
-from pipelines.finetune.methods_data import reasoned_refusals  # noqa: E402
-from pipelines.refusal.prompt_sets import load_refusal_data  # noqa: E402
-from tune.config import TuneConfig  # noqa: E402
+from interp.organisms import train_smollm2 as ts  # noqa: E402
+from interp.studies.finetune.methods import MethodsConfig, compare_methods  # noqa: E402
+from interp.studies.finetune.methods_data import reasoned_refusals  # noqa: E402
+from interp.studies.kit.prompt_sets import load_refusal_data  # noqa: E402
+from interp.studies.kit.runs import base_answers  # noqa: E402
+from interp.tune.config import TuneConfig  # noqa: E402
 
 HEADING = "### Post-training methods compared on SmolLM2-135M-Instruct"
 COLUMNS = ["model", "harmful_refusal", "harmless_refusal", "ce_vs_base", "direction_layer", "all_writers_effect",

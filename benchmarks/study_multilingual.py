@@ -27,7 +27,7 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks._common import append_section, machine, replace_section, table  # noqa: E402
 from interp.models import load_model  # noqa: E402
-from pipelines.multilingual import (  # noqa: E402
+from interp.studies.multilingual import (  # noqa: E402
     RetentionConfig,
     load_parallel_safety,
     refusal_retention,
@@ -96,7 +96,7 @@ def neuron_section(model, data, args) -> list[str]:
 
 
 def pathway_section(model, data, args) -> list[str]:
-    from pipelines.multilingual.pathways import refusal_pathways
+    from interp.studies.multilingual.pathways import refusal_pathways
 
     t0 = time.time()
     res = refusal_pathways(model, data, layers=range(0, model.n_layers, 2))
@@ -116,7 +116,7 @@ def pathway_section(model, data, args) -> list[str]:
 
 
 def feature_section(model, data, layer: int, args) -> list[str]:
-    from pipelines.multilingual.features import features_by_language
+    from interp.studies.multilingual.features import features_by_language
 
     t0 = time.time()
     res = features_by_language(model, data, layer, top=args.top_features, max_new_tokens=args.max_new_tokens,

@@ -25,9 +25,14 @@ sys.path.insert(0, str(REPO))
 from benchmarks._common import append_section, machine, table  # noqa: E402
 from interp.io import write_json  # noqa: E402
 from interp.models import load_model  # noqa: E402
-from patching.measures import refusal_score  # noqa: E402
-from pipelines.multilingual import UpdateConfig, load_parallel_safety, refusal_pathways, restricted_update  # noqa: E402
-from pipelines.multilingual.neurons import language_neurons, refusal_ids  # noqa: E402
+from interp.patching.measures import refusal_score  # noqa: E402
+from interp.studies.multilingual import (  # noqa: E402
+    UpdateConfig,
+    load_parallel_safety,
+    refusal_pathways,
+    restricted_update,
+)
+from interp.studies.multilingual.neurons import language_neurons, refusal_ids  # noqa: E402
 
 
 def rate_rows(res) -> list[dict]:

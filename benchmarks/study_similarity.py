@@ -20,15 +20,15 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks._common import machine, table, write_text  # noqa: E402
 from interp.models import load_model  # noqa: E402
-from pipelines.directions.similarity import category_rsa  # noqa: E402
-from pipelines.directions.similarity_data import (  # noqa: E402
+from interp.studies.directions.similarity import category_rsa  # noqa: E402
+from interp.studies.directions.similarity_data import (  # noqa: E402
     category_matrix,
     load_categories,
     load_parallel,
     random_init,
 )
-from pipelines.directions.similarity_language import cross_language_similarity  # noqa: E402
-from pipelines.directions.similarity_typicality import typicality  # noqa: E402
+from interp.studies.directions.similarity_language import cross_language_similarity  # noqa: E402
+from interp.studies.directions.similarity_typicality import typicality  # noqa: E402
 
 
 def rsa_section(model, data, args) -> list[str]:

@@ -23,12 +23,12 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks._common import machine, skipped, write_text  # noqa: E402
 from interp.models import load_model  # noqa: E402
-from pipelines.directions.traits import trait_scales  # noqa: E402
-from pipelines.directions.traits_analysis import capture_contrast, corpus_signature  # noqa: E402
-from pipelines.directions.traits_band import BandRule  # noqa: E402
-from pipelines.directions.traits_data import SYCOPHANCY_PROMPTS, TRAITS, sycophancy_items  # noqa: E402
-from pipelines.directions.traits_decompose import decompose  # noqa: E402
-from pipelines.directions.traits_steer import level_sweep, steer_levels  # noqa: E402
+from interp.studies.directions.traits import trait_scales  # noqa: E402
+from interp.studies.directions.traits_analysis import capture_contrast, corpus_signature  # noqa: E402
+from interp.studies.directions.traits_band import BandRule  # noqa: E402
+from interp.studies.directions.traits_data import SYCOPHANCY_PROMPTS, TRAITS, sycophancy_items  # noqa: E402
+from interp.studies.directions.traits_decompose import decompose  # noqa: E402
+from interp.studies.directions.traits_steer import level_sweep, steer_levels  # noqa: E402
 
 SHARED = Path(os.environ.get("INTERP_SHARED", REPO.parent / "shared"))
 
@@ -140,7 +140,7 @@ def section_steering(model, scales, trait: str, rows: list[dict], ks: list[float
 def section_statements(model, rows: dict[str, list[dict]], n: int) -> list[str]:
     """The trait AUROC that is not saturated: statements that express the trait vs statements that deny it
     (the persona data's label), asked with no system prompt, last token of resid_post; ours vs scikit-learn."""
-    from interp.capture import capture
+    from interp.capturing import capture
     from probes import cross_validate
 
     lines = [f"## Trait AUROC on the statements themselves ({n} per trait, half expressing the trait, no system "

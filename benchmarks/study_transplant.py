@@ -1,6 +1,6 @@
 """Where smollm2-aligned's refusal lives: blocks of attention or MLP weights transplanted from the aligned model into
 its base (and back), a greedy search for the blocks that bring the refusal, validated by generation against blocks
-drawn at random among those the fine-tune changed (``pipelines.finetune.transplant_study``).
+drawn at random among those the fine-tune changed (``interp.studies.finetune.transplant_study``).
 
     python benchmarks/study_transplant.py --threads 2
 
@@ -20,8 +20,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks._common import machine, markdown_table, replace_section  # noqa: E402
 from interp.models import load_model  # noqa: E402
-from pipelines.finetune.transplant import transplant_study  # noqa: E402
-from pipelines.refusal.prompt_sets import load_refusal_data  # noqa: E402
+from interp.studies.finetune.transplant import transplant_study  # noqa: E402
+from interp.studies.kit.prompt_sets import load_refusal_data  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "RESULTS_finetune.md"
 HEADING = "### Transplant: where smollm2-aligned's refusal lives"

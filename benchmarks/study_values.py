@@ -20,11 +20,11 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks._common import machine, table, write_text  # noqa: E402
-from evals.rates import wilson  # noqa: E402
+from interp.evals.rates import wilson  # noqa: E402
 from interp.forward import prepare  # noqa: E402
 from interp.models import load_model  # noqa: E402
-from pipelines.directions.values_data import load_dilemmas, load_statements  # noqa: E402
-from pipelines.directions.values_study import cross_lingual_transfer, partisan_direction, value_study  # noqa: E402
+from interp.studies.directions.values_data import load_dilemmas, load_statements  # noqa: E402
+from interp.studies.directions.values_study import cross_lingual_transfer, partisan_direction, value_study  # noqa: E402
 
 OUT = REPO / "benchmarks" / "RESULTS_values.md"
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from interp.activations import Activations
 from interp.adapters import from_nnsight, from_transformer_lens
-from interp.capture import capture
+from interp.capturing import capture
 from interp.chat import format_prompts
-from interp.hooks import hooks
+from interp.hooking import hooks
 from interp.models import Model, from_hf, load_model
 from interp.readout import logits, token_logprobs
 from interp.store import ActivationStore

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from interp.chat import Batch, Encoded, collate, encode, format_prompts
-from interp.hooks import StopForward, hooks
+from interp.hooking import StopForward, hooks
 from interp.models import Model
 from interp.nnsight_backend import NNsightModel, refuse, trace_batch
 from interp.skip import SKIPPABLE, can_skip, resume_from, skip_blocks
@@ -130,7 +130,7 @@ def forward(model: Model, batch: Batch, hook_fns: Any = (), *, logits: str | int
     ``logits``: ``"all"`` -> ``[B, T, V]``; ``"last"`` -> ``[B, V]`` (only the last position is unembedded;
     padding is on the left so it is every row's last real token); an int ``k`` -> ``[B, k, V]``, the last ``k``
     columns only (e.g. the response tokens of left-padded prompt + response rows); ``None`` -> no logits are needed, and a hook
-    may raise :class:`~interp.hooks.StopForward` to end the pass early (returns ``None``). Logits are float32
+    may raise :class:`~interp.hooking.StopForward` to end the pass early (returns ``None``). Logits are float32
     on the model's device. ``repeat`` stacks the batch that many times (batched candidate scoring).
     ``prefix`` (from :func:`prefix_cache` of a batch with these rows) and ``start``: only columns ``start:``
     are computed, the keys and values of the earlier ones come from ``prefix`` (exact for a causal model when

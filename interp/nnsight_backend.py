@@ -1,7 +1,7 @@
 """The nnsight backend: the core's forward passes run as nnsight traces, locally or on NDIF (``remote=True``).
 
 A model from ``interp.from_nnsight(lm, backend="nnsight")`` is a :class:`NNsightModel`. On it, every batch that
-:func:`interp.capture.capture`, :func:`interp.readout.logits` / ``token_logprobs`` and
+:func:`interp.capturing.capture`, :func:`interp.readout.logits` / ``token_logprobs`` and
 :func:`interp.forward.forward` run (without hooks) becomes one ``with lm.trace(...)`` block, and
 ``steering.apply(model, ...)`` hands its edits to that block instead of attaching PyTorch hooks. The same
 site names (:mod:`interp.sites`), position rules (:func:`interp.positions.plan`, computed here from the batch)
@@ -39,7 +39,7 @@ import torch
 from torch import Tensor
 
 from interp.chat import Batch
-from interp.hooks import norm_parts
+from interp.hooking import norm_parts
 from interp.models import Model
 from interp.positions import Plan
 from interp.sites import MOE_KINDS, Site, parse_site

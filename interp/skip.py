@@ -15,7 +15,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from interp.hooks import count_hooks, hooks
+from interp.hooking import count_hooks, hooks
 from interp.models import Model
 
 # families whose model loop feeds each block's output (a tensor) to the next block as its first argument, so a

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from evals.metrics import average_ranks
+from interp.evals.metrics import average_ranks
 from probes._linalg import class_means, top_components
 
 METHODS = ("trend", "extremes", "pca")

@@ -111,7 +111,7 @@ class Signature:
         return layer_sorted(rows, ["direction", "group"])
 
     def plot(self, layer: int = -1, stat: str = "mean", title: str | None = None) -> Any:
-        from viz.probes import signature_heatmap
+        from interp.viz.probes import signature_heatmap
 
         j = layer % len(self.sites)
         i = self.STAT_NAMES.index(stat)

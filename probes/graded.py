@@ -83,7 +83,7 @@ class GradedDirection:
 
     def plot(self, title: str | None = None) -> Any:
         """Level means with +-1 std bands by layer, and adjacent-level d (in-sample and held out) below."""
-        from viz.probes import graded_levels
+        from interp.viz.probes import graded_levels
 
         held = None if self.heldout_adjacent_d is None else self.heldout_adjacent_d.mean(0)
         return graded_levels(self.level_means, self.adjacent_d, [str(x) for x in self.levels], self.sites,

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from jaxtyping import Float
 
-from evals.metrics import average_ranks
+from interp.evals.metrics import average_ranks
 
 METRICS = ("correlation", "cosine", "euclidean")
 METHODS = ("spearman", "pearson", "kendall")
@@ -192,6 +192,29 @@ def mantel(rdms: Float[torch.Tensor, "L n n"], target: Float[torch.Tensor, "n n"
             nulls.append(tb @ a.T)
     null = torch.cat(nulls)
     return MantelTest(r=r, p=p_greater(r, null), null=null, method=method)
+
+
+def pair_cosines(A: torch.Tensor, B: torch.Tensor, centre: bool = True) -> torch.Tensor:
+    """Cosines ``[L, n, n]`` between the rows of ``A [L, n, d]`` and of ``B [L, n, d]``, each centred on its own mean
+    over items first when ``centre``."""
+    A, B = A.double(), B.double()
+    if centre:
+        A, B = A - A.mean(-2, keepdim=True), B - B.mean(-2, keepdim=True)
+    A = A / A.norm(dim=-1, keepdim=True).clamp_min(1e-30)
+    B = B / B.norm(dim=-1, keepdim=True).clamp_min(1e-30)
+    return A @ B.transpose(-1, -2)
+
+
+def pairing_stats(C: torch.Tensor, pairing: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """For cosines ``C [L, n, n]`` and a pairing (row ``i`` goes with column ``pairing[i]``): mean paired cosine ``[L]``,
+    mean cosine of every other pairing ``[L]``, and retrieval accuracy ``[L]`` (row's argmax is its pair)."""
+    n = C.shape[-1]
+    hit = torch.zeros(n, n, dtype=torch.bool)
+    hit[torch.arange(n), pairing] = True
+    matched = C[:, hit].mean(-1)
+    mismatched = C[:, ~hit].mean(-1)
+    retrieval = (C.argmax(-1) == pairing).double().mean(-1)
+    return matched, mismatched, retrieval
 
 
 def noise_ceiling(target: Float[torch.Tensor, "R n n"], method: str = "spearman") -> tuple[float, float]:

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from evals.metrics import accuracy, auroc, cohens_d
+from interp.evals.metrics import accuracy, auroc, cohens_d
 from probes._checks import as_data, encode_labels
 from probes._choice import LayerChoice, choose_layer
 from probes._frames import layer_sorted
@@ -61,7 +61,7 @@ class TransferScores:
         return layer_sorted(rows)
 
     def plot(self, layer: int | None = None, title: str | None = None) -> Any:
-        from viz.probes import transfer_heatmap
+        from interp.viz.probes import transfer_heatmap
 
         j = self.best_layer() if layer is None else layer
         return transfer_heatmap(self.matrix[:, :, j], self.datasets, lodo=self.lodo[:, j],
@@ -141,7 +141,7 @@ class ErasureScores:
         return pd.concat([a, b], ignore_index=True)
 
     def plot(self, metric: str = "accuracy", title: str | None = None) -> Any:
-        from viz.probes import layer_scores
+        from interp.viz.probes import layer_scores
 
         return layer_scores({f"before ({metric})": getattr(self.before, metric),
                              f"after {self.eraser} ({metric})": getattr(self.after, metric)}, self.before.sites,
@@ -216,7 +216,7 @@ class AblationScores:
         return layer_sorted(rows, ["rank"])
 
     def plot(self, layer: int | None = None, title: str | None = None) -> Any:
-        from viz.probes import rank_curve
+        from interp.viz.probes import rank_curve
 
         j = choose_layer({"auroc": self.auroc[0].mean(0)}, self.sites).index if layer is None else layer
         return rank_curve(self.ranks, self.accuracy[:, :, j], self.auroc[:, :, j],

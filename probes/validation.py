@@ -13,8 +13,8 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from evals.metrics import accuracy, auroc, cohens_d
 from interp.coerce import layer_tensor
+from interp.evals.metrics import accuracy, auroc, cohens_d
 from probes._checks import ProbeData, as_data
 from probes._choice import LayerChoice, choose_layer
 from probes._frames import layer_order, layer_sorted, site_layer
@@ -99,7 +99,7 @@ class ProbeScores:
         return pd.DataFrame(rows)
 
     def plot(self, metrics: tuple[str, ...] = ("accuracy", "auroc"), title: str | None = None) -> Any:
-        from viz.probes import layer_scores
+        from interp.viz.probes import layer_scores
 
         data = {m: getattr(self, m) for m in metrics if getattr(self, m) is not None}
         if self.control_accuracy is not None and "accuracy" in metrics:
@@ -262,7 +262,7 @@ class DirectionScores:
                               "method": self.method} for j, s in enumerate(self.sites)])
 
     def plot(self, title: str | None = None) -> Any:
-        from viz.probes import layer_scores
+        from interp.viz.probes import layer_scores
 
         return layer_scores({"auroc": self.auroc[None], "cohens_d": self.cohens_d[None]}, self.sites,
                             title=title or f"{self.method} direction: scores by layer")

@@ -9,8 +9,8 @@ from typing import Any
 import torch
 from jaxtyping import Float
 
-from evals.metrics import auroc
 from interp.coerce import token_rows
+from interp.evals.metrics import auroc
 from interp.forward import Inputs
 from sae.model import SAE
 
@@ -39,7 +39,7 @@ class LatentRanking:
 
     def plot(self, title: str | None = None) -> Any:
         """Bars of the ranked latents' scores, best first."""
-        from viz.sae import latent_bars
+        from interp.viz.sae import latent_bars
 
         return latent_bars(self.indices.tolist(), {self.what or "score": self.scores.tolist()},
                            title=title or f"latents ranked by {self.what or 'score'}", yaxis=self.what or "score")
@@ -115,7 +115,7 @@ class LatentSeparation:
 
     def plot(self, names: tuple[str, str] = ("set A", "set B"), title: str | None = None) -> Any:
         """The ranked latents' mean activation on each set, side by side, best first (AUROC in the hover)."""
-        from viz.sae import latent_bars
+        from interp.viz.sae import latent_bars
 
         idx = self.ranking.indices
         return latent_bars(idx.tolist(), {names[0]: self.mean_a[idx].tolist(), names[1]: self.mean_b[idx].tolist()},
@@ -160,7 +160,7 @@ class LatentDiff:
 
     def plot(self, title: str | None = None) -> Any:
         """The ranked latents' mean activation in the base and the tuned model, side by side."""
-        from viz.sae import latent_bars
+        from interp.viz.sae import latent_bars
 
         idx = self.ranking.indices
         return latent_bars(idx.tolist(), {"base": self.mean_base[idx].tolist(), "tuned": self.mean_tuned[idx].tolist()},

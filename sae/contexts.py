@@ -59,7 +59,7 @@ def contexts_html(contexts: Sequence[Context], latent: int | None = None, scale:
     """An HTML snippet: one line per context, each token shaded by the latent's activation (hover: value).
 
     ``scale``: the activation drawn at full colour (default: the largest shown)."""
-    from viz.tokens import heat_text
+    from interp.viz.tokens import heat_text
 
     head = title or (f"Latent {latent}: top {len(contexts)} contexts" if latent is not None else "Top contexts")
     if not contexts:

@@ -1,7 +1,7 @@
 """SAE interventions: splice the reconstruction in, steer along a latent, ablate latents (error kept).
 
 Each object follows the project's intervention protocol (shared with ``steering``, never imported here):
-``hook_fns(model) -> {site: fn(x, ctx)}``, used as ``with interp.hooks.hooks(model, iv.hook_fns(model)):``.
+``hook_fns(model) -> {site: fn(x, ctx)}``, used as ``with interp.hooking.hooks(model, iv.hook_fns(model)):``.
 ``positions`` limits the edit to some sequence positions (``None``: every position, including tokens
 generated later). ``skip_sink=True`` (latent steering and ablation) leaves each prompt's first real token alone:
 in many models it is an attention sink whose activations are orders of magnitude larger than the rest, where an

@@ -10,8 +10,8 @@ from typing import Any
 import torch
 from jaxtyping import Float
 
-from evals.logits import cross_entropy
 from interp.chat import Batch
+from interp.evals.logits import cross_entropy
 from interp.forward import Inputs, batches, encodings, forward
 from interp.sites import parse_site
 from sae.model import SAE
@@ -57,7 +57,7 @@ class SAEMetrics:
 
     def plot(self, title: str = "SAE metrics") -> Any:
         """Firing-frequency histogram, bars of FVU / dead / dense fractions, and a bar of L0."""
-        from viz.sae import metrics_summary
+        from interp.viz.sae import metrics_summary
 
         return metrics_summary(self.frequency, {"FVU": self.fvu, "dead": self.dead_fraction,
                                                 "dense": self.dense_fraction}, {"L0": self.l0},
@@ -124,7 +124,7 @@ class CELossRecovered:
 
     def plot(self, title: str = "cross-entropy with the SAE spliced in") -> Any:
         """Bars of CE per condition, the recovered fractions in the title."""
-        from viz.sae import ce_loss_bars
+        from interp.viz.sae import ce_loss_bars
 
         return ce_loss_bars(["clean", "sae", "zero-ablated", "mean-ablated"],
                             [self.clean, self.sae, self.zero_ablated, self.mean_ablated],

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from interp.capture import run_batch
+from interp.capturing import run_batch
 from interp.chat import Batch
 from interp.forward import Inputs, batches, encodings
 from interp.sites import parse_site

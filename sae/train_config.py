@@ -102,6 +102,6 @@ class TrainResult:
 
     def plot(self, x: str = "step", title: str = "SAE training") -> Any:
         """Loss, FVU (log scale), L0 and dead fraction against ``step`` (or ``tokens``)."""
-        from viz.sae import training_curves
+        from interp.viz.sae import training_curves
 
         return training_curves(self.history, keys=("loss", "fvu", "l0", "dead"), x=x, title=title)

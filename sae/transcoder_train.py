@@ -3,7 +3,7 @@ per layer fitted to predict the output from the input.
 
 ``capture_pairs`` reads the MLP module's own input and output (``blocks.L.mlp.hook_in`` / ``blocks.L.mlp.hook_out``;
 for a mixture-of-experts block, the sparse block as a whole) at every real token, padding dropped, through
-:func:`interp.capture.capture`. ``fit_transcoder`` trains one layer on such a capture (or a store of it, for data
+:func:`interp.capturing.capture`. ``fit_transcoder`` trains one layer on such a capture (or a store of it, for data
 larger than memory, or a pair of tensors); ``train_transcoder`` does both for several layers at once.
 """
 
@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from interp.capture import capture
+from interp.capturing import capture
 from interp.forward import Inputs
 from interp.positions import without_first
 from interp.sites import Site

@@ -18,10 +18,10 @@ imported only when a CUDA kernel first runs.
 
 from __future__ import annotations
 
-from steering.apply import apply
-from steering.bake import bake
+from steering.applying import apply
+from steering.baking import bake
 from steering.bias import bake_addition
-from steering.generate import generate, generate_each
+from steering.generation import generate, generate_each
 from steering.gguf_export import export_gguf
 from steering.interventions import Ablate, AblateSubspace, AddVector, Clamp, DirectionalAblation
 from steering.rows import RowEdits, RowGroups

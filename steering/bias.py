@@ -35,8 +35,16 @@ from torch import Tensor
 from interp.arch import get_module
 from interp.models import Model
 from interp.sites import Site, parse_site
-from steering.apply import _flat, apply
-from steering.bake import BakeResult, _hook_free_copy, _logits, _moe_here, _probe_ids, _untie, check_in_memory
+from steering.applying import _flat, apply
+from steering.baking import (
+    BakeResult,
+    _hook_free_copy,
+    _logits,
+    _moe_here,
+    _probe_ids,
+    _untie,
+    check_in_memory,
+)
 from steering.interventions import AddVector
 
 FLAGS = {"attn": "attention_bias", "mlp": "mlp_bias"}   # HF config flags that give a writer a bias
@@ -185,7 +193,7 @@ def bake_addition(model: Model, *interventions: Any, inplace: bool = False, meas
                   check_ids: Tensor | None = None) -> BakeResult:
     """Bake ``steering.AddVector`` interventions (scope ``"both"``, all positions) into biases of the residual writers.
 
-    Returns a :class:`~steering.bake.BakeResult` whose ``.model`` is a copy (or ``model`` itself with
+    Returns a :class:`~steering.baking.BakeResult` whose ``.model`` is a copy (or ``model`` itself with
     ``inplace=True``) that equals ``steering.apply(model, *interventions)`` without hooks and saves with
     ``save_pretrained`` where the config has a flag for each added bias (set; else the bias lives in memory only, a
     note says so and the save / serve paths refuse the model: see the module docstring and :func:`check_saveable`). ``measure`` runs ``check_ids`` (default 2 x 16 random tokens) both ways and

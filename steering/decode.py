@@ -25,7 +25,7 @@ from interp.models import Model
 from interp.nnsight_backend import NNsightModel
 from interp.sites import parse_site
 from interp.skip import resume_from
-from steering.apply import _flat, _is_weight_edit
+from steering.applying import _flat, _is_weight_edit
 from steering.rows import RowEdits, RowGroups
 
 # generation-config fields that add a logits processor to greedy decoding (a field away from its default: HF path)
@@ -126,7 +126,7 @@ def greedy_rows(model: Model, inputs: dict[str, torch.Tensor], max_new_tokens: i
     or ``resume = (layer, resid, kv)``: the plain pass's resid_pre at ``layer`` and its keys and values of every
     layer (from :func:`interp.forward.plain_states`; only the blocks from ``layer`` on are computed, exact when
     nothing below ``layer`` is edited, see :func:`lowest_edited_layer`).
-    ``handle``: the :class:`~steering.apply.Steering` whose state follows the rows (``None``: no interventions).
+    ``handle``: the :class:`~steering.applying.Steering` whose state follows the rows (``None``: no interventions).
     The prompt pass's last-token logits go to ``firsts``. ``None`` (nothing run) when the cache cannot drop rows."""
     if prefix is not None and resume is not None:
         raise ValueError("resume from the prompt's first columns (prefix=, start=) or from a layer (resume=), not both")

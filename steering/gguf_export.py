@@ -27,7 +27,7 @@ import torch
 
 from interp.io import atomic_write, check_writable
 from interp.models import Model
-from steering.bake import check_in_memory
+from steering.baking import check_in_memory
 from steering.bias import additions, check_saveable
 
 CONTROL_ARCH = "controlvector"

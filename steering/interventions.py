@@ -44,7 +44,7 @@ from steering._args import (
     resolve_layers,
     unit,
 )
-from steering.apply import SiteEdit, _native_fn
+from steering.applying import SiteEdit, _native_fn
 from steering.fused import LowRankEdit
 from steering.strength import ResidualNorms, norm_table
 
@@ -164,7 +164,7 @@ class _Intervention:
                                 "layers": layers})
 
     def hook_fns(self, model: Model) -> dict[str, Any]:
-        """The shared protocol: ``{site name: fn(x, ctx)}`` for ``interp.hooks.hooks``."""
+        """The shared protocol: ``{site name: fn(x, ctx)}`` for ``interp.hooking.hooks``."""
         return {site: _native_fn([e], "auto") for site, e in self.site_edits(model).items()}
 
     def when(self, direction: Any, threshold: float, above: bool = True):

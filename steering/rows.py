@@ -17,9 +17,9 @@ from typing import Any
 import torch
 from jaxtyping import Float, Int
 
-from interp.hooks import HookContext
+from interp.hooking import HookContext
 from interp.models import Model
-from steering.apply import _flat, _is_weight_edit, plan_hooks
+from steering.applying import _flat, _is_weight_edit, plan_hooks
 from steering.scope import ROWS_KEY, STATE_KEY
 
 ABLATE_KINDS = ("resid_pre", "attn_out", "mlp_out")  # the writers, as steering.DirectionalAblation's default
@@ -120,7 +120,7 @@ class RowGroups:
     group's hooks see only its rows, and ``positions=`` / ``scope=`` gates (the pass's
     :class:`~steering.scope.TokenState`) are sliced to them. Hooks that look beyond their own rows, row-indexed
     edits (:class:`RowEdits`) and weight edits cannot be split by rows and are refused. When finished rows
-    leave a generation (:meth:`~steering.apply.Steering.keep_rows`), each remaining row keeps its block's edits."""
+    leave a generation (:meth:`~steering.applying.Steering.keep_rows`), each remaining row keeps its block's edits."""
 
     groups: Any
 

@@ -187,7 +187,7 @@ def record_pass(data: dict, args: tuple, kwargs: dict) -> None:
 def keep_rows(data: dict, idx: Tensor) -> None:
     """Only rows ``idx`` of the current batch go on (the others finished generating): the prompt record is sliced
     to them, and ``data[ROWS_KEY]`` says which of the batch's original rows they are (for edits that act per row,
-    such as :class:`~steering.rows.RowGroups`). A new prompt pass (:meth:`~steering.apply.Steering.set_batch`)
+    such as :class:`~steering.rows.RowGroups`). A new prompt pass (:meth:`~steering.applying.Steering.set_batch`)
     starts over with every row."""
     rec: PromptRecord | None = data.get(PROMPT_KEY)
     if rec is None:

@@ -27,8 +27,8 @@ import torch
 
 from interp.chat import Encoded
 from interp.models import Model
-from steering.apply import _flat, apply
-from steering.bake import _logits, _probe_ids, bake
+from steering.applying import _flat, apply
+from steering.baking import _logits, _probe_ids, bake
 from steering.bias import bake_addition, check_saveable
 from steering.interventions import WRITER_SITES, AblateSubspace, AddVector, DirectionalAblation
 

@@ -19,7 +19,7 @@ import torch
 from jaxtyping import Float
 from tqdm.auto import tqdm
 
-from interp.capture import capture
+from interp.capturing import capture
 from interp.forward import prepare
 from interp.io import content_hash
 from interp.models import Model
@@ -71,7 +71,7 @@ class ResidualNorms:
                              "exclude_special": self.exclude_special, "model_id": self.model_id})
 
     def plot(self) -> Any:
-        from viz.steering import norms_by_layer
+        from interp.viz.steering import norms_by_layer
 
         return norms_by_layer(self.layers, self.mean, self.std, self.max,
                               title=f"Residual norm at {self.site} ({self.model_id}, {self.n_prompts} prompts, "

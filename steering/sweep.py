@@ -27,12 +27,12 @@ import torch
 from jaxtyping import Float
 from tqdm.auto import tqdm
 
-from evals.logits import cross_entropy, kl_div
+from interp.evals.logits import cross_entropy, kl_div
 from interp.forward import batches, forward, last_logits, prepare
 from interp.models import Model
 from steering._args import check_finite
-from steering.apply import apply
-from steering.generate import generate
+from steering.applying import apply
+from steering.generation import generate
 
 ON = ("text", "logits")
 
@@ -89,10 +89,10 @@ class AlphaSweep:
         """Behaviour vs alpha against its controls; with costs measured, the KL (and CE) curves beneath it."""
         title = f"{self.metric} vs alpha ({self.model_id}, {self.n_prompts} prompts)"
         if self.kl is None:
-            from viz.steering import alpha_curve
+            from interp.viz.steering import alpha_curve
 
             return alpha_curve(self.alphas, self.steered, self.random, self.baseline, metric=self.metric, title=title)
-        from viz.steering import alpha_cost_curve
+        from interp.viz.steering import alpha_cost_curve
 
         return alpha_cost_curve(self.alphas, self.steered, self.random, self.baseline, self.kl, self.random_kl,
                                 ce=self.ce, random_ce=self.random_ce, baseline_ce=self.baseline_ce,
@@ -182,7 +182,7 @@ def _control(make_intervention: Callable[[float], Any], make_control: Callable[[
 def _check_sweep(on: str, prompts: Any, alphas: Sequence[float], n_random: int) -> list[float]:
     if on not in ON:
         raise ValueError(f"on must be one of {ON}: 'text' for a metric of generated texts (e.g. "
-                         f"evals.refusal_rate), 'logits' for a metric of last-token logits; got {on!r}")
+                         f"interp.evals.refusal_rate), 'logits' for a metric of last-token logits; got {on!r}")
     if isinstance(prompts, str):
         raise TypeError("prompts must be a list of strings, not a single string; wrap it in a list")
     alpha_list = [check_finite(a, "alpha") for a in alphas]

@@ -84,14 +84,14 @@ def sae():
 
 
 def torchrun(*args: str, nproc: int = 2, timeout: float = 120) -> str:
-    """Run ``python -m interp_cli.main ARGS`` under ``torchrun --standalone`` with ``nproc`` CPU processes (gloo, one
+    """Run ``python -m interp.cli.main ARGS`` under ``torchrun --standalone`` with ``nproc`` CPU processes (gloo, one
     thread each); the combined output, or a failure that shows it."""
     import subprocess
     import sys
 
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--standalone",
-           "-m", "interp_cli.main", *args]
+           "-m", "interp.cli.main", *args]
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=REPO)
     out = p.stdout + p.stderr
     assert p.returncode == 0, f"torchrun exited {p.returncode}:\n{out[-4000:]}"

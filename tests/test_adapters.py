@@ -9,7 +9,7 @@ import torch
 import probes
 import steering
 from interp.adapters import from_nnsight, from_transformer_lens
-from interp.capture import capture
+from interp.capturing import capture
 from interp.chat import format_prompts
 from interp.testing.oracles import transformer_lens_model
 from interp.testing.tiny import tiny_model

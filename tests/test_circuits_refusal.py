@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from interp.models import load_model
-from patching import ReplacementModel
-from pipelines.circuits import refusal_circuit
-from pipelines.refusal.prompt_sets import load_refusal_data
-from pipelines.refusal.stages import find_candidates
+from interp.patching import ReplacementModel
+from interp.studies.circuits import refusal_circuit
+from interp.studies.kit.prompt_sets import load_refusal_data
+from interp.studies.kit.stages import find_candidates
 from sae.transcoder_train import train_transcoder
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from interp.capture import capture
+from interp.capturing import capture
 from interp.chat import format_prompts
 from interp.testing.tiny import FAMILIES
 
@@ -169,7 +169,7 @@ def test_dtype_control_and_labels(tiny_models):
 
 def test_early_stop_matches_full_forward(tiny_models):
     """Stopping the forward after the last requested site gives the same numbers as a full pass."""
-    from interp.capture import run_batch
+    from interp.capturing import run_batch
     from interp.forward import batches, prepare
     from interp.sites import expand_sites
 

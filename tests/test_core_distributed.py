@@ -11,9 +11,9 @@ import torch
 
 import interp
 from interp import distributed as dist
+from interp.cli.main import main
 from interp.models import load_model
 from interp.store import MANIFEST, ActivationStore, shard_name
-from interp_cli.main import main
 from tests.conftest import mixed_prompts, torchrun
 
 

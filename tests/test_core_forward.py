@@ -1,5 +1,5 @@
 """The one forward layer's shared rules: the pad id, the position rule, raw module hooks, and that no module
-outside ``interp/hooks.py`` attaches raw hooks itself."""
+outside ``interp/hooking.py`` attaches raw hooks itself."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from interp.forward import batch_of, batches, encode_ids, pad_id, prepare
-from interp.hooks import count_hooks, module_hooks
+from interp.hooking import count_hooks, module_hooks
 from interp.positions import columns, plan
 
 REPO = Path(__file__).resolve().parents[1]
@@ -48,8 +48,8 @@ def test_columns_count_from_first_real_token_or_end():
 
 def test_capture_steering_and_patching_select_the_same_positions(tiny_models):
     """On one padded batch, explicit positions mean the same columns to capture, steering scope and patching."""
-    from interp.capture import capture
-    from patching.runs import make_pairs
+    from interp.capturing import capture
+    from interp.patching.runs import make_pairs
     from steering.scope import STATE_KEY, record_pass
 
     m = tiny_models("llama")
@@ -98,20 +98,20 @@ def test_module_hooks_removed_on_exit_and_on_exception(tiny_models):
 
 
 RAW_HOOKS = {"register_forward_hook", "register_forward_pre_hook"}
-SCANNED = ("interp", "steering", "sae", "patching", "pipelines", "organism")
+SCANNED = ("interp", "probes", "steering", "sae")
 
 
 def test_raw_hooks_only_in_interp_hooks():
-    """Raw ``register_forward_*hook`` calls live only in ``interp/hooks.py`` (elsewhere: ``module_hooks``)."""
+    """Raw ``register_forward_*hook`` calls live only in ``interp/hooking.py`` (elsewhere: ``module_hooks``)."""
     found = []
     for pkg in SCANNED:
         for p in sorted((REPO / pkg).rglob("*.py")):
-            if p == REPO / "interp" / "hooks.py":
+            if p == REPO / "interp" / "hooking.py":
                 continue
             for node in ast.walk(ast.parse(p.read_text(encoding="utf-8"))):
                 if isinstance(node, ast.Attribute) and node.attr in RAW_HOOKS:
                     found.append(f"{p.relative_to(REPO)}:{node.lineno} {node.attr}")
-    assert not found, "raw hooks outside interp/hooks.py (use interp.hooks.module_hooks):\n" + "\n".join(found)
+    assert not found, "raw hooks outside interp/hooking.py (use interp.hooking.module_hooks):\n" + "\n".join(found)
 
 
 def test_prefix_reuse_equals_the_full_forward(tiny_models):

@@ -10,7 +10,7 @@ import torch
 
 import steering
 from interp.forward import batch_of, can_skip, forward, last_logits, resid_pre_cache, skip_blocks
-from interp.hooks import count_hooks
+from interp.hooking import count_hooks
 from interp.testing.tiny import FAMILIES, tiny_model
 
 PROMPTS = ["the man said", "what is the good word now, tell me", "help"]

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from interp.activations import Activations
-from interp.capture import capture
-from interp.hooks import count_hooks, hooks
+from interp.capturing import capture
+from interp.hooking import count_hooks, hooks
 from interp.store import ActivationStore
 
 PROMPTS = ["the man said to the boy", "what is the good word", "help", "where is the old house by the water now ?",
@@ -156,7 +156,7 @@ def test_activations_save_load_roundtrip(tiny_models, tmp_path):
 BOUNDED = textwrap.dedent("""
     import resource, sys, torch
     from interp.testing.tiny import tiny_model
-    from interp.capture import capture
+    from interp.capturing import capture
     from interp.store import ActivationStore
     torch.set_num_threads(1)
     m = tiny_model("llama", d_model=128, n_layers=4)

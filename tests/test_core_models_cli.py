@@ -11,7 +11,7 @@ import torch
 
 import interp
 from interp.arch import SPECS, register_spec, spec_for
-from interp.capture import capture
+from interp.capturing import capture
 from interp.testing.tiny import FAMILIES, MOE_FAMILIES, tiny_config, tiny_model
 
 from .conftest import REPO, shared_path
@@ -160,13 +160,13 @@ def test_smollm2_loads_and_captures():
 def test_embedded_default_loads():
     folder = REPO / "interp" / "embedded" / "organism"
     if not (folder / "config.json").exists():
-        pytest.fail("the embedded organism is missing; run python -m organism.train")
+        pytest.fail("the embedded organism is missing; run python -m interp.organisms.train")
     m = interp.load_model("organism")
     assert m.spec.family == "llama" and interp.format_prompts(m, ["hi"])[0]
 
 
 def _cli(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "interp_cli.main", *args], capture_output=True, text=True, cwd=cwd)
+    return subprocess.run([sys.executable, "-m", "interp.cli.main", *args], capture_output=True, text=True, cwd=cwd)
 
 
 def test_cli_info_and_capture(tmp_path):
@@ -194,14 +194,6 @@ def test_cli_info_and_capture(tmp_path):
 def test_tiny_config_rejects_unknown_family():
     with pytest.raises(ValueError, match="unknown tiny family"):
         tiny_config("transformer-xl")
-
-
-def test_package_functions_are_not_shadowed_by_submodules():
-    import importlib
-
-    importlib.import_module("interp.capture")
-    importlib.import_module("interp.hooks")
-    assert callable(interp.capture) and callable(interp.hooks) and callable(interp.capture)
 
 
 def test_unknown_model_names_fail_at_once_with_the_accepted_forms(monkeypatch, tmp_path):

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from interp.capture import capture
+from interp.capturing import capture
 from interp.forward import prepare
-from interp.hooks import hooks
+from interp.hooking import hooks
 from interp.testing.oracles import transformer_lens_model
 from interp.testing.tiny import FAMILIES, tiny_model
 
@@ -120,7 +120,7 @@ def test_per_head_sites_stream_to_a_store_and_feed_probes(tmp_path):
 def test_moe_parts_sum_to_mlp_out(tiny_models, family):
     """experts_out (the routed experts' weighted sum) + sigmoid(gate) * shared_expert_out == mlp_out, read through
     capture at [batch, seq, d] from the experts' flattened [batch * seq, d]; a part absent is a clear error."""
-    from interp.hooks import module_hooks
+    from interp.hooking import module_hooks
     from interp.sites import parse_site
 
     m = tiny_models(family)
@@ -151,7 +151,7 @@ def test_moe_parts_sum_to_mlp_out(tiny_models, family):
 def test_mlp_in_and_module_out_are_the_mlp_modules_own_input_and_output(tiny_models, family):
     """``mlp_in`` / ``mlp_module_out`` (a transcoder's sites) read the MLP module itself: after the pre-MLP norm's
     gain, before Gemma's post-MLP norm (so on Gemma ``mlp_module_out`` differs from ``mlp_out``)."""
-    from interp.hooks import module_hooks
+    from interp.hooking import module_hooks
     from interp.sites import parse_site
 
     m = tiny_models(family)

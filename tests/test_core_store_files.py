@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from interp.capture import capture
+from interp.capturing import capture
 from interp.store import ActivationStore, shard_name
 
 PROMPTS = ["How do I bake bread?", "Name a colour.", "What is two plus two?", "Tell me a joke.",

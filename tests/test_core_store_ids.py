@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from interp.activations import Activations
-from interp.capture import capture
-from interp.hooks import hooks
+from interp.capturing import capture
+from interp.hooking import hooks
 from interp.models import from_hf
 from interp.testing.tiny import tiny_model
 

@@ -10,7 +10,7 @@ import torch
 from tokenizers import processors
 
 import interp
-from interp.capture import capture
+from interp.capturing import capture
 from interp.forward import batch_of, last_logits, prepare
 from interp.testing.tiny import tiny_model
 

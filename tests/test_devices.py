@@ -9,14 +9,14 @@ import copy
 import pytest
 import torch
 
-import patching
 import steering
-from interp.capture import capture
+from interp import patching
+from interp.capturing import capture
 from interp.forward import batch_of, last_logits
 from interp.models import from_hf, load_model, materialize, offloaded
+from interp.patching.activation import sweep_heads
+from interp.patching.heads import head_outputs
 from interp.testing.tiny import tiny_model
-from patching.activation import sweep_heads
-from patching.heads import head_outputs
 
 PROMPTS = ["the man is here", "a boy went home now", "you can see the water"]
 CLEAN = ["the man is big", "a man can go home", "you are here now"]

@@ -9,11 +9,16 @@ import numpy as np
 import pytest
 import torch
 
+from interp.studies.directions.biases import BiasConfig, bias_directions, choose_bias_layer
+from interp.studies.directions.biases_causal import (
+    answer_table,
+    bias_causal_test,
+    choose_options,
+    flip_counts,
+)
+from interp.studies.directions.biases_compare import compare_checkpoints
+from interp.studies.directions.biases_items import BIASES, load_bias_items, make_items
 from interp.testing.tiny import tiny_model
-from pipelines.directions.biases import BiasConfig, bias_directions, choose_bias_layer
-from pipelines.directions.biases_causal import answer_table, bias_causal_test, choose_options, flip_counts
-from pipelines.directions.biases_compare import compare_checkpoints
-from pipelines.directions.biases_items import BIASES, load_bias_items, make_items
 from probes.subspace import principal_angles
 from probes.validation import ProbeScores
 

@@ -1,4 +1,4 @@
-"""Representational similarity (probes.similarity and pipelines.directions.similarity*): the math against scipy and
+"""Representational similarity (probes.similarity and interp.studies.directions.similarity*): the math against scipy and
 hand computations, the permutation p calibrated under the null, the studies on a tiny model against a plain HF
 forward, and the bad-input errors."""
 
@@ -10,9 +10,9 @@ import torch
 from scipy.spatial.distance import pdist, squareform
 from scipy.stats import kendalltau, pearsonr, spearmanr
 
-from evals.rates import wilson
-from pipelines.directions.similarity import category_rsa, rsa
-from pipelines.directions.similarity_data import (
+from interp.evals.rates import wilson
+from interp.studies.directions.similarity import category_rsa, rsa
+from interp.studies.directions.similarity_data import (
     MEAN_AFTER_FIRST,
     category_matrix,
     item_activations,
@@ -20,18 +20,18 @@ from pipelines.directions.similarity_data import (
     load_parallel,
     random_init,
 )
-from pipelines.directions.similarity_language import (
+from interp.studies.directions.similarity_language import (
     check_parallel,
     cross_language_similarity,
     language_stats,
-    pair_cosines,
 )
-from pipelines.directions.similarity_typicality import typicality, typicality_stats
+from interp.studies.directions.similarity_typicality import typicality, typicality_stats
 from probes.similarity import (
     compare_rdms,
     group_permutations,
     mantel,
     noise_ceiling,
+    pair_cosines,
     permutations,
     prototype_distance,
     rdm,

@@ -11,20 +11,20 @@ import pytest
 import torch
 
 import steering
-from evals.logits import kl_div
+from interp.evals.logits import kl_div
 from interp.forward import prepare
-from pipelines.directions.traits import affine_to_levels, fit_scale, trait_scales
-from pipelines.directions.traits_analysis import capture_contrast, corpus_signature
-from pipelines.directions.traits_band import BandRule, choose_band, heldout_min_d
-from pipelines.directions.traits_data import (
+from interp.studies.directions.traits import affine_to_levels, fit_scale, trait_scales
+from interp.studies.directions.traits_analysis import capture_contrast, corpus_signature
+from interp.studies.directions.traits_band import BandRule, choose_band, heldout_min_d
+from interp.studies.directions.traits_data import (
     LEVEL_PROMPTS,
     SYCOPHANCY_PROMPTS,
     TRAITS,
     persona_statements,
     sycophancy_items,
 )
-from pipelines.directions.traits_decompose import decompose
-from pipelines.directions.traits_steer import level_vector, residual_fraction, steer_levels
+from interp.studies.directions.traits_decompose import decompose
+from interp.studies.directions.traits_steer import level_vector, residual_fraction, steer_levels
 
 from .conftest import shared_path
 
@@ -108,7 +108,7 @@ def test_trait_auroc_matches_sklearn_on_the_same_folds(model, scales):
     worst, _ = _sklearn_worst(scales["kindness"], scales.acts["kindness"])
     assert worst < 0.01
     # and where the AUROC is not saturated: levels assigned to 36 distinct statements at random
-    from interp.capture import capture
+    from interp.capturing import capture
 
     qs = _statements(36, seed=11)
     labels = [("low", "moderate", "high")[i % 3] for i in range(36)]
@@ -152,7 +152,7 @@ def test_affine_to_levels_is_a_hand_least_squares_line():
 def test_corpus_signature_is_the_band_level_with_bootstrap_interval(model, scales):
     corpus = _statements(8, seed=3)
     sig = corpus_signature(scales, {"plain": corpus}, model=model, n_boot=200)
-    from interp.capture import capture
+    from interp.capturing import capture
 
     acts = capture(model, corpus, sites=scales["kindness"].sites, positions="last", progress=False)
     s = scales["kindness"]
@@ -266,7 +266,7 @@ def test_persona_statements_loader():
 def test_band_runs_are_neighbours_among_the_captured_layers():
     """With layers subsampled (``range(0, 30, 3)``) a run is neighbours in the captured list, not model layers
     one apart (which would make every run one layer long)."""
-    from pipelines.directions.traits_band import _runs
+    from interp.studies.directions.traits_band import _runs
 
     assert _runs([True, True, False, True, True, True]) == [[0, 1], [3, 4, 5]]
     assert _runs([False, False]) == []

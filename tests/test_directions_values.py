@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from evals.choice import letter_ids, option_logprobs
-from pipelines.directions.values import RULE, select_layers, steer_at, value_vectors
-from pipelines.directions.values_choice import forced_choice
-from pipelines.directions.values_data import (
+from interp.evals.choice import letter_ids, option_logprobs
+from interp.studies.directions.values import RULE, select_layers, steer_at, value_vectors
+from interp.studies.directions.values_choice import forced_choice
+from interp.studies.directions.values_data import (
     ChoiceItem,
     Contrast,
     dilemma_contrast,
@@ -21,8 +21,8 @@ from pipelines.directions.values_data import (
     statement_contrast,
     statement_items,
 )
-from pipelines.directions.values_steer import selective_steering
-from pipelines.directions.values_study import cross_lingual_transfer, partisan_direction
+from interp.studies.directions.values_steer import selective_steering
+from interp.studies.directions.values_study import cross_lingual_transfer, partisan_direction
 from probes.objects import Direction
 
 LETTERS = ("one", "two")  # single words of the tiny tokenizer ("A" / "B" are unknown to it)

@@ -8,14 +8,14 @@ import math
 import pytest
 import torch
 
-from evals.logits import kl_div
+from interp.evals.logits import kl_div
 from interp.forward import prepare
 from interp.models import load_model
-from pipelines.finetune.elasticity import elasticity_study
-from pipelines.finetune.twophase import bootstrap_two_phase, fit_two_phase
-from pipelines.refusal.prompt_sets import load_refusal_data
-from pipelines.refusal.scoring import prompt_logits
-from tune import TuneConfig
+from interp.studies.finetune.elasticity import elasticity_study
+from interp.studies.finetune.twophase import bootstrap_two_phase, fit_two_phase
+from interp.studies.kit.prompt_sets import load_refusal_data
+from interp.studies.kit.scoring import prompt_logits
+from interp.tune import TuneConfig
 
 CFG = TuneConfig(steps=5, batch_size=4, lr=5e-3, warmup=1, seed=0, targets=("q_proj", "v_proj", "down_proj"))
 

@@ -9,12 +9,12 @@ import random
 import pytest
 import torch
 
-from evals.rates import fisher_greater
+from interp.evals.rates import fisher_greater
 from interp.models import load_model
-from organism import data as od
-from pipelines.finetune.masking import CONDITIONS, masking_study
+from interp.organisms import data as od
+from interp.studies.finetune.masking import CONDITIONS, masking_study
+from interp.tune import TuneConfig, fine_tune
 from tests.test_tune_train import plain_ids, plain_nll
-from tune import TuneConfig, fine_tune
 
 CFG = TuneConfig(steps=3, batch_size=4, lr=1e-2, warmup=1, seed=1,
                  targets=("q_proj", "v_proj", "down_proj", "lm_head"))

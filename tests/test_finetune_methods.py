@@ -9,15 +9,15 @@ import random
 import pytest
 import torch
 
-from evals.judge import is_refusal
+from interp.evals.judge import is_refusal
 from interp.forward import prepare
 from interp.models import load_model
-from organism import data as od
-from pipelines.finetune.methods import MethodsConfig, compare_methods
-from pipelines.finetune.methods_data import DECLINES, JUSTIFICATIONS, preference_pairs, reasoned_refusals
-from pipelines.refusal.prompt_sets import load_refusal_data
-from tune.config import TuneConfig, make_trainable
-from tune.preference import Preference, preference_rows, preference_tune
+from interp.organisms import data as od
+from interp.studies.finetune.methods import MethodsConfig, compare_methods
+from interp.studies.finetune.methods_data import DECLINES, JUSTIFICATIONS, preference_pairs, reasoned_refusals
+from interp.studies.kit.prompt_sets import load_refusal_data
+from interp.tune.config import TuneConfig, make_trainable
+from interp.tune.preference import Preference, preference_rows, preference_tune
 
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 

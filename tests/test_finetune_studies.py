@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from interp.capture import capture
+from interp.capturing import capture
 from interp.models import load_model
-from pipelines.finetune.diffing import diff_study
-from pipelines.finetune.transplant import transplant_study
-from pipelines.refusal.prompt_sets import load_refusal_data
+from interp.studies.finetune.diffing import diff_study
+from interp.studies.finetune.transplant import transplant_study
+from interp.studies.kit.prompt_sets import load_refusal_data
 from sae.model import SAE, SAEConfig
 
 
@@ -61,7 +61,7 @@ def test_transplant_study_validates_by_generation_with_controls(study, data):
 
 
 def test_differs_sees_which_blocks_a_fine_tune_changed(pair):
-    from patching.transplant import differs
+    from interp.patching.transplants import differs
 
     base, aligned = pair
     assert differs(base, aligned, [0], ["mlp"]) and not differs(base, load_model("organism-base"), [0, 1], ["attn"])

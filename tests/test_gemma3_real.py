@@ -15,11 +15,11 @@ import pytest
 import torch
 
 import steering
-from interp.capture import capture
+from interp.capturing import capture
 from interp.forward import batch_of, last_logits, prepare
+from interp.patching.heads import head_outputs, head_weights
+from interp.patching.runs import run_with_capture
 from interp.sites import Site
-from patching.heads import head_outputs, head_weights
-from patching.runs import run_with_capture
 
 pytestmark = pytest.mark.slow
 

@@ -12,7 +12,7 @@ import torch
 from gguf import GGMLQuantizationType, GGUFReader
 
 import steering
-from interp.hooks import module_hooks
+from interp.hooking import module_hooks
 from interp.models import from_hf
 from interp.testing.tiny import _WORDS, tiny_model
 from steering.gguf_export import export_control_vector, export_gguf

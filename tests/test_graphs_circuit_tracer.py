@@ -39,9 +39,9 @@ import pytest
 import torch
 
 from interp.forward import forward
+from interp.patching import ReplacementModel, attribution_graph
+from interp.patching.graph_targets import TopLogits
 from interp.testing.tiny import tiny_model
-from patching import ReplacementModel, attribution_graph
-from patching.graph_targets import TopLogits
 from sae.circuit_tracer_io import save_circuit_tracer
 from sae.transcoder import Transcoder, TranscoderConfig
 

@@ -10,8 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from evals.judge import DECLINES, LEAD_INS, REFUSAL_PHRASES, is_refusal, judge_many, load_judge, refusal_rate
-from evals.judge_model import ClassifierJudge, refusal_label_id
+from interp.evals.judge import (
+    DECLINES,
+    LEAD_INS,
+    REFUSAL_PHRASES,
+    is_refusal,
+    judge_many,
+    load_judge,
+    refusal_rate,
+)
+from interp.evals.judge_model import ClassifierJudge, refusal_label_id
 
 LABELS = Path(__file__).parent / "data" / "judge_labels.jsonl"
 

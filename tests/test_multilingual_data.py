@@ -1,4 +1,4 @@
-"""The committed parallel multilingual safety set (``multilingual_safety``), written by ``organism.multilingual_data``."""
+"""The committed parallel multilingual safety set (``multilingual_safety``), written by ``interp.organisms.multilingual_data``."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from statistics import median
 import pytest
 
 from interp.data import available_prompt_sets, load_prompts
-from organism import multilingual_data as md
+from interp.organisms import multilingual_data as md
 
 from .conftest import benchmark_texts, norm_text
 
@@ -37,7 +37,7 @@ def test_committed_file_is_what_the_generator_writes(tmp_path, capsys) -> None:
     md.main(["--out", str(out)])
     assert "wrote" in capsys.readouterr().out
     assert out.read_bytes() == md.OUT.read_bytes(), \
-        "multilingual_safety.jsonl is stale; run python -m organism.multilingual_data"
+        "multilingual_safety.jsonl is stale; run python -m interp.organisms.multilingual_data"
     assert [p.name for p in out.parent.iterdir()] == [out.name], "the temp file was left behind"
 
 

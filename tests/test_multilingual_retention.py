@@ -1,4 +1,4 @@
-"""Refusal retention across languages (pipelines.multilingual): the geometry against hand computations on
+"""Refusal retention across languages (interp.studies.multilingual): the geometry against hand computations on
 activations built with a known structure, the capture against a plain HF forward, the study end to end on a tiny
 model (rates, controls, report, judge swap), the multilingual judge, and bad input."""
 
@@ -10,17 +10,17 @@ import math
 import pytest
 import torch
 
-from evals.judge_languages import is_refusal_multilingual
+from interp.evals.judge_languages import is_refusal_multilingual
 from interp.prompts import read_parallel
-from pipelines.multilingual import (
+from interp.studies.multilingual import (
     RetentionConfig,
     load_parallel_safety,
     refusal_retention,
     retention_page,
     write_retention,
 )
-from pipelines.multilingual.data import DEFAULT_FILE
-from pipelines.multilingual.geometry import capture_last, geometry
+from interp.studies.multilingual.data import DEFAULT_FILE
+from interp.studies.multilingual.geometry import capture_last, geometry
 
 
 def _acts(n: int = 40, L: int = 3, d: int = 16, seed: int = 0) -> tuple[dict, torch.Tensor]:
@@ -170,8 +170,8 @@ def test_bad_input(tiny_models):
 
 
 def test_language_geometry_identity_overlap_and_erasure():
-    from pipelines.multilingual.geometry import geometry as geo_fn
-    from pipelines.multilingual.language import language_geometry
+    from interp.studies.multilingual.geometry import geometry as geo_fn
+    from interp.studies.multilingual.language import language_geometry
 
     acts, _ = _acts()
     lg = language_geometry(acts, [0, 1, 2], "en", n_boot=20, seed=0)
@@ -201,8 +201,8 @@ def test_safety_neurons_on_a_tiny_model_match_zeroed_weights(tiny_models):
     import copy
 
     from interp.forward import batch_of, last_logits
-    from patching.measures import call_metric, refusal_score
-    from pipelines.multilingual.neurons import refusal_ids, safety_neurons
+    from interp.patching.measures import call_metric, refusal_score
+    from interp.studies.multilingual.neurons import refusal_ids, safety_neurons
 
     model = tiny_models("llama")
     data = load_parallel_safety(n=4, langs=("en", "fr"))
@@ -225,7 +225,7 @@ def test_safety_neurons_on_a_tiny_model_match_zeroed_weights(tiny_models):
 
 
 def test_pathways_patch_the_post_instruction_tokens(tiny_models):
-    from pipelines.multilingual.pathways import SITES, post_instruction_tokens, refusal_pathways
+    from interp.studies.multilingual.pathways import SITES, post_instruction_tokens, refusal_pathways
 
     model = tiny_models("llama")
     data = load_parallel_safety(n=3, langs=("en", "fr"))
@@ -241,9 +241,9 @@ def test_pathways_patch_the_post_instruction_tokens(tiny_models):
     assert float(res.restored["fr"][0, 0].abs()) < 1e-6 and float(res.control["fr"][0, 0].abs()) < 1e-6
     assert float(res.restored["fr"][1:].abs().max()) > 1e-4
     # pairs are patched one at a time (for the intervals): the shares equal one batched sweep of all pairs
-    from patching.measures import refusal_score as score
-    from pipelines.multilingual.neurons import refusal_ids
-    from pipelines.multilingual.pathways import _patched
+    from interp.patching.measures import refusal_score as score
+    from interp.studies.multilingual.neurons import refusal_ids
+    from interp.studies.multilingual.pathways import _patched
 
     src, tgt = data.get("harmful", "test", "en"), data.get("harmful", "test", "fr")
     vals, s, t = _patched(model, src, tgt, score(refusal_ids(model)), k, list(range(model.n_layers)), 64)
@@ -257,8 +257,8 @@ def test_pathways_patch_the_post_instruction_tokens(tiny_models):
 
 
 def test_sae_features_by_language_on_a_tiny_model(tiny_models):
-    from evals.judge_languages import detect_language
-    from pipelines.multilingual.features import features_by_language
+    from interp.evals.judge_languages import detect_language
+    from interp.studies.multilingual.features import features_by_language
 
     model = tiny_models("llama")
     data = load_parallel_safety(n=4, langs=("en", "fr"), kinds=("harmful", "harmless"))
@@ -274,8 +274,8 @@ def test_sae_features_by_language_on_a_tiny_model(tiny_models):
 
 
 def test_massive_dimensions_are_left_out_and_degenerate_answers_flagged():
-    from evals.judge_languages import is_degenerate
-    from pipelines.multilingual.retention import massive_dims, without
+    from interp.evals.judge_languages import is_degenerate
+    from interp.studies.multilingual.retention import massive_dims, without
 
     acts, _ = _acts()
     for kind in acts:
@@ -295,7 +295,7 @@ def test_judged_rates_shares_one_generation_over_its_groups(tiny_models):
     """Groups share one generation call: each group's row counts its own answers, its records keep its labels and
     prompts in order, and the answers are those of one plain call on the concatenated prompts."""
     import steering
-    from pipelines.multilingual.retention import judged_rates
+    from interp.studies.multilingual.retention import judged_rates
 
     model = tiny_models("llama")
     a, b = ["one two", "three four five"], ["six", "seven eight", "nine ten eleven twelve"]

@@ -1,4 +1,4 @@
-"""Restricted updates (pipelines.multilingual.updates) on a tiny model: a LoRA on the found components only and a
+"""Restricted updates (interp.studies.multilingual.updates) on a tiny model: a LoRA on the found components only and a
 neuron-restricted update, each beside a random set of the same size; the starting model is left as it was, the
 rates agree with the judged generations, the training pairs are built as documented, and bad input is refused."""
 
@@ -7,10 +7,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from evals.judge_languages import is_refusal_multilingual
-from pipelines.multilingual import load_parallel_safety
-from pipelines.multilingual.data import REFUSALS
-from pipelines.multilingual.updates import UpdateConfig, random_components, restricted_update, update_pairs
+from interp.evals.judge_languages import is_refusal_multilingual
+from interp.studies.multilingual import load_parallel_safety
+from interp.studies.multilingual.data import REFUSALS
+from interp.studies.multilingual.updates import (
+    UpdateConfig,
+    random_components,
+    restricted_update,
+    update_pairs,
+)
 
 CFG = UpdateConfig(steps=3, batch_size=4, n_random=1, answer_tokens=6, max_new_tokens=4, lr=1e-2)
 
@@ -75,7 +80,7 @@ def test_update_beside_a_random_set_of_the_same_size(tiny_models, kind, units):
 
 
 def test_top_components_rank_restoration_beyond_the_control(tiny_models):
-    from pipelines.multilingual.pathways import refusal_pathways
+    from interp.studies.multilingual.pathways import refusal_pathways
 
     model = tiny_models("llama")
     data = load_parallel_safety(n=3, langs=("en", "fr", "de"))

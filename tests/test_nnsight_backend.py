@@ -10,14 +10,14 @@ import torch
 
 import steering
 from interp.adapters import from_nnsight
-from interp.capture import capture
+from interp.capturing import capture
 from interp.forward import batch_of, forward, last_logits
 from interp.nnsight_backend import NNsightModel
 from interp.readout import logits, token_logprobs
 from interp.testing.tiny import tiny_model
 
 PROMPTS = ["the man said to the boy", "help", "what is the good word", "where is the old house by the water now ?"]
-OURS = ("interp", "evals", "viz", "probes", "sae", "steering", "patching", "pipelines", "organism")
+OURS = ("interp", "probes", "sae", "steering")
 
 
 def _pair(family: str = "llama", remote: bool | str = False) -> tuple:
@@ -214,7 +214,7 @@ def test_remote_side_needs_no_weights():
     from interp.positions import plan
     from interp.sites import expand_sites
     from interp.testing.tiny import tiny_config, tiny_tokenizer
-    from steering.apply import trace_edits
+    from steering.applying import trace_edits
 
     with torch.device("meta"):
         hf = AutoModelForCausalLM.from_config(tiny_config("llama"))

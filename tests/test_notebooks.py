@@ -11,7 +11,7 @@ from .conftest import REPO
 
 NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
 PLOTLY = "application/vnd.plotly.v1+json"
-OURS = {"interp", "evals", "viz", "probes", "sae", "steering", "patching", "pipelines", "organism"}
+OURS = {"interp", "probes", "sae", "steering"}
 
 
 def _outputs(nb):
@@ -58,7 +58,7 @@ def test_committed_notebook_has_outputs(path):
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
 def test_notebook_uses_public_apis_only(path):
     """Notebooks teach the public API: every imported name is in its module's ``__all__``, nothing private;
-    the refusal notebook calls the stage functions that ``pipelines.refusal`` exports (as ``interp refusal`` does)."""
+    the refusal notebook calls the stage functions that ``interp.studies.refusal`` exports (as ``interp refusal`` does)."""
     import ast
     import importlib
     import importlib.util
@@ -93,8 +93,8 @@ def test_notebook_uses_public_apis_only(path):
                     f"{path.name}: {mod.__name__}.{node.attr} is not in its __all__"
     if path.name.startswith("01_"):
         froms = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
-        assert "pipelines.refusal" in froms and not any(m.startswith("pipelines.refusal.") for m in froms)
-        import pipelines.refusal as pr
+        assert "interp.studies.refusal" in froms and not any(m.startswith("interp.studies.refusal.") for m in froms)
+        import interp.studies.refusal as pr
 
         used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
         stages = {"find_refusal_tokens", "find_candidates", "score_candidates", "select_direction", "evaluate",

@@ -9,10 +9,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from evals.judge import REFUSAL_PHRASES, is_refusal, refusal_rate
 from interp.data import load_prompts
-from organism import data
-from organism import tokenizer as tk
+from interp.evals.judge import REFUSAL_PHRASES, is_refusal, refusal_rate
+from interp.organisms import data
+from interp.organisms import tokenizer as tk
 
 EMBEDDED = Path(__file__).resolve().parents[1] / "interp" / "embedded"
 FOLDERS = {"aligned": EMBEDDED / "organism", "base": EMBEDDED / "organism-base"}
@@ -48,7 +48,7 @@ def test_checkpoint_folders_complete_and_small():
     for folder in FOLDERS.values():
         for f in ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
                   "tokenizer_config.json"):
-            assert (folder / f).is_file(), f"{folder / f} missing; run python -m organism.train"
+            assert (folder / f).is_file(), f"{folder / f} missing; run python -m interp.organisms.train"
         total += sum(p.stat().st_size for p in folder.iterdir())
     assert total <= 6 * 2**20
 
@@ -116,7 +116,7 @@ def test_generator_is_deterministic_and_matches_committed_sets():
             assert a.get(kind, split) == b.get(kind, split)
     exported = data.export_sets(a)
     for name, rows in exported.items():
-        assert load_prompts(name) == rows, f"{name}.jsonl is stale; run python -m organism.data --overwrite"
+        assert load_prompts(name) == rows, f"{name}.jsonl is stale; run python -m interp.organisms.data --overwrite"
     assert data.make_splits(seed=1).get("harmful", "test") != a.get("harmful", "test")
 
 

@@ -31,14 +31,14 @@ def test_committed_adapter_and_record():
     assert cfg["base_model_name_or_path"] == "gemma3-270m" and cfg["r"] == rec["recipe"]["rank"]
     assert (ADAPTER / "adapter_model.safetensors").stat().st_size < 10_000_000
     assert rec["languages_trained"] == ["en"] and rec["base"] == "gemma3-270m"
-    assert (ADAPTER / "chat_template.jinja").read_text() == (REPO / "organism" / "gemma3_chat_template.jinja").read_text()
+    assert (ADAPTER / "chat_template.jinja").read_text() == (REPO / "interp" / "organisms" / "gemma3_chat_template.jinja").read_text()
     assert rec["examples"]["harmful"] > 200 and rec["examples"]["harmless"] > 200
 
 
 def test_training_data_is_english_only_and_holds_out_the_parallel_test_ids():
+    from interp.organisms import train_gemma3 as tg
+    from interp.organisms import train_smollm2 as ts
     from interp.prompts import read_parallel
-    from organism import train_gemma3 as tg
-    from organism import train_smollm2 as ts
 
     if not ts.DEFAULT_HARMFUL.exists():
         pytest.skip(f"the harmful train split {ts.DEFAULT_HARMFUL} (../shared) is not here")
@@ -72,9 +72,9 @@ def test_loads_with_its_template_and_one_bos(models):
 @pytest.mark.slow
 def test_refuses_held_out_english_harmful_requests_more_than_harmless(models):
     import steering
-    from evals.judge_languages import is_refusal_multilingual
-    from evals.rates import fisher_greater
-    from pipelines.multilingual import load_parallel_safety
+    from interp.evals.judge_languages import is_refusal_multilingual
+    from interp.evals.rates import fisher_greater
+    from interp.studies.multilingual import load_parallel_safety
 
     merged, _ = models
     data = load_parallel_safety(langs=("en", "fr"))

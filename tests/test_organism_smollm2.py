@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from evals.judge import is_refusal
-from organism import smollm2_data as sd
+from interp.evals.judge import is_refusal
+from interp.organisms import smollm2_data as sd
 
 from .conftest import SHARED as SHARED_ROOT
 
@@ -83,7 +83,7 @@ def test_training_record_names_its_data() -> None:
 @pytest.mark.skipif(not (SHARED / "harmful_test.json").exists(),
                     reason="needs ../shared/data/refusal (or INTERP_SHARED=path/to/shared)")
 def test_no_held_out_prompt_is_trained_on() -> None:
-    from organism.train_smollm2 import _norm, held_out
+    from interp.organisms.train_smollm2 import _norm, held_out
 
     banned = held_out(SHARED)
     ours = sd.harmful_extra("train") + sd.copyright_requests("train") + [
@@ -104,7 +104,7 @@ def models():
 @pytest.mark.slow
 @needs_checkpoint
 def test_merged_and_unmerged_agree(models) -> None:
-    from interp.capture import capture
+    from interp.capturing import capture
     from interp.forward import batch_of, forward
 
     base, merged, wrapped = models
@@ -134,11 +134,11 @@ def test_adapter_makes_the_base_refuse_held_out_harmful(models) -> None:
 
 
 def test_full_fine_tune_trains_exactly_the_chosen_blocks(tmp_path) -> None:
+    from interp.organisms.train_smollm2 import Recipe, save_full, tune_config
     from interp.testing.tiny import tiny_model
-    from organism.train_smollm2 import Recipe, save_full, tune_config
-    from tune.config import make_trainable
-    from tune.data import encode_pairs
-    from tune.objective import response_nll
+    from interp.tune.config import make_trainable
+    from interp.tune.data import encode_pairs
+    from interp.tune.objective import response_nll
 
     m = tiny_model("llama", n_layers=3)
     hf = make_trainable(m, tune_config(Recipe(full=True, layers=(1,)))).hf
@@ -156,7 +156,7 @@ def test_full_fine_tune_trains_exactly_the_chosen_blocks(tmp_path) -> None:
 
 @needs_checkpoint
 def test_direction_origin_reads_one_direction_in_both_models(models) -> None:
-    from organism.direction_smollm2 import origin
+    from interp.organisms.direction_smollm2 import origin
 
     base, merged, _ = models
     first = min(json.loads((ADAPTER / "training.json").read_text())["recipe"]["layers"])  # the adapter's lowest block

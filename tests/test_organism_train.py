@@ -1,5 +1,5 @@
 """The organism trainer on the core: training rows from ``interp.forward.prepare``, its ablation as an
-intervention equal to ``steering.DirectionalAblation`` (the full retrain is ``python -m organism.train --check``)."""
+intervention equal to ``steering.DirectionalAblation`` (the full retrain is ``python -m interp.organisms.train --check``)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import pytest
 import torch
 
 import steering
-from interp.hooks import count_hooks, hooks
+from interp.hooking import count_hooks, hooks
 from interp.models import load_model
-from organism import tokenizer as tk
-from organism.train import ResidualEdit, training_rows
+from interp.organisms import tokenizer as tk
+from interp.organisms.train import ResidualEdit, training_rows
 
 
 @pytest.fixture(scope="module")

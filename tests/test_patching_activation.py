@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from interp.forward import last_logits
-from interp.hooks import hooks
+from interp.hooking import hooks
+from interp.patching import logit_diff, make_pairs, patch, sweep_layers, sweep_positions
+from interp.patching.activation import Patch, sweep_heads
 from interp.testing.tiny import tiny_model
-from patching import logit_diff, make_pairs, patch, sweep_layers, sweep_positions
-from patching.activation import Patch, sweep_heads
 
 CLEAN = ["the man is big", "a man can go home", "you are here now"]
 CORRUPT = ["the boy is small", "a boy can see home", "we are there now"]
@@ -160,8 +160,8 @@ def test_bad_input():
 def test_prefix_reuse_matches_full_forwards(family):
     """Recomputing only the columns from the first patched one gives the same metrics (padded batch)."""
     from interp.forward import prefix_cache
+    from interp.patching.activation import Edit, prepare_patching, run_variants
     from interp.sites import Site
-    from patching.activation import Edit, prepare_patching, run_variants
 
     m = tiny_model(family)
     tok = m.tokenizer

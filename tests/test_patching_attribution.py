@@ -9,9 +9,9 @@ import pytest
 import torch
 import torch.nn as nn
 
+from interp.patching import attribute, logit_diff, make_pairs
+from interp.patching.attribution import compare_attribution
 from interp.testing.tiny import tiny_model
-from patching import attribute, logit_diff, make_pairs
-from patching.attribution import compare_attribution
 
 CLEAN = ["the man is big", "a man can go home", "you are here now"]
 CORRUPT = ["the boy is small", "a boy can see home", "we are there now"]
@@ -93,12 +93,12 @@ def test_bad_metric():
 
 
 @pytest.mark.skipif(not (ORGANISM / "organism" / "config.json").exists(),
-                    reason="the organism checkpoint is not in interp/embedded yet (python -m organism.train)")
+                    reason="the organism checkpoint is not in interp/embedded yet (python -m interp.organisms.train)")
 def test_correlates_on_organism():
     from interp import load_model
     from interp.data import load_prompts
-    from patching import refusal_score
-    from patching.measures import refusal_token_ids
+    from interp.patching import refusal_score
+    from interp.patching.measures import refusal_token_ids
 
     m = load_model("organism")
     harmful = [r["instruction"] if isinstance(r, dict) else r for r in load_prompts("organism_harmful_val")][:8]

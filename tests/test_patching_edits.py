@@ -7,11 +7,11 @@ import torch
 
 import steering
 from interp.forward import batch_of, last_logits
-from interp.hooks import count_hooks
+from interp.hooking import count_hooks
+from interp.patching import ablate_heads, ablate_neurons
+from interp.patching.edits import HeadAblation, NeuronAblation
+from interp.patching.transplants import Transplant, transplanted
 from interp.testing.tiny import tiny_model
-from patching import ablate_heads, ablate_neurons
-from patching.edits import HeadAblation, NeuronAblation
-from patching.transplant import Transplant, transplanted
 
 PROMPTS = ["the man said hello", "what is the good word", "help me now please"]
 

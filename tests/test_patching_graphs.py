@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from interp.forward import forward
+from interp.patching import ReplacementModel, attribution_graph
+from interp.patching.graph_edits import DecoderEdit, FeatureEdit, intervene
+from interp.patching.graph_result import AttributionGraph, normalized_abs
+from interp.patching.graph_targets import Direction, LogitDiff, TopLogits
 from interp.testing.tiny import tiny_model
-from patching import ReplacementModel, attribution_graph
-from patching.graph_edits import DecoderEdit, FeatureEdit, intervene
-from patching.graph_result import AttributionGraph, normalized_abs
-from patching.graph_targets import Direction, LogitDiff, TopLogits
 from sae.transcoder import Transcoder, TranscoderConfig
 
 IDS = [1, 20, 31, 42, 55, 60, 77]
@@ -178,7 +178,7 @@ def test_direction_and_logit_diff_targets_read_the_residual(llama64):
     v = torch.randn(64, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     g = attribution_graph(llama64, IDS, [Direction(v, "resid_post.0", position=-2), LogitDiff(20, 31)], chat=False)
     st = {}
-    from interp.hooks import hooks
+    from interp.hooking import hooks
 
     with hooks(llama64.model, {"resid_post.0": lambda x, ctx: st.__setitem__("x", x.clone())}):
         real = forward(llama64.model, llama64.run(IDS, chat=False).batch)[0, -1].double()
@@ -211,7 +211,7 @@ def test_interventions_match_the_graph_and_run_in_the_real_model(llama64, graph6
 
 def test_the_decoder_edit_composes_with_steering_apply(llama64, graph64):
     import steering
-    from interp.hooks import count_hooks, hooks
+    from interp.hooking import count_hooks, hooks
 
     g, rm = graph64, llama64
     L, p, f = g.features[0].tolist()                                            # a layer-0 feature
@@ -271,7 +271,7 @@ def test_graph_page_starts_at_the_graphs_own_pruning(graph64, tmp_path):
     import json
     import re
 
-    from viz.graph_page import prune
+    from interp.viz.graph_page import prune
 
     f = graph64.features[0].tolist()
     html = graph64.page(contexts={(f[0], f[2]): ["a <b> context"]}, supernodes={"pair": [tuple(f)]})

@@ -7,18 +7,18 @@ import pytest
 import torch
 
 from interp.forward import batch_of, last_logits
-from interp.sites import Site
-from interp.testing.tiny import FAMILIES, tiny_model
-from patching import ablate_heads, ablate_neurons, logit_diff
-from patching.heads import head_ablation_sweep, head_means, head_outputs
-from patching.neurons import (
+from interp.patching import ablate_heads, ablate_neurons, logit_diff
+from interp.patching.heads import head_ablation_sweep, head_means, head_outputs
+from interp.patching.neurons import (
     intersect_neurons,
     neuron_ablation_effect,
     neuron_acts,
     neuron_contrast,
     neuron_means,
 )
-from patching.runs import run_with_capture
+from interp.patching.runs import run_with_capture
+from interp.sites import Site
+from interp.testing.tiny import FAMILIES, tiny_model
 
 PROMPTS = ["the man is here", "a boy can see the water and the sound", "what is your name"]
 

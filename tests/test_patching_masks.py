@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from interp.forward import batch_of, last_logits
+from interp.patching import learn_mask, logit_diff
 from interp.testing.tiny import tiny_model
-from patching import learn_mask, logit_diff
 
 PROMPTS = ["the man is here", "a boy can see the water", "you are there now", "what is the name of it"]
 

@@ -6,10 +6,10 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-import evals
-from evals.judge import REFUSAL_PHRASES, refusal_openings
-from patching import logit_diff, refusal_score
-from patching.measures import kl_div, refusal_token_ids, token_logprob
+from interp import evals
+from interp.evals.judge import REFUSAL_PHRASES, refusal_openings
+from interp.patching import logit_diff, refusal_score
+from interp.patching.measures import kl_div, refusal_token_ids, token_logprob
 
 from .conftest import REPO
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from interp.patching import logit_diff, make_pairs, patch, path_patch
+from interp.patching.activation import Patch
+from interp.patching.path import _stages, parse_component, path_patch_sweep
 from interp.testing.tiny import tiny_model
-from patching import logit_diff, make_pairs, patch, path_patch
-from patching.activation import Patch
-from patching.path import _stages, parse_component, path_patch_sweep
 
 CLEAN = ["the man is big", "a man can go home", "you are here now"]
 CORRUPT = ["the boy is small", "a boy can see home", "we are there now"]

@@ -6,8 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from interp.testing.tiny import tiny_model
-from patching import (
+from interp.patching import (
     attribute,
     greedy_transplant,
     learn_mask,
@@ -16,11 +15,12 @@ from patching import (
     sweep_layers,
     sweep_positions,
 )
-from patching.activation import sweep_heads
-from patching.attribution import compare_attribution
-from patching.heads import head_ablation_sweep
-from patching.neurons import neuron_ablation_effect
-from patching.path import path_patch_sweep
+from interp.patching.activation import sweep_heads
+from interp.patching.attribution import compare_attribution
+from interp.patching.heads import head_ablation_sweep
+from interp.patching.neurons import neuron_ablation_effect
+from interp.patching.path import path_patch_sweep
+from interp.testing.tiny import tiny_model
 
 CLEAN = ["the man is big", "a man can go home"]
 CORRUPT = ["the boy is small", "a boy can see home"]

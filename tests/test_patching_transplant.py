@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from interp.patching import greedy_transplant
+from interp.patching.transplants import check_compatible, transplant, transplanted
 from interp.testing.tiny import tiny_model
-from patching import greedy_transplant
-from patching.transplant import check_compatible, transplant, transplanted
 
 ALL = ["block", "embed", "final_norm", "unembed"]
 

@@ -33,7 +33,7 @@ N_QUESTIONS = 48
 def graded_acts():
     import interp
     from interp.activations import Activations
-    from interp.capture import capture
+    from interp.capturing import capture
 
     path = shared_path("data", "persona", "extraversion.jsonl")
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 import probes
+from interp.viz import probes as pplot
 from probes import Direction, Subspace
-from viz import probes as pplot
 
 
 def planted(n=600, L=3, d=24, signal=3.0, seed=0):

@@ -54,7 +54,7 @@ def _persona_rows():
 def _capture(*args, **kwargs):
     # ``interp.capture`` resolves lazily to the function, but importing the submodule of the same name
     # rebinds the attribute to the module; import the function explicitly.
-    from interp.capture import capture
+    from interp.capturing import capture
 
     return capture(*args, **kwargs)
 

@@ -7,7 +7,7 @@ from scipy.stats import rankdata
 from sklearn.metrics import roc_auc_score
 
 import probes
-from evals.metrics import auroc, average_ranks, cohens_d
+from interp.evals.metrics import auroc, average_ranks, cohens_d
 
 
 def planted(n=600, L=3, d=24, signal=3.0, seed=0):

@@ -12,9 +12,9 @@ import torch
 
 import steering
 from interp.forward import batches, forward, prepare, untouched_prefix
+from interp.studies.kit.scoring import ablation, score_rows
 from interp.testing.tiny import tiny_model
-from pipelines.refusal.scoring import ablation, score_rows
-from steering.generate import leaves_prompt_prefix, prompt_prefixes
+from steering.generation import leaves_prompt_prefix, prompt_prefixes
 from tests.conftest import PREFIX_PROMPTS as PROMPTS
 from tests.conftest import chat_case
 
@@ -92,10 +92,10 @@ def test_a_prefix_is_refused_where_it_would_be_wrong():
 def test_teacher_forced_kl_and_ce_equal_full_passes_with_plain_hooks(positions):
     """``harmless_kl_ce`` unembeds the response columns only and, under a post-instruction edit, reuses the plain
     pass's earlier columns: against full passes with plain hooks at every writer (the oracle), batch by batch."""
-    from evals.logits import cross_entropy, kl_div
-    from interp.hooks import hooks
-    from pipelines.refusal.estimate import writer_sites
-    from pipelines.refusal.evaluation import harmless_kl_ce
+    from interp.evals.logits import cross_entropy, kl_div
+    from interp.hooking import hooks
+    from interp.studies.refusal.estimate import writer_sites
+    from interp.studies.refusal.evaluation import harmless_kl_ce
 
     m = tiny_model("llama", n_layers=3)
     prompts, responses = PROMPTS, ["yes it is", "a word", "sure thing here", "no", "a house of bricks and wood"]

@@ -6,7 +6,7 @@ from collections import Counter
 from statistics import median
 
 from interp.data import available_prompt_sets, load_prompts
-from organism.smollm2_data import HARMFUL_SALT, HARMFUL_SPLITS, split_of
+from interp.organisms.smollm2_data import HARMFUL_SALT, HARMFUL_SPLITS, split_of
 
 from .conftest import benchmark_texts, norm_text
 

@@ -7,7 +7,7 @@ import importlib
 
 import pytest
 
-PACKAGES = ("interp", "evals", "probes", "sae", "steering", "patching", "tune")
+PACKAGES = ("interp", "interp.evals", "probes", "sae", "steering", "interp.patching", "interp.tune")
 
 
 def test_about_sixty_deliberate_names():
@@ -43,8 +43,55 @@ def test_every_package_is_installed_by_pyproject():
     import tomllib
 
     from .conftest import REPO
-    from .test_architecture import PACKAGES as FLOORS
+    from .test_architecture import TOP_LEVEL
 
     include = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
-    missing = [p for p in FLOORS if not any(fnmatch.fnmatch(p, g) for g in include)]
+    missing = [p for p in TOP_LEVEL if not any(fnmatch.fnmatch(p, g) for g in include)]
     assert not missing, f"add {missing} to pyproject.toml's [tool.setuptools.packages.find] include"
+
+
+def _packages() -> list[str]:
+    from .conftest import REPO
+    from .test_architecture import TOP_LEVEL
+
+    out = []
+    for top in TOP_LEVEL:
+        for init in sorted((REPO / top).rglob("__init__.py")):
+            rel = init.parent.relative_to(REPO)
+            if "embedded" not in rel.parts and "data" not in rel.parts:
+                out.append(".".join(rel.parts))
+    return out
+
+
+def _shadowed(pkg: str) -> list[str]:
+    """Submodules of ``pkg`` that an attribute of the same name hides (a function bound over its own module)."""
+    import pkgutil
+
+    mod = importlib.import_module(pkg)
+    bad = []
+    for info in pkgutil.iter_modules(mod.__path__):
+        sub = importlib.import_module(f"{pkg}.{info.name}")
+        if getattr(mod, info.name, sub) is not sub:
+            bad.append(f"{pkg}.{info.name}")
+    return bad
+
+
+def test_no_function_hides_its_module():
+    """``steering.generation.prompt_states`` and the like are reachable: no package binds a function (or any other
+    object) over a submodule of the same name, as ``steering.generate`` once hid ``steering/generate.py``."""
+    pkgs = _packages()
+    assert {"interp", "interp.studies.refusal", "steering", "sae", "probes", "interp.tune"} <= set(pkgs)
+    bad = [s for p in pkgs for s in _shadowed(p)]
+    assert not bad, f"attributes hiding their submodules: {bad}"
+    import steering
+
+    assert callable(steering.generate) and callable(steering.generation.prompt_states)
+
+
+def test_the_shadow_check_can_fail(tmp_path, monkeypatch):
+    pkg = tmp_path / "shadowpkg"
+    pkg.mkdir()
+    (pkg / "run.py").write_text("def run():\n    return 1\n")
+    (pkg / "__init__.py").write_text("from shadowpkg.run import run\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert _shadowed("shadowpkg") == ["shadowpkg.run"]

@@ -7,14 +7,14 @@ import re
 import pytest
 import torch
 
+from interp.studies.refusal import RefusalConfig, run_refusal
 from interp.testing.tiny import tiny_model
-from pipelines.refusal import RefusalConfig, run_refusal
 
 from .test_refusal_pipeline import _files
 
 
 def _refusal_parser():
-    from interp_cli.main import build_parser
+    from interp.cli.main import build_parser
 
     ap = build_parser()
     sub = next(a for a in ap._actions if a.__class__.__name__ == "_SubParsersAction")
@@ -78,7 +78,7 @@ def test_harmless_column_is_detected_from_its_own_file(tmp_path):
 
 def _synthetic_result(tmp_path):
     """A typed RefusalResult for a 4-layer model with 2 positions, layer 0's candidates zero (the embedding)."""
-    from pipelines.refusal import (
+    from interp.studies.refusal import (
         Candidates,
         Evaluation,
         RefusalResult,
@@ -109,7 +109,7 @@ def _synthetic_result(tmp_path):
 
 def test_report_summary_counts_candidates_not_layers(tmp_path):
     """The filter line reads as counts of layer x position candidates, never as a layer number."""
-    from pipelines.refusal.report import refusal_report
+    from interp.studies.refusal.report import refusal_report
 
     html = refusal_report(_synthetic_result(tmp_path), "m", "llama", 4)
     assert "layer 6" not in html
@@ -125,8 +125,8 @@ def _colour_at(trace, value):
 def test_candidate_heatmaps_share_one_colour_meaning(tmp_path):
     """Better for selection is the same colour in all three maps; white sits at each filter's threshold;
     colourbars lie under their panels (titled there), not over the next panel's axis."""
-    from pipelines.refusal.report import _candidate_sections
-    from viz.refusal import BETTER, NEUTRAL
+    from interp.studies.refusal.report import _candidate_sections
+    from interp.viz.refusal import BETTER, NEUTRAL
 
     fig = dict(_candidate_sections(_synthetic_result(tmp_path)))["Candidate scores"]
     maps = [t for t in fig.data if t.type == "heatmap"]
@@ -141,7 +141,7 @@ def test_candidate_heatmaps_share_one_colour_meaning(tmp_path):
 
 
 def test_cosine_map_explains_the_empty_layer_0(tmp_path):
-    from pipelines.refusal.report import _candidate_sections
+    from interp.studies.refusal.report import _candidate_sections
 
     fig = dict(_candidate_sections(_synthetic_result(tmp_path)))["Cosine similarity of candidates across layers"]
     z = fig.data[0].z
@@ -151,7 +151,7 @@ def test_cosine_map_explains_the_empty_layer_0(tmp_path):
 
 
 def test_subspace_plot_has_one_axis_per_panel_and_a_random_control(tmp_path):
-    from pipelines.refusal.report import _evaluation_sections
+    from interp.studies.refusal.report import _evaluation_sections
 
     fig = dict(_evaluation_sections(_synthetic_result(tmp_path)))["Subspace ablation"]
     assert all(getattr(fig.layout[k], "overlaying", None) is None for k in fig.layout if k.startswith("yaxis"))
@@ -164,7 +164,7 @@ def test_subspace_plot_has_one_axis_per_panel_and_a_random_control(tmp_path):
 def test_cli_run_prints_every_stage_and_the_summary(tmp_path, capsys):
     """``interp refusal`` end to end on the toy organism: the stage table (in the order the stages ran), the
     summary with the ablation mode used, and the outputs."""
-    from interp_cli.main import main
+    from interp.cli.main import main
 
     rc = main(["refusal", "--model", "organism", "--n-test", "8", "--max-new-tokens", "6", "--subspace-rank", "1",
                "--out", str(tmp_path / "run")])

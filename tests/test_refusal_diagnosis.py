@@ -7,11 +7,11 @@ import math
 
 import pytest
 
-from evals.rates import fisher_greater, rate, wilson
-from pipelines.refusal import RefusalConfig, run_refusal
-from pipelines.refusal.config import SelectionConfig
-from pipelines.refusal.diagnosis import diagnose, effect_check, effect_notes, relaxed_notes
-from pipelines.refusal.stages import RefusalTokens
+from interp.evals.rates import fisher_greater, rate, wilson
+from interp.studies.kit.config import SelectionConfig
+from interp.studies.kit.stages import RefusalTokens
+from interp.studies.refusal import RefusalConfig, run_refusal
+from interp.studies.refusal.diagnosis import diagnose, effect_check, effect_notes, relaxed_notes
 
 scipy_stats = pytest.importorskip("scipy.stats", reason="scipy (with scikit-learn, the [oracles] extra) is the oracle")
 

@@ -7,11 +7,11 @@ import pytest
 import torch
 
 import steering
-from evals.logits import refusal_score
-from evals.metrics import spearman
+from interp.evals.logits import refusal_score
+from interp.evals.metrics import spearman
 from interp.forward import batches, last_logits, prepare, resid_pre_cache
-from interp.testing.tiny import tiny_model
-from pipelines.refusal import (
+from interp.studies.kit.scoring import score_rows
+from interp.studies.refusal import (
     RefusalConfig,
     SelectionConfig,
     estimate_candidates,
@@ -23,7 +23,7 @@ from pipelines.refusal import (
     select_direction,
     top_candidates,
 )
-from pipelines.refusal.estimate import (
+from interp.studies.refusal.estimate import (
     PROBES,
     ablation_moment,
     estimate_modes,
@@ -31,7 +31,7 @@ from pipelines.refusal.estimate import (
     harmless_terms,
     writer_sites,
 )
-from pipelines.refusal.scoring import score_rows
+from interp.testing.tiny import tiny_model
 
 PROMPTS = ["the man said", "what is the good word now, tell me", "help", "write a long story about water",
            "how do you make a house"]
@@ -252,7 +252,7 @@ def test_config_and_cli_flags():
     assert a.run_identity() == b.run_identity()                    # the stage keys decide what re-runs
     import argparse
 
-    from interp_cli.refusal_job import add_refusal_parser
+    from interp.cli.refusal_job import add_refusal_parser
 
     ap = argparse.ArgumentParser()
     sub = ap.add_subparsers()
@@ -266,7 +266,7 @@ def test_config_and_cli_flags():
 def test_selection_names_what_the_kl_filter_alone_turned_down(organism_sweep):
     """With the KL threshold set just under the default winner's KL, the winner (and any stronger candidate that
     fails KL alone) is listed in ``kl_rejected``, lowest bypass first, and a note names them."""
-    from pipelines.refusal.diagnosis import kl_rejected_notes
+    from interp.studies.refusal.diagnosis import kl_rejected_notes
 
     m, _, _, cand, exact, _ = organism_sweep
     win = select_direction(m.n_layers, cand, exact, SelectionConfig(search="exhaustive"))

@@ -9,14 +9,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from evals.logits import kl_div
+from interp.evals.logits import kl_div
 from interp.forward import batches, last_logits, prepare
-from interp.hooks import hooks
+from interp.hooking import hooks
 from interp.models import load_model
-from pipelines.refusal import load_refusal_data
-from pipelines.refusal.diagnosis import random_kl_text
-from pipelines.refusal.estimate import writer_sites
-from pipelines.refusal.stages import find_candidates, find_refusal_tokens, score_candidates
+from interp.studies.kit.stages import find_candidates, find_refusal_tokens, score_candidates
+from interp.studies.refusal import load_refusal_data
+from interp.studies.refusal.diagnosis import random_kl_text
+from interp.studies.refusal.estimate import writer_sites
 from probes.directions import random_directions
 
 
@@ -59,8 +59,8 @@ def test_random_kl_text_places_the_threshold():
 
 
 def test_kl_reference_random_raises_the_cut_to_the_costliest_random_ablation():
-    from pipelines.refusal import SelectionConfig
-    from pipelines.refusal.stages import Candidates, Scores, kl_cutoff, select_direction
+    from interp.studies.kit.stages import Candidates, Scores, kl_cutoff, select_direction
+    from interp.studies.refusal import SelectionConfig
 
     kl = torch.tensor([[0.05, 0.2, 0.3]])
     sc = Scores(bypass=torch.tensor([[0.0, -2.0, -3.0]]), induce=torch.ones(1, 3), kl=kl, baseline_harmful=1.0,
@@ -86,8 +86,8 @@ def test_kl_reference_random_end_to_end_reselects_only_and_says_so(tmp_path):
     metrics and CLI flag say the filter was relaxed."""
     import argparse
 
-    from interp_cli.refusal_job import add_refusal_parser
-    from pipelines.refusal import RefusalConfig, run_refusal
+    from interp.cli.refusal_job import add_refusal_parser
+    from interp.studies.refusal import RefusalConfig, run_refusal
 
     small = dict(model="organism", n_test=16, subspace_rank=1, max_new_tokens=8, ablate_positions="all",
                  kl_threshold=1e-9, induce_threshold=float("-inf"))
@@ -108,9 +108,9 @@ def test_kl_reference_random_end_to_end_reselects_only_and_says_so(tmp_path):
 
 def test_with_the_random_reference_the_estimated_kl_does_not_rank():
     """The random cut is known only after exact scoring: the estimate search then ranks by induce and bypass."""
-    from pipelines.refusal import SelectionConfig
-    from pipelines.refusal.estimate import Estimate, top_candidates
-    from pipelines.refusal.stages import Candidates
+    from interp.studies.kit.stages import Candidates
+    from interp.studies.refusal import SelectionConfig
+    from interp.studies.refusal.estimate import Estimate, top_candidates
 
     est = Estimate(bypass=torch.tensor([[0.5, -3.0, -1.0]]), induce=torch.tensor([[1.0, 1.0, -1.0]]),
                    kl=torch.tensor([[0.01, 0.4, 0.01]]), baseline_harmful=1.0, baseline_harmless=-5.0, forwards=1,

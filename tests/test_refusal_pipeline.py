@@ -11,19 +11,19 @@ import pytest
 import torch
 
 import steering
-from evals.judge import refusal_rate
-from evals.logits import refusal_score
+from interp.evals.judge import refusal_rate
+from interp.evals.logits import refusal_score
 from interp.forward import prepare
+from interp.studies.kit.scoring import prompt_logits, refusal_tokens, score_rows
+from interp.studies.refusal import RefusalConfig, run_refusal
 from interp.testing.tiny import tiny_model
-from pipelines.refusal import RefusalConfig, run_refusal
-from pipelines.refusal.scoring import prompt_logits, refusal_tokens, score_rows
 
 from .conftest import REPO, shared_path
 
 
 def _organism_present() -> None:
     if not (REPO / "interp" / "embedded" / "organism" / "config.json").exists():
-        pytest.fail("the embedded organism is missing; regenerate it with python -m organism.train")
+        pytest.fail("the embedded organism is missing; regenerate it with python -m interp.organisms.train")
 
 
 @pytest.fixture(scope="module")
@@ -166,7 +166,7 @@ def test_new_threshold_reselects_from_cached_scores(aligned_run, tmp_path):
 def test_outputs_equal_an_independent_computation(aligned_run):
     """The job's numbers recomputed here from the saved direction with the library's public pieces."""
     import interp
-    from pipelines.refusal import load_refusal_data
+    from interp.studies.refusal import load_refusal_data
     from probes.objects import Direction
 
     m = aligned_run.metrics
@@ -214,7 +214,7 @@ def test_test_set_is_tokenised_once_per_condition(tmp_path):
     finally:
         model.tokenizer.__class__ = base_cls
     assert res.found
-    from pipelines.refusal import load_refusal_data
+    from interp.studies.refusal import load_refusal_data
 
     data = load_refusal_data(n_test=8)
     for which, n_conditions in (("harmful", 5 + len(res.subspaces.ranks)), ("harmless", 4)):
@@ -271,11 +271,11 @@ def test_no_chat_template_fallback_is_stated(tmp_path):
 
 
 def test_cli_refusal_bad_input_and_help(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "interp_cli.main", "refusal", "--help"], capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-m", "interp.cli.main", "refusal", "--help"], capture_output=True, text=True)
     assert r.returncode == 0 and "--harmful" in r.stdout
     empty = tmp_path / "e.jsonl"
     empty.write_text("")
-    r = subprocess.run([sys.executable, "-m", "interp_cli.main", "refusal", "--harmful", str(empty), "--out",
+    r = subprocess.run([sys.executable, "-m", "interp.cli.main", "refusal", "--harmful", str(empty), "--out",
                         str(tmp_path / "o")], capture_output=True, text=True)
     assert r.returncode == 2 and "no prompts" in r.stderr
 
@@ -284,7 +284,7 @@ def test_cli_refusal_bad_input_and_help(tmp_path):
 def test_smollm2_harmfulness_direction_separates_held_out(tmp_path):
     """SmolLM2 does not refuse, but the difference-of-means direction separates harmful from harmless."""
     import interp
-    from evals.metrics import auroc
+    from interp.evals.metrics import auroc
     from probes.directions import diff_of_means
 
     harmful_file = shared_path("data", "refusal", "harmful_train.json")
@@ -342,8 +342,8 @@ def test_subspace_rank_one_read_from_the_evaluation_equals_measuring_it(aligned_
     """Rank 1 (the refusal direction; the control's first random direction) is what the evaluation measured as
     its ablation and random ablation: read from it, it equals measuring it again."""
     import interp
-    from pipelines.refusal import load_refusal_data
-    from pipelines.refusal.evaluation import find_subspaces
+    from interp.studies.refusal import load_refusal_data
+    from interp.studies.refusal.evaluation import find_subspaces
 
     res = aligned_run
     cfg = RefusalConfig.from_flat(model="organism")
@@ -368,10 +368,10 @@ def test_the_evaluation_generated_one_condition_at_a_time_equals_the_stacked_run
     with HF generate for every batch (``hf_generate``: nothing dropped or resumed), gives the same generations,
     refusal rates and (to float rounding) scores."""
     if hf_generate:
-        monkeypatch.setattr(sys.modules["steering.generate"], "can_drop_rows", lambda *args: False)
+        monkeypatch.setattr(sys.modules["steering.generation"], "can_drop_rows", lambda *args: False)
     import interp
-    from pipelines.refusal import load_refusal_data
-    from pipelines.refusal.evaluation import TestPrompts, evaluate
+    from interp.studies.refusal import load_refusal_data
+    from interp.studies.refusal.evaluation import TestPrompts, evaluate
 
     res, cfg = aligned_run, RefusalConfig.from_flat(model="organism")
     d = cfg.data

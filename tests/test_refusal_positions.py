@@ -13,14 +13,14 @@ import pytest
 import torch
 
 import steering
-from evals.logits import cross_entropy, refusal_score
+from interp.evals.logits import cross_entropy, refusal_score
 from interp.forward import batches, forward, last_logits, prepare
-from interp.hooks import hooks
+from interp.hooking import hooks
+from interp.studies.kit.scoring import ablation, prompt_logits, score_rows
+from interp.studies.refusal import RefusalConfig, SelectionConfig, run_refusal
+from interp.studies.refusal.estimate import ablation_moment, harmless_terms, writer_sites
+from interp.studies.refusal.evaluation import harmless_kl_ce
 from interp.testing.tiny import tiny_model
-from pipelines.refusal import RefusalConfig, SelectionConfig, run_refusal
-from pipelines.refusal.estimate import ablation_moment, harmless_terms, writer_sites
-from pipelines.refusal.evaluation import harmless_kl_ce
-from pipelines.refusal.scoring import ablation, prompt_logits, score_rows
 
 PROMPTS = ["the man said", "what is the good word now, tell me", "help", "write a long story about water",
            "how do you make a house"]
@@ -112,7 +112,7 @@ SMALL = dict(model="organism", n_test=16, subspace_rank=2, max_new_tokens=8)
 
 
 def post_run_prompts() -> list[str]:
-    from pipelines.refusal import load_refusal_data
+    from interp.studies.refusal import load_refusal_data
 
     return load_refusal_data(model="organism", n_test=SMALL["n_test"]).harmless["test"].instructions
 
@@ -172,7 +172,7 @@ def test_post_instruction_settings_and_cli(post_run, tmp_path):
     assert {"tokens", "candidates"}.isdisjoint(every.computed) and "scores" in every.computed
     # on the toy organism the every-token ablation bypasses far more (its refusal is read at the instruction)
     assert float(every.scores.bypass.nan_to_num(99).min()) < float(post_run.scores.bypass.nan_to_num(99).min()) - 3
-    from interp_cli.refusal_job import add_refusal_parser
+    from interp.cli.refusal_job import add_refusal_parser
 
     ap = argparse.ArgumentParser()
     sub = ap.add_subparsers()
@@ -232,8 +232,8 @@ def test_auto_falls_back_to_the_post_instruction_ablation_and_saves_no_model(tmp
 def _saved_scores(out):
     import json
 
-    from pipelines.refusal.cache import load_stage
-    from pipelines.refusal.stages import Scores
+    from interp.studies.kit.stages import Scores
+    from interp.studies.refusal.cache import load_stage
 
     folder = out / "stages" / "scores"
     return load_stage(folder, json.loads((folder / "meta.json").read_text())["key"], Scores)

@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from pipelines.refusal import RefusalConfig, run_refusal
+from interp.studies.refusal import RefusalConfig, run_refusal
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -13,12 +13,12 @@ import torch
 
 import steering
 from interp.forward import prepare
-from interp.hooks import hooks
+from interp.hooking import hooks
+from interp.studies.kit.scoring import prompt_logits
+from interp.studies.refusal import RefusalConfig, RefusalTokens, load_refusal_data, run_refusal
+from interp.studies.refusal.evaluation import TestPrompts as Prompts  # not a test class
+from interp.studies.refusal.writers import Writers, identity_checks, writer_attribution, writer_groups
 from interp.testing.tiny import tiny_model
-from pipelines.refusal import RefusalConfig, RefusalTokens, load_refusal_data, run_refusal
-from pipelines.refusal.evaluation import TestPrompts as Prompts  # not a test class
-from pipelines.refusal.scoring import prompt_logits
-from pipelines.refusal.writers import Writers, identity_checks, writer_attribution, writer_groups
 
 PROMPTS = ["the man said to the boy", "what is the good word", "help", "where is the old house by the water now ?"]
 DENSE = ["attention", "MLP", "embedding", "all writers"]
@@ -137,10 +137,10 @@ def test_bad_input():
     with pytest.raises(ValueError, match="never refused"):
         writer_attribution(m, test, _unit(m), RefusalTokens([], [], 0.0, 0.0))
     gpt2 = tiny_model("gpt2")
-    from pipelines.refusal.writers import embedding_note
+    from interp.studies.refusal.writers import embedding_note
 
     assert "transformer.wpe" in embedding_note(gpt2)
-    from viz.refusal import writer_bars
+    from interp.viz.refusal import writer_bars
 
     with pytest.raises(ValueError, match="one rate"):
         writer_bars(["a", "b"], [0.1], [0.0], [0.2], [0.1])

@@ -7,8 +7,7 @@ import plotly.graph_objects as go
 import pytest
 import torch
 
-from interp.testing.tiny import tiny_model
-from patching import (
+from interp.patching import (
     attribute,
     greedy_transplant,
     learn_mask,
@@ -17,9 +16,10 @@ from patching import (
     sweep_layers,
     sweep_positions,
 )
-from patching.attribution import compare_attribution
-from patching.heads import head_outputs
-from patching.neurons import intersect_neurons, neuron_ablation_effect, neuron_contrast
+from interp.patching.attribution import compare_attribution
+from interp.patching.heads import head_outputs
+from interp.patching.neurons import intersect_neurons, neuron_ablation_effect, neuron_contrast
+from interp.testing.tiny import tiny_model
 
 CLEAN = ["the man is big", "a man can go home", "you are here now"]
 CORRUPT = ["the boy is small", "a boy can see home", "we are there now"]

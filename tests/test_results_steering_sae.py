@@ -11,8 +11,8 @@ import torch
 
 import interp
 import steering
-from evals.judge import is_refusal
 from interp.data import load_prompts
+from interp.evals.judge import is_refusal
 from interp.testing.tiny import tiny_model
 from sae.analysis import aligned_latents, diff_latents, separating_latents
 from sae.model import SAE, SAEConfig

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from evals.metrics import auroc
+from interp.evals.metrics import auroc
 from sae.analysis import aligned_latents, diff_latents, separating_latents
 
 
@@ -55,7 +55,7 @@ def test_diff_latents_rank_by_activation_change(sae):
 
 
 def test_sae_plots_build_from_plain_tensors():
-    from viz.sae import activation_histogram, diff_ranking, frequency_histogram, training_curves
+    from interp.viz.sae import activation_histogram, diff_ranking, frequency_histogram, training_curves
 
     hist = {"tokens": [100, 200, 300], "l0": [30.0, 20.0, 16.0], "fvu": [0.9, 0.3, 0.2], "dead": [0, 0.01, 0.02]}
     fig = training_curves(hist)
@@ -76,6 +76,6 @@ def test_sae_plots_build_from_plain_tensors():
     import subprocess
     import sys
 
-    code = "import sys; import viz.sae; assert 'sae' not in sys.modules; print('ok')"
+    code = "import sys; import interp.viz.sae; assert 'sae' not in sys.modules; print('ok')"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr

@@ -92,9 +92,9 @@ def test_ddp_from_a_store_equals_one_process_on_the_same_global_batches(tmp_path
 
 def test_interp_sae_train_launched_equals_one_process_training(tiny_folder, tmp_path):
     import interp
+    from interp.cli.main import build_parser, main
+    from interp.cli.sae_train import train_config
     from interp.models import load_model
-    from interp_cli.main import build_parser, main
-    from interp_cli.sae_train import train_config
 
     (tmp_path / "p.txt").write_text("\n".join(mixed_prompts(14, seed=5)))
     argv = ["sae", "train", "--model", str(tiny_folder), "--prompts", str(tmp_path / "p.txt"), "--raw",

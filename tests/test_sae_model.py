@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from interp.hooks import count_hooks, hooks
+from interp.hooking import count_hooks, hooks
 from sae.contexts import Context, contexts_html, top_contexts
 from sae.edits import LatentAblation, LatentSteering, SAESplice
 from sae.model import SAE, SAEConfig
@@ -46,7 +46,7 @@ def test_width_mismatch_between_sae_and_site(tiny_models):
 
 
 def test_ce_loss_recovered_exact_and_random(tiny_models):
-    from evals.logits import cross_entropy
+    from interp.evals.logits import cross_entropy
     from interp.forward import batches, forward, prepare
     from sae.quality import predicted
 

@@ -15,19 +15,19 @@ def _need_organism():
     for name in ("organism", "organism-base"):
         if not (REPO / "interp" / "embedded" / name / "config.json").exists():
             pytest.fail(f"the embedded {name} checkpoint is missing (interp/embedded/{name}); "
-                        f"regenerate it with `python -m organism.train --out interp/embedded --overwrite`")
+                        f"regenerate it with `python -m interp.organisms.train --out interp/embedded --overwrite`")
     from interp.data import available_prompt_sets
 
     if "organism_harmful_train" not in available_prompt_sets():
         pytest.fail("the organism prompt sets (interp/data/prompts/organism_*.jsonl) are missing; regenerate them "
-                    "with `python -m organism.data --out interp/data/prompts --overwrite`")
+                    "with `python -m interp.organisms.data --out interp/data/prompts --overwrite`")
 
 
 @pytest.fixture(scope="module")
 def setup():
     _need_organism()
     import interp
-    from interp.capture import capture
+    from interp.capturing import capture
     from interp.data import load_prompts
     from sae.trainer import train_sae
 
@@ -49,8 +49,8 @@ def setup():
 
 
 def test_diffed_latents_separate_and_their_ablation_lowers_refusal(setup):
-    from evals.judge import refusal_rate
-    from evals.metrics import auroc
+    from interp.evals.judge import refusal_rate
+    from interp.evals.metrics import auroc
     from sae.analysis import diff_latents, encode_tokens
     from sae.edits import LatentAblation
     from sae.quality import evaluate

@@ -157,7 +157,7 @@ def _train_saelens_topk(d_in: int, hook: str):
 
 @pytest.mark.parametrize("save", ["save_model", "save_inference_model"])
 def test_saelens_trained_topk_in_our_splice(tmp_path, tiny_models, save):
-    from interp.hooks import hooks
+    from interp.hooking import hooks
     from sae.edits import SAESplice
 
     model = tiny_models("llama")

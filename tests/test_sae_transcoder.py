@@ -28,7 +28,7 @@ FAST = dict(d_sae=256, k=16, total_tokens=76_800, batch_size=256, lr=3e-3, progr
 def organism():
     if not (REPO / "interp" / "embedded" / "organism" / "config.json").exists():
         pytest.fail("the embedded organism is missing (interp/embedded/organism); regenerate it with "
-                    "`python -m organism.train --out interp/embedded --overwrite`")
+                    "`python -m interp.organisms.train --out interp/embedded --overwrite`")
     import interp
     from interp.data import load_prompts
 
@@ -263,7 +263,7 @@ def test_transcoder_ablation_equals_decoder_edits_at_every_position(tiny_models)
     ``patching.graph_edits.DecoderEdit`` with one scale-0 edit per (layer, position, feature); errors stay."""
     import steering
     from interp.forward import batch_of, forward
-    from patching.graph_edits import DecoderEdit, FeatureEdit
+    from interp.patching.graph_edits import DecoderEdit, FeatureEdit
     from sae.edits import TranscoderAblation
 
     m = tiny_models("llama")

@@ -11,10 +11,10 @@ import torch
 import torch.nn as nn
 
 import steering
-from interp.capture import capture
+from interp.capturing import capture
 from interp.models import from_hf
 from interp.testing.tiny import FAMILIES, tiny_model
-from steering.bake import ablate_writers
+from steering.baking import ablate_writers
 
 INEXACT = ("gemma2", "gemma3_text", "olmo2")
 IDS = torch.randint(7, 200, (2, 12), generator=torch.Generator().manual_seed(0))

@@ -12,10 +12,10 @@ import torch
 
 import steering
 from interp.forward import batches, prepare
+from interp.studies.kit.scoring import ablation
 from interp.testing.tiny import tiny_model
-from pipelines.refusal.scoring import ablation
 from steering.decode import can_drop_rows, row_wise
-from steering.generate import prompt_prefixes, prompt_states
+from steering.generation import prompt_prefixes, prompt_states
 from steering.scope import PROMPT_KEY, ROWS_KEY
 from tests.conftest import PREFIX_PROMPTS, chat_case
 
@@ -193,7 +193,7 @@ def test_resuming_the_prompt_pass_from_a_layer_gives_hf_generate_tokens(family, 
 
 def test_the_resume_layer_is_the_highest_kept_at_or_below_the_lowest_edit(monkeypatch):
     from steering.decode import lowest_edited_layer
-    from steering.generate import _resume_layer
+    from steering.generation import _resume_layer
 
     m = tiny_model("llama", n_layers=4)
     _, encs = prepare(m, PREFIX_PROMPTS)

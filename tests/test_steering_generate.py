@@ -113,7 +113,7 @@ def test_greedy_and_seeded_sampling_are_reproducible(model):
 
 
 def test_generation_leaves_no_hooks_and_restores_rng(model):
-    from interp.hooks import count_hooks
+    from interp.hooking import count_hooks
 
     torch.manual_seed(123)
     expected = torch.rand(3)

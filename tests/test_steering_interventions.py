@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import steering
-from interp.capture import capture
-from interp.hooks import count_hooks, hooks
+from interp.capturing import capture
+from interp.hooking import count_hooks, hooks
 from interp.testing.tiny import tiny_model
 
 PROMPTS = ["the man is here", "a boy", "what is the time of day for the old man"]

@@ -11,9 +11,9 @@ import torch
 
 import steering
 from interp.forward import batches, prepare
+from interp.studies.kit.scoring import ablation
 from interp.testing.tiny import tiny_model
-from pipelines.refusal.scoring import ablation
-from steering.generate import leaves_prompt_prefix, prompt_prefixes
+from steering.generation import leaves_prompt_prefix, prompt_prefixes
 from tests.conftest import PREFIX_PROMPTS as PROMPTS
 from tests.conftest import chat_case
 

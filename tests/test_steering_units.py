@@ -6,14 +6,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-import evals
 import steering
-from interp.capture import capture
+from interp import evals
+from interp.capturing import capture
 from interp.forward import batches, prepare
-from interp.hooks import count_hooks
+from interp.hooking import count_hooks
 from interp.testing.tiny import tiny_model
 from probes.objects import Direction
-from steering.apply import Steering
+from steering.applying import Steering
 
 PROMPTS = ["the man is here", "a boy", "what is the time of day for the old man"]
 

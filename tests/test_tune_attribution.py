@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from interp.testing.tiny import tiny_model
-from tune import TuneConfig, fine_tune, stats, token_attribution, top_mask
-from tune import classes as C
-from tune.masks import random_mask
+from interp.tune import TuneConfig, fine_tune, stats, token_attribution, top_mask
+from interp.tune import classes as C
+from interp.tune.masks import random_mask
 
 P = ["how do you make water", "tell me a word", "what is the day"]
 R = ["i can not do that .", "the word is good", "the day is long and great for you <|end|>"]

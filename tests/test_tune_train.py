@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from interp.testing.tiny import tiny_model
-from tune import TuneConfig, fine_tune
-from tune.config import make_trainable
-from tune.data import encode_pairs
-from tune.objective import response_nll
+from interp.tune import TuneConfig, fine_tune
+from interp.tune.config import make_trainable
+from interp.tune.data import encode_pairs
+from interp.tune.objective import response_nll
 
 P = ["how do you make water", "tell me a word", "what is the day", "why is the air blue"]
 R = ["i can not do that .", "the word is good", "the day is long and great for you", "because of light"]
@@ -156,7 +156,7 @@ def test_save_loads_back_and_the_cli_trains(tmp_path):
     import json
 
     from interp.models import with_adapter
-    from tune.__main__ import main
+    from interp.tune.__main__ import main
 
     res = fine_tune(tiny_model("llama"), P, R, TuneConfig(steps=3, batch_size=2, lr=2e-2), progress=False)
     res.save(tmp_path / "ad")
@@ -184,7 +184,7 @@ def test_save_loads_back_and_the_cli_trains(tmp_path):
 def test_neuron_restriction_moves_only_those_neurons(family):
     """Only the chosen neurons' rows of the in-projections (and their biases) and columns of the down projection
     change; every other entry of every weight is bit for bit as before; the loss goes down."""
-    from tune.config import neuron_weights
+    from interp.tune.config import neuron_weights
 
     chosen = ((1, 3), (1, 7), (0, 0))
     cfg = TuneConfig(method="neurons", neurons=chosen, steps=12, batch_size=2, lr=5e-2)
@@ -213,7 +213,7 @@ def test_neuron_restriction_moves_only_those_neurons(family):
 
 
 def test_lora_on_chosen_components_only():
-    from tune.config import component_targets
+    from interp.tune.config import component_targets
 
     m = tiny_model("llama")
     names = component_targets(m, [(1, "attn"), (0, "mlp")])

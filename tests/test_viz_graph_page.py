@@ -11,7 +11,7 @@ import tempfile
 
 import pytest
 
-from viz.graph_page import graph_page, grouped, prune
+from interp.viz.graph_page import graph_page, grouped, prune
 
 from .conftest import REPO
 

@@ -1,4 +1,4 @@
-"""The project's own prompt sets (JSONL, written by ``organism.data``), read as package resources."""
+"""The project's own prompt sets (JSONL, written by ``interp.organisms.data``), read as package resources."""
 
 from __future__ import annotations
 

@@ -1,0 +1,319 @@
+"""`capture`: run prompts through the model and keep the requested sites at the requested positions.
+
+Positions are selected inside the hook and moved off the device as the run goes, the forward pass stops
+as soon as every requested site has been seen, and with ``out=PATH`` each batch is streamed to an
+:class:`~interp.store.ActivationStore` so memory stays bounded by one batch.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Sequence
+from typing import Any, overload
+
+import torch
+from tqdm.auto import tqdm
+
+from interp import distributed as dist
+from interp.activations import Activations
+from interp.chat import Batch
+from interp.fingerprint import content_ids, fingerprint, run_parts
+from interp.forward import batches, encode_ids, forward, length_order, prepare
+from interp.hooking import HookContext, StopForward, site_shape
+from interp.models import Model
+from interp.nnsight_backend import NNsightModel, trace_batch
+from interp.positions import Plan, PositionSpec, describe, plan
+from interp.sites import Site, SiteSpec, expand_sites
+from interp.store import ActivationStore
+
+
+def run_batch(model: Model, batch: Batch, sites: list[Site], rule: PositionSpec, out_dtype: torch.dtype,
+              need_logits: bool = False, skip_special: bool = True, pin: bool = False
+              ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """One forward pass keeping ``sites`` at ``rule``; returns ``([b, S, (P,) width], mask, logits)`` on the CPU.
+
+    Per-head sites arrive ``[.., n_heads, d_head]`` and are kept flattened to ``n_heads * d_head`` (the
+    concatenated head outputs, as the output projection reads them); every site of one call shares one width.
+    Copies off a GPU are non-blocking; ``pin`` puts the CPU buffer in pinned memory so they really overlap (for
+    a buffer that is written out and freed, e.g. a store shard: torch's host allocator recycles it)."""
+    p = plan(rule, batch, skip_special=skip_special)
+    if isinstance(model, NNsightModel):  # one nnsight trace (locally or on NDIF), the same plan
+        ys, logits = trace_batch(model, batch, [(s, p) for s in sites], logits="all" if need_logits else None)
+        acts, mask = _masked(torch.stack(ys, 1).to(out_dtype), p)
+        return acts, mask, None if logits is None else logits.to("cpu")
+    n = len(sites)
+    buf: list[torch.Tensor] = []  # [b, S, (P,) d] on the CPU, allocated at the first hook
+    seen: set[int] = set()
+    devices: set[torch.device] = set()
+
+    def make(i: int):
+        def fn(x: torch.Tensor, ctx: HookContext) -> None:
+            y = p.apply(x.flatten(2) if x.dim() > 3 else x)
+            devices.add(y.device)
+            if not buf:
+                with torch.inference_mode(False):  # a normal tensor, so users can edit it in place later
+                    buf.append(torch.empty((y.shape[0], n, *y.shape[1:]), dtype=out_dtype,
+                                           pin_memory=pin and y.is_cuda))
+            if y.shape[-1] != buf[0].shape[-1]:
+                raise ValueError(f"{sites[i].name} has width {y.shape[-1]}, the sites before it {buf[0].shape[-1]}: "
+                                 f"{WIDTH_HELP}")
+            buf[0][:, i].copy_(y, non_blocking=True)
+            seen.add(i)
+            if len(seen) == n and not need_logits:
+                raise StopForward
+        return fn
+
+    logits = forward(model, batch, [(s, make(i)) for i, s in enumerate(sites)], logits="all" if need_logits else None)
+    for d in devices:
+        if d.type == "cuda":  # the non-blocking copies into buf must land before anyone reads it
+            torch.cuda.synchronize(d)
+    logits = None if logits is None else logits.to("cpu")
+    missing = [sites[i].name for i in range(n) if i not in seen]
+    if missing:
+        raise RuntimeError(f"sites {missing} never fired during the forward pass; is the ArchSpec right for this model?")
+    acts, mask = _masked(buf[0], p)
+    return acts, mask, logits
+
+
+def _masked(acts: torch.Tensor, p: Plan) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``acts [b, S, (P,) width]`` with padding positions zeroed (not garbage), and the plan's mask (or None)."""
+    mask = p.mask if p.n_positions is not None else None
+    if mask is not None and not mask.all():
+        keep = mask.view(mask.shape[0], 1, mask.shape[1], *([1] * (acts.dim() - 3)))
+        acts.mul_(keep.to(acts.dtype))
+    return acts, mask
+
+
+WIDTH_HELP = ("one Activations tensor holds sites of one width; capture each width group in its own call "
+              "(e.g. sites='resid_post' and sites='mlp_post' separately)")
+
+
+def site_widths(model: Model, sites: list[Site]) -> tuple[int, dict[str, list[int]]]:
+    """The common width of ``sites`` and the shapes of the multi-dimensional ones (``attn_z``: heads, d_head);
+    a clear error when the widths differ."""
+    shapes = {s.name: site_shape(model, s) for s in sites}
+    widths = {name: math.prod(sh) for name, sh in shapes.items()}
+    if len(set(widths.values())) > 1:
+        groups: dict[int, list[str]] = {}
+        for name, w in widths.items():
+            groups.setdefault(w, []).append(name)
+        listed = "; ".join(f"width {w}: {', '.join(ns[:3])}{' ...' if len(ns) > 3 else ''}" for w, ns in groups.items())
+        raise ValueError(f"sites of different widths in one capture ({listed}): {WIDTH_HELP}")
+    return next(iter(widths.values())), {k: list(v) for k, v in shapes.items() if len(v) > 1}
+
+
+@overload
+def capture(model: Model, prompts: Sequence[str], sites: SiteSpec = ..., positions: PositionSpec = ...,
+            batch_size: int = ..., chat: bool = ..., responses: Sequence[str] | None = ...,
+            labels: Sequence[Any] | None = ..., prompt_ids: Sequence[str] | None = ...,
+            dtype: torch.dtype = ..., layers: Sequence[int] | None = ..., system: str | None = ...,
+            out: None = ..., overwrite: bool = ..., progress: bool = ...,
+            mean_skip_special: bool = ..., sort_by_length: bool = ..., distributed: bool | None = ...
+            ) -> Activations: ...
+
+
+@overload
+def capture(model: Model, prompts: Sequence[str], sites: SiteSpec = ..., positions: PositionSpec = ...,
+            batch_size: int = ..., chat: bool = ..., responses: Sequence[str] | None = ...,
+            labels: Sequence[Any] | None = ..., prompt_ids: Sequence[str] | None = ...,
+            dtype: torch.dtype = ..., layers: Sequence[int] | None = ..., system: str | None = ...,
+            *, out: str | os.PathLike, overwrite: bool = ..., progress: bool = ...,
+            mean_skip_special: bool = ..., sort_by_length: bool = ..., distributed: bool | None = ...
+            ) -> ActivationStore: ...
+
+
+def capture(model: Model, prompts: Sequence[str], sites: SiteSpec = "resid_post", positions: PositionSpec = "last",
+            batch_size: int = 16, chat: bool = True, responses: Sequence[str] | None = None,
+            labels: Sequence[Any] | None = None, prompt_ids: Sequence[str] | None = None,
+            dtype: torch.dtype = torch.float32, layers: Sequence[int] | None = None, system: str | None = None,
+            out: str | os.PathLike | None = None, overwrite: bool = False,
+            progress: bool = True, mean_skip_special: bool = True, sort_by_length: bool = False,
+            distributed: bool | None = None) -> Activations | ActivationStore:
+    """Capture activations of ``prompts`` at ``sites`` and ``positions``.
+
+    ``prompts``: strings, or token ids (lists of ints or an integer tensor ``[n, T]``: every token real, no chat
+    template). ``sites``: names like ``"blocks.3.hook_resid_post"`` / ``"resid_post.3"``, or a kind (``"resid_post"``)
+    meaning every layer (or ``layers``). ``positions``: ``last``, ``post_instruction``, ``all``,
+    ``prompt_mean``, ``response_mean`` (needs ``responses``) or explicit ints. ``chat``: wrap prompts in the
+    chat template. ``prompt_ids`` default to content ids (a hash of the formatted text and response,
+    :func:`interp.fingerprint.content_ids`). ``mean_skip_special``: the mean rules leave out BOS and the
+    template's special tokens (``False`` includes them). Returns :class:`Activations` ``[n_prompts, n_sites,
+    (n_positions,) width]`` (width ``d_model``; ``n_heads * d_head`` for ``attn_z``; ``d_mlp`` for ``mlp_post``;
+    one width per call), or with ``out=PATH`` an :class:`ActivationStore` written batch by batch (resumable
+    only by the same run: model weights and dtype, sites, positions, texts, labels; refuses to overwrite).
+    ``sort_by_length``: batch the prompts longest first (little padding; faster on mixed lengths); results, ids
+    and labels stay in the caller's order (a store's shards hold the sorted rows and its manifest the order).
+    ``distributed``: split the batches round robin over the ranks of an initialised process group
+    (:mod:`interp.distributed`, e.g. under ``torchrun``): with ``out=`` (the default there) each rank writes its own
+    shards of one store and rank 0 its manifest, byte-identical to a one-process capture; in memory (``True``)
+    every rank gets all results. ``False``: this rank captures everything itself (a call made on one rank only).
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    par = _parallel(distributed, out)
+    texts, encs = _encode(model, prompts, chat, responses, system)
+    site_list = expand_sites(sites, model.n_layers, layers)
+    width, shapes = site_widths(model, site_list)
+    ids = _ids(texts, responses, labels, prompt_ids)
+    rule = describe(positions) + ("" if mean_skip_special or "mean" not in describe(positions) else "+special")
+    meta = {"chat": chat, "batch_size": batch_size, "model_dtype": str(model.dtype), "family": model.spec.family,
+            "site_shapes": shapes}
+    order = length_order(encs) if sort_by_length else None
+    all_batches = batches(model, encs if order is None else [encs[i] for i in order], batch_size)
+    store = None
+    if out is not None:
+        parts = run_parts(model, texts, [s.name for s in site_list], rule, batch_size, dtype, labels, ids,
+                          sort_by_length=sort_by_length)
+        manifest = {"kind": "interp.ActivationStore", "version": 1, "sites": [s.name for s in site_list],
+                    "positions": rule, "model_id": model.name, "d_model": width, "prompt_ids": ids,
+                    "labels": list(labels) if labels is not None else None, "batch_size": batch_size,
+                    "n_shards": len(all_batches), "dtype": str(dtype), "meta": meta, "fingerprint": fingerprint(parts),
+                    "fingerprint_parts": parts, **({} if order is None else {"order": order})}
+        store = _open_store(out, manifest, overwrite, par)
+
+    acts_or_store = capture_batches(model, all_batches, site_list, positions, dtype=dtype, store=store,
+                                    progress=progress, desc=f"capture {model.name}", skip_special=mean_skip_special,
+                                    parallel=par)
+    if store is not None:
+        return store
+    tensor, mask = acts_or_store if order is None else _unsort(*acts_or_store, order)
+    return Activations(tensor=tensor, sites=[s.name for s in site_list], positions=rule, model_id=model.name,
+                       prompt_ids=ids, labels=list(labels) if labels is not None else None, mask=mask, meta=meta)
+
+
+def _encode(model: Model, prompts: Any, chat: bool, responses: Sequence[str] | None, system: str | None
+            ) -> tuple[list[str], list[Any]]:
+    """Strings through :func:`~interp.forward.prepare`; token ids (lists or an integer tensor ``[n, T]``, every
+    token real, e.g. pretokenised SAE data) as they are, each described by its ids for content ids and fingerprint."""
+    items = prompts.tolist() if isinstance(prompts, torch.Tensor) else prompts
+    if isinstance(items, str) or not items or all(isinstance(p, str) for p in items):
+        return prepare(model, prompts, chat=chat, responses=responses, system=system)
+    if responses is not None:
+        raise ValueError("responses= needs prompts given as strings, not token ids")
+    encs = encode_ids(items)
+    return [json.dumps(e.ids) for e in encs], encs
+
+
+def _ids(texts: list[str], responses: Sequence[str] | None, labels: Sequence[Any] | None,
+         prompt_ids: Sequence[str] | None) -> list[str]:
+    """The prompt ids (content ids unless given), after checking labels and ids match the prompts in number."""
+    n = len(texts)
+    if labels is not None and len(labels) != n:
+        raise ValueError(f"{len(labels)} labels for {n} prompts")
+    ids = [str(i) for i in prompt_ids] if prompt_ids is not None else content_ids(texts, responses)
+    if len(ids) != n:
+        raise ValueError(f"{len(ids)} prompt ids for {n} prompts")
+    return ids
+
+
+def _parallel(distributed: bool | None, out: Any) -> bool:
+    """Whether this capture is split over the ranks (see :func:`capture`'s ``distributed``)."""
+    if distributed is None:
+        if out is not None and dist.launched() and int(os.environ["WORLD_SIZE"]) > 1 and not dist.active():
+            raise ValueError(f"launched with WORLD_SIZE={os.environ['WORLD_SIZE']} but no process group is "
+                             f"initialised, so every process would write the whole store: call "
+                             f"interp.distributed.init_from_env() first (or pass distributed=False)")
+        return out is not None and dist.active()
+    if distributed and not dist.active():
+        raise ValueError("distributed=True needs an initialised process group of more than one process: launch with "
+                         "torchrun and call interp.distributed.init_from_env() first")
+    return bool(distributed)
+
+
+def _open_store(out: str | os.PathLike, manifest: dict[str, Any], overwrite: bool, parallel: bool) -> ActivationStore:
+    """Create or resume the store; split over ranks, rank 0 does it and the others open it once it is there."""
+    if not parallel:
+        return ActivationStore.open_for_writing(out, manifest, overwrite=overwrite)
+    store = dist.on_main(lambda: ActivationStore.open_for_writing(out, manifest, overwrite=overwrite))
+    return store if store is not None else ActivationStore(out)
+
+
+def _unsort(tensor: torch.Tensor, mask: torch.Tensor | None, order: list[int]
+            ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Rows captured in ``order`` put back in the caller's order."""
+    inverse = torch.empty(len(order), dtype=torch.long)
+    inverse[torch.tensor(order, dtype=torch.long)] = torch.arange(len(order))
+    return tensor[inverse], None if mask is None else mask[inverse]
+
+
+def capture_batches(model: Model, all_batches: list[Batch], sites: list[Site], positions: PositionSpec,
+                    dtype: torch.dtype = torch.float32, store: ActivationStore | None = None, progress: bool = False,
+                    desc: str = "capture", skip_special: bool = True, parallel: bool = False) -> Any:
+    """The capture loop over prepared batches: ``(tensor, mask)`` in memory, or shards written to ``store``.
+
+    ``parallel``: this rank runs only its own batches (:func:`interp.distributed.owns`); a failure on any rank
+    stops every rank; rank 0 finishes the store after all shards are written, in memory every rank gets all."""
+    mine = [k for k in range(len(all_batches)) if not parallel or dist.owns(k)]
+    results: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}
+    err = None
+    try:
+        results = _run_batches(model, all_batches, mine, sites, positions, dtype, store, progress and dist.is_main(),
+                               desc, skip_special)
+    except Exception as e:  # every rank must reach the agreement below
+        if not parallel:
+            raise
+        err = e
+    if parallel:
+        dist.agree(err)
+    if store is not None:
+        if parallel:
+            dist.on_main(lambda: store.finish(dist.process_info()))
+            return store.reload()
+        store.finish()
+        return store
+    if parallel:
+        for part in dist.gather_objects(results):
+            results.update(part)
+    got = [results[k] for k in range(len(all_batches))]
+    return _join([a for a, _ in got], [m for _, m in got])
+
+
+def _run_batches(model: Model, all_batches: list[Batch], mine: list[int], sites: list[Site], positions: PositionSpec,
+                 dtype: torch.dtype, store: ActivationStore | None, progress: bool, desc: str, skip_special: bool
+                 ) -> dict[int, tuple[torch.Tensor, torch.Tensor | None]]:
+    """Batches ``mine``: written to ``store`` (skipping shards already there) or returned by index."""
+    pin = store is not None and model.device.type == "cuda"
+    out: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}
+    bar = tqdm(total=sum(all_batches[k].input_ids.shape[0] for k in mine), desc=desc, unit="prompt",
+               disable=not progress, leave=False)
+    try:
+        for k in mine:
+            batch = all_batches[k]
+            if store is not None and store.has_shard(k):
+                bar.update(batch.input_ids.shape[0])
+                continue
+            acts, mask, _ = run_batch(model, batch, sites, positions, dtype, skip_special=skip_special, pin=pin)
+            _check_finite(acts, k)
+            if store is not None:
+                store.write_shard(k, acts, mask)
+            else:
+                out[k] = (acts, mask)
+            bar.update(acts.shape[0])
+    finally:
+        bar.close()
+    return out
+
+
+def _check_finite(acts: torch.Tensor, k: int) -> None:
+    if not torch.isfinite(acts).all():
+        raise FloatingPointError(f"non-finite activations in batch {k}: the model produced NaN/Inf (try float32 "
+                                 f"or check the weights)")
+
+
+def _join(results: list[torch.Tensor], masks: list[torch.Tensor | None]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    if masks[0] is None:
+        return torch.cat(results), None
+    width = max(r.shape[2] for r in results)
+    n, S, d = sum(r.shape[0] for r in results), results[0].shape[1], results[0].shape[-1]
+    tensor = torch.zeros(n, S, width, d, dtype=results[0].dtype)
+    mask = torch.zeros(n, width, dtype=torch.bool)
+    i = 0
+    for r, m in zip(results, masks, strict=False):
+        b, P = r.shape[0], r.shape[2]
+        tensor[i:i + b, :, width - P:] = r
+        mask[i:i + b, width - P:] = m
+        i += b
+    return tensor, mask
+

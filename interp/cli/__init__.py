@@ -1,0 +1,1 @@
+"""The ``interp`` command line (entry point ``interp = interp.cli.main:main``)."""

@@ -1,0 +1,273 @@
+"""Exact activation patching, batched: many patched variants share one forward, stacked along the batch.
+
+A variant is a set of edits; each edit overwrites one site (residual, attention/MLP output, one head's ``z``,
+one neuron) at some aligned positions of the target run with values from the source run (or with zeros /
+means for ablations). Variants patching different layers run in the same forward, so a layer x position sweep
+costs ``n_cells * n_pairs / batch_size`` forwards instead of ``n_cells``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from jaxtyping import Float
+
+from interp.chat import Batch
+from interp.forward import KV, last_logits, prefix_cache
+from interp.hooking import HookContext, hooks
+from interp.models import Model
+from interp.patching.measures import Metric, call_metric, metric_name
+from interp.patching.progress import progress_bar
+from interp.patching.results import Sweep
+from interp.patching.runs import (
+    PromptPairs,
+    check_pairs,
+    check_run,
+    gather_aligned,
+    run_with_capture,
+)
+from interp.sites import Site, expand_sites, parse_site
+
+
+@dataclass(frozen=True)
+class Patch:
+    """What to patch: ``site`` at aligned ``position`` (an index, a list, or ``None`` for every aligned
+    position), optionally only ``head`` (site ``attn_z``) or ``neuron`` (site ``mlp_post``)."""
+
+    site: str | Site
+    position: int | tuple[int, ...] | None = None
+    head: int | None = None
+    neuron: int | None = None
+
+
+@dataclass(frozen=True)
+class Edit:
+    """A resolved patch: canonical site, aligned position indices ``[P']`` and component (head / neuron)."""
+
+    site: Site
+    pos: torch.Tensor
+    comp: int | None = None
+
+
+def resolve(model: Model, p: Patch, n_positions: int) -> Edit:
+    """Validate a :class:`Patch` against the model and the alignment."""
+    if not isinstance(p, Patch):
+        raise TypeError(f"expected a Patch, got {type(p).__name__}; build one with Patch('resid_pre.3', position=2)")
+    site = parse_site(p.site, model.n_layers)
+    if p.head is not None and p.neuron is not None:
+        raise ValueError("a Patch takes a head or a neuron, not both")
+    comp = None
+    if p.head is not None:
+        if site.kind != "attn_z":
+            raise ValueError(f"head={p.head} needs the site attn_z (per-head outputs), not {site.name}")
+        if not 0 <= p.head < model.n_heads:
+            raise ValueError(f"head {p.head} is out of range; this model has heads 0..{model.n_heads - 1}")
+        comp = int(p.head)
+    if p.neuron is not None:
+        if site.kind != "mlp_post":
+            raise ValueError(f"neuron={p.neuron} needs the site mlp_post (MLP hidden units), not {site.name}")
+        d_mlp = int(model.d_mlp or 0)
+        if not 0 <= p.neuron < d_mlp:
+            raise ValueError(f"neuron {p.neuron} is out of range; this model's MLP has neurons 0..{d_mlp - 1}")
+        comp = int(p.neuron)
+    if p.position is None:
+        pos = list(range(n_positions))
+    else:
+        pos = [p.position] if isinstance(p.position, int) else list(p.position)
+        for q in pos:
+            if not -n_positions <= q < n_positions:
+                raise ValueError(f"aligned position {q} is out of range: the pairs align {n_positions} positions "
+                                 f"(0..{n_positions - 1}, or negative from the end)")
+        pos = [q % n_positions for q in pos]
+    return Edit(site, torch.tensor(pos, dtype=torch.long), comp)
+
+
+def _hook(rows: torch.Tensor, cols: torch.Tensor, comps: torch.Tensor | None, vals: torch.Tensor):
+    def fn(x: torch.Tensor, ctx: HookContext) -> torch.Tensor:
+        dev = x.device
+        x = x.clone()
+        v = vals.to(dev, x.dtype)
+        if comps is None:
+            x[rows.to(dev), cols.to(dev)] = v
+        else:
+            x[rows.to(dev), cols.to(dev), comps.to(dev)] = v
+        return x
+    return fn
+
+
+def chunk_hooks(chunk: Sequence[Sequence[Edit]], values: dict[Site, torch.Tensor], dst_cols: torch.Tensor,
+                n: int, offset: int = 0) -> list:
+    """Hooks for ``k`` variants stacked pair-major in one forward: variant ``j`` of pair ``i`` is row ``i*k + j``.
+    ``offset``: columns before it are not in this forward (they come from a cached prefix)."""
+    k = len(chunk)
+    groups: dict[tuple[Site, bool], list[tuple[torch.Tensor, ...]]] = {}
+    base = torch.arange(n)[:, None] * k
+    for j, variant in enumerate(chunk):
+        for e in variant:
+            P = e.pos.numel()
+            rows = (base + j).expand(n, P).reshape(-1)
+            cols = dst_cols[:, e.pos].reshape(-1) - offset
+            v = values[e.site][:, e.pos]                       # [n, P', *shape]
+            if e.comp is not None:
+                v = v[:, :, e.comp]
+            v = v.reshape(n * P, *v.shape[2:])
+            comps = None if e.comp is None else torch.full_like(rows, e.comp)
+            groups.setdefault((e.site, e.comp is not None), []).append((rows, cols, comps, v))
+    out = []
+    for (site, has_comp), items in groups.items():
+        rows = torch.cat([i[0] for i in items])
+        cols = torch.cat([i[1] for i in items])
+        comps = torch.cat([i[2] for i in items]) if has_comp else None
+        vals = torch.cat([i[3] for i in items])
+        out.append((site, _hook(rows, cols, comps, vals)))
+    return out
+
+
+def _forward_chunk(model: Model, batch: Batch, k: int, start: int, prefix: KV | None) -> torch.Tensor:
+    """Last-position logits of the batch stacked ``k`` times pair-major, recomputing only columns ``start:``
+    (earlier columns are untouched by the patches, so their keys/values come from the target run)."""
+    stacked = Batch(*(t.repeat_interleave(k, 0) for t in (batch.input_ids, batch.attention_mask, batch.position_ids,
+                                                          batch.post_mask, batch.response_mask)))
+    if prefix is None or start <= 0:
+        return last_logits(model, stacked)
+    rep = [(K.repeat_interleave(k, 0), V.repeat_interleave(k, 0)) for K, V in prefix]
+    return last_logits(model, stacked, prefix=rep, start=start)
+
+
+def run_variants(model: Model, batch: Batch, variants: Sequence[Sequence[Edit]], values: dict[Site, torch.Tensor],
+                 dst_cols: torch.Tensor, metric: Metric, batch_size: int = 64, reuse_prefix: bool = True,
+                 progress: bool = False, desc: str = "patching") -> Float[torch.Tensor, "n_variants"]:  # noqa: F821
+    """The metric of every variant (a list of edits) on ``batch``, stacking ``batch_size // n`` variants a forward.
+
+    Variants are grouped by their first patched column; with ``reuse_prefix`` the columns before it are not
+    recomputed (a patch cannot change earlier positions of a causal model), which roughly halves the work of a
+    position sweep. ``progress``: a bar over the forwards (off by default here; the sweeps turn it on).
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    n = batch.input_ids.shape[0]
+    k = max(1, batch_size // n)
+    starts = [min(int(dst_cols[:, e.pos].min()) for e in v) if v else dst_cols.shape[1] for v in variants]
+    order = sorted(range(len(variants)), key=lambda i: -starts[i])
+    prefix = prefix_cache(model, batch) if reuse_prefix and max(starts, default=0) > 0 else None
+    out = torch.empty(len(variants))
+    with torch.no_grad(), progress_bar(-(-len(order) // k), desc, progress) as bar:
+        for c0 in range(0, len(order), k):
+            idx = order[c0:c0 + k]
+            chunk = [variants[i] for i in idx]
+            start = max(0, min(starts[i] for i in idx)) if prefix is not None else 0
+            with hooks(model, chunk_hooks(chunk, values, dst_cols, n, offset=start)):
+                logits = _forward_chunk(model, batch, len(chunk), start, prefix)
+            for j, i in enumerate(idx):
+                out[i] = call_metric(metric, logits[j::len(chunk)]).detach().cpu()
+            bar.update(1)
+    return out
+
+
+@dataclass
+class _Prepared:
+    values: dict[Site, torch.Tensor]
+    dst_cols: torch.Tensor
+    baseline: float
+    reference: float
+
+
+def prepare_patching(model: Model, pairs: PromptPairs, sites: Sequence[Site], metric: Metric, source: str,
+                     target: str) -> _Prepared:
+    """Capture the source run at ``sites`` (aligned) and measure both runs' metrics."""
+    check_run(source)
+    check_run(target)
+    check_pairs(pairs)
+    uniq = list(dict.fromkeys(sites))
+    acts, src_logits = run_with_capture(model, pairs.batch(source), uniq)
+    values = {s: gather_aligned(a, pairs.cols[source]).cpu() for s, a in acts.items()}
+    with torch.no_grad():
+        tgt_logits = last_logits(model, pairs.batch(target))
+    return _Prepared(values, pairs.cols[target], float(call_metric(metric, tgt_logits)),
+                     float(call_metric(metric, src_logits)))
+
+
+def patch(model: Model, pairs: PromptPairs, variants: Sequence[Patch | Sequence[Patch]], metric: Metric,
+          source: str = "clean", target: str = "corrupted", batch_size: int = 64,
+          reuse_prefix: bool = True) -> Float[torch.Tensor, "n_variants"]:  # noqa: F821
+    """Metric of the ``target`` run with each variant (one :class:`Patch` or several at once) taken from
+    ``source``. Default: clean activations into the corrupted run (denoising)."""
+    check_pairs(pairs)
+    if isinstance(variants, Patch):
+        variants = [variants]
+    edits = [[resolve(model, p, pairs.n_positions) for p in ([v] if isinstance(v, Patch) else v)] for v in variants]
+    prep = prepare_patching(model, pairs, [e.site for v in edits for e in v], metric, source, target)
+    return run_variants(model, pairs.batch(target), edits, prep.values, prep.dst_cols, metric, batch_size, reuse_prefix)
+
+
+def _layers(model: Model, layers: Sequence[int] | None) -> list[int]:
+    return list(range(model.n_layers)) if layers is None else [parse_site(Site("resid_post", int(x)), model.n_layers).layer
+                                                              for x in layers]
+
+
+def sweep_positions(model: Model, pairs: PromptPairs, metric: Metric, site: str = "resid_pre",
+                    layers: Sequence[int] | None = None, source: str = "clean", target: str = "corrupted",
+                    batch_size: int = 64, reuse_prefix: bool = True, progress: bool = True) -> Sweep:
+    """Patch ``site`` (a kind: ``resid_pre``, ``attn_out``, ...) at each layer x aligned position: ``[L, P]``.
+    ``batch_size``: rows per forward (variants x pairs); ``reuse_prefix``: skip recomputing unpatched columns;
+    ``progress``: a bar over the forwards."""
+    check_pairs(pairs)
+    layer_list = _layers(model, layers)
+    sites = expand_sites(site, model.n_layers, layer_list)
+    if any(s.layer is None for s in sites) or len({s.kind for s in sites}) != 1:
+        raise ValueError(f"sweep_positions takes one per-layer site kind such as 'resid_pre' or 'attn_out', got {site!r}")
+    P = pairs.n_positions
+    variants = [[Edit(s, torch.tensor([p]))] for s in sites for p in range(P)]
+    prep = prepare_patching(model, pairs, sites, metric, source, target)
+    vals = run_variants(model, pairs.batch(target), variants, prep.values, prep.dst_cols, metric, batch_size,
+                        reuse_prefix, progress, f"patching {sites[0].kind} by position")
+    return Sweep(vals.view(len(sites), P), prep.baseline, prep.reference, [str(s.layer) for s in sites],
+                 list(pairs.labels), site=sites[0].kind, metric=metric_name(metric),
+                 meta={"source": source, "target": target})
+
+
+def sweep_heads(model: Model, pairs: PromptPairs, metric: Metric, layers: Sequence[int] | None = None,
+                positions: int | Sequence[int] | None = None, source: str = "clean", target: str = "corrupted",
+                batch_size: int = 64, progress: bool = True) -> Sweep:
+    """Patch each head's output (its ``z``) at ``positions`` (default every aligned position): ``[L, H]``."""
+    check_pairs(pairs)
+    layer_list = _layers(model, layers)
+    P = pairs.n_positions
+    edits = [[resolve(model, Patch(Site("attn_z", layer), _pos(positions), head=h), P)]
+             for layer in layer_list for h in range(model.n_heads)]
+    prep = prepare_patching(model, pairs, [Site("attn_z", layer) for layer in layer_list], metric, source, target)
+    vals = run_variants(model, pairs.batch(target), edits, prep.values, prep.dst_cols, metric, batch_size,
+                        progress=progress, desc="patching heads")
+    return Sweep(vals.view(len(layer_list), model.n_heads), prep.baseline, prep.reference,
+                 [str(x) for x in layer_list], [str(h) for h in range(model.n_heads)], col_name="head", site="attn_z",
+                 metric=metric_name(metric), meta={"source": source, "target": target, "positions": positions})
+
+
+def sweep_layers(model: Model, pairs: PromptPairs, metric: Metric,
+                 sites: Sequence[str] = ("resid_pre", "attn_out", "mlp_out"), layers: Sequence[int] | None = None,
+                 positions: int | Sequence[int] | None = None, source: str = "clean", target: str = "corrupted",
+                 batch_size: int = 64, progress: bool = True) -> Sweep:
+    """Patch each site kind at every aligned position (or ``positions``), one layer at a time: ``[L, kinds]``."""
+    check_pairs(pairs)
+    layer_list = _layers(model, layers)
+    P = pairs.n_positions
+    grid = [[Site(parse_site(f"{k}.0").kind, layer) for k in sites] for layer in layer_list]
+    edits = [[resolve(model, Patch(s, _pos(positions)), P)] for row in grid for s in row]
+    prep = prepare_patching(model, pairs, [s for row in grid for s in row], metric, source, target)
+    vals = run_variants(model, pairs.batch(target), edits, prep.values, prep.dst_cols, metric, batch_size,
+                        progress=progress, desc="patching layers")
+    return Sweep(vals.view(len(layer_list), len(sites)), prep.baseline, prep.reference, [str(x) for x in layer_list],
+                 [grid[0][i].kind for i in range(len(sites))], col_name="site", site=",".join(sites),
+                 metric=metric_name(metric), meta={"source": source, "target": target, "positions": positions})
+
+
+def _pos(positions: int | Sequence[int] | None) -> int | tuple[int, ...] | None:
+    if positions is None or isinstance(positions, int):
+        return positions
+    return tuple(int(p) for p in positions)
+
+
+__all__ = ["Patch", "Edit", "resolve", "patch", "run_variants", "chunk_hooks", "prepare_patching", "sweep_positions",
+           "sweep_heads", "sweep_layers"]

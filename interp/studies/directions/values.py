@@ -1,0 +1,187 @@
+"""Value vectors (C-Voices style): a direction per layer from contrastive value prompts, its held-out separation,
+and the value-sensitive layers chosen by a stated rule (held-out separation x causal effect on forced choice).
+
+    pairs = dilemma_contrast(fit_dilemmas, "en")
+    vv = value_vectors(model, pairs)                      # diff of means per layer, AUROC held out by dilemma
+    sel = select_layers(model, vv, calib_items, alpha=0.5)
+    eff = selective_steering(model, vv, test_items, sel.chosen, norms=sel.norms)   # values_steer
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from interp.capturing import capture
+from interp.models import Model
+from interp.sites import parse_site
+from interp.studies.directions.values_choice import check_items, forced_choice, resolve_chat
+from interp.studies.directions.values_data import ChoiceItem, Contrast
+from probes.directions import diff_of_means
+from probes.objects import Direction
+from probes.validation import ProbeScores, cross_validate
+from steering.interventions import AddVector
+from steering.strength import ResidualNorms, residual_norms
+
+RULE = ("score(layer) = max(AUROC_heldout - 0.5, 0) x max(effect, 0), effect = (mean P(pole | +alpha) - mean "
+        "P(pole | -alpha)) / 2 on the calibration items, steering that one layer with the unit direction at alpha x "
+        "its mean residual norm; the top_k layers by score (ties by effect), only layers with a positive score; none "
+        "positive: the one layer with the largest effect, with a warning")
+
+
+@dataclass
+class ValueVectors:
+    """``direction`` (unit diff of means per layer, toward the pole) and its held-out ``scores`` (AUROC / d by
+    grouped cross-validation: no group straddles train and test)."""
+
+    direction: Direction
+    scores: ProbeScores
+    site: str
+    positions: str
+    n_pairs: int
+    pole: str
+    chat: bool
+    acts: Any = field(repr=False, default=None)
+
+    @property
+    def layers(self) -> list[int]:
+        return [int(x) for x in self.direction.layers]
+
+    @property
+    def auroc(self) -> torch.Tensor:
+        """Mean held-out AUROC per layer ``[n_layers]``."""
+        return self.scores.mean("auroc")
+
+    def to_frame(self) -> Any:
+        """One row per layer: held-out AUROC, d, accuracy (with the shuffled-label control), and the raw norm."""
+        df = self.scores.summary()
+        df["raw_norm"] = self.direction.norms.tolist()
+        df["n_pairs"], df["pole"], df["positions"] = self.n_pairs, self.pole, self.positions
+        return df
+
+    def plot(self, title: str | None = None) -> Any:
+        from interp.viz.directions_values import separation_by_layer
+
+        control = self.scores.control_auroc.nanmean(0) if self.scores.control_auroc is not None else None
+        return separation_by_layer(self.layers, self.auroc, control, title=title or
+                                   f"{self.pole} direction: held-out AUROC by layer ({self.n_pairs} pairs)")
+
+
+def value_vectors(model: Model, pairs: Contrast, *, site: str = "resid_post", positions: str = "last",
+                  layers: Sequence[int] | None = None, chat: bool | None = None, n_folds: int = 5, seed: int = 0,
+                  batch_size: int = 16) -> ValueVectors:
+    """Capture both sides of ``pairs`` at ``site`` (every layer, or ``layers``), fit the diff of means toward the
+    pole per layer, and score it held out by ``probes.cross_validate`` with ``groups`` = the pairs' groups."""
+    if not isinstance(pairs, Contrast):
+        raise TypeError("pairs must be a values_data.Contrast (pole prompts, other-side prompts, groups)")
+    n_groups = len(set(pairs.groups))
+    if n_groups < n_folds:
+        raise ValueError(f"{n_groups} groups cannot fill {n_folds} held-out folds; pass n_folds <= {n_groups}")
+    chat = resolve_chat(model, chat)
+    acts = capture(model, pairs.prompts, sites=site, positions=positions, labels=pairs.labels, chat=chat,
+                   layers=layers, batch_size=batch_size, progress=False)
+    direction = diff_of_means(acts, positive=1)
+    scores = cross_validate(acts, method="mean_diff", groups=pairs.all_groups, n_folds=n_folds, seed=seed,
+                            positive=1, progress=False)
+    return ValueVectors(direction, scores, site, positions, len(pairs.positive), pairs.pole, chat, acts)
+
+
+@dataclass
+class LayerSelection:
+    """Per layer: held-out ``auroc``, causal ``effect`` of steering that layer alone on the calibration items,
+    ``score`` = their product by ``rule``; ``chosen``: the top layers. ``null``: no layer had a positive score."""
+
+    layers: list[int]
+    auroc: torch.Tensor
+    effect: torch.Tensor
+    rate_plus: torch.Tensor
+    rate_minus: torch.Tensor
+    score: torch.Tensor
+    chosen: list[int]
+    alpha: float
+    baseline: dict[str, Any]
+    n_items: int
+    norms: ResidualNorms | Any = field(repr=False, default=None)
+    rule: str = RULE
+
+    @property
+    def null(self) -> bool:
+        return not bool((self.score > 0).any())
+
+    def to_frame(self) -> Any:
+        import pandas as pd
+
+        return pd.DataFrame({"layer": self.layers, "auroc": self.auroc.tolist(), "effect": self.effect.tolist(),
+                             "rate_plus": self.rate_plus.tolist(), "rate_minus": self.rate_minus.tolist(),
+                             "score": self.score.tolist(), "chosen": [la in self.chosen for la in self.layers],
+                             "alpha": self.alpha, "n_items": self.n_items})
+
+    def plot(self, title: str | None = None) -> Any:
+        from interp.viz.directions_values import layer_selection
+
+        return layer_selection(self.layers, self.auroc, self.effect, self.score, self.chosen,
+                               title=title or f"value-sensitive layers (alpha {self.alpha:g}, {self.n_items} items)")
+
+
+def _unpack(vectors: ValueVectors | Direction, auroc: Any) -> tuple[Direction, torch.Tensor]:
+    if isinstance(vectors, ValueVectors):
+        return vectors.direction, vectors.auroc if auroc is None else torch.as_tensor(auroc, dtype=torch.float32)
+    if isinstance(vectors, Direction):
+        if auroc is None:
+            raise ValueError("a bare Direction has no held-out separation; pass auroc= (one per layer) or ValueVectors")
+        return vectors, torch.as_tensor(auroc, dtype=torch.float32)
+    raise TypeError(f"vectors must be ValueVectors or a probes Direction, got {type(vectors).__name__}")
+
+
+def steer_at(direction: Direction, layers: Sequence[int], alpha: float, norms: Any) -> AddVector:
+    """``AddVector`` of the direction's unit vectors at ``layers``, ``alpha`` x the residual norm there."""
+    kind = parse_site(direction.sites[0]).kind
+    return AddVector({la: direction.at(la) for la in layers}, layers=list(layers), alpha=alpha, sites=kind,
+                     unit="residual", norms=norms)
+
+
+def item_norms(model: Model, direction: Direction, items: Sequence[ChoiceItem], chat: bool | None) -> ResidualNorms:
+    """Mean residual norms at the direction's site on the items' own prompts (the steering unit)."""
+    c = resolve_chat(model, chat)
+    return residual_norms(model, [i.prompt(c) for i in items], site=parse_site(direction.sites[0]).kind,
+                          layers=[int(x) for x in direction.layers], chat=c)
+
+
+def select_layers(model: Model, vectors: ValueVectors | Direction, items: Sequence[ChoiceItem], *,
+                  alpha: float = 0.5, top_k: int = 3, norms: Any = None, auroc: Any = None, chat: bool | None = None,
+                  batch_size: int = 16) -> LayerSelection:
+    """Steer each layer alone by +-``alpha`` (residual units) on calibration ``items`` and choose the ``top_k``
+    layers by held-out separation x effect (the stated :data:`RULE`, recorded in the result)."""
+    direction, sep = _unpack(vectors, auroc)
+    check_items(model, items, balanced=True)
+    if alpha <= 0 or top_k < 1:
+        raise ValueError(f"need alpha > 0 and top_k >= 1, got alpha={alpha}, top_k={top_k}")
+    if sep.numel() != direction.n_layers:
+        raise ValueError(f"{sep.numel()} separation values for {direction.n_layers} layers")
+    norms = item_norms(model, direction, items, chat) if norms is None else norms
+    layers = [int(x) for x in direction.layers]
+    base = forced_choice(model, items, chat=chat, batch_size=batch_size)
+    eff, plus, minus = [], [], []
+    for la in layers:
+        up = forced_choice(model, items, steer_at(direction, [la], alpha, norms), chat=chat, batch_size=batch_size)
+        down = forced_choice(model, items, steer_at(direction, [la], -alpha, norms), chat=chat, batch_size=batch_size)
+        eff.append(float(up.p_pole.mean() - down.p_pole.mean()) / 2)
+        plus.append(up.rate()["rate"])
+        minus.append(down.rate()["rate"])
+    effect = torch.tensor(eff)
+    score = (torch.nan_to_num(sep, nan=0.5) - 0.5).clamp_min(0) * effect.clamp_min(0)
+    order = sorted(range(len(layers)), key=lambda j: (-float(score[j]), -float(effect[j])))
+    positive = [j for j in order if float(score[j]) > 0][:top_k]
+    if not positive:
+        warnings.warn(f"select_layers: no layer has a positive separation x effect score (alpha={alpha}); steering "
+                      f"at the best layer by effect only, so expect a null", stacklevel=2)
+    chosen = sorted(layers[j] for j in (positive or order[:1]))
+    return LayerSelection(layers, sep, effect, torch.tensor(plus), torch.tensor(minus), score, chosen, float(alpha),
+                          base.rate(), len(items), norms)
+
+
+__all__ = ["LayerSelection", "RULE", "ValueVectors", "select_layers", "steer_at", "value_vectors"]

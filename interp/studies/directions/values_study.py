@@ -1,0 +1,188 @@
+"""The value and partisan studies end to end, and the cross-lingual test, on splits by item (dilemma or topic):
+fit the direction on one part, choose layers on a calibration part, steer the held-out part.
+
+    study = value_study(model, load_dilemmas())                         # English liberty-vs-welfare vector
+    study.effect.comparison(); study.plot()
+    party = partisan_direction(model, load_statements())                # Democratic-vs-Republican direction
+    xl = cross_lingual_transfer(load_model("gemma3-270m"), load_dilemmas(), source="en", target="fr")
+    xl.to_frame(); xl.plot()
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from interp.models import Model
+from interp.studies.directions.values import LayerSelection, ValueVectors, select_layers, value_vectors
+from interp.studies.directions.values_choice import check_items
+from interp.studies.directions.values_data import (
+    Dilemma,
+    Statement,
+    dilemma_contrast,
+    dilemma_items,
+    split_groups,
+    statement_contrast,
+    statement_items,
+)
+from interp.studies.directions.values_steer import SteeringEffect, selective_steering
+from probes.compare import cosine_by_layer
+from probes.validation import evaluate_direction
+
+ALPHAS = (-1.0, -0.5, 0.5, 1.0)
+
+
+@dataclass
+class ValueStudy:
+    """A direction (``vectors``), its chosen layers (``selection``) and its selective steering on held-out items
+    (``effect``); ``split`` names the groups (dilemmas / topics) of each part."""
+
+    vectors: ValueVectors
+    selection: LayerSelection
+    effect: SteeringEffect
+    split: dict[str, list[str]] = field(default_factory=dict)
+
+    def to_frame(self) -> Any:
+        """The held-out comparison with random vectors, one row per alpha, with the chosen layers."""
+        df = self.effect.comparison()
+        df["layers"], df["label"] = str(self.selection.chosen), self.effect.label
+        return df
+
+    def plot(self) -> Any:
+        return self.effect.plot()
+
+
+def _parts(groups: Sequence[str], fractions: Sequence[float], seed: int) -> dict[str, list[str]]:
+    fit, calib, test = split_groups(groups, fractions, seed)
+    return {"fit": fit, "calibration": calib, "test": test}
+
+
+def _run(model: Model, pairs: Any, calib: list, test: list, split: dict[str, list[str]], label: str,
+         kw: dict[str, Any]) -> ValueStudy:
+    calib, test = calib[:kw["max_items"][0]], test[:kw["max_items"][1]]   # items alternate letters: a prefix stays balanced
+    check_items(model, calib, balanced=True)       # letters and balance checked before anything runs
+    check_items(model, test, balanced=True)
+    vv = value_vectors(model, pairs, site=kw["site"], positions=kw["positions"], chat=kw["chat"],
+                       n_folds=kw["n_folds"], layers=kw["layers"], batch_size=kw["batch_size"])
+    sel = select_layers(model, vv, calib, alpha=kw["select_alpha"], top_k=kw["top_k"], chat=kw["chat"],
+                        batch_size=kw["batch_size"])
+    eff = selective_steering(model, vv, test, sel.chosen, alphas=kw["alphas"], n_random=kw["n_random"],
+                             seed=kw["seed"], chat=kw["chat"], batch_size=kw["batch_size"], label=label)
+    return ValueStudy(vv, sel, eff, split)
+
+
+def _kw(site: str, positions: str, chat: bool | None, n_folds: int, layers: Any, batch_size: int, select_alpha: float,
+        top_k: int, alphas: Sequence[float], n_random: int, seed: int, max_items: Any = (None, None)
+        ) -> dict[str, Any]:
+    return dict(site=site, positions=positions, chat=chat, n_folds=n_folds, layers=layers, batch_size=batch_size,
+                select_alpha=select_alpha, top_k=top_k, alphas=tuple(alphas), n_random=n_random, seed=seed,
+                max_items=tuple(max_items))
+
+
+LETTERS = ("A", "B")
+
+
+def value_study(model: Model, dilemmas: Sequence[Dilemma], *, lang: str = "en", pole: str | None = None,
+                fractions: Sequence[float] = (0.5, 0.2, 0.3), seed: int = 0, site: str = "resid_post",
+                positions: str = "last", chat: bool | None = None, n_folds: int = 5, layers: Any = None,
+                select_alpha: float = 0.5, top_k: int = 3, alphas: Sequence[float] = ALPHAS, n_random: int = 3,
+                batch_size: int = 16, letters: tuple[str, str] = LETTERS, max_items: Any = (None, None)) -> ValueStudy:
+    """Value vector of ``dilemmas`` in ``lang``: fit / calibration / held-out test by dilemma (``fractions``);
+    ``max_items``: at most this many (calibration, test) items (``None``: all)."""
+    split = _parts([d.id for d in dilemmas], fractions, seed)
+    part = {k: [d for d in dilemmas if d.id in set(v)] for k, v in split.items()}
+    kw = _kw(site, positions, chat, n_folds, layers, batch_size, select_alpha, top_k, alphas, n_random, seed, max_items)
+    return _run(model, dilemma_contrast(part["fit"], lang, pole), dilemma_items(part["calibration"], lang, pole, letters),
+                dilemma_items(part["test"], lang, pole, letters), split, f"values-{lang}", kw)
+
+
+def partisan_direction(model: Model, statements: Sequence[Statement], *, pole: str = "D",
+                       fractions: Sequence[float] = (0.5, 0.2, 0.3), seed: int = 0, site: str = "resid_post",
+                       positions: str = "last", chat: bool | None = None, n_folds: int = 5, layers: Any = None,
+                       select_alpha: float = 0.5, top_k: int = 3, alphas: Sequence[float] = ALPHAS,
+                       n_random: int = 3, batch_size: int = 16, letters: tuple[str, str] = LETTERS,
+                       max_items: Any = (None, None)) -> ValueStudy:
+    """Party direction (``pole`` party's statements minus the other's) fitted on some topics, layers chosen on
+    others, steering measured on forced choices between the parties' statements on held-out topics."""
+    if pole not in {s.party for s in statements}:
+        raise ValueError(f"no statement of party {pole!r}; parties present: {sorted({s.party for s in statements})}")
+    split = _parts([s.topic for s in statements], fractions, seed)
+    part = {k: [s for s in statements if s.topic in set(v)] for k, v in split.items()}
+    kw = _kw(site, positions, chat, n_folds, layers, batch_size, select_alpha, top_k, alphas, n_random, seed, max_items)
+    return _run(model, statement_contrast(part["fit"], pole), statement_items(part["calibration"], pole, letters),
+                statement_items(part["test"], pole, letters), split, f"partisan-{pole}", kw)
+
+
+@dataclass
+class CrossLingual:
+    """A direction fitted on ``source`` pairs steering ``target``-language prompts: ``cosine [L]`` between the
+    source- and target-fit directions, ``transfer_auroc [L]`` (source direction on target pairs, nothing refitted),
+    the source ``study`` (layers chosen on source calibration items) and ``target_effect`` on target test items."""
+
+    source: str
+    target: str
+    study: ValueStudy
+    target_vectors: ValueVectors
+    cosine: torch.Tensor
+    transfer_auroc: torch.Tensor
+    target_effect: SteeringEffect
+
+    @property
+    def layers(self) -> list[int]:
+        return self.study.vectors.layers
+
+    def to_frame(self) -> Any:
+        """Per layer: cosine of the two languages' directions, held-out AUROC in each, transfer AUROC."""
+        import pandas as pd
+
+        return pd.DataFrame({"layer": self.layers, "cosine": self.cosine.tolist(),
+                             f"auroc_{self.source}": self.study.vectors.auroc.tolist(),
+                             f"auroc_{self.target}": self.target_vectors.auroc.tolist(),
+                             f"transfer_auroc_{self.source}_to_{self.target}": self.transfer_auroc.tolist(),
+                             "chosen": [la in self.study.selection.chosen for la in self.layers]})
+
+    def comparison(self) -> Any:
+        """Steering's comparison with random vectors in the source and in the target language, by alpha."""
+        import pandas as pd
+
+        a, b = self.study.effect.comparison(), self.target_effect.comparison()
+        a["language"], b["language"] = self.source, self.target
+        return pd.concat([a, b], ignore_index=True)
+
+    def plot(self) -> Any:
+        from interp.viz.directions_values import agreement_by_layer
+
+        return agreement_by_layer(self.layers, {"cosine (source vs target fit)": self.cosine,
+                                                "transfer AUROC": self.transfer_auroc},
+                                  title=f"{self.source} -> {self.target}: direction agreement by layer")
+
+
+def cross_lingual_transfer(model: Model, dilemmas: Sequence[Dilemma], *, source: str = "en", target: str = "fr",
+                           pole: str | None = None, fractions: Sequence[float] = (0.5, 0.2, 0.3), seed: int = 0,
+                           site: str = "resid_post", positions: str = "last", chat: bool | None = None,
+                           n_folds: int = 5, layers: Any = None, select_alpha: float = 0.5, top_k: int = 3,
+                           alphas: Sequence[float] = ALPHAS, n_random: int = 3, batch_size: int = 16,
+                           letters: tuple[str, str] = LETTERS, max_items: Any = (None, None)) -> CrossLingual:
+    """Fit on ``source`` pairs (choose layers on source calibration items), steer held-out ``target`` items with
+    that direction vs random; fit the same dilemmas in ``target`` too for the per-layer cosine."""
+    if source == target:
+        raise ValueError(f"source and target are both {source!r}; give two languages")
+    study = value_study(model, dilemmas, lang=source, pole=pole, fractions=fractions, seed=seed, site=site,
+                        positions=positions, chat=chat, n_folds=n_folds, layers=layers, select_alpha=select_alpha,
+                        top_k=top_k, alphas=alphas, n_random=n_random, batch_size=batch_size, letters=letters, max_items=max_items)
+    fit = [d for d in dilemmas if d.id in set(study.split["fit"])]
+    test = [d for d in dilemmas if d.id in set(study.split["test"])]
+    tv = value_vectors(model, dilemma_contrast(fit, target, pole), site=site, positions=positions, chat=chat,
+                       n_folds=n_folds, layers=layers, batch_size=batch_size)
+    transfer = evaluate_direction(tv.acts, direction=study.vectors.direction).auroc
+    target_items = dilemma_items(test, target, pole, letters)[:max_items[1]]
+    eff = selective_steering(model, study.vectors, target_items, study.selection.chosen,
+                             alphas=alphas, n_random=n_random, seed=seed, chat=chat, batch_size=batch_size,
+                             label=f"values-{source}->{target}")
+    return CrossLingual(source, target, study, tv, cosine_by_layer(study.vectors.direction, tv.direction), transfer, eff)
+
+
+__all__ = ["CrossLingual", "ValueStudy", "cross_lingual_transfer", "partisan_direction", "value_study"]

@@ -1,1 +1,0 @@
-"""The ``interp`` command line (entry point ``interp = interp_cli.main:main``)."""

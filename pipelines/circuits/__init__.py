@@ -1,8 +1,0 @@
-"""Circuits at feature level as studies: attribution graphs of a behaviour over many prompts, the features they
-find checked by ablation against random ones. ``pipelines.circuits.refusal.refusal_circuit``."""
-
-from __future__ import annotations
-
-from pipelines.circuits.refusal import RefusalCircuit, refusal_circuit
-
-__all__ = ["RefusalCircuit", "refusal_circuit"]
