@@ -42,10 +42,10 @@ def sections(res, model_name: str, wall: float, args) -> list[str]:
     for lang in res.langs:
         h, s = res.rate(lang, "harmful"), res.rate(lang, "harmless")
         a, ra = res.rate(lang, "harmful", "ablation"), res.rate(lang, "harmful", "random ablation")
-        rows.append({"lang": lang, "harmful": f"{h['refused']}/{h['n']}", "rate": h["rate"],
-                     "95% CI": f"{h['lo']:.2f}-{h['hi']:.2f}", "harmless": f"{s['refused']}/{s['n']}",
-                     "transfer": tr[lang], "ablation": f"{a['refused']}/{a['n']}", "ablation CI": f"{a['lo']:.2f}-{a['hi']:.2f}",
-                     "random ablation": f"{ra['refused']}/{ra['n']}", "degenerate (abl / random)":
+        rows.append({"lang": lang, "harmful": f"{h['k']}/{h['n']}", "rate": h["rate"],
+                     "95% CI": f"{h['low']:.2f}-{h['high']:.2f}", "harmless": f"{s['k']}/{s['n']}",
+                     "transfer": tr[lang], "ablation": f"{a['k']}/{a['n']}", "ablation CI": f"{a['low']:.2f}-{a['high']:.2f}",
+                     "random ablation": f"{ra['k']}/{ra['n']}", "degenerate (abl / random)":
                      f"{a['degenerate']:.2f} / {ra['degenerate']:.2f}"})
     g = res.to_frame()
     geo_rows = [{"layer": int(r.layer), "lang": r.lang, "ratio": r.projection_ratio,

@@ -41,8 +41,8 @@ def rate_rows(res) -> list[dict]:
         row = {"update": res.kind, "condition": cond}
         for lang in res.langs:
             h, s = res.rate(cond, lang), res.rate(cond, lang, "harmless")
-            row[f"{lang} harmful"] = f"{h['refused']}/{h['n']} ({h['lo']:.2f}-{h['hi']:.2f})"
-            row[f"{lang} harmless"] = f"{s['refused']}/{s['n']}"
+            row[f"{lang} harmful"] = f"{h['k']}/{h['n']} ({h['low']:.2f}-{h['high']:.2f})"
+            row[f"{lang} harmless"] = f"{s['k']}/{s['n']}"
         k, n = res.pooled(cond)
         row["pooled non-en harmful"] = f"{k}/{n}"
         t = res.training.get(cond)

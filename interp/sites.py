@@ -6,9 +6,12 @@ expands to every layer in :func:`expand_sites`.
 
 from __future__ import annotations
 
+import operator
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+Layers = str | int | Sequence[int]  # "all", one layer or a list (negative counts from the end)
 
 # kind -> canonical TransformerLens suffix inside ``blocks.{i}.``
 BLOCK_KINDS: dict[str, str] = {
@@ -129,10 +132,55 @@ def expand_sites(spec: SiteSpec, n_layers: int, layers: Sequence[int] | None = N
         if isinstance(item, str):
             kind = ALIASES.get(item.strip(), item.strip())
             if kind in BLOCK_KINDS:
-                for layer in (range(n_layers) if layers is None else layers):
+                for layer in resolve_layers(layers, n_layers, what="sites", keep_order=layers is not None):
                     out.append(parse_site(Site(kind, layer), n_layers))
                 continue
         out.append(parse_site(item, n_layers))
     seen: set[Site] = set()
     uniq = [s for s in out if not (s in seen or seen.add(s))]
     return uniq
+
+
+def _is_layer(x: object) -> bool:
+    """An integer layer index (Python, numpy or a 0-d integer tensor), not a bool."""
+    if isinstance(x, bool):
+        return False
+    try:
+        operator.index(x)
+    except TypeError:
+        return False
+    return True
+
+
+def resolve_layers(layers: Layers | None, n_layers: int, available: Sequence[int] | None = None,
+                   what: str = "layers", keep_order: bool = False) -> list[int]:
+    """The one layer resolver (capture, steering, SAE edits, patching, fine-tuning): ``"all"`` / ``None``, an int or a
+    list (negative from the end) -> sorted layer indices, range-checked (``keep_order``: in the order given,
+    duplicates refused, for labelling rows); ``available``: the layers a per-layer input covers."""
+    if layers is None or (isinstance(layers, str) and layers == "all"):
+        if available is not None:
+            return sorted(resolve_layers(list(available), n_layers, None, what))
+        return list(range(n_layers))
+    if isinstance(layers, str):
+        raise ValueError(f"{what}: layers must be 'all', an int or a list of ints, got {layers!r}")
+    items = [layers] if _is_layer(layers) else list(layers)
+    if not items:
+        raise ValueError(f"{what}: empty layer list; give at least one layer or 'all'")
+    out = []
+    for layer in items:
+        if not _is_layer(layer):
+            raise TypeError(f"{what}: layer {layer!r} is not an int")
+        layer = operator.index(layer)
+        j = layer + n_layers if layer < 0 else layer
+        if not 0 <= j < n_layers:
+            raise ValueError(f"{what}: layer {layer} is out of range; this model has layers 0..{n_layers - 1}")
+        out.append(j)
+    if available is not None:
+        missing = [j for j in out if j not in set(available)]
+        if missing:
+            raise ValueError(f"{what}: no vector for layers {missing}; the per-layer input covers {sorted(available)}")
+    if keep_order:
+        if len(set(out)) != len(out):
+            raise ValueError(f"{what}: layers {items} repeat a layer; give each layer once")
+        return out
+    return sorted(set(out))

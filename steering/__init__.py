@@ -24,9 +24,10 @@ from steering.bias import bake_addition
 from steering.generation import generate, generate_each
 from steering.gguf_export import export_gguf
 from steering.interventions import Ablate, AblateSubspace, AddVector, Clamp, DirectionalAblation
+from steering.judged import generate_and_judge
 from steering.rows import RowEdits, RowGroups
 from steering.strength import residual_norms
 from steering.sweep import alpha_sweep
 
 __all__ = ["Ablate", "AblateSubspace", "AddVector", "Clamp", "DirectionalAblation", "RowEdits", "RowGroups", "alpha_sweep",
-           "apply", "bake", "bake_addition", "export_gguf", "generate", "generate_each", "residual_norms"]
+           "apply", "bake", "bake_addition", "export_gguf", "generate", "generate_and_judge", "generate_each", "residual_norms"]

@@ -13,14 +13,13 @@ from typing import Any
 
 import torch
 
-from interp.sites import BLOCK_KINDS, parse_site
+from interp.sites import BLOCK_KINDS, Layers, parse_site, resolve_layers  # noqa: F401  (re-exported)
 
 SCOPES = ("prompt", "generated", "both")
 STREAM_KINDS = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "experts_out", "shared_expert_out")
 POSITION_RULES = ("all", "post_instruction")
 ORTHO_TOL = 1e-4
 
-Layers = str | int | Sequence[int]
 
 
 def as_tensor(obj: Any, name: str) -> torch.Tensor:
@@ -128,38 +127,6 @@ def label_rows(t: torch.Tensor, layers: Layers | None, n_layers: int, name: str)
                      f"has {n_layers} layers, so they are not one per layer); pass layers=[...] with {k} layers "
                      f"(row i is for layers[i]), or pass the probes Direction itself (e.g. d.select(band), not "
                      f"d.select(band).raw), which carries its layers")
-
-
-def resolve_layers(layers: Layers | None, n_layers: int, available: Sequence[int] | None = None,
-                   what: str = "intervention", keep_order: bool = False) -> list[int]:
-    """``"all"``, an int or a list (negative from the end) -> sorted layer indices, range-checked
-    (``keep_order``: in the order given, duplicates refused, for labelling rows)."""
-    if layers is None or (isinstance(layers, str) and layers == "all"):
-        if available is not None:
-            return sorted(resolve_layers(list(available), n_layers, None, what))
-        return list(range(n_layers))
-    if isinstance(layers, str):
-        raise ValueError(f"{what}: layers must be 'all', an int or a list of ints, got {layers!r}")
-    items = [layers] if isinstance(layers, int) else list(layers)
-    if not items:
-        raise ValueError(f"{what}: empty layer list; give at least one layer or 'all'")
-    out = []
-    for layer in items:
-        if isinstance(layer, bool) or not isinstance(layer, int):
-            raise TypeError(f"{what}: layer {layer!r} is not an int")
-        j = layer + n_layers if layer < 0 else layer
-        if not 0 <= j < n_layers:
-            raise ValueError(f"{what}: layer {layer} is out of range; this model has layers 0..{n_layers - 1}")
-        out.append(j)
-    if available is not None:
-        missing = [j for j in out if j not in set(available)]
-        if missing:
-            raise ValueError(f"{what}: no vector for layers {missing}; the per-layer input covers {sorted(available)}")
-    if keep_order:
-        if len(set(out)) != len(out):
-            raise ValueError(f"{what}: layers {items} repeat a layer; give each layer once")
-        return out
-    return sorted(set(out))
 
 
 def resolve_kinds(sites: str | Sequence[str]) -> tuple[str, ...]:

@@ -270,3 +270,88 @@ def test_git_grep_agrees():
         pytest.skip("not a git checkout")
     total = sum(int(line.rsplit(":", 1)[1]) for line in r.stdout.splitlines() if line)
     assert total == 2, r.stdout
+
+
+SAMPLER_HOME = "interp/evals/controls.py"   # the one matched-random sampler
+RATE_HOME = "interp/evals/rates.py"         # the one rate record (Rate) and its table columns
+_DRAWS = {"choice", "choices", "sample", "randperm"}
+
+
+def _grown_or_given(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> set[str]:
+    """Names a function takes as parameters (or as a ``set`` of them) or grows as it goes (``x.append``, ``x += ...``)."""
+    names = {a.arg for a in fn.args.args + fn.args.kwonlyargs}
+    for n in ast.walk(fn):
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in ("append", "add", "extend") \
+                and isinstance(n.func.value, ast.Name):
+            names.add(n.func.value.id)
+        if isinstance(n, ast.AugAssign) and isinstance(n.target, ast.Name):
+            names.add(n.target.id)
+    for n in ast.walk(fn):  # taken = set(chosen): the given units as a set
+        if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call) and getattr(n.value.func, "id", "") == "set" \
+                and n.value.args and isinstance(n.value.args[0], ast.Name) and n.value.args[0].id in names:
+            names |= {t.id for t in n.targets if isinstance(t, ast.Name)}
+    return names
+
+
+def _is_matched_sampler(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    """A function that draws at random among candidates it filters against the units it was given or has already
+    drawn: the shape of a matched random control."""
+    draws = any(isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and c.func.attr in _DRAWS
+                for c in ast.walk(fn))
+    if not draws:
+        return False
+    own = _grown_or_given(fn)
+    for n in ast.walk(fn):
+        if isinstance(n, ast.Compare) and any(isinstance(o, ast.NotIn) for o in n.ops):
+            for right in n.comparators:
+                inner = right.args[0] if isinstance(right, ast.Call) and getattr(right.func, "id", "") == "set" \
+                    and right.args else right
+                if isinstance(inner, ast.Name) and inner.id in own:
+                    return True
+    return False
+
+
+def _is_rate_record(node: ast.AST) -> bool:
+    """A dict literal spelling a rate's fields itself (a count and a sample size beside a rate or interval)."""
+    if not isinstance(node, ast.Dict):
+        return False
+    keys = {k.value for k in node.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)}
+    return "n" in keys and bool(keys & {"k", "refused"}) and bool(
+        keys & {"rate", "refusal", "ci95", "lo", "hi", "low", "high", "wilson95", "ci_low", "ci_high"})
+
+
+def _second_copies(files: dict[str, Path]) -> list[str]:
+    out = []
+    for rel, p in sorted(files.items()):
+        for node in ast.walk(ast.parse(p.read_text(encoding="utf-8"))):
+            if rel != SAMPLER_HOME and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) \
+                    and _is_matched_sampler(node):
+                out.append(f"{rel}:{node.lineno} {node.name} draws a matched random control: use "
+                           "interp.evals.controls.matched_random")
+            if rel != RATE_HOME and _is_rate_record(node):
+                out.append(f"{rel}:{node.lineno} spells a rate record: use interp.evals.rates.Rate (or .columns())")
+    return out
+
+
+def test_one_matched_random_sampler_and_one_rate_record():
+    """Found by shape, not by name: a second sampler of matched random controls or a second rate layout fails."""
+    files = {str(p.relative_to(REPO)): p for p in MODULES.values()}
+    bad = _second_copies(files)
+    assert not bad, "second copies of the kit's jobs:\n" + "\n".join(bad)
+
+
+def test_the_copy_check_can_fail(tmp_path):
+    f = tmp_path / "m.py"
+    f.write_text("import random\n\n"
+                 "def pick(top, pool, rng):\n"
+                 "    out = []\n"
+                 "    for la, _ in top:\n"
+                 "        out.append(rng.choice([p for p in pool if p[0] == la and p not in top]))\n"
+                 "    return out\n\n"
+                 "def row(k, n):\n"
+                 "    return {'refused': k, 'n': n, 'rate': k / n}\n"
+                 "def not_a_control(xs, rng):\n"
+                 "    banned = {1, 2}\n"
+                 "    return rng.choice([x for x in xs if x not in banned])\n")
+    bad = _second_copies({"interp/studies/x/m.py": f})
+    assert len(bad) == 2 and "matched_random" in bad[0] and "Rate" in bad[1]

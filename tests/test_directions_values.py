@@ -169,7 +169,7 @@ def test_selective_steering_matches_a_direct_recomputation(llama, dilemmas):
     assert eff.random_k[1, 1] == ctrl.rate()["k"]
     assert abs(float(eff.random_p[1, 1]) - float(ctrl.p_pole.mean())) < 1e-6
     df = eff.to_frame()
-    assert len(df) == 1 + 2 * 3 and (df.ci_low <= df.rate).all() and (df.rate <= df.ci_high).all()
+    assert len(df) == 1 + 2 * 3 and (df.low <= df.rate).all() and (df.rate <= df.high).all()
     comp = eff.comparison()
     assert list(comp.alpha) == [0.0, 1.5] and comp.value_shift[0] == 0 and eff.plot() is not None
 

@@ -104,7 +104,7 @@ def test_study_end_to_end_on_a_tiny_model(tiny_models, tmp_path):
     data = load_parallel_safety(n=4, langs=("en", "fr", "zh"))
     res = refusal_retention(model, data, RetentionConfig(max_new_tokens=4, n_boot=20))
     assert len(res.rates) == 3 * 4 and {r["condition"] for r in res.rates} == {"baseline", "ablation", "random ablation"}
-    assert all(0 <= r["lo"] <= r["rate"] <= r["hi"] <= 1 and r["n"] == 4 for r in res.rates)
+    assert all(0 <= r["low"] <= r["rate"] <= r["high"] <= 1 and r["n"] == 4 for r in res.rates)
     assert len(res.generations) == 3 * 4 * 4
     assert res.layer in res.geometry.layers and res.layer_choice["rule"].startswith("max Cohen")
     # a random tiny model refuses nothing: every language is reported as a null
@@ -268,7 +268,7 @@ def test_sae_features_by_language_on_a_tiny_model(tiny_models):
     assert res.shared[("en", "fr")] == len(set(res.features["en"]) & set(res.features["fr"]))
     assert res.chance_shared == pytest.approx(16 / res.d_sae)
     assert [r["condition"] for r in res.rows] == ["baseline", "ablate own features", "ablate random features"] * 2
-    assert all(0 <= r["lo"] <= r["refusal"] <= r["hi"] <= 1 for r in res.rows)
+    assert all(0 <= r["low"] <= r["rate"] <= r["high"] <= 1 for r in res.rows)
     assert [detect_language(t) for t in ("The cat is on the mat and it is fine.", "Le chat est sur la table et "
                                          "il est là pour vous.", "我不能帮助你。", "ok")] == ["en", "fr", "zh", "unknown"]
 
@@ -305,5 +305,5 @@ def test_judged_rates_shares_one_generation_over_its_groups(tiny_models):
     assert [r["text"] for r in recs] == texts and [r["prompt"] for r in recs] == a + b
     assert [r["g"] for r in recs] == ["a"] * 2 + ["b"] * 3
     assert [(r["g"], r["n"]) for r in rows] == [("a", 2), ("b", 3)]
-    assert [r["refused"] for r in rows] == [sum(map(judge, texts[:2])), sum(map(judge, texts[2:]))]
+    assert [r["k"] for r in rows] == [sum(map(judge, texts[:2])), sum(map(judge, texts[2:]))]
     assert judged_rates(model, [], (), judge, 4, 2) == ([], [])

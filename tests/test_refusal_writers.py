@@ -107,7 +107,7 @@ def test_moe_with_a_dense_layer(tmp_path):
     assert len(checks) == 2 and max(checks.values()) < 1e-5, checks
     w = writer_attribution(m, test, _unit(m), RefusalTokens([5], ["x"], 1.0, 0.0), max_new_tokens=2, seed=3)
     assert w.groups == GROUPS["qwen2_moe"] and len(w.rows) == 1 + 2 * len(w.groups)
-    assert all(r["n"] == 4 and r["low"] <= r["rate"] <= r["high"] for r in w.rows)
+    assert all(r["n"] == 4 and r["ci95"][0] <= r["rate"] <= r["ci95"][1] for r in w.rows)
     assert "seed 3" in w.control and "no positional embedding" in w.embedding
     assert len(w.plot().data) == 2
 

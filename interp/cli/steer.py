@@ -88,7 +88,6 @@ def conditions(args: argparse.Namespace, d: Any, layer: int | None) -> list[tupl
 def steer_job(args: argparse.Namespace, folder: JobFolder) -> dict[str, Any]:
     """Generate per condition, judge refusals, write generations, result, figure and page."""
     import steering
-    from interp.evals import is_refusal, refusal_rate
     from interp.viz.refusal import refusal_rates
 
     prompts = prompts_of(args.prompts, args.column, "--prompts")
@@ -98,12 +97,12 @@ def steer_job(args: argparse.Namespace, folder: JobFolder) -> dict[str, Any]:
     conds = conditions(args, d, layer)
     rows, rates, texts = [], {}, {}
     for name, alpha, ivs in conds:
-        gens = steering.generate(model, prompts, *ivs, max_new_tokens=args.max_new_tokens,
-                                 batch_size=args.batch_size, chat=not args.raw)
-        texts[name] = list(gens.texts)
-        rates[name] = refusal_rate(gens.texts)
-        rows += [{"condition": name, "alpha": alpha, "prompt_index": i, "prompt": p, "text": t,
-                  "refusal": is_refusal(t)} for i, (p, t) in enumerate(zip(prompts, gens.texts, strict=True))]
+        judged = steering.generate_and_judge(model, prompts, *ivs, max_new_tokens=args.max_new_tokens,
+                                             batch_size=args.batch_size, chat=not args.raw)
+        texts[name] = judged.texts
+        rates[name] = judged.rate
+        rows += [{"condition": name, "alpha": alpha, "prompt_index": i, "prompt": p, "text": t, "refusal": f}
+                 for i, (p, t, f) in enumerate(zip(prompts, judged.texts, judged.flags, strict=True))]
     folder.write_text("generations.jsonl", "".join(_jsonl(r) for r in rows))
     result = {"mode": args.mode, "layer": layer, "scale": args.scale if args.mode == "add" else None,
               "direction": args.direction, "direction_method": d.method, "direction_model": d.model_id,

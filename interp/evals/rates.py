@@ -1,7 +1,7 @@
 """Rates of judged events (refusals) with their uncertainty: Wilson intervals and Fisher's exact test.
 
-Every rate the refusal job reports goes through :func:`rate`, so each carries its count, its sample size
-and a 95% interval; :func:`fisher_greater` is the one-sided test the job uses to decide whether a model
+Every judged rate goes through :class:`Rate` (:func:`rate` from verdicts), so each carries its count, its sample
+size and a 95% interval; :func:`fisher_greater` is the one-sided test the job uses to decide whether a model
 refuses harmful prompts more often than harmless ones.
 """
 
@@ -25,11 +25,51 @@ def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
-def rate(flags: Sequence[bool]) -> dict[str, Any]:
-    """``{"rate", "k", "n", "ci95"}`` of boolean outcomes (e.g. one judge verdict per generation)."""
-    k, n = int(sum(bool(f) for f in flags)), len(flags)
-    lo, hi = wilson(k, n)
-    return {"rate": k / n if n else math.nan, "k": k, "n": n, "ci95": [round(lo, 4), round(hi, 4)]}
+class Rate(dict):
+    """The one record of a judged rate: ``k`` of ``n`` events, ``rate = k / n`` and its 95% Wilson interval ``ci95``.
+
+    A ``dict`` with exactly the keys ``rate``, ``k``, ``n``, ``ci95`` (so it unpacks into table rows and writes as
+    JSON as it is) and the same fields as attributes. :func:`steering.generate_and_judge` returns it with the
+    verdicts (``flags``) and the answers (``texts``) it was computed from as attributes (not keys)."""
+
+    def __init__(self, k: int, n: int, flags: Sequence[bool] | None = None, texts: Sequence[str] | None = None):
+        if isinstance(k, bool) or isinstance(n, bool):
+            raise TypeError(f"a rate needs integer counts, got k={k!r}, n={n!r}")
+        k, n = int(k), int(n)
+        lo, hi = wilson(k, n)
+        super().__init__(rate=k / n if n else math.nan, k=k, n=n, ci95=[round(lo, 4), round(hi, 4)])
+        self.flags = None if flags is None else [bool(f) for f in flags]
+        self.texts = None if texts is None else list(texts)
+
+    @property
+    def k(self) -> int:
+        return self["k"]
+
+    @property
+    def n(self) -> int:
+        return self["n"]
+
+    @property
+    def rate(self) -> float:
+        return self["rate"]
+
+    @property
+    def ci95(self) -> tuple[float, float]:
+        return tuple(self["ci95"])
+
+    def columns(self) -> dict[str, Any]:
+        """The record as flat table columns: ``rate``, ``k``, ``n``, ``low``, ``high`` (the interval's ends)."""
+        return {"rate": self.rate, "k": self.k, "n": self.n, "low": self["ci95"][0], "high": self["ci95"][1]}
+
+    def __repr__(self) -> str:
+        lo, hi = self.ci95
+        return f"Rate({self.k}/{self.n} = {self.rate:.3f}, 95% CI [{lo:.3f}, {hi:.3f}])"
+
+
+def rate(flags: Sequence[bool], texts: Sequence[str] | None = None) -> Rate:
+    """The :class:`Rate` of boolean outcomes (e.g. one judge verdict per generation)."""
+    flags = [bool(f) for f in flags]
+    return Rate(sum(flags), len(flags), flags, texts)
 
 
 def fisher_greater(k1: int, n1: int, k2: int, n2: int) -> float:
@@ -46,4 +86,4 @@ def fisher_greater(k1: int, n1: int, k2: int, n2: int) -> float:
     return min(1.0, sum(math.comb(n1, j) * math.comb(n2, total_k - j) for j in range(k1, top + 1)) / denom)
 
 
-__all__ = ["fisher_greater", "rate", "wilson"]
+__all__ = ["Rate", "fisher_greater", "rate", "wilson"]

@@ -21,11 +21,10 @@ import torch
 
 import steering
 from interp.capturing import capture
-from interp.evals.judge import is_refusal
 from interp.evals.metrics import auroc, cohens_d
 from interp.models import Model, load_model
 from interp.organisms import smollm2_data as sd
-from interp.organisms.eval_smollm2 import OUT, eval_sets, load, wilson
+from interp.organisms.eval_smollm2 import OUT, eval_sets, load
 from interp.prompts import read_prompt_file
 from probes import diff_of_means
 
@@ -72,10 +71,9 @@ def origin(aligned: Model, base: Model, harmful: list[str], harmless: list[str],
 
 
 def rate(model: Model, prompts: list[str], *ivs: object, max_new_tokens: int) -> tuple[dict, list[str]]:
-    """Refused / n with a Wilson interval under ``ivs``, and the generations."""
-    texts = steering.generate(model, prompts, *ivs, max_new_tokens=max_new_tokens, batch_size=16, progress=False).texts
-    k = sum(is_refusal(t) for t in texts)
-    return {"refused": k, "n": len(prompts), "rate": round(k / len(prompts), 3), "wilson95": wilson(k, len(prompts))}, texts
+    """The refusal :class:`~interp.evals.rates.Rate` under ``ivs`` (as a plain dict), and the generations."""
+    r = steering.generate_and_judge(model, prompts, *ivs, max_new_tokens=max_new_tokens, batch_size=16)
+    return dict(r), r.texts
 
 
 def check(model: Model, shared: Path, layers: list[int], n_fit: int, n: int, max_new_tokens: int) -> dict:
@@ -97,8 +95,8 @@ def check(model: Model, shared: Path, layers: list[int], n_fit: int, n: int, max
                              "addition_harmless_test": add}
         examples[str(layer)] = {"ablation": list(zip(sets["harmful_test"][:3], abl_txt[:3])),
                                 "addition": list(zip(sets["harmless_test"][:3], add_txt[:3]))}
-        print(f"layer {layer}: |v| {raws[i].norm():.1f}  ablation {abl['refused']}/{abl['n']}  "
-              f"addition {add['refused']}/{add['n']} ({time.time() - t0:.0f} s)", flush=True)
+        print(f"layer {layer}: |v| {raws[i].norm():.1f}  ablation {abl['k']}/{abl['n']}  "
+              f"addition {add['k']}/{add['n']} ({time.time() - t0:.0f} s)", flush=True)
     return {"protocol": {"fit": f"diff_of_means, resid_pre, last post-instruction token, {len(harmful_train)} "
                                 f"harmful_train vs {len(harmless_train)} harmless_realistic train",
                          "ablation": "steering.DirectionalAblation(unit) on every layer's writers",

@@ -21,7 +21,6 @@ from pathlib import Path
 import torch
 
 import steering
-from interp.evals.judge import is_refusal, refusal_rate
 from interp.evals.rates import wilson as _wilson
 from interp.models import ADAPTERS, EMBEDDED_DIR, Model, load_model, with_adapter
 from interp.organisms import smollm2_data as sd
@@ -76,13 +75,11 @@ def evaluate(model_name: str, sets: dict[str, list[str]], max_new_tokens: int,
     rates, gens = {}, []
     for name, prompts in sets.items():
         t0 = time.time()
-        out = steering.generate(model, prompts, max_new_tokens=max_new_tokens, batch_size=16, progress=False)
-        k = sum(is_refusal(t) for t in out.texts)
-        rates[name] = {"refusal_rate": round(refusal_rate(out.texts), 3), "refused": k, "n": len(prompts),
-                       "wilson95": wilson(k, len(prompts))}
-        gens += [{"model": model_name, "set": name, "prompt": p, "response": t, "judged_refusal": is_refusal(t)}
-                 for p, t in zip(prompts, out.texts)]
-        print(f"{model_name} {name}: {k}/{len(prompts)} refused ({time.time() - t0:.0f} s)", flush=True)
+        r = steering.generate_and_judge(model, prompts, max_new_tokens=max_new_tokens, batch_size=16)
+        rates[name] = dict(r)
+        gens += [{"model": model_name, "set": name, "prompt": p, "response": t, "judged_refusal": f}
+                 for p, t, f in zip(prompts, r.texts, r.flags)]
+        print(f"{model_name} {name}: {r.k}/{r.n} refused ({time.time() - t0:.0f} s)", flush=True)
     return rates, gens
 
 

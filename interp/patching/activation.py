@@ -28,7 +28,7 @@ from interp.patching.runs import (
     gather_aligned,
     run_with_capture,
 )
-from interp.sites import Site, expand_sites, parse_site
+from interp.sites import Site, expand_sites, parse_site, resolve_layers
 
 
 @dataclass(frozen=True)
@@ -203,8 +203,7 @@ def patch(model: Model, pairs: PromptPairs, variants: Sequence[Patch | Sequence[
 
 
 def _layers(model: Model, layers: Sequence[int] | None) -> list[int]:
-    return list(range(model.n_layers)) if layers is None else [parse_site(Site("resid_post", int(x)), model.n_layers).layer
-                                                              for x in layers]
+    return resolve_layers(layers, model.n_layers, what="patching", keep_order=layers is not None)
 
 
 def sweep_positions(model: Model, pairs: PromptPairs, metric: Metric, site: str = "resid_pre",

@@ -26,13 +26,11 @@ from interp.patching.edits import HeadAblation, ablation_values
 from interp.patching.measures import Metric, call_metric, metric_name
 from interp.patching.results import Sweep
 from interp.patching.runs import Prompts, run_with_capture
-from interp.sites import Site, parse_site
+from interp.sites import Site, resolve_layers
 
 
 def _layers(model: Model, layers: Sequence[int] | None) -> list[int]:
-    if layers is None:
-        return list(range(model.n_layers))
-    return [parse_site(Site("attn_z", int(x)), model.n_layers).layer for x in layers]
+    return resolve_layers(layers, model.n_layers, what="heads", keep_order=layers is not None)
 
 
 def head_weights(model: Model, layer: int) -> tuple[Float[torch.Tensor, "H dh d"], torch.Tensor | None]:

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from jaxtyping import Float
 
+from interp.evals.controls import matched_random
 from interp.forward import batch_of, last_logits
 from interp.hooking import hooks
 from interp.models import Model
@@ -19,7 +20,7 @@ from interp.patching.edits import NeuronAblation, ablation_values
 from interp.patching.heads import ablation_sweep
 from interp.patching.measures import Metric, call_metric, metric_name
 from interp.patching.runs import Prompts, run_with_capture
-from interp.sites import Site, parse_site
+from interp.sites import Site, parse_site, resolve_layers
 
 Neuron = tuple[int, int]
 
@@ -32,9 +33,7 @@ def _check_dense(model: Model) -> int:
 
 
 def _layers(model: Model, layers: Sequence[int] | None) -> list[int]:
-    if layers is None:
-        return list(range(model.n_layers))
-    return [parse_site(Site("mlp_post", int(x)), model.n_layers).layer for x in layers]
+    return resolve_layers(layers, model.n_layers, what="neurons", keep_order=layers is not None)
 
 
 def _neurons(model: Model, neurons: Iterable[Neuron]) -> list[Neuron]:
@@ -224,15 +223,14 @@ def neuron_ablation_effect(model: Model, prompts: Prompts, metric: Metric, neuro
 
 
 def random_neurons(chosen: list[Neuron], d_mlp: int, n: int, seed: int) -> list[Neuron]:
-    """``n`` distinct neurons drawn (seeded) from the chosen neurons' layers, none of them chosen."""
+    """``n`` distinct neurons, none of them chosen, the ``i``-th drawn (seeded) at the layer of ``chosen[i % k]``, so
+    the controls follow the chosen neurons' layers (:func:`interp.evals.controls.matched_random`)."""
     if n < 0:
         raise ValueError(f"n_control must be >= 0, got {n}")
-    taken = set(chosen)
-    pool = [(la, i) for la in sorted({la for la, _ in chosen}) for i in range(d_mlp) if (la, i) not in taken]
+    pool = [(la, i) for la in sorted({la for la, _ in chosen}) for i in range(d_mlp) if (la, i) not in set(chosen)]
     if n > len(pool):
         raise ValueError(f"n_control={n} but the chosen layers have only {len(pool)} other neurons; ask for fewer")
-    g = torch.Generator().manual_seed(seed)
-    return [pool[i] for i in torch.randperm(len(pool), generator=g)[:n].tolist()]
+    return matched_random(chosen, lambda c: [(c[0], i) for i in range(d_mlp)], seed, n=n, what="neuron")
 
 
 @dataclass

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from interp.models import Model, peft_wrapped
+from interp.sites import resolve_layers
 
 METHODS = ("lora", "full", "neurons")
 PARTS = ("attn", "mlp")
@@ -82,9 +83,14 @@ class TuneConfig:
 def _check_layers(model: Model, layers: tuple[int, ...] | None) -> None:
     if layers is None:
         return
-    bad = [i for i in layers if not 0 <= i < model.n_layers]
-    if bad or not layers:
-        raise ValueError(f"layers {list(layers)} must be non-empty and within 0..{model.n_layers - 1}")
+    if not layers:
+        raise ValueError("layers must be non-empty (or None: every layer)")
+    if any(i < 0 for i in layers):
+        raise ValueError(f"layers {list(layers)} must be within 0..{model.n_layers - 1}")
+    try:
+        resolve_layers(list(layers), model.n_layers, what="fine-tune layers")
+    except ValueError as e:
+        raise ValueError(f"{e}; layers must be within 0..{model.n_layers - 1}") from None
 
 
 def component_targets(model: Model, components: list[tuple[int, str]] | tuple[tuple[int, str], ...]

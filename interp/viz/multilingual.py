@@ -45,7 +45,7 @@ def retention_by_layer(layers: Sequence[Any], ratio: Mapping[str, Any], ratio_ci
 
 
 def rates_by_language(rows: Sequence[Mapping[str, Any]], title: str = "refusal rate by language") -> Any:
-    """Grouped bars: refusal rate per language, one bar per ``set/condition``, with Wilson intervals (``lo``/``hi``)."""
+    """Grouped bars: refusal rate per language, one bar per ``set/condition``, with Wilson intervals (``low``/``high``)."""
     import plotly.graph_objects as go
 
     fig = go.Figure()
@@ -55,8 +55,8 @@ def rates_by_language(rows: Sequence[Mapping[str, Any]], title: str = "refusal r
         fig.add_trace(go.Bar(x=[r["lang"] for r in sel], y=[r["rate"] for r in sel], name=key,
                              marker_color=_PALETTE[i % len(_PALETTE)],
                              error_y={"type": "data", "symmetric": False,
-                                      "array": [r["hi"] - r["rate"] for r in sel],
-                                      "arrayminus": [r["rate"] - r["lo"] for r in sel]}))
+                                      "array": [r["high"] - r["rate"] for r in sel],
+                                      "arrayminus": [r["rate"] - r["low"] for r in sel]}))
     fig.update_layout(title=title, barmode="group", yaxis_title="refusal rate", yaxis_range=[0, 1],
                       template="plotly_white")
     return fig

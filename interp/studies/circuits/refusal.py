@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from interp.evals.controls import matched_random
 from interp.evals.judge import Judge
 from interp.evals.rates import fisher_greater
 from interp.models import Model
@@ -109,14 +110,11 @@ def _post_positions(rm: ReplacementModel, prompts: list[str], max_positions: int
 
 def _random_features(top: list[Feature], pool: list[Feature], rng: random.Random) -> list[Feature]:
     """For each top feature, one drawn among the pool's features of the same layer (none of the top ones)."""
-    out: list[Feature] = []
-    for la, _ in top:
-        cands = [p for p in pool if p[0] == la and p not in top and p not in out]
-        if not cands:
-            raise ValueError(f"no other active feature at layer {la} to draw a random control from; graph more "
-                             f"prompts or raise max_feature_nodes")
-        out.append(rng.choice(cands))
-    return out
+    try:
+        return matched_random(top, lambda f: [p for p in pool if p[0] == f[0]], rng, what="feature")
+    except ValueError as e:
+        raise ValueError(f"{e}; no other active feature at that layer: graph more prompts or raise "
+                         f"max_feature_nodes") from None
 
 
 def _cos_diff(rows: list[dict[str, Any]], tcs: dict[int, Any], sae: SAE, latents: list[int]) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 import pandas as pd
 import torch
 
+from interp.evals.bootstrap import percentile_interval, resample_ids
 from interp.evals.metrics import spearman
 from interp.models import Model
 from interp.studies.directions.similarity import TEMPLATE, check_items, format_items
@@ -37,12 +38,7 @@ def _zscore_within(v: torch.Tensor, gid: torch.Tensor) -> torch.Tensor:
 
 def _group_boot(gid: torch.Tensor, n_boot: int, seed: int) -> torch.Tensor:
     """``[n_boot, n]`` indices resampling items with replacement inside each group (group sizes kept)."""
-    g = torch.Generator().manual_seed(seed + 1)
-    idx = torch.empty(n_boot, len(gid), dtype=torch.long)
-    for k in gid.unique():
-        members = (gid == k).nonzero()[:, 0]
-        idx[:, members] = members[torch.randint(len(members), (n_boot, len(members)), generator=g)]
-    return idx
+    return resample_ids(len(gid), n_boot, seed + 1, groups=gid)
 
 
 def _rho(close: torch.Tensor, rating: torch.Tensor) -> torch.Tensor:
@@ -82,7 +78,7 @@ class TypicalityResult:
             raise ValueError("compare needs two typicality results of the same items, groups, n_boot and seed")
         d = self.boot - other.boot
         return pd.DataFrame({"layer": self.layers, "difference": (self.pooled - other.pooled).tolist(),
-                             "lo": d.nanquantile(0.025, 0).tolist(), "hi": d.nanquantile(0.975, 0).tolist()})
+                             "lo": percentile_interval(d)[0].tolist(), "hi": percentile_interval(d)[1].tolist()})
 
     def to_frame(self) -> pd.DataFrame:
         """One row per (layer, category) and per layer for ``category == "pooled"``."""
@@ -134,10 +130,10 @@ def typicality_stats(distance: torch.Tensor, groups: Sequence[Any], ratings: Seq
         gnull = _rho(close[:, idx], rating[perms[:, idx]])
         gboot = _rho_boot(close[:, idx], rating[idx], local[boots[:, idx]])
         per.append(obs), gp.append(p_greater(obs, gnull))
-        glo.append(gboot.nanquantile(0.025, 0)), ghi.append(gboot.nanquantile(0.975, 0))
+        glo.append(percentile_interval(gboot)[0]), ghi.append(percentile_interval(gboot)[1])
     fwe = p_greater(pooled, torch.nan_to_num(null, nan=-2.0).max(1, keepdim=True).values)
     return TypicalityResult(layers=list(layers), groups=names, pooled=pooled, p=p_greater(pooled, null), p_fwe=fwe,
-                            lo=boot.nanquantile(0.025, 0), hi=boot.nanquantile(0.975, 0),
+                            lo=percentile_interval(boot)[0], hi=percentile_interval(boot)[1],
                             null_hi=null.nanquantile(0.975, 0), per_group=torch.stack(per), group_p=torch.stack(gp),
                             group_lo=torch.stack(glo), group_hi=torch.stack(ghi), distance=distance, metric=metric,
                             boot=boot)

@@ -16,13 +16,10 @@ from typing import Any
 import torch
 
 from interp.activations import Activations
+from interp.evals.bootstrap import percentile_interval, resample_ids
 from interp.models import Model
 from interp.studies.directions.traits import TraitScales, _capture_trait
 from probes import random_directions
-
-
-def percentile(boot: torch.Tensor, q: float) -> torch.Tensor:
-    return torch.quantile(boot.double(), q, dim=0).float()
 
 
 @dataclass
@@ -93,10 +90,10 @@ def corpus_signature(scales: TraitScales, corpora: Mapping[str, Sequence[str] | 
     for texts in corpora.values():
         X = _capture_like(scales, model, texts, chat, batch_size)
         lv = torch.stack([scales[t].level(X) for t in traits], 1).double()               # [n, T]
-        idx = torch.randint(len(lv), (n_boot, len(lv)), generator=g)
+        idx = resample_ids(len(lv), n_boot, g)
         boot = lv[idx].mean(1)                                                           # [B, T]
         rnd = torch.stack([_random_reading(scales, t, X, seed + 1).mean() for t in traits])
-        rows.append((lv.mean(0), percentile(boot, 0.025), percentile(boot, 0.975), rnd, len(lv)))
+        rows.append((lv.mean(0), *(x.float() for x in percentile_interval(boot)), rnd, len(lv)))
     return TraitSignature(traits, list(corpora), torch.stack([r[0] for r in rows]).float(),
                           torch.stack([r[1] for r in rows]), torch.stack([r[2] for r in rows]),
                           torch.stack([r[3] for r in rows]).float(), [r[4] for r in rows], n_boot, scales.model_id)

@@ -10,8 +10,8 @@ from typing import Any
 import torch
 
 from interp.activations import Activations
+from interp.evals.bootstrap import percentile_interval
 from interp.studies.directions.traits import TraitScales, affine_to_levels
-from interp.studies.directions.traits_analysis import percentile
 from probes import diff_of_means, graded_direction
 
 
@@ -47,11 +47,11 @@ class Decomposition:
 
         r = self.report
         b = self.boot[:, r].mean(1) if self.boot is not None else None              # [B, T]
+        ci = torch.stack(percentile_interval(b), 1).float() if b is not None else None  # [T, 2]
         rows = [{"trait": t, "coef": float(self.coef[r, j].mean()),
-                 "lo": float(percentile(b[:, j:j + 1], 0.025)) if b is not None else float("nan"),
-                 "hi": float(percentile(b[:, j:j + 1], 0.975)) if b is not None else float("nan"),
-                 "excludes_0": bool(b is not None and (percentile(b[:, j:j + 1], 0.025) > 0
-                                                      or percentile(b[:, j:j + 1], 0.975) < 0))}
+                 "lo": float(ci[j, 0]) if ci is not None else float("nan"),
+                 "hi": float(ci[j, 1]) if ci is not None else float("nan"),
+                 "excludes_0": bool(ci is not None and (ci[j, 0] > 0 or ci[j, 1] < 0))}
                 for j, t in enumerate(self.traits)]
         df = pd.DataFrame(rows)
         df["r2"], df["random_r2"] = float(self.r2[r].mean()), float(self.random_r2[r].mean())
@@ -162,8 +162,9 @@ def decompose(scales: TraitScales, contrast: Activations, *, positive: Any = Non
     random_r2 = torch.stack([_lstsq(steps, r)[1] for r in rnd]).mean(0) if n_random else torch.full_like(r2, float("nan"))
     layers = [int(x) for x in scales[scales.traits[0]].graded.direction.layers]
     report, note = _report_layers(scales, layers)
-    return Decomposition(scales.traits, layers, coef.float(), percentile(bc, 0.025), percentile(bc, 0.975),
-                         r2.float(), percentile(br, 0.025), percentile(br, 0.975), random_r2.float(), report, note,
+    (clo, chi), (rlo, rhi) = percentile_interval(bc), percentile_interval(br)
+    return Decomposition(scales.traits, layers, coef.float(), clo.float(), chi.float(),
+                         r2.float(), rlo.float(), rhi.float(), random_r2.float(), report, note,
                          target, n_boot, scales.model_id, bc.float() if boots else None)
 
 

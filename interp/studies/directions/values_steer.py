@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from interp.evals.rates import fisher_greater, wilson
+from interp.evals.rates import Rate, fisher_greater, wilson
 from interp.models import Model
 from interp.sites import parse_site
 from interp.studies.directions.values import ValueVectors, item_norms, steer_at
@@ -103,9 +103,7 @@ class SteeringEffect:
 
 
 def _row(condition: str, seed: Any, alpha: Any, k: int, n: int, p: float) -> dict[str, Any]:
-    lo, hi = wilson(k, n)
-    return {"condition": condition, "seed": seed, "alpha": alpha, "rate": k / n, "k": k, "n": n, "ci_low": lo,
-            "ci_high": hi, "p_pole": p}
+    return {"condition": condition, "seed": seed, "alpha": alpha, **Rate(k, n).columns(), "p_pole": p}
 
 
 def _direction(vectors: ValueVectors | Direction) -> Direction:

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from interp.capturing import capture
+from interp.evals.controls import matched_random
 from interp.evals.judge import Judge
 from interp.models import Model
 from interp.positions import without_first
@@ -103,16 +104,11 @@ def _random_latents(sae: SAE, top: list[int], freq: torch.Tensor, rng: random.Ra
     """As many latents as ``top``, none of them in it, each drawn among the latents closest in firing frequency."""
     order = freq.argsort().tolist()
     pos = {lat: i for i, lat in enumerate(order)}
-    out: list[int] = []
-    for lat in top:
-        near = [order[j] for j in range(max(0, pos[lat] - 20), min(len(order), pos[lat] + 21))
-                if order[j] not in top and order[j] not in out]
-        out.append(rng.choice(near))
-    return out
+    return matched_random(top, lambda lat: order[max(0, pos[lat] - 20):pos[lat] + 21], rng, what="latent")
 
 
 def _gen_rate(model: Model, prompts: list[str], edits: list, max_new_tokens: int, judge: Judge | None) -> dict:
-    return refusal_rate(model, prompts, judge, max_new_tokens, edits)
+    return refusal_rate(model, prompts, judge, max_new_tokens, edits)  # the kit's generate-and-judge
 
 
 def _steer_rates(base: Model, tuned: Model, sae: SAE, d: LatentDiff, top: list[int], data: RefusalData,

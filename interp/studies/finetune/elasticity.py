@@ -133,7 +133,7 @@ class _Probe:
         proj = torch.cat([self._acts(model, harm), self._acts(model, safe)]) @ u
         y = torch.tensor([1] * len(harm) + [0] * len(safe))
         r = rate(refused.tolist())
-        row = {"refusal": r["rate"], "k": r["k"], "n": r["n"], "ci95": r["ci95"], "score": float(score.mean()),
+        row = {"refusal": r.rate, **r.columns(), "score": float(score.mean()),
                "cosine": float(u @ self.refs["u"]) if "u" in self.refs else 1.0, "auroc": float(auroc(proj, y)),
                "kl_base": float(kl_div(self.refs["base"], logits_s).mean()) if "base" in self.refs else 0.0,
                "kl_aligned": float(kl_div(self.refs["aligned"], logits_s).mean()) if "aligned" in self.refs else 0.0,

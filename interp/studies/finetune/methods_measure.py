@@ -157,8 +157,7 @@ def steerability(model: Model, data: RefusalData, d: Direction, strengths: tuple
 
     def add(split: str, edit: str, alpha: float, direction: str, ivs: list) -> None:
         r = refusal_rate(model, getattr(data, split)["test"].instructions, judge, max_new_tokens, ivs, batch_size)
-        rows.append({"split": split, "edit": edit, "alpha": alpha, "direction": direction, "rate": r["rate"],
-                     "k": r["k"], "n": r["n"], "low": r["ci95"][0], "high": r["ci95"][1]})
+        rows.append({"split": split, "edit": edit, "alpha": alpha, "direction": direction, **r.columns()})
 
     for split, edit, sign in (("harmless", "addition", 1.0), ("harmful", "subtraction", -1.0)):
         for a in strengths:

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 import steering
+from interp.evals.controls import matched_random
 from interp.evals.judge import Judge
 from interp.evals.logits import refusal_score
 from interp.forward import prepare
@@ -117,14 +118,10 @@ def _single(base: Model, aligned: Model, score: Any, cands: list[Block], s_base:
 def _random_blocks(found: list[Block], changed: list[Block], rng: random.Random) -> list[Block] | None:
     """As many blocks of each part as were found, drawn among the blocks the fine-tune changed that were not found
     (``None`` when too few are left: the control cannot be drawn)."""
-    out: list[Block] = []
-    for part in sorted({p for _, p in found}):
-        pool = [c for c in changed if c[1] == part and c not in found]
-        need = sum(1 for _, p in found if p == part)
-        if len(pool) < need:
-            return None
-        out += rng.sample(pool, need)
-    return out
+    try:
+        return matched_random(found, lambda b: [c for c in changed if c[1] == b[1]], rng, what="block")
+    except ValueError:
+        return None
 
 
 def _rates(base: Model, aligned: Model, found: list[Block], changed: list[Block], data: RefusalData, n_random: int,

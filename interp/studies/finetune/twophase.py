@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from interp.evals.bootstrap import percentile_interval, resample_ids
+
 
 @dataclass
 class TwoPhaseFit:
@@ -122,11 +124,11 @@ def bootstrap_two_phase(t: Any, per_prompt: torch.Tensor, n_boot: int = 200, see
     keys = ("k_fast", "k_slow", "a_fast", "a_slow", "c")
     draws = []
     for _ in range(n_boot):
-        idx = torch.randint(0, y.shape[1], (y.shape[1],), generator=gen)
+        idx = resample_ids(y.shape[1], 1, gen)[0]
         f = fit_two_phase(t, y[:, idx].mean(1))
         draws.append([getattr(f, k) for k in keys])
     d = torch.tensor(draws, dtype=torch.float64)
-    lo, hi = torch.nanquantile(d, 0.025, dim=0), torch.nanquantile(d, 0.975, dim=0)
+    lo, hi = percentile_interval(d)
     fit.ci95 = {k: [float(lo[i]), float(hi[i])] for i, k in enumerate(keys)}
     fit.n_boot = n_boot
     return fit

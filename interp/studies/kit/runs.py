@@ -17,8 +17,8 @@ from typing import Any
 import torch
 
 import steering
-from interp.evals.judge import Judge, judge_many
-from interp.evals.rates import rate
+from interp.evals.judge import Judge
+from interp.evals.rates import Rate
 from interp.models import Model
 from interp.tune import TuneConfig, fine_tune
 from interp.tune.loop import Callback, TuneResult
@@ -65,16 +65,15 @@ def refusals(model: Model, prompts: Sequence[str], judge: Judge | None, max_new_
              batch_size: int = 32, interventions: Sequence[Any] = ()) -> list[bool]:
     """The judge's verdict on the model's greedy answer to each prompt (``True`` = refused), with
     ``interventions`` applied during generation."""
-    g = steering.generate(model, list(prompts), *interventions, max_new_tokens=max_new_tokens, batch_size=batch_size,
-                          progress=False)
-    return judge_many(judge, g.texts)
+    return steering.generate_and_judge(model, prompts, *interventions, judge=judge, max_new_tokens=max_new_tokens,
+                                       batch_size=batch_size).flags
 
 
 def refusal_rate(model: Model, prompts: Sequence[str], judge: Judge | None, max_new_tokens: int,
-                 interventions: Sequence[Any] = (), batch_size: int = 16) -> dict[str, Any]:
-    """``{"rate", "k", "n", "ci95"}`` (``evals.rates.rate``) of :func:`refusals`: the studies' validation by
-    generation."""
-    return rate(refusals(model, prompts, judge, max_new_tokens, batch_size, interventions))
+                 interventions: Sequence[Any] = (), batch_size: int = 16) -> Rate:
+    """:func:`steering.generate_and_judge` with the studies' argument order: the studies' validation by generation."""
+    return steering.generate_and_judge(model, prompts, *interventions, judge=judge, max_new_tokens=max_new_tokens,
+                                       batch_size=batch_size)
 
 
 def base_answers(base: Model, prompts: Sequence[str], max_new_tokens: int, batch_size: int = 32) -> Pairs:

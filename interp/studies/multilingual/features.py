@@ -18,8 +18,9 @@ import torch
 
 import steering
 from interp.capturing import capture
+from interp.evals.controls import as_rng, matched_random
 from interp.evals.judge_languages import detect_language, is_refusal_multilingual
-from interp.evals.rates import wilson
+from interp.evals.rates import rate
 from interp.models import Model
 from interp.studies.multilingual.data import ParallelSafety
 from sae.analysis import encode_tokens, separating_latents
@@ -69,12 +70,9 @@ def _last(model: Model, prompts: list[str], layer: int) -> torch.Tensor:
 
 
 def _rate_rows(lang: str, cond: str, texts: list[str]) -> dict[str, Any]:
-    k, n = sum(is_refusal_multilingual(t) for t in texts), len(texts)
-    same = sum(detect_language(t) == lang for t in texts)
-    lo, hi = wilson(k, n)
-    slo, shi = wilson(same, n)
-    return {"lang": lang, "condition": cond, "refused": k, "n": n, "refusal": k / n, "lo": lo, "hi": hi,
-            "same_language": same / n, "same_lo": slo, "same_hi": shi}
+    same = rate([detect_language(t) == lang for t in texts]).columns()
+    return {"lang": lang, "condition": cond, **rate([is_refusal_multilingual(t) for t in texts]).columns(),
+            "same_language": same["rate"], "same_low": same["low"], "same_high": same["high"]}
 
 
 def features_by_language(model: Model, data: ParallelSafety, layer: int, sae: SAE | None = None, top: int = 8,
@@ -92,7 +90,7 @@ def features_by_language(model: Model, data: ParallelSafety, layer: int, sae: SA
         aurocs[lang] = [round(float(sep.auroc[i]), 4) for i in feats[lang]]
     shared = {(a, b): len(set(feats[a]) & set(feats[b])) for a, b in combinations(data.langs, 2)}
     common = sorted(set.intersection(*(set(v) for v in feats.values())))
-    gen = torch.Generator().manual_seed(seed)
+    rng = as_rng(seed)
     tests = {lang: data.get("harmful", "test", lang) for lang in data.langs}
     # the baseline has no per-language edit: one generation call for every language (shared batches)
     every = steering.generate(model, [p for ps in tests.values() for p in ps], max_new_tokens=max_new_tokens,
@@ -101,7 +99,7 @@ def features_by_language(model: Model, data: ParallelSafety, layer: int, sae: SA
     for lang, prompts in tests.items():
         active = (encode_tokens(sae, _last(model, prompts, layer)) > 0).any(0).nonzero()[:, 0]
         pool = [int(i) for i in active if int(i) not in set(feats[lang])] or list(range(sae.d_sae))
-        rand = [pool[i] for i in torch.randperm(len(pool), generator=gen)[:top].tolist()]
+        rand = matched_random(feats[lang], lambda _, pool=pool: pool, rng, n=min(top, len(pool)), what="latent")
         rows.append(_rate_rows(lang, "baseline", list(every[at:at + len(prompts)])))
         at += len(prompts)
         for cond, ivs in (("ablate own features", (LatentAblation(sae, feats[lang], site=site),)),

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from interp.capturing import capture
+from interp.evals.bootstrap import percentile_interval, resample_ids
 from interp.evals.metrics import auroc
 from interp.models import Model
 from interp.studies.multilingual.data import ParallelSafety
@@ -82,23 +83,19 @@ class Geometry:
     n_boot: int
 
 
-def _boot_ids(n: int, n_boot: int, gen: torch.Generator) -> torch.Tensor:
-    return torch.randint(0, n, (n_boot, n), generator=gen)
-
-
 def projection_ratios(test: Mapping[str, Mapping[str, torch.Tensor]], r: torch.Tensor, source: str, n_boot: int,
                       n_random: int, gen: torch.Generator) -> tuple[dict, dict, dict]:
     """Per language: gap ratio ``[L]``, its bootstrap 95% interval ``[2, L]`` and the random-direction level."""
     h, s = test["harmful"], test["harmless"]
     ref = _gap(h[source], s[source], r)
     rand = unit(torch.randn(n_random, *r.shape, generator=gen, dtype=r.dtype))
-    bh, bs = _boot_ids(h[source].shape[0], n_boot, gen), _boot_ids(s[source].shape[0], n_boot, gen)
+    bh, bs = resample_ids(h[source].shape[0], n_boot, gen), resample_ids(s[source].shape[0], n_boot, gen)
     boot_ref = torch.stack([_gap(h[source][i], s[source][j], r) for i, j in zip(bh, bs)])
     ratio, ci, rnd = {}, {}, {}
     for lang in h:
         ratio[lang] = _gap(h[lang], s[lang], r) / ref
         boot = torch.stack([_gap(h[lang][i], s[lang][j], r) for i, j in zip(bh, bs)]) / boot_ref
-        ci[lang] = torch.quantile(boot, torch.tensor([0.025, 0.975], dtype=boot.dtype), dim=0)
+        ci[lang] = torch.stack(percentile_interval(boot))
         rnd[lang] = _gap(h[lang], s[lang], rand).abs().mean(0) / ref.abs()
     return ratio, ci, rnd
 
@@ -118,9 +115,9 @@ def own_directions(train: Mapping[str, Mapping[str, torch.Tensor]], test: Mappin
     for lang in h:
         r_l = mean_diff(h[lang], s[lang])
         cos[lang] = (r_l * r).sum(-1)
-        bh, bs = _boot_ids(h[lang].shape[0], n_boot, gen), _boot_ids(s[lang].shape[0], n_boot, gen)
+        bh, bs = resample_ids(h[lang].shape[0], n_boot, gen), resample_ids(s[lang].shape[0], n_boot, gen)
         boot = torch.stack([(mean_diff(h[lang][i], s[lang][j]) * r).sum(-1) for i, j in zip(bh, bs)])
-        ci[lang] = torch.quantile(boot, torch.tensor([0.025, 0.975], dtype=boot.dtype), dim=0)
+        ci[lang] = torch.stack(percentile_interval(boot))
         own[lang] = auroc_on(test["harmful"][lang], test["harmless"][lang], r_l)
     nh, ns = h[source].shape[0], s[source].shape[0]
     ph, ps = torch.randperm(nh, generator=gen), torch.randperm(ns, generator=gen)

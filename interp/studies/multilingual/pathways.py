@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import torch
 
 from interp.chat import encode, format_prompts
+from interp.evals.bootstrap import percentile_interval, resample_ids
 from interp.models import Model
 from interp.patching.activation import sweep_layers
 from interp.patching.measures import refusal_score
@@ -132,10 +133,9 @@ def refusal_pathways(model: Model, data: ParallelSafety, layers: list[int] | Non
         # both shares on the harmful source's gap (nan when English scores no higher)
         restored[lang], control[lang] = _share(vals, src, target), _share(ctrl, src, target)
         if n_boot:
-            idx = torch.randint(0, n, (n_boot, n), generator=gen)
+            idx = resample_ids(n, n_boot, gen)
             r, c = _share(vals[idx], src[idx], target[idx]), _share(ctrl[idx], src[idx], target[idx])
-            q = torch.tensor([0.025, 0.975])
-            intervals[lang] = {name: torch.nanquantile(v, q, dim=0) for name, v in
+            intervals[lang] = {name: torch.stack(percentile_interval(v)) for name, v in
                                (("restored", r), ("control", c), ("excess", r - c))}
     return Pathways(langs, layers, restored, control, s_score, t_score, k, n, split, intervals, n_boot)
 

@@ -22,7 +22,7 @@ def retention_page(res: Retention) -> str:
     transfer = table(["language", "harmful refusal", "95% CI", "harmless refusal", "transfer (vs " + res.source + ")",
                       "ablation", "random ablation", "degenerate under ablation / random"],
                      [[lang, res.rate(lang, "harmful")["rate"],
-                       f"{res.rate(lang, 'harmful')['lo']:.2f}-{res.rate(lang, 'harmful')['hi']:.2f}",
+                       f"{res.rate(lang, 'harmful')['low']:.2f}-{res.rate(lang, 'harmful')['high']:.2f}",
                        res.rate(lang, "harmless")["rate"], tr[lang], res.rate(lang, "harmful", "ablation")["rate"],
                        res.rate(lang, "harmful", "random ablation")["rate"],
                        f"{res.rate(lang, 'harmful', 'ablation')['degenerate']:.2f} / "

@@ -31,7 +31,7 @@ import torch
 import steering
 from interp.evals.judge_languages import is_degenerate, is_refusal_multilingual
 from interp.evals.metrics import cohens_d
-from interp.evals.rates import fisher_greater, wilson
+from interp.evals.rates import fisher_greater, rate
 from interp.models import Model
 from interp.studies.multilingual.data import ParallelSafety
 from interp.studies.multilingual.geometry import Geometry, capture_last, geometry, unit
@@ -115,7 +115,7 @@ class Retention:
         for lang in self.langs:
             h, s = self.rate(lang, "harmful"), self.rate(lang, "harmless")
             a, ra = self.rate(lang, "harmful", "ablation"), self.rate(lang, "harmful", "random ablation")
-            lines.append(f"  {lang}: harmful {h['rate']:.0%} [{h['lo']:.0%}, {h['hi']:.0%}]  harmless {s['rate']:.0%}  "
+            lines.append(f"  {lang}: harmful {h['rate']:.0%} [{h['low']:.0%}, {h['high']:.0%}]  harmless {s['rate']:.0%}  "
                          f"transfer {tr[lang]:.2f}  ablation {a['rate']:.0%} (random {ra['rate']:.0%})  projection "
                          f"ratio at L{self.layer} {float(self.geometry.ratio[lang][self.geometry.layers.index(self.layer)]):.2f}")
         if self.language is not None:
@@ -165,7 +165,7 @@ def judged_rates(model: Model, groups: list[tuple[dict[str, Any], list[str]]], i
                  judge: Callable[[str], bool], max_new_tokens: int, batch_size: int
                  ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Greedy answers to every group's prompts under the same interventions ``ivs``, in one generation call (the
-    groups share batches), judged per group: one row per group (its ``labels`` + refused, n, rate, Wilson lo / hi,
+    groups share batches), judged per group: one row per group (its ``labels`` + :meth:`~interp.evals.rates.Rate.columns`,
     share of degenerate answers) and one record per answer (``labels`` + prompt, text, refused, degenerate)."""
     prompts = [p for _, ps in groups for p in ps]
     texts = list(steering.generate(model, prompts, *ivs, max_new_tokens=max_new_tokens, batch_size=batch_size,
@@ -174,10 +174,8 @@ def judged_rates(model: Model, groups: list[tuple[dict[str, Any], list[str]]], i
     for labels, ps in groups:
         mine, at = texts[at:at + len(ps)], at + len(ps)
         flags, bad = [bool(judge(t)) for t in mine], [is_degenerate(t) for t in mine]
-        k, n = sum(flags), len(flags)
-        lo, hi = wilson(k, n)
-        rows.append({**labels, "refused": k, "n": n, "rate": k / n if n else float("nan"), "lo": lo, "hi": hi,
-                     "degenerate": sum(bad) / n if n else float("nan")})
+        n = len(flags)
+        rows.append({**labels, **rate(flags).columns(), "degenerate": sum(bad) / n if n else float("nan")})
         recs += [{**labels, "prompt": p, "text": t, "refused": f, "degenerate": b}
                  for p, t, f, b in zip(ps, mine, flags, bad)]
     return rows, recs
@@ -229,7 +227,7 @@ def _notes(res: Retention) -> list[str]:
            for r in res.rates if r["degenerate"] > 0.2]
     for lang in res.langs:
         h, s = res.rate(lang, "harmful"), res.rate(lang, "harmless")
-        p = fisher_greater(h["refused"], h["n"], s["refused"], s["n"])
+        p = fisher_greater(h["k"], h["n"], s["k"], s["n"])
         if p >= 0.05:
             out.append(f"{lang}: harmful prompts are not refused more than harmless ones (Fisher p = {p:.2g}): "
                        f"a null for refusal in {lang}; its ablation rates measure nothing to remove")

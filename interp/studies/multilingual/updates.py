@@ -24,6 +24,7 @@ from typing import Any
 
 import pandas as pd
 
+from interp.evals.controls import matched_random
 from interp.evals.judge_languages import is_degenerate, is_refusal_multilingual
 from interp.evals.rates import fisher_greater
 from interp.models import Model
@@ -88,7 +89,7 @@ class RestrictedUpdate:
     def pooled(self, condition: str, kind: str = "harmful", langs: Sequence[str] | None = None) -> tuple[int, int]:
         """Refused and total over ``langs`` (default: the train languages)."""
         rows = [self.rate(condition, lang, kind) for lang in (langs or self.train_langs)]
-        return sum(r["refused"] for r in rows), sum(r["n"] for r in rows)
+        return sum(r["k"] for r in rows), sum(r["n"] for r in rows)
 
     def to_frame(self) -> pd.DataFrame:
         return pd.DataFrame(self.rates)
@@ -115,16 +116,13 @@ class RestrictedUpdate:
 
 def random_components(found: Sequence[tuple[int, str]], n_layers: int, seed: int) -> list[tuple[int, str]]:
     """As many components as ``found`` with the same parts, each at a layer none of ``found`` holds that part at."""
-    rng = random.Random(seed)
-    out: list[tuple[int, str]] = []
-    for part in PARTS:
-        want = sum(1 for _, p in found if p == part)
-        pool = [layer for layer in range(n_layers) if (layer, part) not in set(found)]
-        if want > len(pool):
-            raise ValueError(f"{want} {part} components asked for but only {len(pool)} other layers exist; a random "
-                             f"set of the same size cannot be drawn")
-        out += [(layer, part) for layer in sorted(rng.sample(pool, want))]
-    return out
+    try:
+        drawn = matched_random(list(found), lambda c: [(layer, c[1]) for layer in range(n_layers)], seed,
+                               what="component")
+    except ValueError as e:
+        raise ValueError(f"{e} (too few other layers hold that part): a random set of the same size cannot be "
+                         "drawn") from None
+    return sorted(drawn, key=lambda c: (PARTS.index(c[1]), c[0]))
 
 
 def update_pairs(model: Model, data: ParallelSafety, langs: Sequence[str], config: UpdateConfig,

@@ -60,8 +60,8 @@ class Writers:
         """Header and rows of the report's table."""
         head = ["writers ablated", "sites", "direction", "refused / n", "refusal rate", "95% interval",
                 "mean refusal score"]
-        body = [[r["group"], r["sites"], r["direction"], f"{r['refused']} / {r['n']}", f"{r['rate']:.0%}",
-                 f"{r['low']:.0%} - {r['high']:.0%}", f"{r['score']:.3f}"] for r in self.rows]
+        body = [[r["group"], r["sites"], r["direction"], f"{r['k']} / {r['n']}", f"{r['rate']:.0%}",
+                 f"{r['ci95'][0]:.0%} - {r['ci95'][1]:.0%}", f"{r['score']:.3f}"] for r in self.rows]
         return head, body
 
     def plot(self) -> Any:
@@ -72,12 +72,12 @@ class Writers:
         ctrl = [self.row(g, "orthogonal control") for g in self.groups]
         base = self.row("baseline")
 
-        def cols(rs: list[dict[str, Any]], k: str) -> list[float]:
-            return [r[k] for r in rs]
+        def cols(rs: list[dict[str, Any]], k: str, i: int | None = None) -> list[float]:
+            return [r[k] if i is None else r[k][i] for r in rs]
 
-        return writer_bars(self.groups, cols(real, "rate"), cols(real, "low"), cols(real, "high"), cols(ctrl, "rate"),
-                           cols(ctrl, "low"), cols(ctrl, "high"), baseline=base["rate"],
-                           baseline_interval=(base["low"], base["high"]))
+        return writer_bars(self.groups, cols(real, "rate"), cols(real, "ci95", 0), cols(real, "ci95", 1),
+                           cols(ctrl, "rate"), cols(ctrl, "ci95", 0), cols(ctrl, "ci95", 1), baseline=base["rate"],
+                           baseline_interval=tuple(base["ci95"]))
 
 
 def identity_checks(model: Model, test: TestPrompts, r: Float[torch.Tensor, " d"], batch_size: int = 64,
@@ -107,9 +107,7 @@ def _measure(model: Model, test: TestPrompts, conditions: list[list[Any]], token
     the mean first-token refusal score (the conditions stacked, :meth:`TestPrompts.judged_many`)."""
     out = []
     for _, flags, logits in test.judged_many("harmful", conditions, max_new_tokens, batch_size, judge, model):
-        r = rate(flags)
-        out.append({"n": r["n"], "refused": r["k"], "rate": r["rate"], "low": r["ci95"][0], "high": r["ci95"][1],
-                    "score": refusal_score(logits, tokens.tokens).mean().item()})
+        out.append({**rate(flags), "score": refusal_score(logits, tokens.tokens).mean().item()})
     return out
 
 
@@ -122,9 +120,7 @@ def _from_evaluation(ev: Evaluation | None) -> dict[tuple[str, str], dict[str, A
                       (("all writers", "refusal direction"), "harmful/ablation"),
                       (("all writers", "orthogonal control"), "harmful/orthogonal ablation")):
         if cond in ev.refused and cond in ev.refusal_score:
-            r = rate(ev.refused[cond])
-            out[key] = {"n": r["n"], "refused": r["k"], "rate": r["rate"], "low": r["ci95"][0], "high": r["ci95"][1],
-                        "score": ev.refusal_score[cond]}
+            out[key] = {**rate(ev.refused[cond]), "score": ev.refusal_score[cond]}
     return out
 
 
