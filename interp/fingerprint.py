@@ -33,10 +33,12 @@ def content_ids(texts: Sequence[str], responses: Sequence[str] | None = None) ->
 
 
 def weights_hash(model: Model) -> str:
-    """A hash over every parameter's name, shape, dtype and ``_SAMPLES`` evenly spaced values.
+    """A hash over every parameter's name, shape, dtype, ``_SAMPLES`` evenly spaced values and the wrapping
+    integer sum of all its values' bits.
 
-    Cheap (no full read of the weights) yet it tells apart two seeds, a fine-tune, or a bf16 copy of the
-    same model. Parameters on the ``meta`` device (offloaded) contribute their name, shape and dtype only."""
+    It tells apart two seeds, a fine-tune, a bf16 copy and an edit of a single value (the sum: one pass over the
+    weights as 32-bit words, less than one forward pass reads; exact, so the same on any device and thread
+    count). Parameters on the ``meta`` device (offloaded) contribute their name, shape and dtype only."""
     h = hashlib.sha256()
     with torch.no_grad():
         for name, p in model.hf.named_parameters():
@@ -47,7 +49,20 @@ def weights_hash(model: Model) -> str:
             idx = torch.linspace(0, flat.numel() - 1, steps=min(flat.numel(), _SAMPLES), device=flat.device).long()
             idx.clamp_(max=flat.numel() - 1)  # float32 rounds n - 1 up to n past 2**24 elements (SmolLM2's embedding)
             h.update(flat[idx].to(torch.float64).cpu().numpy().tobytes())
+            h.update(_bits_sum(flat))
     return h.hexdigest()[:16]
+
+
+def _bits_sum(flat: torch.Tensor) -> bytes:
+    """The sum, modulo 2**32, of a contiguous tensor's bytes read as int32 words (the last few bytes as they are):
+    order-free integer arithmetic, so exact anywhere, and any one changed value changes it."""
+    try:
+        raw = flat.contiguous().view(torch.uint8)
+    except (RuntimeError, TypeError):  # a tensor subclass without plain storage (some quantised weights)
+        return b""
+    n = raw.numel() // 4 * 4
+    words = int(raw[:n].view(torch.int32).sum(dtype=torch.int32)) if n else 0
+    return f"{words}:{raw[n:].tolist()}".encode()
 
 
 def _hash_seq(items: Sequence[Any] | None) -> str | None:

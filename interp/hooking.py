@@ -258,8 +258,11 @@ def hooks(model: Model, fns: HookSpec, data: dict[str, Any] | None = None) -> It
 
     Contexts nest and compose (hooks on one site run in the order they were attached). Every hook is
     removed on exit, also when the body raises. Yields the shared ``data`` dict given to every hook.
+    A model whose passes run elsewhere (the nnsight backend) refuses hooks: they would not run there.
     """
     items = list(fns.items()) if isinstance(fns, Mapping) else list(fns)
+    if items:
+        model.require_local("interp.hooks (hook functions of our own on the model's modules)")
     shared = {} if data is None else data
     handles: list[RemovableHandle] = []
     try:

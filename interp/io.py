@@ -25,8 +25,9 @@ def content_hash(obj: Any, length: int | None = 16) -> str:
 
 class OwnedFolder:
     """A folder in which this program owns only the entries it names exactly (``names``, or full-match regexes
-    ``patterns``) and the temp files of writing them atomically (``.NAME.<random>.tmp``); everything else
-    belongs to the user and is never deleted. The one ownership rule of stores, run folders and CLI jobs."""
+    ``patterns``) and the temp folders of writing them atomically (``.NAME.<random>.tmp``, :func:`atomic_write`);
+    everything else belongs to the user and is never deleted. The one ownership rule of stores, run folders and
+    CLI jobs."""
 
     def __init__(self, path: str | os.PathLike, names: Iterable[str] = (), patterns: Iterable[str] = ()):
         self.path = Path(path)
@@ -72,21 +73,23 @@ def _umask() -> int:
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
-    """Call ``write(tmp_path)`` then rename into place, so readers never see a half-written file."""
+    """Call ``write(tmp_path)`` then rename into place, so readers never see a half-written file.
+
+    ``tmp_path`` lies in a private folder ``.NAME.<random>.tmp`` beside ``path``: a writer that makes temp files of
+    its own next to its target (safetensors does: ``.tmpXXXXXX``) makes them in there, so a process killed
+    mid-write leaves only that folder, which :class:`OwnedFolder` knows as an unfinished write of ``NAME``."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
-    os.close(fd)
+    folder = tempfile.mkdtemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+    tmp = os.path.join(folder, p.name)
     try:
         write(tmp)
         with open(tmp, "rb") as fh:
             os.fsync(fh.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600 files; give the user's usual permissions
+        os.chmod(tmp, 0o666 & ~_umask())  # temp files are 0600; give the user's usual permissions
         os.replace(tmp, p)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def write_json(path: str | os.PathLike, obj: Any) -> None:

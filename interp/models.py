@@ -43,6 +43,10 @@ class Model:
     spec: ArchSpec
     name: str
 
+    def require_local(self, what: str) -> None:
+        """Refuse ``what`` (our hooks, weight edits, generation) on a model whose passes do not run here as plain
+        PyTorch (the nnsight backend overrides this); an ordinary model has them all."""
+
     @property
     def config(self) -> Any:
         return self.hf.config

@@ -24,8 +24,9 @@ payload), gives the same numbers, and the payload deserialises with every module
 Not tested: a real NDIF run (no network here), so neither NDIF's own limits on shipped code nor its model
 keys; models larger than the tiny ones; GPU. Not supported (clear errors): ``experts_out`` /
 ``shared_expert_out`` sites, hook functions of our own (``forward(..., hook_fns)``, interventions with only
-``hook_fns``, e.g. SAE latent edits), weight edits, gradients, prefix reuse, resuming from a layer, and
-generation (``steering.generate``). ``interp.hooks`` and direct ``model.hf(...)`` calls bypass the trace.
+``hook_fns``, e.g. SAE latent edits), ``interp.hooks``, weight edits (``steering.bake``, ``bake_addition``),
+gradients, prefix reuse, resuming from a layer, and generation (``steering.generate``): each refuses the model
+(:meth:`NNsightModel.require_local`). Direct ``model.hf(...)`` calls bypass the trace.
 """
 
 from __future__ import annotations
@@ -100,6 +101,10 @@ class NNsightModel(Model):
         finally:
             for e in edits:
                 self.edits.remove(e)
+
+    def require_local(self, what: str) -> None:
+        """Our hooks, weight edits and generation act on the local modules, not in the trace (nor on NDIF)."""
+        raise refuse(what)
 
     def __repr__(self) -> str:
         return f"NNsightModel({self.name!r}, family={self.spec.family}, layers={self.n_layers}, remote={self.remote!r})"

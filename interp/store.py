@@ -5,9 +5,9 @@ Layout of a store folder::
     store.json               manifest (sites, positions, model, prompt ids, labels, fingerprint, complete)
     shard_00000.safetensors  one batch: "activations" [b, n_sites, (P,) d] (+ "mask" [b, P])
 
-A shard file exists only once fully written (write to a temp file, then rename), so an interrupted run
-resumes by skipping the shards present. Deterministic contents make a resumed store byte-identical to an
-uninterrupted one.
+A shard file exists only once fully written (written in a temp folder ``.shard_*.tmp`` of its own, then
+renamed), so an interrupted run resumes by skipping the shards present and removing the temp folders.
+Deterministic contents make a resumed store byte-identical to an uninterrupted one.
 """
 
 from __future__ import annotations
@@ -58,14 +58,14 @@ class ActivationStore:
             theirs = _owned(p).foreign()
             if theirs:
                 raise FileExistsError(f"{p} holds files that are not part of an activation store ({theirs[:3]}); "
-                                      f"choose an empty or new output folder")
+                                      f"move them out or choose an empty or new output folder (nothing was deleted)")
             old = read_json(p / MANIFEST) if (p / MANIFEST).exists() else None
             resumable = old is not None and old.get("fingerprint") == manifest["fingerprint"] and not old.get("complete")
             if not resumable and not overwrite:
                 why = "a finished store" if old and old.get("complete") else "a store of a different run" + _diff(old, manifest)
                 raise FileExistsError(f"{p} already holds {why}; pass overwrite=True to replace it, or choose another path")
-            if not resumable:
-                _owned(p).clear()
+            # resuming: remove only a killed writer's unfinished writes; replacing: all of the store's files
+            _owned(p).clear(temps_only=resumable)
         p.mkdir(parents=True, exist_ok=True)
         if not (p / MANIFEST).exists():
             write_json(p / MANIFEST, {**manifest, "complete": False})

@@ -334,6 +334,7 @@ def bake(model: Model, direction: Any, writers: str | Sequence[str] = "all", lay
     split across devices by a ``device_map`` is edited where each weight lives; one with offloaded weights is
     refused (bake ``interp.models.materialize(model)``).
     """
+    model.require_local("the weight edit (bake)")
     check_in_memory(model)
     Q = as_basis(direction, model.d_model, orthonormalize)
     ws = resolve_writers(writers)

@@ -199,6 +199,7 @@ def bake_addition(model: Model, *interventions: Any, inplace: bool = False, meas
     note says so and the save / serve paths refuse the model: see the module docstring and :func:`check_saveable`). ``measure`` runs ``check_ids`` (default 2 x 16 random tokens) both ways and
     reports the max logit difference. Offloaded weights are refused (bake ``interp.models.materialize(model)``).
     """
+    model.require_local("the weight edit (bake_addition)")
     check_in_memory(model, "bake_addition")
     adds = additions(model, *interventions)
     per_writer: dict[tuple[str, int | None], Tensor] = {}

@@ -79,3 +79,64 @@ def test_owned_folder_owns_exact_names_and_their_temp_files_only(tmp_path):
     assert not (tmp_path / ".run.json.ab12_x.tmp").exists() and (tmp_path / "run.json").exists()
     f.clear(keep=("direction",))
     assert sorted(p.name for p in tmp_path.iterdir()) == [".my_notes.tmp", "direction", "notes.txt", "run.json.bak"]
+
+
+_KILLED_WRITER = """
+import resource, signal, sys
+from interp.capturing import capture
+from interp.store import ActivationStore
+from interp.testing.tiny import tiny_model
+
+write = ActivationStore.write_shard
+
+
+def write_shard(self, k, acts, mask=None):
+    if k == 1:  # the file-size limit kills the process (SIGXFSZ) while safetensors writes shard 1
+        signal.signal(signal.SIGXFSZ, signal.SIG_DFL)  # Python ignores it by default
+        limit = acts.numel() * acts.element_size() // 2
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    return write(self, k, acts, mask)
+
+
+ActivationStore.write_shard = write_shard
+capture(tiny_model("llama"), PROMPTS, out=sys.argv[1], **KW)
+"""
+
+
+def test_a_writer_killed_inside_safetensors_resumes(tiny_models, tmp_path):
+    """A process killed mid-shard (by the kernel, no cleanup) leaves the temp files of the write; rerunning the
+    capture removes them and the store equals an uninterrupted one."""
+    import signal
+    import subprocess
+    import sys
+
+    from .conftest import REPO
+
+    out, ref = tmp_path / "s", tmp_path / "ref"
+    kw = {**KW, "positions": "all"}
+    script = f"PROMPTS = {PROMPTS!r}\nKW = {kw!r}\n" + _KILLED_WRITER
+    done = subprocess.run([sys.executable, "-c", script, str(out)], cwd=REPO, capture_output=True, text=True)
+    assert done.returncode == -signal.SIGXFSZ, done.stderr[-2000:]
+    assert (out / shard_name(0)).exists() and not (out / shard_name(1)).exists()
+    left = [p.relative_to(out).as_posix() for p in out.rglob("*") if p.name.startswith(".")]
+    assert left, "the kill left no temp file: the test no longer reproduces a kill inside the write"
+    m = tiny_models("llama")
+    resumed = capture(m, PROMPTS, out=out, **kw)
+    assert resumed.complete
+    assert sorted(p.name for p in out.iterdir()) == ["shard_00000.safetensors", "shard_00001.safetensors",
+                                                     "shard_00002.safetensors", "store.json"]
+    whole = capture(m, PROMPTS, out=ref, **kw)
+    for k in range(whole.n_shards):
+        assert (out / shard_name(k)).read_bytes() == (ref / shard_name(k)).read_bytes()
+
+
+def test_a_users_file_in_the_store_folder_is_refused_by_name(tiny_models, tmp_path):
+    m = tiny_models("llama")
+    out = tmp_path / "s"
+    capture(m, PROMPTS, out=out, **KW)
+    manifest = json.loads((out / "store.json").read_text())
+    (out / "store.json").write_text(json.dumps({**manifest, "complete": False}))  # an unfinished store
+    (out / ".tmpAbC123").write_bytes(b"not ours")  # even a name like safetensors' temp files is the user's
+    with pytest.raises(FileExistsError, match=r"\.tmpAbC123.*choose an empty or new output folder"):
+        capture(m, PROMPTS, out=out, **KW)
+    assert (out / ".tmpAbC123").read_bytes() == b"not ours"

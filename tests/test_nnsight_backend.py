@@ -226,3 +226,51 @@ def test_remote_side_needs_no_weights():
                     trace_edits(a, (steering.DirectionalAblation(torch.ones(a.d_model)),)))
     assert [io for _, io, _ in taps][:4] == ["input", "input", "input", "output"]  # layer 0 in execution order
     assert sum(act[0] == "read" for _, _, acts in taps for act in acts) == len(sites)
+
+
+def test_every_path_outside_the_backend_is_refused():
+    """README's "not through this backend" list, one clear error each, naming from_nnsight(lm) without remote;
+    nothing is attached or edited first (with remote=True a hook would not run and an edit would not travel)."""
+    from interp.hooking import count_hooks, hooks
+    from interp.patching import attribute, logit_diff, make_pairs
+    from interp.patching.transplants import transplant
+    from interp.tune import TuneConfig, fine_tune
+    from sae import SAE, SAEConfig
+    from sae.edits import SAESplice
+
+    m, a = _pair("llama")
+    fix = r"interp\.from_nnsight\(lm\) attaches our hooks"
+    before = {k: v.clone() for k, v in m.hf.state_dict().items()}
+    ran: list[int] = []
+    with pytest.raises(NotImplementedError, match=rf"interp\.hooks.*{fix}"):
+        with hooks(a, {"resid_post.0": lambda x, ctx: ran.append(1)}):
+            logits(a, PROMPTS[:1])
+    assert ran == [] and count_hooks(a.hf, ours_only=True) == 0
+    v = torch.randn(a.d_model)
+    with pytest.raises(NotImplementedError, match=rf"weight edit \(bake\).*{fix}"):
+        steering.bake(a, v, inplace=True)
+    with pytest.raises(NotImplementedError, match=rf"weight edit \(bake_addition\).*{fix}"):
+        steering.bake_addition(a, steering.AddVector(v, layers=0, alpha=1.0), inplace=True)
+    with pytest.raises(NotImplementedError, match=rf"weight edit \(transplant\).*{fix}"), transplant(a, m, [0]):
+        pass
+    with pytest.raises(NotImplementedError, match=rf"fine-tuning.*{fix}"):
+        fine_tune(a, PROMPTS[:1], ["yes"], TuneConfig(method="full", steps=1), progress=False)
+    assert all(torch.equal(before[k], w) for k, w in m.hf.state_dict().items())
+    with pytest.raises(NotImplementedError, match=rf"generation.*{fix}"):
+        steering.generate(a, PROMPTS[:1], max_new_tokens=2, progress=False)
+    tok = a.tokenizer
+    met = logit_diff(tok.convert_tokens_to_ids("the"), tok.convert_tokens_to_ids("a"))
+    with pytest.raises(NotImplementedError, match=fix):  # gradients (attribution patching)
+        attribute(a, make_pairs(a, PROMPTS[:2], PROMPTS[2:]), met, sites="resid_post", progress=False)
+    sae = SAE(SAEConfig(a.d_model, 2 * a.d_model, arch="topk", k=4, site="resid_post.0"))
+    with pytest.raises(NotImplementedError, match=rf"SAESplice.*{fix}"), steering.apply(a, SAESplice(sae)):
+        pass
+    moe = _pair("qwen3_moe")[1]
+    with pytest.raises(ValueError, match=rf"experts_out.*{fix}"):
+        capture(moe, PROMPTS[:1], sites="experts_out.0", progress=False)
+    with pytest.raises(ValueError, match=rf"experts_out.*{fix}"), steering.apply(
+            moe, steering.AddVector(torch.randn(moe.d_model), layers=0, sites="experts_out", alpha=1.0)):
+        pass
+    with pytest.raises(NotImplementedError, match=rf"interp\.hooks.*{fix}"), hooks(moe, {"experts_out.0": lambda x, c: x}):
+        pass
+    assert a.edits == [] and moe.edits == [] and count_hooks(moe.hf, ours_only=True) == 0

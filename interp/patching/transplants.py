@@ -23,6 +23,7 @@ GLOBAL_PARTS = ("embed", "final_norm", "unembed")
 
 def check_compatible(target: Model, source: Model) -> None:
     """Same family, same layer count, and the same parameter names and shapes."""
+    target.require_local("the weight edit (transplant)")
     if target.spec.family != source.spec.family:
         raise ValueError(f"cannot transplant between architectures: target is {target.spec.family!r}, source is "
                          f"{source.spec.family!r}; both models must share the architecture")

@@ -166,6 +166,7 @@ def make_trainable(model: Model, config: TuneConfig) -> Model:
     peft injects them into the base modules in place, and ``disable_adapter()`` gives the base back) and returns
     it as a :class:`Model`; a full fine-tune returns ``model`` itself with only the chosen blocks trainable (a
     neuron-restricted one, with the weights of :func:`grad_masks` trainable)."""
+    model.require_local("fine-tuning (gradients and weight edits)")
     _check_layers(model, config.layers)
     for p in model.hf.parameters():
         p.requires_grad_(False)

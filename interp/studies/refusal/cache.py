@@ -48,14 +48,15 @@ def load_stage(folder: Path, key: str, cls: type[T]) -> T | None:
 class Run:
     """The run folder: refuses another run's folder unless ``overwrite``; never deletes a user's files.
 
-    A folder is "the same run" when everything but the selection thresholds (and ``save_model``) agrees, so
-    re-selecting with new thresholds needs no ``--overwrite``; the stage cache decides what re-runs.
+    A folder is "the same run" when the model's weights and everything but the selection thresholds (and
+    ``save_model``) agree, so re-selecting with new thresholds needs no ``--overwrite``; the stage cache (keyed on
+    the weights hash, never the model's name) decides what re-runs.
     Constructing a ``Run`` only checks the folder; :meth:`begin` (called once the inputs are validated) clears
     another run's outputs and writes ``run.json``, so a run that fails on bad input leaves no marker behind.
     """
 
     def __init__(self, out: str | Path, cfg: RefusalConfig, overwrite: bool):
-        self.out, self.key, self.cfg = Path(out), cfg.run_identity(), cfg
+        self.out, self.key, self.cfg, self.overwrite = Path(out), cfg.run_identity(), cfg, overwrite
         self.computed: list[str] = []
         if self.out.exists() and not self.out.is_dir():
             raise FileExistsError(f"{self.out} is a file; choose an output folder")
@@ -72,14 +73,24 @@ class Run:
             raise FileExistsError(f"{self.out} holds another refusal run (different settings); pass "
                                   f"--overwrite to replace it, or choose another --out")
 
-    def begin(self) -> None:
-        """Claim the folder for this run: clear another run's outputs (``overwrite``), write ``run.json``."""
+    def begin(self, model: str) -> None:
+        """Claim the folder for this run of the model whose weights hash is ``model``: refuse the same settings'
+        run of other weights unless ``overwrite``, clear another run's outputs (``overwrite``), write ``run.json``."""
+        run_file = self.out / "run.json"
+        if not self._replace and run_file.exists():
+            before = read_json(run_file).get("model")  # None: a folder from before runs recorded their model
+            if before not in (None, model):
+                if not self.overwrite:
+                    raise FileExistsError(f"{self.out} holds a refusal run with these settings of a model with other "
+                                          f"weights (weights hash {before}, this model's {model}; a name says "
+                                          f"nothing); pass --overwrite to replace it, or choose another --out")
+                self._replace = True
         self.out.mkdir(parents=True, exist_ok=True)
         if self._replace:  # only our own outputs; stages stay and are re-checked by their keys
             OwnedFolder(self.out, OUR_FILES).clear(keep=("stages",))
             self._replace = False
         (self.out / "stages").mkdir(exist_ok=True)
-        write_json(self.out / "run.json", {"key": self.key, "config": self.cfg.flat()})
+        write_json(run_file, {"key": self.key, "config": self.cfg.flat(), "model": model})
 
     def stage(self, name: str, key: str, cls: type[T], compute: Callable[[], T],
               say: Callable[[str, str], None], complete: Callable[[T], T | None] | None = None) -> T:

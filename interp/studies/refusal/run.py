@@ -16,6 +16,8 @@ from pathlib import Path
 import torch
 
 from interp.evals.judge import Judge
+from interp.fingerprint import weights_hash
+from interp.io import content_hash
 from interp.models import Model, load_model
 from interp.studies.kit.config import RefusalConfig, stage_key
 from interp.studies.kit.prompt_sets import RefusalData, load_refusal_data
@@ -96,10 +98,11 @@ def _run_refusal(cfg: RefusalConfig, out: str | Path, overwrite: bool, progress:
     data.check()
     judge, judge_name = resolve_judge(rt.judge, judge)
     model = model or load_model(rt.model, dtype=rt.dtype, device=rt.device)
-    run.begin()  # inputs and model are valid: only now is the folder marked as this run's
+    model_key = weights_hash(model)
+    run.begin(model_key)  # inputs and model are valid: only now is the folder marked as this run's
     torch.manual_seed(d.seed)
     res = RefusalResult(run.out, notes=start_notes(model) + relaxed_notes(s), computed=run.computed)
-    keys = _Keys(cfg, model, data, judge_name)
+    keys = _Keys(cfg, model, model_key, data, judge_name)
     bs = rt.batch_size
     res.tokens = run.stage("tokens", keys.tokens, RefusalTokens, lambda: find_refusal_tokens(
         model, data, min(g.max_new_tokens, 12), bs, judge, s.min_refusals), say)
@@ -178,9 +181,13 @@ def _search(run: Run, model: Model, data: RefusalData, cand: Candidates, res: Re
 class _Keys:
     """Each stage's cache key: its inputs' digests and upstream keys, only the settings that change it."""
 
-    def __init__(self, cfg: RefusalConfig, model: Model, data: RefusalData, judge: str):
+    def __init__(self, cfg: RefusalConfig, model: Model, weights: str, data: RefusalData, judge: str):
+        """``weights``: the model's :func:`~interp.fingerprint.weights_hash` (its name says nothing: two unnamed
+        ``from_hf`` models share one, and a name can be reused for new weights)."""
         self.cfg, rt, g = cfg, cfg.runtime, cfg.generation
-        self.model = {"model": model.name, "dtype": rt.dtype, "batch_size": rt.batch_size, "judge": judge}
+        template = getattr(model.tokenizer, "chat_template", None)
+        self.model = {"weights": weights, "chat_template": content_hash(template), "vocab": len(model.tokenizer),
+                      "batch_size": rt.batch_size, "judge": judge}
         self.tokens = stage_key("tokens", {**self.model, "train": data.digest("train"),
                                            "max_new_tokens": min(g.max_new_tokens, 12),
                                            "min_refusals": cfg.selection.min_refusals})
