@@ -15,11 +15,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 import probes
+from interp.bundle import Result
 from interp.capturing import capture
 from interp.chat import has_chat_template
 from interp.evals.metrics import auroc
@@ -30,6 +31,9 @@ from interp.studies.directions.biases_overlap import bias_overlap
 from probes._choice import LayerChoice
 from probes.objects import Direction, Subspace
 from probes.subspace import mean_diff_subspace
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 @dataclass
@@ -90,7 +94,7 @@ class BiasProbe:
 
 
 @dataclass
-class BiasFamily:
+class BiasFamily(Result):
     """The bias directions of one model: ``probes[bias]`` (:class:`BiasProbe`), on shared ``sites``."""
 
     model_id: str
@@ -105,7 +109,7 @@ class BiasFamily:
     def direction(self, bias: str) -> Direction:
         return self.probes[bias].direction
 
-    def to_frame(self) -> Any:
+    def to_frame(self) -> pd.DataFrame:
         """One row per (bias, site): AUROC (mean, std), shuffled control, lexical baseline, LODO (worst / mean
         source), whether the site is the chosen layer, and the bias's flags."""
         import pandas as pd

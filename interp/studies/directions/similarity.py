@@ -20,6 +20,7 @@ from typing import Any
 import pandas as pd
 import torch
 
+from interp.bundle import Result
 from interp.models import Model
 from interp.studies.directions.similarity_data import category_matrix, item_activations
 from interp.viz.directions_similarity import rdm_heatmap, rsa_by_layer
@@ -45,7 +46,7 @@ def format_items(items: Sequence[str], template: str) -> list[str]:
 
 
 @dataclass
-class RSAResult:
+class RSAResult(Result):
     """RSA by layer: ``r [L]`` (model RDM vs target), permutation ``p [L]``, family-wise ``p_fwe [L]`` (max over layers),
     ``null [n_perm, L]``, the model ``rdms [L, n, n]``, the ``target [n, n]`` (the raters' mean when repeated) and
     the noise ceiling ``(lower, upper)`` or None."""

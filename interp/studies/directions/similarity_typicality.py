@@ -16,6 +16,7 @@ from typing import Any
 import pandas as pd
 import torch
 
+from interp.bundle import Result
 from interp.evals.metrics import spearman
 from interp.models import Model
 from interp.studies.directions.similarity import TEMPLATE, check_items, format_items
@@ -52,7 +53,7 @@ def _rho(close: torch.Tensor, rating: torch.Tensor) -> torch.Tensor:
 
 
 @dataclass
-class TypicalityResult:
+class TypicalityResult(Result):
     """Prototype effect by layer: ``pooled [L]`` (within-category standardised Spearman), its ``p [L]``, ``p_fwe [L]``,
     bootstrap ``lo``/``hi [L]``, the null's 97.5% ``null_hi [L]``, and per category ``per_group [G, L]`` with ``group_p``,
     ``group_lo``/``group_hi``; ``distance [L, n]`` is each item's leave-one-out distance to its prototype."""

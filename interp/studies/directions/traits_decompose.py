@@ -5,18 +5,22 @@ fitted a direction, and the R^2 random vectors of the same norm get."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from interp.activations import Activations
+from interp.bundle import Result
 from interp.studies.directions.traits import TraitScales, affine_to_levels
 from interp.studies.directions.traits_analysis import percentile
 from probes import diff_of_means, graded_direction
 
+if TYPE_CHECKING:
+    import pandas as pd
+
 
 @dataclass
-class Decomposition:
+class Decomposition(Result):
     """``target ~ sum_t coef[t] * (one level step of trait t)`` per layer, by least squares.
 
     ``coef [n_layers, n_traits]`` (level steps of each trait in the target direction), ``r2 [n_layers]`` (share
@@ -58,7 +62,7 @@ class Decomposition:
         df["layers"], df["target"] = self.report_note, self.target
         return df
 
-    def to_frame(self) -> Any:
+    def to_frame(self) -> pd.DataFrame:
         import pandas as pd
 
         return pd.DataFrame([{"layer": layer, "trait": t, "coef": float(self.coef[i, j]),

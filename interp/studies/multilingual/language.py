@@ -19,17 +19,22 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
+from interp.bundle import Result
 from interp.evals.rates import wilson
 from interp.studies.multilingual.geometry import Acts, auroc_on, mean_diff, projection_ratios, unit
 from probes.erasure import fit_leace
 from probes.subspace import category_subspace
 
+if TYPE_CHECKING:
+    pass
+
 
 @dataclass
-class LanguageGeometry:
+class LanguageGeometry(Result):
     """Per layer ``[L]`` (per language where keyed): see the module docstring."""
 
     layers: list[int]

@@ -12,10 +12,11 @@ the other languages' declines (:mod:`evals.judge_languages`), so a refusal in an
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from interp.bundle import Result
 from interp.evals.judge import refusal_openings
 from interp.evals.judge_languages import DECLINES
 from interp.forward import batch_of, last_logits
@@ -32,9 +33,12 @@ from interp.patching.neurons import (
 )
 from interp.studies.multilingual.data import ParallelSafety
 
+if TYPE_CHECKING:
+    pass
+
 
 @dataclass
-class SafetyNeurons:
+class SafetyNeurons(Result):
     """``sets[lang]``: the language's neurons; ``overlap``; ``effects[(set, lang)]``: change of the mean refusal score
     on ``lang``'s harmful test prompts when ``set`` is ablated (``set`` a language or ``common``), and
     ``random[(set, lang)]``: the same for ``n_random`` random sets of that size (list)."""

@@ -16,9 +16,11 @@ so does their difference ``excess`` = restored - control, the request-specific p
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
+from interp.bundle import Result
 from interp.chat import encode, format_prompts
 from interp.models import Model
 from interp.patching.activation import sweep_layers
@@ -27,11 +29,14 @@ from interp.patching.runs import make_pairs
 from interp.studies.multilingual.data import ParallelSafety
 from interp.studies.multilingual.neurons import refusal_ids
 
+if TYPE_CHECKING:
+    pass
+
 SITES = ("resid_pre", "attn_out", "mlp_out")
 
 
 @dataclass
-class Pathways:
+class Pathways(Result):
     """Per language: ``restored[lang] [L, 3]`` (sites :data:`SITES`) from English harmful sources, ``control[lang]``
     from English harmless sources, the English and the language's mean refusal scores (``source_score``,
     ``target_score``), and the number of aligned post-instruction tokens."""

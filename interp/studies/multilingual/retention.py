@@ -29,6 +29,7 @@ import pandas as pd
 import torch
 
 import steering
+from interp.bundle import Result
 from interp.evals.judge_languages import is_degenerate, is_refusal_multilingual
 from interp.evals.metrics import cohens_d
 from interp.evals.rates import fisher_greater, wilson
@@ -63,7 +64,7 @@ class RetentionConfig:
 
 
 @dataclass
-class Retention:
+class Retention(Result):
     """What :func:`refusal_retention` measured: ``rates`` (one row per language x set x condition), the judged
     ``generations``, the :class:`Geometry`, the ablated ``layer`` and how it was chosen, and ``notes``."""
 

@@ -24,6 +24,7 @@ from typing import Any
 
 import pandas as pd
 
+from interp.bundle import Result
 from interp.evals.judge_languages import is_degenerate, is_refusal_multilingual
 from interp.evals.rates import fisher_greater
 from interp.models import Model
@@ -58,7 +59,7 @@ class UpdateConfig:
 
 
 @dataclass
-class RestrictedUpdate:
+class RestrictedUpdate(Result):
     """What :func:`restricted_update` measured: ``rates`` (one row per condition x language x set; conditions
     ``before``, ``found``, ``random 1`` ...), the ``units`` trained in each condition, ``training`` (trainable
     entries, first / last loss, wall time per condition), the training pairs' counts and ``notes``."""

@@ -23,11 +23,12 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from jaxtyping import Bool, Float
 
+from interp.bundle import Result
 from interp.chat import Batch, Encoded
 from interp.evals.logits import refusal_score
 from interp.evals.metrics import spearman
@@ -42,11 +43,14 @@ from interp.studies.kit.scoring import check_ablate_positions
 from interp.studies.kit.stages import Candidates, RefusalTokens, Scores
 from steering.rows import ABLATE_KINDS
 
+if TYPE_CHECKING:
+    pass
+
 PROBES = 4  # random probes for the KL estimate: its Spearman with the exact KL on SmolLM2 was 0.88 with 2, 0.89 with 4
 
 
 @dataclass
-class Estimate:
+class Estimate(Result):
     """Estimated scores ``[layers, P]`` on the scale of :class:`~interp.studies.kit.stages.Scores` (bypass: mean
     harmful refusal score under ablation, first order plus ``curvature``; induce: mean harmless score under addition; kl: mean harmless KL under
     ablation), the clean baselines, and the passes spent."""

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 import steering
+from interp.bundle import Result
 from interp.chat import Encoded
 from interp.evals.judge import Judge, judge_many
 from interp.evals.logits import cross_entropy, kl_div, refusal_score
@@ -28,6 +29,9 @@ from probes.directions import random_directions, random_orthogonal
 from steering.decode import lowest_edited_layer
 from steering.generation import Prefixes, Resumes, leaves_prompt_prefix, prompt_states
 
+if TYPE_CHECKING:
+    pass
+
 NOT_BAKEABLE = ("the run's ablation acts at the post-instruction and generated tokens only (ablate_positions="
                 "'post_instruction'), which no weight edit reproduces (weights act on every token alike): the baked "
                 "weights ablate the direction at every token, and are compared with the every-token hook ablation")
@@ -38,7 +42,7 @@ KL_CONTROLS = ("random ablation", "every-token ablation")
 
 
 @dataclass
-class Evaluation:
+class Evaluation(Result):
     """Per condition (``"harmful/ablation"``, ``"borderline/addition"``, ...): generations, the judge's verdicts,
     refusal rate, mean refusal score; and checks."""
 
@@ -55,7 +59,7 @@ class Evaluation:
 
 
 @dataclass
-class Subspaces:
+class Subspaces(Result):
     """Ablating the refusal direction plus per-category directions (basis order), rank 1..k, on harmful test."""
 
     categories: list[str]

@@ -10,11 +10,12 @@ seeded random unit direction orthogonal to ``r``: the control of the same edit.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from jaxtyping import Float
 
+from interp.bundle import Result
 from interp.evals.judge import Judge
 from interp.evals.logits import refusal_score
 from interp.evals.rates import rate
@@ -25,9 +26,12 @@ from interp.studies.kit.writer_sites import embedding_note, moe_layers, writer_g
 from interp.studies.refusal.evaluation import Evaluation, TestPrompts
 from probes.directions import random_orthogonal
 
+if TYPE_CHECKING:
+    pass
+
 
 @dataclass
-class Writers:
+class Writers(Result):
     """Refusal on the harmful test prompts with ``r`` (and an orthogonal control) ablated from one writer group at
     a time. ``rows``: one per condition, ``{group, direction, sites, n, refused, rate, low, high, score}`` (``low``
     / ``high`` a 95% Wilson interval of the greedy generations' refusal rate, ``score`` the mean first-token
