@@ -188,7 +188,7 @@ def main() -> None:
     res = refusal_retention(model, data, RetentionConfig(ablate_positions=args.ablate_positions,
                                                          max_new_tokens=args.max_new_tokens, seed=args.seed))
     wall = time.time() - t0
-    print(res.summary())
+    print(res.report())
     print("report:", write_retention(res, args.out / f"{args.model}-{args.ablate_positions}", overwrite=True))
     text = "\n".join(sections(res, args.model, wall, args) + (neuron_section(model, data, args) if args.neurons else [])
                      + (pathway_section(model, data, args) if args.pathways else [])

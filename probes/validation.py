@@ -75,7 +75,18 @@ class ProbeScores(Result):
         """Index (into ``sites``) of the best layer; see :meth:`layer_choice` for the tie-breaking rule."""
         return self.layer_choice(metric, tol).index
 
-    def summary(self) -> Any:
+    def summary(self) -> dict[str, Any]:
+        """Headline numbers: the best layer (:meth:`layer_choice`) and its mean held-out scores over folds."""
+        j = self.best_layer()
+        out: dict[str, Any] = {"method": self.method, "n_folds": int(self.accuracy.shape[0]),
+                               "best_site": self.sites[j], "best_layer": site_layer(self.sites[j])}
+        for m in ("accuracy", "auroc", "cohens_d", "control_accuracy", "control_auroc", "selectivity"):
+            v = getattr(self, m)
+            if v is not None:
+                out[m] = float(v[:, j].nanmean())
+        return out
+
+    def by_site(self) -> pd.DataFrame:
         """One row per site in layer order: mean and std over folds of each metric, NaN folds ignored."""
         import pandas as pd
 

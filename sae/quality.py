@@ -54,7 +54,7 @@ class SAEMetrics(Result):
         return pd.DataFrame({"latent": range(len(f)), "frequency": f, "dead": [v == 0 for v in f],
                              "dense": [v > self.dense_threshold for v in f]})
 
-    def summary(self) -> dict[str, float]:
+    def summary(self) -> dict[str, Any]:
         """The scalar metrics: L0, FVU, MSE, dead and dense fractions, token count."""
         return {"l0": self.l0, "fvu": self.fvu, "mse": self.mse, "dead_fraction": self.dead_fraction,
                 "dense_fraction": self.dense_fraction, "n_tokens": self.n_tokens}

@@ -40,7 +40,7 @@ class TranscoderQuality(Result):
 
         return pd.DataFrame([{"layer": layer, **m.summary()} for layer, m in sorted(self.layers.items())])
 
-    def summary(self) -> dict[str, float]:
+    def summary(self) -> dict[str, Any]:
         """Mean FVU and dead fraction over the layers, worst FVU, and the CE figures when computed."""
         ms = list(self.layers.values())
         out = {"fvu_mean": sum(m.fvu for m in ms) / len(ms), "fvu_max": max(m.fvu for m in ms),

@@ -158,7 +158,7 @@ def test_typicality_finds_a_planted_gradient_and_not_a_shuffled_one():
         assert res.per_group[k, 0].item() == pytest.approx(ref, abs=1e-6)  # evals.spearman is float32
     shuffled = list(np.random.default_rng(8).permutation(ratings))
     null = typicality_stats(dist, groups, shuffled, [0], n_perm=200, n_boot=200)
-    assert null.p.item() > 0.05 and "null result" in null.summary()
+    assert null.p.item() > 0.05 and "null result" in null.report() and not null.summary()["above_null"]
     paired = res.compare(null)                                    # same items, seed and n_boot: shared resamples
     assert paired["difference"][0] == pytest.approx(res.pooled.item() - null.pooled.item()) and paired["lo"][0] > 0
     assert (res.compare(res)[["difference", "lo", "hi"]] == 0).all().all()
@@ -206,7 +206,7 @@ def test_category_rsa_on_a_tiny_model_equals_a_plain_hf_forward(tiny_models):
     rdm = res.plot(layer=1)
     assert rdm.data[0].type == "heatmap" and list(rdm.data[0].x) == items
     torch.testing.assert_close(torch.tensor(rdm.data[0].z, dtype=torch.float64), res.rdms[1].double())
-    assert "layer" in res.summary()
+    assert "layer" in res.report() and res.summary()["r"] == pytest.approx(float(res.r.max()))
 
 
 def test_random_init_twin_keeps_the_architecture_and_tokenizer_not_the_weights(tiny_models):
@@ -303,4 +303,4 @@ def test_smollm2_groups_categories_and_its_random_twin_does_not():
     real = category_rsa(smol, data["items"], data["categories"], layers=[9], n_perm=200)
     twin = category_rsa(random_init(smol), data["items"], data["categories"], layers=[9], n_perm=200)
     assert real.r.item() > 0.2 and real.p.item() < 0.01            # measured 0.316 (benchmarks/RESULTS_similarity.md)
-    assert abs(twin.r.item()) < 0.05 and "null result" in twin.summary()
+    assert abs(twin.r.item()) < 0.05 and "null result" in twin.report()

@@ -111,7 +111,7 @@ def test_study_end_to_end_on_a_tiny_model(tiny_models, tmp_path):
     assert len(res.notes) == 3 and all("null" in n for n in res.notes)
     frame = res.to_frame()
     assert len(frame) == 3 * (model.n_layers - 1) and frame.projection_ratio.notna().all()
-    assert "transfer" in res.summary() and "LEACE" in res.summary() and res.language.rank == 2
+    assert "transfer" in res.report() and "LEACE" in res.report() and res.language.rank == 2
     path = write_retention(res, tmp_path / "ret")
     rec = json.loads((tmp_path / "ret" / "retention.json").read_text())
     assert rec["layer"] == res.layer and len(rec["rates"]) == 12 and "<h1>" in path.read_text()

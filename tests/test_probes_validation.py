@@ -64,8 +64,11 @@ def test_cv_with_groups_reports_samples_and_selectivity():
         assert not tr & te
     frame = res.to_frame()
     assert {"fold", "site", "metric", "value"} <= set(frame.columns)
-    summary = res.summary()
-    assert len(summary) == 3 and "auroc_std" in summary
+    by_site = res.by_site()
+    assert len(by_site) == 3 and "auroc_std" in by_site
+    s = res.summary()  # the best layer's mean scores
+    assert s["best_site"] == res.sites[res.best_layer()]
+    assert s["auroc"] == pytest.approx(float(res.auroc[:, res.best_layer()].mean()))
     fig = res.plot()  # per metric a +-1 std band and the mean line over folds
     lines = [t for t in fig.data if t.mode == "lines+markers"]
     assert [t.name for t in lines] == ["accuracy", "auroc", "control_accuracy"] and len(fig.data) == 6

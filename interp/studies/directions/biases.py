@@ -13,6 +13,7 @@ the answer is generated from). Each question's cued and uncued copies share one 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -126,10 +127,15 @@ class BiasFamily(Result):
                              "transfers": p.transfers, "n_items": p.n_items})
         return pd.DataFrame(rows)
 
-    def summary(self) -> Any:
+    def at_best_layer(self) -> pd.DataFrame:
         """One row per bias at its chosen layer (the figures to report)."""
         df = self.to_frame()
         return df[df["best"]].reset_index(drop=True)
+
+    def summary(self) -> dict[str, Any]:
+        """Headline numbers: per bias, :meth:`at_best_layer`'s row (JSON-ready)."""
+        rows = json.loads(self.at_best_layer().to_json(orient="records"))
+        return {"model_id": self.model_id, "biases": {r.pop("bias"): r for r in rows}}
 
     def overlap(self, layer: int | None = None) -> Any:
         """Cosines and principal angles between the biases' directions / subspaces (see ``biases_overlap``)."""

@@ -75,7 +75,14 @@ class RSAResult(Result):
     def best_layer(self) -> int:
         return self.layers[int(torch.nan_to_num(self.r, nan=-2.0).argmax())]
 
-    def summary(self) -> str:
+    def summary(self) -> dict[str, Any]:
+        """Headline numbers: the best layer, its r, p and family-wise p, and whether it beats the null."""
+        k = self.layers.index(self.best_layer())
+        return {"best_layer": self.layers[k], "r": float(self.r[k]), "p": float(self.p[k]),
+                "p_fwe": float(self.p_fwe[k]), "above_null": bool(self.p_fwe[k] < 0.05), "method": self.method,
+                "metric": self.metric, "n_perm": int(self.null.shape[0])}
+
+    def report(self) -> str:
         """One line: the best layer's figure and whether any layer beats the null after the family-wise correction."""
         k = self.layers.index(self.best_layer())
         verdict = ("above the permutation null" if self.p_fwe[k] < 0.05 else

@@ -96,7 +96,15 @@ class TypicalityResult(Result):
                      for i, g in enumerate(self.groups)]
         return pd.DataFrame(rows)
 
-    def summary(self) -> str:
+    def summary(self) -> dict[str, Any]:
+        """Headline numbers: the best layer's pooled rho, its bootstrap interval, p and family-wise p."""
+        k = int(torch.nan_to_num(self.pooled, nan=-2.0).argmax())
+        return {"best_layer": self.layers[k], "rho": float(self.pooled[k]), "lo": float(self.lo[k]),
+                "hi": float(self.hi[k]), "p": float(self.p[k]), "p_fwe": float(self.p_fwe[k]),
+                "above_null": bool(self.p_fwe[k] < 0.05), "metric": self.metric}
+
+    def report(self) -> str:
+        """One line: the best layer's figures and the verdict against the null."""
         k = int(torch.nan_to_num(self.pooled, nan=-2.0).argmax())
         verdict = ("above the within-category permutation null (check a random_init twin with compare() before "
                    "reading it as learned)" if self.p_fwe[k] < 0.05 else "a null result (family-wise p >= 0.05)")

@@ -11,6 +11,7 @@ Signatures of a corpus and the decomposition of another direction onto the trait
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -117,11 +118,16 @@ class TraitScales(Result):
 
         return scales_frame(self)
 
-    def summary(self) -> Any:
+    def table(self) -> pd.DataFrame:
         """One row per trait: ordered layers, band, adjacent d in the band, best AUROC, calibration error."""
         from interp.studies.directions.traits_frames import scales_summary
 
         return scales_summary(self)
+
+    def summary(self) -> dict[str, Any]:
+        """Headline numbers: per trait, :meth:`table`'s row (JSON-ready)."""
+        rows = json.loads(self.table().to_json(orient="records"))
+        return {"model_id": self.model_id, "site": self.site, "traits": dict(zip(self.traits, rows, strict=True))}
 
     def plot(self, what: str = "adjacent_d") -> Any:
         """Per-trait curves by layer (``adjacent_d``: held-out min adjacent d; ``auroc``; ``error``) with bands."""

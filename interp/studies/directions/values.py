@@ -62,7 +62,7 @@ class ValueVectors(Result):
 
     def to_frame(self) -> pd.DataFrame:
         """One row per layer: held-out AUROC, d, accuracy (with the shuffled-label control), and the raw norm."""
-        df = self.scores.summary()
+        df = self.scores.by_site()
         df["raw_norm"] = self.direction.norms.tolist()
         df["n_pairs"], df["pole"], df["positions"] = self.n_pairs, self.pole, self.positions
         return df

@@ -109,7 +109,16 @@ class Retention(Result):
         src = self.rate(self.source, "harmful")["rate"]
         return {lang: (self.rate(lang, "harmful")["rate"] / src if src > 0 else float("nan")) for lang in self.langs}
 
-    def summary(self) -> str:
+    def summary(self) -> dict[str, Any]:
+        """Headline numbers per language: harmful / harmless refusal, transfer, ablation and its random control."""
+        tr = self.transfer()
+        return {"source": self.source, "layer": self.layer, "langs": {lang: {
+            "harmful": self.rate(lang, "harmful")["rate"], "harmless": self.rate(lang, "harmless")["rate"],
+            "transfer": tr[lang], "ablation": self.rate(lang, "harmful", "ablation")["rate"],
+            "random_ablation": self.rate(lang, "harmful", "random ablation")["rate"]} for lang in self.langs}}
+
+    def report(self) -> str:
+        """The summary as text, with the language geometry and the notes."""
         lines = [f"refusal retention ({self.geometry.n_test} parallel test prompts per set and language; English "
                  f"direction of layer {self.layer}, ablated at {self.config.ablate_positions} tokens)"]
         tr = self.transfer()

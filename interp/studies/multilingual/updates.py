@@ -94,7 +94,16 @@ class RestrictedUpdate(Result):
     def to_frame(self) -> pd.DataFrame:
         return pd.DataFrame(self.rates)
 
-    def summary(self) -> str:
+    def summary(self) -> dict[str, Any]:
+        """Headline numbers per condition: pooled harmful and harmless refusals over the train languages."""
+        out: dict[str, Any] = {"kind": self.kind, "train_langs": list(self.train_langs)}
+        for cond in self.conditions:
+            (hk, hn), (sk, sn) = self.pooled(cond), self.pooled(cond, "harmless")
+            out[cond] = {"harmful": hk / hn if hn else float("nan"), "harmless": sk / sn if sn else float("nan")}
+        return out
+
+    def report(self) -> str:
+        """The rates per condition and language as text, with the training figures and the notes."""
         head = (f"{self.kind}-restricted update on {', '.join(self.train_langs)} ({self.n_pairs['harmful']} harmful + "
                 f"{self.n_pairs['harmless']} harmless train pairs, {self.config.steps} steps); refusal on test ids")
         lines = [head]
