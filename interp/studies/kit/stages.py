@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from jaxtyping import Float
@@ -29,9 +29,6 @@ from interp.studies.kit.prompt_sets import RefusalData
 from interp.studies.kit.scoring import prompt_logits, refusal_tokens, score_rows
 from probes.directions import diff_of_means, random_directions
 from probes.objects import Direction
-
-if TYPE_CHECKING:
-    pass
 
 
 @dataclass

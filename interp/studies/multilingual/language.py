@@ -30,7 +30,7 @@ from probes.erasure import fit_leace
 from probes.subspace import category_subspace
 
 if TYPE_CHECKING:
-    pass
+    import pandas as pd
 
 
 @dataclass
@@ -49,7 +49,10 @@ class LanguageGeometry(Result):
     ratio: dict[str, dict[str, torch.Tensor]]   # ratio[condition][lang]: before, leace, random
     auroc: dict[str, dict[str, torch.Tensor]]
 
-    def rows(self) -> list[dict]:
+    def to_frame(self) -> pd.DataFrame:
+        """One row per (layer, language): identity accuracy, overlap, projection ratios and AUROCs per condition."""
+        import pandas as pd
+
         out = []
         for i, layer in enumerate(self.layers):
             for lang in self.langs:
@@ -57,7 +60,7 @@ class LanguageGeometry(Result):
                             "overlap": float(self.overlap[i]),
                             **{f"ratio_{c}": float(self.ratio[c][lang][i]) for c in self.ratio},
                             **{f"auroc_{c}": float(self.auroc[c][lang][i]) for c in self.auroc}})
-        return out
+        return pd.DataFrame(out)
 
 
 def _pool(acts: Acts, split: str, langs: list[str]) -> tuple[torch.Tensor, list[str]]:

@@ -34,7 +34,7 @@ from interp.patching.neurons import (
 from interp.studies.multilingual.data import ParallelSafety
 
 if TYPE_CHECKING:
-    pass
+    import pandas as pd
 
 
 @dataclass
@@ -54,7 +54,10 @@ class SafetyNeurons(Result):
     random: dict[tuple[str, str], list[float]]
     meta: dict[str, Any] = field(default_factory=dict)
 
-    def rows(self) -> list[dict[str, Any]]:
+    def to_frame(self) -> pd.DataFrame:
+        """One row per (neuron set, prompt language): the ablation's change of the refusal score against random sets."""
+        import pandas as pd
+
         out = []
         for (name, lang), v in self.effects.items():
             rnd = torch.tensor(self.random[(name, lang)])
@@ -62,7 +65,7 @@ class SafetyNeurons(Result):
                         "baseline": self.baseline[lang], "delta": v, "random_mean": float(rnd.mean()),
                         "random_lo": float(rnd.quantile(0.025)), "random_hi": float(rnd.quantile(0.975)),
                         "beats_random": bool(v < float(rnd.min()))})
-        return out
+        return pd.DataFrame(out)
 
 
 def refusal_ids(model: Model) -> list[int]:

@@ -30,7 +30,7 @@ from interp.studies.multilingual.data import ParallelSafety
 from interp.studies.multilingual.neurons import refusal_ids
 
 if TYPE_CHECKING:
-    pass
+    import pandas as pd
 
 SITES = ("resid_pre", "attn_out", "mlp_out")
 
@@ -68,8 +68,10 @@ class Pathways(Result):
         order = score.flatten().argsort(descending=True)[:n].tolist()
         return [(self.layers[i // 2], ("attn", "mlp")[i % 2]) for i in order]
 
-    def rows(self) -> list[dict]:
+    def to_frame(self) -> pd.DataFrame:
         """One row per language, layer and site: the shares, their difference and (when measured) 95% intervals."""
+        import pandas as pd
+
         out = []
         for lang in self.langs:
             ci = self.intervals.get(lang, {})
@@ -80,7 +82,7 @@ class Pathways(Result):
                     for name, v in ci.items():
                         row[f"{name}_lo"], row[f"{name}_hi"] = float(v[0, i, j]), float(v[1, i, j])
                     out.append({**row, "gap": self.source_score[lang] - self.target_score[lang]})
-        return out
+        return pd.DataFrame(out)
 
 
 def post_instruction_tokens(model: Model) -> int:

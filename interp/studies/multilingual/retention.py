@@ -154,7 +154,7 @@ class Retention(Result):
                 "random_cosine": self.geometry.random_cosine, "n_test": self.geometry.n_test,
                 "language": None if self.language is None else {
                     "rank": self.language.rank, "chance": self.language.chance,
-                    "random_overlap": self.language.random_overlap, "rows": self.language.rows()}}
+                    "random_overlap": self.language.random_overlap, "rows": self.language.to_frame().to_dict("records")}}
 
 
 def choose_layer(acts: dict, layers: list[int], source: str) -> tuple[int, dict[str, Any]]:

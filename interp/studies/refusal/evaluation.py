@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -28,9 +28,6 @@ from interp.studies.kit.stages import Candidates, RefusalTokens, Selection
 from probes.directions import random_directions, random_orthogonal
 from steering.decode import lowest_edited_layer
 from steering.generation import Prefixes, Resumes, leaves_prompt_prefix, prompt_states
-
-if TYPE_CHECKING:
-    pass
 
 NOT_BAKEABLE = ("the run's ablation acts at the post-instruction and generated tokens only (ablate_positions="
                 "'post_instruction'), which no weight edit reproduces (weights act on every token alike): the baked "

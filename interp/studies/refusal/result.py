@@ -4,16 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from interp.bundle import Result
 from interp.studies.kit.stages import Candidates, RefusalTokens, Scores, Selection
 from interp.studies.refusal.estimate import Estimate
 from interp.studies.refusal.evaluation import Evaluation, Subspaces
 from interp.studies.refusal.writers import Writers
-
-if TYPE_CHECKING:
-    pass
 
 
 @dataclass

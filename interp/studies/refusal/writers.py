@@ -10,7 +10,7 @@ seeded random unit direction orthogonal to ``r``: the control of the same edit.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from jaxtyping import Float
@@ -25,9 +25,6 @@ from interp.studies.kit.stages import RefusalTokens
 from interp.studies.kit.writer_sites import embedding_note, moe_layers, writer_groups
 from interp.studies.refusal.evaluation import Evaluation, TestPrompts
 from probes.directions import random_orthogonal
-
-if TYPE_CHECKING:
-    pass
 
 
 @dataclass
