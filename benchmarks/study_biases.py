@@ -41,7 +41,7 @@ def _md(df, floatfmt: str = ".3f") -> str:
 def family_tables(fam) -> list[str]:
     import pandas as pd
 
-    s = fam.summary()[["bias", "layer", "auroc", "control_auroc", "lexical_auroc", "lodo_min", "lodo_mean",
+    s = fam.at_best_layer()[["bias", "layer", "auroc", "control_auroc", "lexical_auroc", "lodo_min", "lodo_mean",
                        "lexically_separable", "transfers", "n_items"]]
     lex_lodo = {b: min(p.lexical_lodo.tolist()) for b, p in fam.probes.items() if p.lexical_lodo is not None}
     s.insert(7, "lexical_lodo_min", [lex_lodo.get(b) for b in s["bias"]])
@@ -103,7 +103,7 @@ def main() -> None:
     cfg = BiasConfig(progress=False)
     base = load_model("smollm2-base")
     fam_a = bias_directions(base, items, layers=layers, config=cfg)
-    print(fam_a.summary().to_string(), flush=True)
+    print(fam_a.at_best_layer().to_string(), flush=True)
     out = family_tables(fam_a) + causal_tables(base, fam_a, items, args)
     if args.causal_only:
         return _write(args, items, layers, t0, out, "RESULTS_biases_causal.md", "causal test")

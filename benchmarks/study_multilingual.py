@@ -58,7 +58,7 @@ def sections(res, model_name: str, wall: float, args) -> list[str]:
     lang_rows = [{"layer": r["layer"], "lang": r["lang"], "identity acc": r["identity_accuracy"], "overlap": r["overlap"],
                   "ratio before": r["ratio_before"], "ratio LEACE": r["ratio_leace"], "ratio random": r["ratio_random"],
                   "AUROC before": r["auroc_before"], "AUROC LEACE": r["auroc_leace"], "AUROC random": r["auroc_random"]}
-                 for r in lg.rows() if r["lang"] != res.source and (r["layer"] % args.every == 0 or r["layer"] == res.layer)]
+                 for r in lg.to_frame().to_dict("records") if r["lang"] != res.source and (r["layer"] % args.every == 0 or r["layer"] == res.layer)]
     head = (f"{model_name}; {res.geometry.n_test} parallel test prompts per set and language (the ids never trained "
             f"on); greedy {args.max_new_tokens} tokens judged by evals.judge_languages.is_refusal_multilingual; English "
             f"direction of layer {res.layer} ({res.layer_choice['rule']}) ablated at every layer, "
@@ -85,7 +85,7 @@ def neuron_section(model, data, args) -> list[str]:
     ov = res.overlap
     pair_rows = [{"a": a, "b": b, "shared": int(ov.intersections[i, j]), "jaccard": float(ov.jaccard[i, j])}
                  for i, a in enumerate(ov.names) for j, b in enumerate(ov.names) if i < j]
-    rows = [{k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()} for r in res.rows()]
+    rows = [{k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()} for r in res.to_frame().to_dict("records")]
     return [table(f"Safety neurons per language ({model.name}; top {4 * args.k} mlp_post neurons by harmful-vs-harmless "
                   f"effect size on train prompts, then the {args.k} whose zero-ablation most lowers the refusal score "
                   f"on that language's val prompts; pairwise overlaps, chance {res.chance_pairwise:.3f} shared per pair; "
@@ -106,7 +106,7 @@ def pathway_section(model, data, args) -> list[str]:
     rows = [{"lang": r["lang"], "layer": r["layer"], "site": r["site"], "restored": round(r["restored"], 3),
              "restored CI": ci(r, "restored"), "control": round(r["control"], 3), "control CI": ci(r, "control"),
              "excess": round(r["excess"], 3), "excess CI": ci(r, "excess"),
-             "beyond control": "yes" if r["excess_lo"] > 0 else ""} for r in res.rows()]
+             "beyond control": "yes" if r["excess_lo"] > 0 else ""} for r in res.to_frame().to_dict("records")]
     gaps = ", ".join(f"{lang} {res.source_score[lang]:.2f} vs {res.target_score[lang]:.2f}" for lang in res.langs)
     return [table(f"Patching English into other-language runs ({model.name}; {res.n_pairs} harmful test pairs, the "
                   f"{res.n_positions} post-instruction tokens; restored = share of the English-minus-language refusal "
@@ -188,7 +188,7 @@ def main() -> None:
     res = refusal_retention(model, data, RetentionConfig(ablate_positions=args.ablate_positions,
                                                          max_new_tokens=args.max_new_tokens, seed=args.seed))
     wall = time.time() - t0
-    print(res.summary())
+    print(res.report())
     print("report:", write_retention(res, args.out / f"{args.model}-{args.ablate_positions}", overwrite=True))
     text = "\n".join(sections(res, args.model, wall, args) + (neuron_section(model, data, args) if args.neurons else [])
                      + (pathway_section(model, data, args) if args.pathways else [])

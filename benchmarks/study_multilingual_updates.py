@@ -100,10 +100,10 @@ def main() -> None:
     results = {}
     if "pathway" in kinds:
         results["pathway"] = restricted_update(model, data, "pathway", comps, cfg)
-        print(results["pathway"].summary(), flush=True)
+        print(results["pathway"].report(), flush=True)
     if "neurons" in kinds:
         results["neurons"] = restricted_update(model, data, "neurons", neurons, cfg, before=results.get("pathway"))
-        print(results["neurons"].summary(), flush=True)
+        print(results["neurons"].report(), flush=True)
     wall = time.time() - t0
     args.out.mkdir(parents=True, exist_ok=True)
     write_json(args.out / f"{args.model}.json", {k: r.record() for k, r in results.items()} | {

@@ -42,7 +42,7 @@ def rsa_section(model, data, args) -> list[str]:
             for k in range(len(fb))]
     title = (f"Category RSA on {model.name} (96 items, 8 categories; 'The word: {{item}}', last token; correlation "
              f"RDMs; Spearman; {args.n_perm} Mantel permutations)")
-    return [table(title, rows, list(rows[0])), f"binary: {binary.summary()}", "", f"graded: {graded.summary()}", ""]
+    return [table(title, rows, list(rows[0])), f"binary: {binary.report()}", "", f"graded: {graded.report()}", ""]
 
 
 def typicality_section(model, data, args) -> list[str]:
@@ -61,7 +61,7 @@ def typicality_section(model, data, args) -> list[str]:
              f"{args.n_boot} bootstraps)")
     return [table(title, rows, list(rows[0])),
             table(f"Per category at layer {int(pooled.layer[best])} ({model.name})", cat_rows, list(cat_rows[0])),
-            res.summary(), ""]
+            res.report(), ""]
 
 
 def control_section(model, data, args) -> list[str]:

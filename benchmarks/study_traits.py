@@ -82,7 +82,7 @@ def section_scales(scales, t_fit: float) -> list[str]:
     out = [f"## Trait scales ({t_fit:.0f} s)", "", f"Band rule: {scales.rule.describe()}.", "",
            "| trait | held-out ordered layers | band | band adjacent d (min / mean) | band AUROC | max AUROC | "
            "AUROC ours vs sklearn max abs diff | band level error |", "|---|---|---|---|---|---|---|---|"]
-    for _, r in scales.summary().iterrows():
+    for _, r in scales.table().iterrows():
         s = scales[r.trait]
         diff = float((s.auroc.auroc - sklearn_auroc(s, scales.acts[r.trait]).to(s.auroc.auroc)).abs().max())
         ordered = r.ordered_layers
@@ -95,7 +95,7 @@ def section_scales(scales, t_fit: float) -> list[str]:
 def section_decomposition(model, scales, n_boot: int) -> list[str]:
     con = capture_contrast(model, sycophancy_items(), SYCOPHANCY_PROMPTS, scales)
     dec = decompose(scales, con, n_boot=n_boot)
-    s = dec.summary()
+    s = dec.table()
     out = [f"## Sycophancy onto the traits ({len(sycophancy_items())} items x 2 system prompts; {dec.report_note}; "
            f"{n_boot} bootstrap resamples)", "",
            f"R^2 {float(s.r2[0]):.3f} (random vectors of the same norm: {float(s.random_r2[0]):.4f}).", "",

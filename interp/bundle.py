@@ -2,15 +2,17 @@
 
 A bundle is a folder: ``tensors.safetensors`` + ``meta.json`` holding ``kind`` (e.g. ``"probes.Direction"``),
 ``format``, ``provenance`` (:class:`Provenance`) and, beside them at the top level, the object's own fields. Upper floors register a
-loader per kind at import, so :func:`load` dispatches without the core importing them.
+loader per kind at import, so :func:`load` dispatches without the core importing them. Result dataclasses inherit
+:class:`Result`: their fields go into one bundle (tensors to safetensors, the rest to JSON), no pickles.
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata
 import os
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -165,5 +167,129 @@ def load(path: str | os.PathLike) -> Any:
     return _LOADERS[kind](Path(path))
 
 
-__all__ = ["Bundle", "FORMAT", "Fitted", "PACKAGE_VERSION", "Provenance", "from_provenance", "load", "read_kind",
-           "read_object", "register_kind", "save_object"]
+OUR_PACKAGES = ("interp", "probes", "sae", "steering")  # a bundle rebuilds dataclasses of these packages only
+_MARKS = ("__tensor__", "__dataclass__", "__tuple__", "__set__", "__items__", "__path__")
+
+
+def result_kind(cls: type) -> str:
+    """The bundle ``kind`` of a result class: its module and name, e.g. ``"interp.patching.results.Sweep"``."""
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _encode(v: Any, name: str, tensors: dict[str, torch.Tensor]) -> Any:
+    """``v`` as JSON, its tensors moved into ``tensors`` under ``name``-derived keys."""
+    if isinstance(v, torch.Tensor):
+        tensors[name] = v.detach().cpu().clone()  # a copy: safetensors refuses tensors that share storage
+        return {"__tensor__": name}
+    if is_dataclass(v) and not isinstance(v, type):
+        if not type(v).__module__.startswith(OUR_PACKAGES):
+            raise TypeError(f"{name}: a {type(v).__name__} from {type(v).__module__} cannot go into a result bundle")
+        return {"__dataclass__": result_kind(type(v)),
+                "fields": {f.name: _encode(getattr(v, f.name), f"{name}/{f.name}", tensors) for f in fields(v)}}
+    if isinstance(v, Path):
+        return {"__path__": str(v)}
+    if isinstance(v, (list, tuple, set, frozenset)):
+        items = sorted(v, key=repr) if isinstance(v, (set, frozenset)) else list(v)
+        out = [_encode(x, f"{name}/{i}", tensors) for i, x in enumerate(items)]
+        return out if isinstance(v, list) else {"__tuple__" if isinstance(v, tuple) else "__set__": out}
+    if isinstance(v, dict):
+        if all(isinstance(k, str) and k not in _MARKS for k in v):
+            return {k: _encode(x, f"{name}/{k}", tensors) for k, x in v.items()}
+        return {"__items__": [[_encode(k, f"{name}/{i}/key", tensors), _encode(x, f"{name}/{i}", tensors)]
+                              for i, (k, x) in enumerate(v.items())]}
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    if hasattr(v, "item") and getattr(v, "ndim", None) == 0:  # numpy scalars
+        return v.item()
+    raise TypeError(f"{name}: a {type(v).__name__} cannot go into a result bundle (tensors, numbers, strings, lists, "
+                    f"dicts and our dataclasses can); save it with its own .save() and keep its path instead")
+
+
+def _decode(v: Any, tensors: dict[str, torch.Tensor]) -> Any:
+    if isinstance(v, list):
+        return [_decode(x, tensors) for x in v]
+    if not isinstance(v, dict):
+        return v
+    if "__tensor__" in v:
+        return tensors[v["__tensor__"]]
+    if "__dataclass__" in v:
+        return _build(_class(v["__dataclass__"]), v["fields"], tensors)
+    if "__path__" in v:
+        return Path(v["__path__"])
+    if "__tuple__" in v:
+        return tuple(_decode(x, tensors) for x in v["__tuple__"])
+    if "__set__" in v:
+        return {_decode(x, tensors) for x in v["__set__"]}
+    if "__items__" in v:
+        return {_decode(k, tensors): _decode(x, tensors) for k, x in v["__items__"]}
+    return {k: _decode(x, tensors) for k, x in v.items()}
+
+
+def _class(kind: str) -> type:
+    module, _, name = kind.rpartition(".")
+    if not module.startswith(OUR_PACKAGES):
+        raise ValueError(f"a result bundle names class {kind!r}, which is not one of {OUR_PACKAGES}'s: refused")
+    return getattr(importlib.import_module(module), name)
+
+
+def _build(cls: type, raw: dict[str, Any], tensors: dict[str, torch.Tensor]) -> Any:
+    vals = {k: _decode(x, tensors) for k, x in raw.items()}
+    init = {f.name for f in fields(cls) if f.init}
+    obj = cls(**{k: x for k, x in vals.items() if k in init})
+    for k, x in vals.items():
+        if k not in init:
+            object.__setattr__(obj, k, x)
+    return obj
+
+
+def save_result(obj: Any, path: str | os.PathLike, overwrite: bool = False) -> Path:
+    """Write a result dataclass as one bundle (atomic; refuses an existing ``path`` unless ``overwrite``)."""
+    tensors: dict[str, torch.Tensor] = {}
+    own = {f.name: _encode(getattr(obj, f.name), f.name, tensors) for f in fields(obj)}
+    prov = getattr(obj, "provenance", None)
+    if not isinstance(prov, Provenance):
+        prov = Provenance(method=type(obj).__name__, model_id=str(getattr(obj, "model_id", "") or ""))
+    return save_object(path, result_kind(type(obj)), tensors, prov, {"fields": own}, overwrite=overwrite)
+
+
+def load_result(path: str | os.PathLike, cls: type) -> Any:
+    """Read a bundle :func:`save_result` wrote for ``cls`` (the error names the right loader otherwise)."""
+    b = read_object(path, result_kind(cls))
+    return _build(cls, b.fields["fields"], b.tensors)
+
+
+def _scalar(v: Any) -> Any:
+    if isinstance(v, torch.Tensor) and v.numel() == 1:
+        return v.item()
+    return v if v is None or isinstance(v, (bool, int, float, str)) else _SKIP
+
+
+_SKIP = object()
+
+
+class Result:
+    """Mixin of the result dataclasses: :meth:`save` / :meth:`load` as one bundle (registered with :func:`load`),
+    and a default :meth:`summary` of the scalar fields; results with headline numbers of their own override it."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        register_kind(result_kind(cls), lambda path, c=cls: c.load(path))
+
+    def save(self, path: str | os.PathLike, overwrite: bool = False) -> Path:
+        """Write this result to the folder ``path`` (``tensors.safetensors`` + ``meta.json``)."""
+        return save_result(self, path, overwrite=overwrite)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> Any:
+        """Read a result :meth:`save` wrote."""
+        return load_result(path, cls)
+
+    def summary(self) -> dict[str, Any]:
+        """Headline numbers, JSON-ready: here the scalar fields (numbers, strings, one-element tensors)."""
+        out = {f.name: _scalar(getattr(self, f.name)) for f in fields(self)}  # type: ignore[arg-type]
+        return {k: v for k, v in out.items() if v is not _SKIP}
+
+
+__all__ = ["Bundle", "FORMAT", "Fitted", "OUR_PACKAGES", "PACKAGE_VERSION", "Provenance", "Result", "from_provenance",
+           "load", "load_result", "read_kind", "read_object", "register_kind", "result_kind", "save_object",
+           "save_result"]

@@ -6,7 +6,7 @@ tensor ``X [n, n_layers, d]`` with labels ``y [n]``. Fitted objects record which
 
     acts = interp.capture(model, prompts, sites="resid_post", labels=is_harmful)
     scores = probes.cross_validate(acts, groups=template_ids)        # held-out acc / AUROC / d per layer
-    scores.summary(); scores.plot()
+    scores.summary(); scores.by_site(); scores.plot()
     scores.layer_choice()                                           # best layer, the tied layers, the tie rule
     refusal = probes.diff_of_means(acts, positive=True)             # Direction: .at(layer), .vectors, .norms
     refusal.save("refusal_dir")

@@ -4,15 +4,19 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from jaxtyping import Float
 
+from interp.bundle import Result
 from interp.coerce import check_width, layer_tensor
 from probes._checks import encode_labels
 from probes._frames import layer_sorted
 from probes.objects import Direction, Subspace
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 def _vectors(a: Direction | Subspace | torch.Tensor) -> tuple[torch.Tensor, list[str] | None]:
@@ -88,7 +92,7 @@ def project(X: Any, direction: Direction | Subspace | torch.Tensor) -> torch.Ten
 
 
 @dataclass
-class Signature:
+class Signature(Result):
     """Projection statistics of a corpus on named directions: ``stats[name]`` is ``[n_groups, n_layers, 5]``
     (mean, std, q10, median, q90) per group of samples (one group ``"all"`` unless ``groups`` given)."""
 
@@ -99,7 +103,7 @@ class Signature:
 
     STAT_NAMES = ("mean", "std", "q10", "median", "q90")
 
-    def to_frame(self) -> Any:
+    def to_frame(self) -> pd.DataFrame:
         """One row per (direction, group, site), with a numeric layer column; sorted by those, layer last."""
         rows = []
         for a, name in enumerate(self.names):

@@ -11,19 +11,23 @@ from __future__ import annotations
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from interp.bundle import Result
 from probes._checks import ProbeData, as_data
 from probes._frames import layer_sorted
 from probes._graded_fit import LevelStats, collinearity, fit_graded, level_stats
 from probes.folds import make_folds
 from probes.objects import Direction
 
+if TYPE_CHECKING:
+    import pandas as pd
+
 
 @dataclass
-class GradedDirection:
+class GradedDirection(Result):
     """A direction along ordered levels, and how well the levels line up on it, per layer.
 
     In-sample (the direction was fitted on these samples): ``level_means`` / ``level_std [n_layers, k]``,
@@ -62,7 +66,7 @@ class GradedDirection:
         mask = self.monotonic if not heldout or self.heldout_monotonic is None else self.heldout_monotonic.all(0)
         return mask.nonzero().flatten().tolist()
 
-    def to_frame(self) -> Any:
+    def to_frame(self) -> pd.DataFrame:
         """One row per site, with a numeric layer column, sorted by it; held-out columns are fold means."""
         rows = []
         for j, s in enumerate(self.sites):

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from interp.bundle import Result
 from interp.evals.metrics import accuracy, auroc, cohens_d
 from probes._checks import as_data, encode_labels
 from probes._choice import LayerChoice, choose_layer
@@ -18,9 +19,12 @@ from probes.logistic import solve_logistic
 from probes.objects import Subspace
 from probes.validation import ProbeScores, check_no_overlap, metric_or_nan
 
+if TYPE_CHECKING:
+    import pandas as pd
+
 
 @dataclass
-class TransferScores:
+class TransferScores(Result):
     """``matrix [n_datasets, n_datasets, n_layers]``: AUROC of a probe fitted on row dataset, tested on column
     dataset (diagonal: held-out CV within the dataset). ``lodo [n_datasets, n_layers]``: fitted on all other
     datasets, tested on this one (leave one dataset out)."""
@@ -48,7 +52,7 @@ class TransferScores:
         """The ``[n_datasets, n_datasets]`` matrix at a layer index (default: best mean LODO layer)."""
         return self.matrix[:, :, self.best_layer() if layer is None else layer]
 
-    def to_frame(self) -> Any:
+    def to_frame(self) -> pd.DataFrame:
         """One row per (site, train, test) plus the leave-one-out rows, with a numeric layer column, sorted by it."""
         rows = []
         for j, s in enumerate(self.sites):
@@ -126,14 +130,14 @@ def transfer_matrix(X: Any, y: Any = None, datasets: Any = None, *, l2: float = 
 
 
 @dataclass
-class ErasureScores:
+class ErasureScores(Result):
     """Held-out probe scores before and after erasing a concept; the eraser was fitted on training folds only."""
 
     before: ProbeScores
     after: ProbeScores
     eraser: str
 
-    def to_frame(self) -> Any:
+    def to_frame(self) -> pd.DataFrame:
         import pandas as pd
 
         a, b = self.before.to_frame(), self.after.to_frame()
@@ -196,7 +200,7 @@ def erasure_cv(X: Any, y: Any = None, *, eraser: str | Callable[..., Any] = "lea
 
 
 @dataclass
-class AblationScores:
+class AblationScores(Result):
     """Held-out accuracy / AUROC ``[n_ranks, n_folds, n_layers]`` after projecting out the top-k components."""
 
     ranks: list[int]
@@ -205,7 +209,7 @@ class AblationScores:
     auroc: torch.Tensor
     folds: list[dict[str, list[str]]] = field(default_factory=list)
 
-    def to_frame(self) -> Any:
+    def to_frame(self) -> pd.DataFrame:
         """One row per (rank, site), with a numeric layer column; sorted by rank, then layer."""
         rows = []
         for r, k in enumerate(self.ranks):

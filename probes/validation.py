@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from tqdm.auto import tqdm
 
+from interp.bundle import Result
 from interp.coerce import layer_tensor
 from interp.evals.metrics import accuracy, auroc, cohens_d
 from probes._checks import ProbeData, as_data
@@ -23,9 +24,12 @@ from probes.folds import Fold, check_folds, make_folds, masks
 from probes.logistic import l2_from_C, solve_logistic
 from probes.objects import Direction
 
+if TYPE_CHECKING:
+    import pandas as pd
+
 
 @dataclass
-class ProbeScores:
+class ProbeScores(Result):
     """Held-out scores per fold and layer: ``accuracy``, ``auroc``, ``cohens_d`` each ``[n_folds, n_layers]``.
 
     ``control_*``: the same pipeline on shuffled labels (Hewitt & Liang's control task); ``selectivity`` =
@@ -71,7 +75,18 @@ class ProbeScores:
         """Index (into ``sites``) of the best layer; see :meth:`layer_choice` for the tie-breaking rule."""
         return self.layer_choice(metric, tol).index
 
-    def summary(self) -> Any:
+    def summary(self) -> dict[str, Any]:
+        """Headline numbers: the best layer (:meth:`layer_choice`) and its mean held-out scores over folds."""
+        j = self.best_layer()
+        out: dict[str, Any] = {"method": self.method, "n_folds": int(self.accuracy.shape[0]),
+                               "best_site": self.sites[j], "best_layer": site_layer(self.sites[j])}
+        for m in ("accuracy", "auroc", "cohens_d", "control_accuracy", "control_auroc", "selectivity"):
+            v = getattr(self, m)
+            if v is not None:
+                out[m] = float(v[:, j].nanmean())
+        return out
+
+    def by_site(self) -> pd.DataFrame:
         """One row per site in layer order: mean and std over folds of each metric, NaN folds ignored."""
         import pandas as pd
 
@@ -83,7 +98,7 @@ class ProbeScores:
                 cols[m + "_std"] = _nanstd(v).tolist()
         return pd.DataFrame(cols).iloc[layer_order(self.sites)].reset_index(drop=True)
 
-    def to_frame(self) -> Any:
+    def to_frame(self) -> pd.DataFrame:
         """Long form: one row per (metric, fold, site), with a numeric layer column; sorted by metric, fold, layer."""
         import pandas as pd
 
@@ -248,7 +263,7 @@ def cross_validate(X: Any, y: Any = None, *, method: str = "logistic", groups: A
 
 
 @dataclass
-class DirectionScores:
+class DirectionScores(Result):
     """AUROC and Cohen's d ``[n_layers]`` of a fixed direction's projections on labelled data (nothing fitted)."""
 
     sites: list[str]
@@ -256,7 +271,7 @@ class DirectionScores:
     cohens_d: torch.Tensor
     method: str = ""
 
-    def to_frame(self) -> Any:
+    def to_frame(self) -> pd.DataFrame:
         """One row per site with a numeric layer column, sorted by layer."""
         return layer_sorted([{"site": s, "auroc": float(self.auroc[j]), "cohens_d": float(self.cohens_d[j]),
                               "method": self.method} for j, s in enumerate(self.sites)])

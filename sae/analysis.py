@@ -4,19 +4,23 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from jaxtyping import Float
 
+from interp.bundle import Result
 from interp.coerce import token_rows
 from interp.evals.metrics import auroc
 from interp.forward import Inputs
 from sae.model import SAE
 
+if TYPE_CHECKING:
+    import pandas as pd
+
 
 @dataclass
-class LatentRanking:
+class LatentRanking(Result):
     """Latents ranked best first: ``indices [top]`` and their ``scores [top]``; ``all_scores [d_sae]``."""
 
     indices: torch.Tensor
@@ -30,7 +34,7 @@ class LatentRanking:
     def __len__(self) -> int:
         return len(self.indices)
 
-    def to_frame(self) -> Any:
+    def to_frame(self) -> pd.DataFrame:
         """One row per ranked latent: ``rank`` (0 = best), ``latent`` and ``score`` (what ``what`` names)."""
         import pandas as pd
 
@@ -99,7 +103,7 @@ def encode_tokens(sae: SAE, x: torch.Tensor | Any, batch_size: int = 4096, site:
 
 
 @dataclass
-class LatentSeparation:
+class LatentSeparation(Result):
     """Per latent ``[d_sae]``: mean activation on set A and B, their difference and the AUROC (A positive);
     ``ranking`` orders latents by ``by``."""
 
@@ -109,7 +113,7 @@ class LatentSeparation:
     auroc: torch.Tensor
     ranking: LatentRanking
 
-    def to_frame(self) -> Any:
+    def to_frame(self) -> pd.DataFrame:
         """One row per latent: ``latent``, ``mean_a``, ``mean_b``, ``diff``, ``auroc`` and ``rank``."""
         return _per_latent(self.ranking, mean_a=self.mean_a, mean_b=self.mean_b, diff=self.diff, auroc=self.auroc)
 
@@ -141,7 +145,7 @@ def separating_latents(sae: SAE, acts_a: torch.Tensor | Any, acts_b: torch.Tenso
 
 
 @dataclass
-class LatentDiff:
+class LatentDiff(Result):
     """Model diffing with one SAE on the same prompts: per latent ``[d_sae]`` mean activation in the base and
     fine-tuned model, the change, firing frequencies, and a ranking by ``by``."""
 
@@ -152,7 +156,7 @@ class LatentDiff:
     freq_tuned: torch.Tensor
     ranking: LatentRanking
 
-    def to_frame(self) -> Any:
+    def to_frame(self) -> pd.DataFrame:
         """One row per latent: ``latent``, ``mean_base``, ``mean_tuned``, ``delta``, ``freq_base``,
         ``freq_tuned`` and ``rank``."""
         return _per_latent(self.ranking, mean_base=self.mean_base, mean_tuned=self.mean_tuned, delta=self.delta,

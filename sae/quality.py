@@ -5,16 +5,20 @@ Transcoders: ``evaluate(tc, mlp_in, target=mlp_out)`` and :mod:`sae.transcoder_q
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from jaxtyping import Float
 
+from interp.bundle import Result
 from interp.chat import Batch
 from interp.evals.logits import cross_entropy
 from interp.forward import Inputs, batches, encodings, forward
 from interp.sites import parse_site
 from sae.model import SAE
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 def l0(z: Float[torch.Tensor, "... d_sae"]) -> float:
@@ -29,7 +33,7 @@ def fvu(x: Float[torch.Tensor, "n d"], x_hat: Float[torch.Tensor, "n d"]) -> flo
 
 
 @dataclass
-class SAEMetrics:
+class SAEMetrics(Result):
     """Reconstruction and sparsity of an SAE on a set of tokens. ``frequency``: ``[d_sae]`` firing rate."""
 
     l0: float
@@ -41,7 +45,7 @@ class SAEMetrics:
     n_tokens: int
     dense_threshold: float = 0.1
 
-    def to_frame(self) -> Any:
+    def to_frame(self) -> pd.DataFrame:
         """One row per latent: ``latent``, ``frequency`` (share of tokens it fires on), ``dead`` (never fires)
         and ``dense`` (fires on more than ``dense_threshold``); the scalar metrics are in :meth:`summary`."""
         import pandas as pd
@@ -50,7 +54,7 @@ class SAEMetrics:
         return pd.DataFrame({"latent": range(len(f)), "frequency": f, "dead": [v == 0 for v in f],
                              "dense": [v > self.dense_threshold for v in f]})
 
-    def summary(self) -> dict[str, float]:
+    def summary(self) -> dict[str, Any]:
         """The scalar metrics: L0, FVU, MSE, dead and dense fractions, token count."""
         return {"l0": self.l0, "fvu": self.fvu, "mse": self.mse, "dead_fraction": self.dead_fraction,
                 "dense_fraction": self.dense_fraction, "n_tokens": self.n_tokens}
@@ -101,7 +105,7 @@ def evaluate(sae: SAE, x: Float[torch.Tensor, "n d"] | Any, batch_size: int = 40
 
 
 @dataclass
-class CELossRecovered:
+class CELossRecovered(Result):
     """Mean next-token cross-entropy (nats) with the site clean, spliced with the SAE, zero- and mean-
     ablated; ``recovered_*`` = ``(CE_ablated - CE_sae) / (CE_ablated - CE_clean)`` (1 = perfect)."""
 
@@ -113,7 +117,7 @@ class CELossRecovered:
     recovered_mean: float
     n_predictions: int
 
-    def to_frame(self) -> Any:
+    def to_frame(self) -> pd.DataFrame:
         """One row per condition (``clean``, ``sae``, ``zero_ablated``, ``mean_ablated``): ``condition``,
         ``ce`` (nats) and ``recovered`` (the ablations' loss recovered by the SAE; empty for clean and sae)."""
         import pandas as pd

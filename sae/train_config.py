@@ -4,9 +4,13 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from interp.bundle import Result
 from sae.model import SAE
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 # fields that may differ between an interrupted run and its resumption
 _RUNTIME_FIELDS = {"progress", "checkpoint_every", "log_every", "device"}
@@ -79,7 +83,7 @@ class TrainConfig:
 
 
 @dataclass
-class TrainResult:
+class TrainResult(Result):
     """The trained SAE or transcoder (reads raw activations), its history (lists per logged step) and run facts.
     ``fvu`` in the history is of the target (the input for an SAE)."""
 
@@ -93,7 +97,7 @@ class TrainResult:
     meta: dict[str, Any] = field(default_factory=dict)
     target_scale: float | None = None  # a transcoder's target normalisation (None for an SAE)
 
-    def to_frame(self) -> Any:
+    def to_frame(self) -> pd.DataFrame:
         """One row per logged step: ``step``, ``tokens``, ``loss``, ``mse``, ``aux``, ``l0``, ``fvu``, ``dead``
         (fraction of latents counted dead then) and ``lr``."""
         import pandas as pd

@@ -10,8 +10,9 @@ The baselines zero (or mean-ablate) those same MLP outputs, all at once; ``recov
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from interp.bundle import Result
 from interp.forward import Inputs
 from interp.positions import without_first
 from interp.sites import Site
@@ -20,23 +21,26 @@ from sae.quality import CELossRecovered, SAEMetrics, ce_recovered, evaluate
 from sae.transcoder import check_transcoders
 from sae.transcoder_train import capture_pairs, pair_sites
 
+if TYPE_CHECKING:
+    import pandas as pd
+
 
 @dataclass
-class TranscoderQuality:
+class TranscoderQuality(Result):
     """``layers``: :class:`~sae.quality.SAEMetrics` of each layer's transcoder on its MLP output (``fvu``, ``mse``
     of the output; ``l0``, dead and dense fractions of its latents); ``ce``: loss with every MLP replaced."""
 
     layers: dict[int, SAEMetrics]
     ce: CELossRecovered | None = None
 
-    def to_frame(self) -> Any:
+    def to_frame(self) -> pd.DataFrame:
         """One row per layer: ``layer``, ``fvu``, ``mse``, ``l0``, ``dead_fraction``, ``dense_fraction``,
         ``n_tokens`` (the model-wide CE figures are in :attr:`ce` and :meth:`summary`)."""
         import pandas as pd
 
         return pd.DataFrame([{"layer": layer, **m.summary()} for layer, m in sorted(self.layers.items())])
 
-    def summary(self) -> dict[str, float]:
+    def summary(self) -> dict[str, Any]:
         """Mean FVU and dead fraction over the layers, worst FVU, and the CE figures when computed."""
         ms = list(self.layers.values())
         out = {"fvu_mean": sum(m.fvu for m in ms) / len(ms), "fvu_max": max(m.fvu for m in ms),

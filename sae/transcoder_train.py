@@ -13,10 +13,11 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from interp.bundle import Result
 from interp.capturing import capture
 from interp.forward import Inputs
 from interp.positions import without_first
@@ -24,6 +25,9 @@ from interp.sites import Site
 from sae.train_config import TrainConfig, TrainResult
 from sae.trainer import Trainer, train_sae
 from sae.transcoder import Transcoder, TranscoderConfig
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 # The encoder starts at this fraction of the decoder's transpose, so the untrained latents add little noise to the
 # prediction (an SAE's starting point is near the identity; a transcoder's is not). Started at the full transpose,
@@ -106,7 +110,7 @@ def fit_transcoder(data: Any, layer: int = 0, cfg: TrainConfig | None = None, sk
 
 
 @dataclass
-class TranscoderTraining:
+class TranscoderTraining(Result):
     """One :class:`~sae.trainer.TrainResult` per layer; ``transcoders`` are the trained ones by layer."""
 
     results: dict[int, TrainResult]
@@ -118,7 +122,7 @@ class TranscoderTraining:
     def __getitem__(self, layer: int) -> Transcoder:
         return self.transcoders[layer]
 
-    def to_frame(self) -> Any:
+    def to_frame(self) -> pd.DataFrame:
         """One row per layer and logged step: ``layer`` and the columns of :meth:`TrainResult.to_frame` (``fvu``
         is of the MLP output)."""
         import pandas as pd

@@ -20,7 +20,7 @@ import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn as nn
@@ -28,18 +28,22 @@ from jaxtyping import Float
 from torch import Tensor
 
 from interp.arch import has_module
+from interp.bundle import Result
 from interp.coerce import check_width
 from interp.forward import batch_of, forward
 from interp.hooking import count_hooks, module_hooks
 from interp.models import Model, from_hf, offloaded
 from steering._args import Layers, as_tensor, orthonormal, resolve_layers, unit
 
+if TYPE_CHECKING:
+    import pandas as pd
+
 WRITERS = ("embed", "pos_embed", "attn", "mlp", "experts", "shared_expert")
 _NORMED = ("attn", "mlp", "experts", "shared_expert")
 
 
 @dataclass
-class BakeResult:
+class BakeResult(Result):
     """The edited model, what was edited, whether it is exact, and the measured logit error (when measured).
     ``removed``: per weight, the norm fraction an ablation took away; ``added``: per writer, the norm of the
     vector an addition (:func:`steering.bake_addition`) baked in."""
@@ -54,7 +58,7 @@ class BakeResult:
     removed: list[dict[str, Any]] = field(default_factory=list)
     added: list[dict[str, Any]] = field(default_factory=list)
 
-    def to_frame(self) -> Any:
+    def to_frame(self) -> pd.DataFrame:
         """One row per edited weight: ``writer``, ``layer`` (nullable int; none for the embeddings),
         ``parameter`` and ``removed`` (fraction of the weight's Frobenius norm the edit took away), or for a
         baked addition ``norm`` (of the vector added at that writer)."""

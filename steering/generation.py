@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from tqdm.auto import tqdm
 
+from interp.bundle import Result
 from interp.evals.judge import is_refusal
 from interp.forward import KV, batches, cache_kwarg, kv_cache, pad_id, plain_states, prepare, untouched_prefix
 from interp.models import Model
@@ -24,11 +25,14 @@ from steering.decode import can_drop_rows, greedy_rows, lowest_edited_layer
 from steering.rows import RowGroups
 from steering.serve import vllm_token_ids
 
+if TYPE_CHECKING:
+    import pandas as pd
+
 ENGINES = ("hf", "vllm")
 
 
 @dataclass
-class Generations:
+class Generations(Result):
     """Per prompt: the instruction, the formatted prompt, the generated text and its token ids (new tokens
     only, cut at the first end-of-sequence token unless ``stop_at_eos=False``)."""
 
@@ -53,7 +57,7 @@ class Generations:
                              f"['harmless'] * 8; got {groups!r:.60}")
         return [str(g) for g in groups], None if judge is None else [bool(judge(t)) for t in self.texts]
 
-    def to_frame(self, groups: Sequence[str] | None = None, judge: Callable[[str], bool] | None = is_refusal) -> Any:
+    def to_frame(self, groups: Sequence[str] | None = None, judge: Callable[[str], bool] | None = is_refusal) -> pd.DataFrame:
         """One row per prompt: ``prompt_index``, ``group``, ``prompt``, ``response``, ``n_tokens`` and
         ``refusal`` (``judge(response)``, default the phrase judge ``evals.is_refusal``; ``judge=None`` drops it)."""
         import pandas as pd

@@ -13,21 +13,25 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from jaxtyping import Float
 from tqdm.auto import tqdm
 
+from interp.bundle import Result
 from interp.capturing import capture
 from interp.forward import prepare
 from interp.io import content_hash
 from interp.models import Model
 from steering._args import Layers, resolve_kinds, resolve_layers
 
+if TYPE_CHECKING:
+    import pandas as pd
+
 
 @dataclass
-class ResidualNorms:
+class ResidualNorms(Result):
     """Per-layer L2 norms of the residual stream at ``site``: ``mean``, ``std`` and ``max`` ``[n_layers_measured]``
     over ``n_tokens`` token positions of ``n_prompts`` prompts, for ``layers``.
 
@@ -62,7 +66,7 @@ class ResidualNorms:
                              f"steering.residual_norms(model, prompts, layers=[..., {layer}])")
         return float(self.mean[self.layers.index(layer)])
 
-    def to_frame(self) -> Any:
+    def to_frame(self) -> pd.DataFrame:
         import pandas as pd
 
         return pd.DataFrame({"layer": self.layers, "site": self.site, "mean_norm": self.mean.tolist(),

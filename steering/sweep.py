@@ -21,12 +21,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from jaxtyping import Float
 from tqdm.auto import tqdm
 
+from interp.bundle import Result
 from interp.evals.logits import cross_entropy, kl_div
 from interp.forward import batches, forward, last_logits, prepare
 from interp.models import Model
@@ -34,11 +35,14 @@ from steering._args import check_finite
 from steering.applying import apply
 from steering.generation import generate
 
+if TYPE_CHECKING:
+    import pandas as pd
+
 ON = ("text", "logits")
 
 
 @dataclass
-class AlphaSweep:
+class AlphaSweep(Result):
     """``steered [n_alphas]`` and ``random [n_random, n_alphas]`` (random directions of the same strength) of
     ``metric`` at each of ``alphas``, and its ``baseline`` with no intervention, on ``n_prompts`` prompts."""
 
@@ -68,7 +72,7 @@ class AlphaSweep:
         t = getattr(self, name if row is None else f"random_{name}")
         return None if t is None else float(t[i] if row is None else t[row, i])
 
-    def to_frame(self) -> Any:
+    def to_frame(self) -> pd.DataFrame:
         """Long table: one row per (alpha, condition[, seed]), with the baseline as ``condition='baseline'``;
         ``kl`` (mean KL(steered || unsteered), nats) and ``ce`` (nats / token on the reference texts) columns."""
         import pandas as pd

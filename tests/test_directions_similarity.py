@@ -158,7 +158,7 @@ def test_typicality_finds_a_planted_gradient_and_not_a_shuffled_one():
         assert res.per_group[k, 0].item() == pytest.approx(ref, abs=1e-6)  # evals.spearman is float32
     shuffled = list(np.random.default_rng(8).permutation(ratings))
     null = typicality_stats(dist, groups, shuffled, [0], n_perm=200, n_boot=200)
-    assert null.p.item() > 0.05 and "null result" in null.summary()
+    assert null.p.item() > 0.05 and "null result" in null.report() and not null.summary()["above_null"]
     paired = res.compare(null)                                    # same items, seed and n_boot: shared resamples
     assert paired["difference"][0] == pytest.approx(res.pooled.item() - null.pooled.item()) and paired["lo"][0] > 0
     assert (res.compare(res)[["difference", "lo", "hi"]] == 0).all().all()
@@ -200,7 +200,13 @@ def test_category_rsa_on_a_tiny_model_equals_a_plain_hf_forward(tiny_models):
     assert res.r[0].item() == pytest.approx(ref, abs=1e-6)
     frame = res.to_frame()
     assert list(frame["layer"]) == [0, 1] and frame["p"].between(0, 1).all()
-    assert res.plot() is not None and res.plot(layer=1) is not None and "layer" in res.summary()
+    fig = res.plot()  # the null band (one filled trace) under the model's line
+    assert [t.name for t in fig.data][-1] == "model vs target" and fig.layout.xaxis.title.text == "layer"
+    assert list(fig.data[-1].y) == pytest.approx(res.r.tolist()) and list(fig.data[-1].x) == ["0", "1"]
+    rdm = res.plot(layer=1)
+    assert rdm.data[0].type == "heatmap" and list(rdm.data[0].x) == items
+    torch.testing.assert_close(torch.tensor(rdm.data[0].z, dtype=torch.float64), res.rdms[1].double())
+    assert "layer" in res.report() and res.summary()["r"] == pytest.approx(float(res.r.max()))
 
 
 def test_random_init_twin_keeps_the_architecture_and_tokenizer_not_the_weights(tiny_models):
@@ -219,12 +225,23 @@ def test_typicality_and_cross_language_run_on_a_tiny_model(tiny_models):
     items = [w for ws in TINY_CATS.values() for w in ws]
     cats = [c for c, ws in TINY_CATS.items() for _ in ws]
     ty = typicality(model, items, cats, [4, 3, 2, 1] * 3, n_perm=50, n_boot=50)
-    assert ty.per_group.shape == (3, 2) and len(ty.to_frame()) == 2 * 4 and ty.plot() is not None
+    assert ty.per_group.shape == (3, 2) and len(ty.to_frame()) == 2 * 4
+    lines = {t.name: t for t in ty.plot().data}  # band, one thin line per category, pooled, the null's 97.5%
+    assert set(lines) >= {*TINY_CATS, "pooled", "null 97.5%"}
+    assert list(lines["pooled"].y) == pytest.approx(ty.pooled.tolist())
+    for i, g in enumerate(ty.groups):
+        assert list(lines[str(g)].y) == pytest.approx(ty.per_group[i].tolist(), nan_ok=True)
     par = {"en": ["the boy is old", "the water is cold", "my house is big"],
            "xx": ["old is the boy", "cold water it is", "big house is my"]}
     cl = cross_language_similarity(model, par, layers=[1])
     frame = cl.to_frame()
-    assert len(frame) == 2 and set(frame["source"]) == {"en", "xx"} and cl.plot() is not None
+    assert len(frame) == 2 and set(frame["source"]) == {"en", "xx"}
+    fig = cl.plot()  # five cosine lines over three retrieval lines, one point per layer
+    assert len(fig.data) == 8 and fig.layout.annotations[1].text == "retrieval accuracy"
+    means = cl.to_frame(pairs=False).iloc[0]
+    named = {t.name: t.y[0] for t in fig.data}
+    assert named["matched (centred)"] == pytest.approx(means["matched"])
+    assert named["retrieval (centred)"] == pytest.approx(means["retrieval"])
     assert len(cl.to_frame(pairs=False)) == 1 and (frame["chance"] == 1 / 3).all()
 
 
@@ -286,4 +303,4 @@ def test_smollm2_groups_categories_and_its_random_twin_does_not():
     real = category_rsa(smol, data["items"], data["categories"], layers=[9], n_perm=200)
     twin = category_rsa(random_init(smol), data["items"], data["categories"], layers=[9], n_perm=200)
     assert real.r.item() > 0.2 and real.p.item() < 0.01            # measured 0.316 (benchmarks/RESULTS_similarity.md)
-    assert abs(twin.r.item()) < 0.05 and "null result" in twin.summary()
+    assert abs(twin.r.item()) < 0.05 and "null result" in twin.report()

@@ -74,8 +74,9 @@ def test_levels_ordered_band_by_its_rule_and_calibrated(scales):
         assert float(s.slope[j]) == pytest.approx(a, rel=1e-4) and float(s.intercept[j]) == pytest.approx(b, abs=1e-3)
         assert (means[j] - torch.arange(3.0)).abs().max() < 0.35
     assert s.heldout_error.shape == (3, 4) and float(s.heldout_error[:, s.band].mean()) < 0.6
-    summary = scales.summary()
-    assert list(summary.trait) == ["kindness", "goodness"] and summary.band_min_adjacent_d.min() >= 0.3
+    table = scales.table()
+    assert list(table.trait) == list(scales.summary()["traits"])
+    assert list(table.trait) == ["kindness", "goodness"] and table.band_min_adjacent_d.min() >= 0.3
     assert len(scales.to_frame()) == 8 and len(scales.plot().data) == 2 and scales.plot("auroc")
 
 
@@ -174,7 +175,8 @@ def test_decomposition_recovers_a_target_along_one_trait(scales):
     torch.testing.assert_close(dec.coef[:, 0], expected.float(), rtol=1e-3, atol=1e-3)
     assert dec.coef[:, 1].abs().max() < 1e-3 and (dec.r2 > 0.999).all()
     assert (dec.random_r2 < 0.5).all()
-    summ = dec.summary()
+    summ = dec.table()
+    assert dec.summary()["traits"][dec.traits[0]]["coef"] == pytest.approx(summ.coef[0])
     assert summ.excludes_0[0] and summ.lo[0] <= summ.coef[0] <= summ.hi[0] and dec.plot()
     assert len(dec.to_frame()) == 8
 

@@ -139,7 +139,10 @@ def test_value_vectors_equal_a_hand_diff_of_means_and_folds_keep_dilemmas(llama,
     for fold in vv.scores.folds:
         assert not {group_of[i] for i in fold["train"]} & {group_of[i] for i in fold["test"]}
     df = vv.to_frame()
-    assert list(df.layer) == [0, 1] and "auroc" in df and vv.plot() is not None
+    assert list(df.layer) == [0, 1] and "auroc" in df
+    fig = vv.plot()  # held-out AUROC and the shuffled-label control by layer
+    assert [t.name for t in fig.data] == ["held-out AUROC", "shuffled-label control"]
+    assert list(fig.data[0].x) == [0, 1] and list(fig.data[0].y) == pytest.approx(df.auroc.tolist())
 
 
 def test_select_layers_follows_the_stated_rule(llama, dilemmas):
@@ -153,7 +156,11 @@ def test_select_layers_follows_the_stated_rule(llama, dilemmas):
     up = forced_choice(llama, items, steer_at(vv.direction, [sel.layers[0]], 2.0, sel.norms))
     down = forced_choice(llama, items, steer_at(vv.direction, [sel.layers[0]], -2.0, sel.norms))
     assert abs(float(sel.effect[0]) - float(up.p_pole.mean() - down.p_pole.mean()) / 2) < 1e-6
-    assert set(sel.to_frame().columns) >= {"layer", "auroc", "effect", "score", "chosen"} and sel.plot() is not None
+    assert set(sel.to_frame().columns) >= {"layer", "auroc", "effect", "score", "chosen"}
+    fig = sel.plot()  # three panels: AUROC line, effect bars, score bars
+    assert [(t.type, t.name) for t in fig.data] == [("scatter", "AUROC"), ("bar", "effect"), ("bar", "score")]
+    assert list(fig.data[1].y) == pytest.approx(sel.effect.tolist()) and list(fig.data[2].y) == pytest.approx(
+        sel.score.tolist())
 
 
 def test_selective_steering_matches_a_direct_recomputation(llama, dilemmas):
@@ -171,7 +178,12 @@ def test_selective_steering_matches_a_direct_recomputation(llama, dilemmas):
     df = eff.to_frame()
     assert len(df) == 1 + 2 * 3 and (df.low <= df.rate).all() and (df.rate <= df.high).all()
     comp = eff.comparison()
-    assert list(comp.alpha) == [0.0, 1.5] and comp.value_shift[0] == 0 and eff.plot() is not None
+    assert list(comp.alpha) == [0.0, 1.5] and comp.value_shift[0] == 0
+    fig = eff.plot()  # per random vector a band and a line, then the value vector's band and line
+    assert len(fig.data) == 2 * 2 + 2 and fig.data[-1].name == "value vector"
+    assert list(fig.data[-1].x) == [0.0, 1.5] and list(fig.data[-1].y) == pytest.approx(eff.value_rate.tolist())
+    randoms = torch.tensor([list(t.y) for t in fig.data if t.name == "random vector (same norm)"], dtype=torch.float64)
+    torch.testing.assert_close(randoms, eff.random_rate)
 
 
 def test_cross_lingual_and_partisan_compositions(llama, dilemmas):
@@ -182,7 +194,11 @@ def test_cross_lingual_and_partisan_compositions(llama, dilemmas):
     assert xl.target_effect.n == len(xl.study.split["test"]) and xl.target_effect.label == "values-en->fr"
     assert not set(xl.study.split["test"]) & set(xl.study.split["fit"])
     assert {"cosine", "auroc_en", "auroc_fr", "transfer_auroc_en_to_fr"} <= set(xl.to_frame().columns)
-    assert set(xl.comparison().language) == {"en", "fr"} and xl.plot() is not None
+    assert set(xl.comparison().language) == {"en", "fr"}
+    fig = xl.plot()
+    assert [t.name for t in fig.data] == ["cosine (source vs target fit)", "transfer AUROC"]
+    assert list(fig.data[0].y) == pytest.approx(xl.cosine.tolist())
+    assert list(fig.data[1].y) == pytest.approx(xl.transfer_auroc.tolist(), nan_ok=True)
     p = partisan_direction(llama, load_statements(), n_folds=3, top_k=1, n_random=1, alphas=(1.0,), letters=LETTERS,
                            max_items=(8, 10))
     assert not set(p.split["test"]) & set(p.split["fit"]) and (p.selection.n_items, p.effect.n) == (8, 10)

@@ -111,7 +111,7 @@ def test_study_end_to_end_on_a_tiny_model(tiny_models, tmp_path):
     assert len(res.notes) == 3 and all("null" in n for n in res.notes)
     frame = res.to_frame()
     assert len(frame) == 3 * (model.n_layers - 1) and frame.projection_ratio.notna().all()
-    assert "transfer" in res.summary() and "LEACE" in res.summary() and res.language.rank == 2
+    assert "transfer" in res.report() and "LEACE" in res.report() and res.language.rank == 2
     path = write_retention(res, tmp_path / "ret")
     rec = json.loads((tmp_path / "ret" / "retention.json").read_text())
     assert rec["layer"] == res.layer and len(rec["rates"]) == 12 and "<h1>" in path.read_text()
@@ -192,7 +192,7 @@ def test_language_geometry_identity_overlap_and_erasure():
     # offsets), and a random rank-2 erasure barely moves it
     assert (lg.ratio["leace"]["fr"] - lg.ratio["before"]["fr"]).abs().max() < 0.15
     assert (lg.ratio["random"]["fr"] - lg.ratio["before"]["fr"]).abs().max() < 0.15
-    assert len(lg.rows()) == 9
+    assert len(lg.to_frame()) == 9
     with pytest.raises(ValueError, match="source language"):
         language_geometry(acts, [0, 1, 2], "es")
 
@@ -219,7 +219,7 @@ def test_safety_neurons_on_a_tiny_model_match_zeroed_weights(tiny_models):
     with torch.no_grad():
         direct = float(call_metric(metric, last_logits(twin, batch))) - res.baseline["en"]
     assert res.effects[("fr", "en")] == pytest.approx(direct, abs=1e-5)
-    assert len(res.rows()) == len(res.effects)
+    assert len(res.to_frame()) == len(res.effects)
     with pytest.raises(ValueError, match="n_candidates"):
         safety_neurons(model, data, k=5, n_candidates=2)
 
@@ -233,7 +233,7 @@ def test_pathways_patch_the_post_instruction_tokens(tiny_models):
     assert k >= 1
     res = refusal_pathways(model, data, batch_size=8)
     assert res.restored["fr"].shape == (model.n_layers, len(SITES)) and res.n_pairs == 3 and res.n_positions == k
-    assert len(res.rows()) == model.n_layers * len(SITES)
+    assert len(res.to_frame()) == model.n_layers * len(SITES)
     gap = res.source_score["fr"] - res.target_score["fr"]
     assert abs(gap) > 1e-6 and torch.isfinite(res.restored["fr"]).all()
     # layer 0's input at the post-instruction tokens is their embedding, the same template tokens in both
@@ -250,7 +250,7 @@ def test_pathways_patch_the_post_instruction_tokens(tiny_models):
     torch.testing.assert_close(res.restored["fr"], (vals - t) / (s - t), atol=1e-4, rtol=1e-4)
     ci = res.intervals["fr"]
     assert res.n_boot == 1000 and set(ci) == {"restored", "control", "excess"}
-    row = res.rows()[4]   # layer 1, attn_out
+    row = res.to_frame().iloc[4]   # layer 1, attn_out
     assert row["restored_lo"] <= row["restored"] + 1e-6 and row["restored"] <= row["restored_hi"] + 1e-6
     assert row["excess"] == pytest.approx(row["restored"] - row["control"])
     assert not refusal_pathways(model, data, batch_size=8, n_boot=0).intervals

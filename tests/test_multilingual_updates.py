@@ -71,7 +71,7 @@ def test_update_beside_a_random_set_of_the_same_size(tiny_models, kind, units):
                                                                                            r["set"])]
         assert len(recs) == r["n"] == len(data.get(r["set"], "test", r["lang"]))
         assert r["k"] == sum(g["refused"] for g in recs) and 0 <= r["low"] <= r["rate"] <= r["high"] <= 1
-    assert any("found" in n for n in res.notes) and "pooled harmful" in res.summary()
+    assert any("found" in n for n in res.notes) and "pooled harmful" in res.report()
     assert res.record()["units"]["found"] == [list(u) for u in units]
     again = restricted_update(model, data, kind, units, CFG, before=res)   # the before measurement reused, not redone
     assert [r for r in again.rates if r["condition"] == "before"] == [r for r in res.rates if r["condition"] == "before"]

@@ -25,7 +25,7 @@ def test_grouped_control_on_contrastive_pairs(one_first, method):
     X, y, groups = pairs(one_first=one_first)
     res = probes.cross_validate(X, y, groups=groups, n_folds=5, method=method)
     assert res.control_accuracy is not None and res.control_auroc is not None
-    summary = res.summary()
+    summary = res.by_site()
     assert {"control_accuracy", "control_auroc", "selectivity"} <= set(summary.columns)
     assert (res.mean("auroc") > 0.85).all()
     assert ((res.control_auroc.nanmean(0) - 0.5).abs() < 0.15).all(), res.control_auroc
@@ -114,4 +114,4 @@ def test_undefined_d_in_a_fold_is_nan_not_a_crash():
                 probes.erasure_cv(X, y, groups=groups, n_folds=2).before):
         assert torch.isnan(res.cohens_d[1]).all() and torch.isfinite(res.cohens_d[0]).all()
         assert torch.isfinite(res.mean("cohens_d")).all() and torch.isfinite(res.auroc).all()
-        assert res.summary()["cohens_d_std"].eq(0).all()                 # one defined fold: no spread
+        assert res.by_site()["cohens_d_std"].eq(0).all()                 # one defined fold: no spread

@@ -30,7 +30,7 @@ def test_every_to_frame_has_sorted_layer_column():
     cv = probes.cross_validate(acts, n_folds=3)
     frames = {
         "ProbeScores": (cv.to_frame(), ["metric", "fold"]),
-        "ProbeScores.summary": (cv.summary(), []),
+        "ProbeScores.by_site": (cv.by_site(), []),
         "DirectionScores": (probes.evaluate_direction(held, direction=direction).to_frame(), []),
         "Direction": (direction.to_frame(), []),
         "Subspace": (probes.subspace.pca_subspace(acts, k=2).to_frame(), ["component"]),
@@ -46,4 +46,4 @@ def test_every_to_frame_has_sorted_layer_column():
             _sorted_by_layer(frame, within)
         except AssertionError as err:
             raise AssertionError(f"{name}.to_frame: {err}") from err
-    assert cv.summary()["site"].tolist() == [SITES[2], SITES[1], SITES[0]]
+    assert cv.by_site()["site"].tolist() == [SITES[2], SITES[1], SITES[0]]

@@ -64,9 +64,17 @@ def test_cv_with_groups_reports_samples_and_selectivity():
         assert not tr & te
     frame = res.to_frame()
     assert {"fold", "site", "metric", "value"} <= set(frame.columns)
-    summary = res.summary()
-    assert len(summary) == 3 and "auroc_std" in summary
-    assert res.plot() is not None
+    by_site = res.by_site()
+    assert len(by_site) == 3 and "auroc_std" in by_site
+    s = res.summary()  # the best layer's mean scores
+    assert s["best_site"] == res.sites[res.best_layer()]
+    assert s["auroc"] == pytest.approx(float(res.auroc[:, res.best_layer()].mean()))
+    fig = res.plot()  # per metric a +-1 std band and the mean line over folds
+    lines = [t for t in fig.data if t.mode == "lines+markers"]
+    assert [t.name for t in lines] == ["accuracy", "auroc", "control_accuracy"] and len(fig.data) == 6
+    for t in lines:
+        assert list(t.y) == pytest.approx(getattr(res, t.name).mean(0).tolist())
+    assert fig.layout.xaxis.title.text == "site" and fig.layout.yaxis.title.text == "held-out score"
     assert 0 <= res.best_layer() < 3
 
 
@@ -106,7 +114,12 @@ def test_transfer_matrix():
     assert (m[0, 2] - 0.5).abs() < 0.15 and (m[2, 0] - 0.5).abs() < 0.15
     assert res.lodo.mean(-1)[0] > 0.9 and res.lodo.mean(-1)[2] < 0.7
     assert len(res.to_frame()) == 2 * (9 + 3)
-    assert res.plot() is not None
+    fig = res.plot(layer=1)  # train x test AUROC at layer 1, and the leave-one-out row
+    assert len(fig.data) == 1 and fig.data[0].type == "heatmap"
+    assert list(fig.data[0].y) == ["train a", "train b", "train c", "train all but column"]
+    z = torch.tensor(fig.data[0].z, dtype=torch.float64)
+    torch.testing.assert_close(z[:3], res.matrix[:, :, 1].double())
+    torch.testing.assert_close(z[3], res.lodo[:, 1].double())
 
 
 def test_rank_ablation_inside_folds():
@@ -124,7 +137,10 @@ def test_rank_ablation_inside_folds():
     acc = res.accuracy.mean(1)[:, 0]
     assert acc[0] > 0.75 and acc[1] < acc[0] - 0.03 and acc[2] < acc[1] - 0.03, acc
     assert (acc[3] - 0.5).abs() < 0.08                                   # rank 4 removes every axis
-    assert len(res.to_frame()) == 4 and res.plot() is not None
+    assert len(res.to_frame()) == 4
+    fig = res.plot(layer=0)  # accuracy and AUROC against k, mean over folds
+    assert [t.name for t in fig.data] == ["accuracy", "auroc"] and list(fig.data[0].x) == [0, 1, 2, 4]
+    assert list(fig.data[0].y) == pytest.approx(acc.tolist()) and fig.layout.xaxis.title.text.startswith("components")
 
 
 def test_rank_ablation_refuses_leaky_subspace():

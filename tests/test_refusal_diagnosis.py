@@ -6,14 +6,13 @@ import json
 import math
 
 import pytest
+import scipy.stats as scipy_stats  # the oracle: scipy comes with scikit-learn (the [oracles] extra, in [dev])
 
 from interp.evals.rates import fisher_greater, rate, wilson
 from interp.studies.kit.config import SelectionConfig
 from interp.studies.kit.stages import RefusalTokens
 from interp.studies.refusal import RefusalConfig, run_refusal
 from interp.studies.refusal.diagnosis import diagnose, effect_check, effect_notes, relaxed_notes
-
-scipy_stats = pytest.importorskip("scipy.stats", reason="scipy (with scikit-learn, the [oracles] extra) is the oracle")
 
 
 @pytest.mark.parametrize("k,n", [(0, 10), (3, 10), (10, 10), (29, 32), (1, 64), (37, 100)])

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
@@ -30,10 +29,7 @@ def _organism_present() -> None:
 def aligned_run(tmp_path_factory):
     _organism_present()
     out = tmp_path_factory.mktemp("runs") / "aligned"
-    t0 = time.perf_counter()
-    res = run_refusal(RefusalConfig.from_flat(model="organism", save_model=True), out)
-    res.seconds = time.perf_counter() - t0
-    return res
+    return run_refusal(RefusalConfig.from_flat(model="organism", save_model=True), out)
 
 
 def test_aligned_organism_direction_is_causal_both_ways(aligned_run):
@@ -72,15 +68,12 @@ def test_outputs_written_and_resumable(aligned_run):
     from transformers import AutoModelForCausalLM
 
     AutoModelForCausalLM.from_pretrained(out / "model")
-    # a second run over the same folder recomputes nothing
-    t0 = time.perf_counter()
-    again = run_refusal(RefusalConfig.from_flat(model="organism", save_model=True), out)
+    # a second run over the same folder recomputes nothing: every stage loads from the cache, no forward runs
+    # (the main job's wall time is a figure of benchmarks/bench_refusal.py, not a test)
+    with _ForwardCount() as fc:
+        again = run_refusal(RefusalConfig.from_flat(model="organism", save_model=True), out)
     assert again.metrics["selection"] == aligned_run.metrics["selection"]
-    assert time.perf_counter() - t0 < aligned_run.seconds
-
-
-def test_main_job_fits_the_time_budget(aligned_run):
-    assert aligned_run.seconds < 180, f"main job took {aligned_run.seconds:.0f} s"
+    assert again.computed == [] and fc.n == 0, (again.computed, fc.n)
 
 
 def test_base_organism_has_no_direction(tmp_path):
@@ -135,7 +128,7 @@ class _ForwardCount:
 
 
 def test_new_threshold_reselects_from_cached_scores(aligned_run, tmp_path):
-    """Changing --induce-threshold on a finished run re-runs selection only: no scoring forward, seconds."""
+    """Changing --induce-threshold on a finished run re-runs selection only: no forward at all."""
     import shutil
 
     import interp
@@ -144,12 +137,10 @@ def test_new_threshold_reselects_from_cached_scores(aligned_run, tmp_path):
     shutil.copytree(aligned_run.out, out)
     model = interp.load_model("organism")
     base = aligned_run.metrics["selection"]
-    t0 = time.perf_counter()
     with _ForwardCount() as fc:
         same = run_refusal(RefusalConfig.from_flat(model="organism", save_model=True, induce_threshold=1.0), out,
                            model=model)
     assert same.computed == ["selection"] and fc.n == 0, (same.computed, fc.n)
-    assert time.perf_counter() - t0 < 30
     assert (same.metrics["selection"]["layer"], same.metrics["selection"]["position"]) == (base["layer"],
                                                                                            base["position"])
     assert same.metrics["selection"]["passing"]["induce"] <= base["passing"]["induce"]

@@ -21,7 +21,8 @@ def test_aligned_latents_find_the_planted_decoder_vector(sae):
 
 
 def test_auroc_matches_sklearn_with_ties():
-    sk = pytest.importorskip("sklearn.metrics")
+    import sklearn.metrics as sk  # the [oracles] extra, in [dev]: never skipped
+
     g = torch.Generator().manual_seed(1)
     a = torch.relu(torch.randn(40, 6, generator=g) + 0.3).round(decimals=1)  # many ties, many zeros
     b = torch.relu(torch.randn(55, 6, generator=g)).round(decimals=1)

@@ -6,13 +6,13 @@ import warnings
 from pathlib import Path
 
 import pytest
+import sae_lens  # noqa: F401  a core dependency: a broken install fails here, it is never skipped
 import torch
 
 import sae
 from sae.model import SAE, SAEConfig
 from sae.saelens_io import save_saelens
 
-pytest.importorskip("sae_lens")
 warnings.filterwarnings("ignore", module="sae_lens")
 
 REV = "0123456789abcdef0123456789abcdef01234567"

@@ -6,12 +6,12 @@ import json
 import warnings
 
 import pytest
+import sae_lens  # a core dependency (pyproject): a broken install fails, it is never skipped
 import torch
 
 from sae.model import SAE, SAEConfig
 from sae.saelens_io import load_saelens, save_saelens
 
-sae_lens = pytest.importorskip("sae_lens")
 warnings.filterwarnings("ignore", module="sae_lens")
 
 

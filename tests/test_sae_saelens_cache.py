@@ -23,7 +23,6 @@ def _saelens_reader(path: str, context_size: int, d_in: int, rows: int):
 
 
 def test_export_reads_back_equal_through_saelens(tiny_models, tmp_path):
-    pytest.importorskip("sae_lens")
     store = interp.capture(tiny_models("llama"), mixed_prompts(10, seed=2), sites="resid_post", positions="all",
                            batch_size=3, chat=False, sort_by_length=True, out=tmp_path / "st", progress=False)
     tokens = torch.cat([s.flat_tokens(SITE) for s in store.iter_shards()])  # the store's row order

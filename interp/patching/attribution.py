@@ -11,10 +11,11 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from interp.bundle import Result
 from interp.models import Model
 from interp.patching.activation import Edit, prepare_patching, run_variants, sweep_heads, sweep_positions
 from interp.patching.measures import Metric, call_metric, metric_name
@@ -23,11 +24,14 @@ from interp.patching.results import Sweep
 from interp.patching.runs import PromptPairs, check_pairs, check_run, gather_aligned, run_with_capture
 from interp.sites import Site, expand_sites
 
+if TYPE_CHECKING:
+    import pandas as pd
+
 DEFAULT_KINDS = ("resid_pre", "attn_out", "mlp_out", "attn_z", "mlp_post")
 
 
 @dataclass
-class Attribution:
+class Attribution(Result):
     """Estimated metric after patching each cell. ``sweeps[kind]``: ``[L, P]`` for whole sites, ``[L, H]`` for
     ``attn_z`` and ``[L, d_mlp]`` for ``mlp_post`` (summed over positions, i.e. patching every aligned position);
     ``per_position[kind]``: the unsummed ``[L, P, (H | d_mlp)]`` deltas."""
@@ -42,7 +46,7 @@ class Attribution:
             raise KeyError(f"no attribution for {kind!r}; computed: {list(self.sweeps)}")
         return self.sweeps[kind]
 
-    def to_frame(self) -> Any:
+    def to_frame(self) -> pd.DataFrame:
         """Every kind's sweep in one long frame: ``kind``, ``layer``, then ``position`` / ``head`` / ``neuron``
         (whichever the kind has; nullable integers, empty for the kinds without it), ``value`` (estimated
         metric), ``delta`` and ``normalized``."""
@@ -131,7 +135,7 @@ def pearson(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 @dataclass
-class AttributionCheck:
+class AttributionCheck(Result):
     """Attribution estimates against exact patching, per site kind (both as metric deltas)."""
 
     exact: dict[str, torch.Tensor]
@@ -144,7 +148,7 @@ class AttributionCheck:
         return [{"site": k, "n": int(self.exact[k].numel()), "pearson_r": self.r[k], "max_abs_err": self.max_abs_err[k]}
                 for k in self.exact]
 
-    def to_frame(self) -> Any:
+    def to_frame(self) -> pd.DataFrame:
         """One row per checked cell: ``kind``, ``cell`` (its index among the kind's checked cells: the flattened
         grid, or the checked neurons), ``exact`` and ``estimate`` (metric deltas) and ``error`` (estimate - exact)."""
         import pandas as pd

@@ -14,16 +14,20 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from interp.bundle import Result
 from interp.forward import forward
 from interp.models import Model
 from interp.patching.graph_result import AttributionGraph
 from interp.patching.graph_targets import Readout
 from interp.patching.replacement import ReplacementModel, ReplacementRun, check_transcoder
 from sae.transcoder import Transcoder
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 MODES = ("linear", "replacement", "real")
 
@@ -120,7 +124,7 @@ class DecoderEdit:
 
 
 @dataclass
-class InterventionResult:
+class InterventionResult(Result):
     """Each target's value ``before`` and ``after`` the edits in one ``mode``; ``predicted`` is the graph's
     direct-effect prediction ``sum_f (new_f - old_f) * A[t, f] / old_f`` (NaN where an edited feature is not a
     node of the graph, or was inactive)."""
@@ -136,7 +140,7 @@ class InterventionResult:
     def delta(self) -> torch.Tensor:
         return self.after - self.before
 
-    def to_frame(self) -> Any:
+    def to_frame(self) -> pd.DataFrame:
         """One row per target: ``target, before, after, delta, predicted``."""
         import pandas as pd
 

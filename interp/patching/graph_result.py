@@ -16,11 +16,14 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from interp.bundle import Provenance, read_object, register_kind, save_object
+from interp.bundle import Provenance, Result, read_object, register_kind, save_object
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 KIND = "patching.AttributionGraph"
 
@@ -60,7 +63,7 @@ def cover(scores: torch.Tensor, fraction: float) -> torch.Tensor:
 
 
 @dataclass
-class AttributionGraph:
+class AttributionGraph(Result):
     """Direct effects among the nodes of one prompt (see the module docstring for the node order).
 
     ``features [n_f, 3]`` (layer, position, feature id), ``activations [n_f]``. Per node row: ``values`` (a
@@ -199,7 +202,7 @@ class AttributionGraph:
         return [{"node": i, "feature": None, "activation": None, **r, "influence": infl[i],
                  "kept": bool(self.node_mask[i])} for i, r in enumerate(rows)]
 
-    def to_frame(self, table: str = "nodes", pruned: bool = True) -> Any:
+    def to_frame(self, table: str = "nodes", pruned: bool = True) -> pd.DataFrame:
         """``"nodes"``: one row per node (:meth:`node_rows`); ``"edges"``: ``source, target, weight`` per non-zero
         edge (``source_label``, ``target_label`` beside). ``pruned``: only kept nodes / edges. pandas frames."""
         import pandas as pd

@@ -11,12 +11,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn as nn
 from jaxtyping import Float
 
+from interp.bundle import Result
 from interp.chat import Batch
 from interp.forward import batch_of, last_logits
 from interp.hooking import hooks
@@ -27,6 +28,9 @@ from interp.patching.measures import Metric, call_metric, metric_name
 from interp.patching.results import Sweep
 from interp.patching.runs import Prompts, run_with_capture
 from interp.sites import Site, resolve_layers
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 def _layers(model: Model, layers: Sequence[int] | None) -> list[int]:
@@ -59,7 +63,7 @@ def rms_multiplier(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 
 @dataclass
-class HeadOutputs:
+class HeadOutputs(Result):
     """``per_head [n, L, T, H, d]``: what each head writes (padding positions included, see ``mask``);
     ``bias [n, L, T, d]``: the part no head owns (output bias, through the post-norm); ``attn_out`` the
     captured attention output, so ``per_head.sum(-2) + bias == attn_out``."""
@@ -77,7 +81,7 @@ class HeadOutputs:
         """``[n, L, T, H]``: the L2 norm of each head's write at each position."""
         return self.per_head.norm(dim=-1)
 
-    def to_frame(self) -> Any:
+    def to_frame(self) -> pd.DataFrame:
         """One row per real token, layer and head: ``prompt``, ``layer``, ``position`` (index in the padded
         batch), ``head``, ``norm`` (of the head's write) and ``share`` (that norm over the sum of all heads'
         norms at that token; the direction-free share of the attention output it carries)."""

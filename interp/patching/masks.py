@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from interp.bundle import Result
 from interp.forward import batch_of, last_logits
 from interp.hooking import HookContext
 from interp.models import Model
@@ -21,9 +22,12 @@ from interp.patching.progress import progress_bar
 from interp.patching.runs import Prompts
 from interp.sites import Site, parse_site
 
+if TYPE_CHECKING:
+    import pandas as pd
+
 
 @dataclass
-class MaskResult:
+class MaskResult(Result):
     """``scores [L, C]``: learned ablation strength in [0, 1] per head / neuron (higher: ablating it moves the
     metric more); ``history``: per-step metric, loss and number of components above 0.5."""
 
@@ -47,7 +51,7 @@ class MaskResult:
     def selected(self, threshold: float = 0.5) -> list[tuple[int, int]]:
         return [(la, c) for la, c, s in self.ranking() if s > threshold]
 
-    def to_frame(self, threshold: float = 0.5) -> Any:
+    def to_frame(self, threshold: float = 0.5) -> pd.DataFrame:
         """One row per component: ``layer``, ``head`` (or ``neuron``), ``score``, ``rank`` (0 = highest) and
         ``selected`` (score above ``threshold``); the per-step history is :meth:`history_frame`."""
         import pandas as pd

@@ -7,11 +7,12 @@ import itertools
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from jaxtyping import Float
 
+from interp.bundle import Result
 from interp.evals.controls import matched_random
 from interp.forward import batch_of, last_logits
 from interp.hooking import hooks
@@ -21,6 +22,9 @@ from interp.patching.heads import ablation_sweep
 from interp.patching.measures import Metric, call_metric, metric_name
 from interp.patching.runs import Prompts, run_with_capture
 from interp.sites import Site, parse_site, resolve_layers
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 Neuron = tuple[int, int]
 
@@ -72,7 +76,7 @@ def neuron_acts(model: Model, prompts: Prompts, layers: Sequence[int] | None = N
 
 
 @dataclass
-class NeuronContrast:
+class NeuronContrast(Result):
     """Per-neuron statistics of prompt sets ``a`` and ``b``: means, standard deviations ``[L, D]``, the mean
     difference ``a - b`` and the effect size (difference over the pooled standard deviation)."""
 
@@ -106,7 +110,7 @@ class NeuronContrast:
     def select(self, k: int = 20, by: str = "effect", sign: str = "abs") -> set[Neuron]:
         return {(la, i) for la, i, _ in self.top(k, by, sign)}
 
-    def to_frame(self) -> Any:
+    def to_frame(self) -> pd.DataFrame:
         """One row per neuron: ``layer``, ``neuron``, ``mean_a``, ``mean_b``, ``std_a``, ``std_b``, ``diff``
         and ``effect``."""
         import pandas as pd
@@ -150,7 +154,7 @@ def ablate_neurons(model: Model, neurons: Iterable[Neuron], mode: str = "zero",
 
 
 @dataclass
-class NeuronEffect:
+class NeuronEffect(Result):
     """Metric with each neuron ablated alone (``values``, in the order of ``neurons``) and all together."""
 
     neurons: list[Neuron]
@@ -175,7 +179,7 @@ class NeuronEffect:
         d = self.delta
         return [(*self.neurons[i], float(d[i])) for i in d.abs().argsort(descending=True)[:k].tolist()]
 
-    def to_frame(self) -> Any:
+    def to_frame(self) -> pd.DataFrame:
         """One row per ablated neuron: ``layer``, ``neuron``, ``value`` (metric), ``delta`` and ``control``
         (true for the random control neurons); the joint ablation and the baseline are in ``frame.attrs``."""
         import pandas as pd
@@ -234,7 +238,7 @@ def random_neurons(chosen: list[Neuron], d_mlp: int, n: int, seed: int) -> list[
 
 
 @dataclass
-class NeuronOverlap:
+class NeuronOverlap(Result):
     """Overlaps of named neuron sets: sizes, pairwise intersections and Jaccard indices ``[C, C]``, the neurons
     common to all, and those unique to each."""
 
@@ -245,7 +249,7 @@ class NeuronOverlap:
     common: set[Neuron]
     unique: dict[str, set[Neuron]]
 
-    def to_frame(self) -> Any:
+    def to_frame(self) -> pd.DataFrame:
         """One row per (condition, neuron) in the sets: ``condition``, ``layer``, ``neuron``, ``common`` (in
         every set) and ``unique`` (in this condition's set only), sorted by condition, layer, neuron."""
         import pandas as pd

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from interp.bundle import Result
+
+if TYPE_CHECKING:
+    import pandas as pd
+
 
 @dataclass
-class Sweep:
+class Sweep(Result):
     """``values[i, j]``: the metric after patching row ``i`` (a layer), column ``j`` (a position, head, ...).
 
     ``baseline`` is the unpatched target run's metric and ``reference`` the source run's, so
@@ -70,7 +75,7 @@ class Sweep:
         arr = self.values.detach().cpu().numpy()
         return arr if dtype is None else arr.astype(dtype)
 
-    def to_frame(self, wide: bool = False, normalized: bool = False) -> Any:
+    def to_frame(self, wide: bool = False, normalized: bool = False) -> pd.DataFrame:
         """One row per cell: ``{row_name}`` and ``{col_name}`` (e.g. ``layer``, ``position``; integers, so layer
         10 sorts after layer 2), ``value``, ``delta`` and, with a reference, ``normalized``. Labels that are not
         integers (token labels, site kinds) go to ``{name}_label`` beside an integer index. ``wide=True``: the

@@ -9,13 +9,17 @@ import copy
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn as nn
 
+from interp.bundle import Result
 from interp.models import Model
 from interp.patching.progress import progress_bar
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 BLOCK_PARTS = ("attn", "mlp", "norms", "block")
 GLOBAL_PARTS = ("embed", "final_norm", "unembed")
@@ -152,7 +156,7 @@ def transplanted(target: Model, source: Model, layers: Sequence[int], parts: Seq
 
 
 @dataclass
-class TransplantSearch:
+class TransplantSearch(Result):
     """Greedy search result: ``trajectory[i]`` is the candidate added at step ``i`` and the score after it;
     ``chosen`` the candidates kept; ``baseline`` the target's score, ``source_score`` the source's."""
 
@@ -167,7 +171,7 @@ class TransplantSearch:
     def best(self) -> float:
         return max([self.baseline] + [t["score"] for t in self.trajectory])
 
-    def to_frame(self) -> Any:
+    def to_frame(self) -> pd.DataFrame:
         """One row per greedy step: ``step``, ``part``, ``first_layer`` / ``last_layer`` (nullable ints; none
         for global parts), ``layers`` (as text), ``score``, ``gain`` and ``tried`` (candidates scored)."""
         import pandas as pd

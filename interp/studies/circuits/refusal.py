@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from interp.bundle import Result
 from interp.evals.controls import matched_random
 from interp.evals.judge import Judge
 from interp.evals.rates import fisher_greater
@@ -35,11 +36,14 @@ from interp.studies.kit.runs import refusal_rate
 from sae.edits import TranscoderAblation
 from sae.model import SAE
 
+if TYPE_CHECKING:
+    import pandas as pd
+
 Feature = tuple[int, int]
 
 
 @dataclass
-class RefusalCircuit:
+class RefusalCircuit(Result):
     """``features``: one row per ranked feature (``layer``, ``feature``, ``influence`` summed over prompts,
     ``prompts`` it is a node in, ``cos_direction``, ``direct`` (summed direct edge to the target), ``chosen`` (one
     of the features ablated) and, when diff latents were given, ``cos_diff``); ``rates``: one row per condition; ``test``: Fisher's exact p of the top
@@ -55,7 +59,7 @@ class RefusalCircuit:
     def top(self) -> list[Feature]:
         return [(r["layer"], r["feature"]) for r in self.features if r["chosen"]]
 
-    def to_frame(self, which: str = "features") -> Any:
+    def to_frame(self, which: str = "features") -> pd.DataFrame:
         """``which='features'`` (the ranking) or ``'rates'`` (the ablation test)."""
         import pandas as pd
 

@@ -13,13 +13,15 @@ the answer is generated from). Each question's cued and uncued copies share one 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 import probes
+from interp.bundle import Result
 from interp.capturing import capture
 from interp.chat import has_chat_template
 from interp.evals.metrics import auroc
@@ -30,6 +32,9 @@ from interp.studies.directions.biases_overlap import bias_overlap
 from probes._choice import LayerChoice
 from probes.objects import Direction, Subspace
 from probes.subspace import mean_diff_subspace
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 @dataclass
@@ -90,7 +95,7 @@ class BiasProbe:
 
 
 @dataclass
-class BiasFamily:
+class BiasFamily(Result):
     """The bias directions of one model: ``probes[bias]`` (:class:`BiasProbe`), on shared ``sites``."""
 
     model_id: str
@@ -105,7 +110,7 @@ class BiasFamily:
     def direction(self, bias: str) -> Direction:
         return self.probes[bias].direction
 
-    def to_frame(self) -> Any:
+    def to_frame(self) -> pd.DataFrame:
         """One row per (bias, site): AUROC (mean, std), shuffled control, lexical baseline, LODO (worst / mean
         source), whether the site is the chosen layer, and the bias's flags."""
         import pandas as pd
@@ -122,10 +127,15 @@ class BiasFamily:
                              "transfers": p.transfers, "n_items": p.n_items})
         return pd.DataFrame(rows)
 
-    def summary(self) -> Any:
+    def at_best_layer(self) -> pd.DataFrame:
         """One row per bias at its chosen layer (the figures to report)."""
         df = self.to_frame()
         return df[df["best"]].reset_index(drop=True)
+
+    def summary(self) -> dict[str, Any]:
+        """Headline numbers: per bias, :meth:`at_best_layer`'s row (JSON-ready)."""
+        rows = json.loads(self.at_best_layer().to_json(orient="records"))
+        return {"model_id": self.model_id, "biases": {r.pop("bias"): r for r in rows}}
 
     def overlap(self, layer: int | None = None) -> Any:
         """Cosines and principal angles between the biases' directions / subspaces (see ``biases_overlap``)."""

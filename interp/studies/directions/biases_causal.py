@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 import steering
+from interp.bundle import Result
 from interp.chat import has_chat_template
 from interp.evals.choice import chosen, letter_ids
 from interp.evals.rates import fisher_greater, rate
@@ -22,6 +23,9 @@ from interp.models import Model
 from interp.readout import logits
 from interp.studies.directions.biases import BiasFamily
 from interp.studies.directions.biases_items import BiasItem
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 def choose_options(model: Model, prompts: Sequence[str], letters: Sequence[str], chat: bool = True,
@@ -33,7 +37,7 @@ def choose_options(model: Model, prompts: Sequence[str], letters: Sequence[str],
 
 
 @dataclass
-class BiasCausal:
+class BiasCausal(Result):
     """Recovery of the uncued answer when the bias direction is subtracted, on the ``n_flipped`` items the cue
     moved (of ``n_items``), vs ``n_random`` same-norm random directions; ``p_value``: one-sided Fisher test that
     the direction recovers more often than the pooled random controls. A null (nothing flipped) has ``n_flipped=0``."""
@@ -76,7 +80,7 @@ class BiasCausal:
                 "still_cued": rate(self.still_cued)["rate"], "fisher_p": self.p_value, "null": self.null,
                 "added_norm": {k: round(v, 2) for k, v in self.added_norms.items()}}
 
-    def to_frame(self) -> Any:
+    def to_frame(self) -> pd.DataFrame:
         import pandas as pd
 
         rows = [{"condition": "bias direction", "seed": None, **rate(self.recovered)}]

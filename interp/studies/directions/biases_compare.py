@@ -9,19 +9,23 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from interp.bundle import Result
 from interp.models import Model
 from interp.sites import parse_site
 from interp.studies.directions.biases import BiasConfig, BiasFamily, bias_directions
 from interp.studies.directions.biases_items import BiasItem
 from probes.compare import cosine_by_layer, cosine_matrix
 
+if TYPE_CHECKING:
+    import pandas as pd
+
 
 @dataclass
-class CheckpointComparison:
+class CheckpointComparison(Result):
     """Two checkpoints of one family on the same items and layers: ``cosine [B, n_layers]`` between their
     direction for each bias, ``cross [B, B]`` (checkpoint a's bias i vs b's bias j at ``cross_site``) and both
     families (their AUROC, LODO and flags)."""
@@ -36,7 +40,7 @@ class CheckpointComparison:
     b: BiasFamily
     chance: float
 
-    def to_frame(self) -> Any:
+    def to_frame(self) -> pd.DataFrame:
         """One row per (bias, site): the cosine between checkpoints and each checkpoint's held-out AUROC there."""
         import pandas as pd
 

@@ -8,16 +8,20 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from interp.bundle import Result
 from probes.compare import cosine_matrix
 from probes.subspace import principal_angles
 
+if TYPE_CHECKING:
+    import pandas as pd
+
 
 @dataclass
-class BiasOverlap:
+class BiasOverlap(Result):
     """At one ``site``: ``cosine [B, B]`` of the biases' difference-of-means directions and ``angles [B, B, k]``
     (degrees) between their rank-``k`` subspaces (one difference of means per source dataset); ``chance``:
     the typical |cosine| of two random directions of this width, ``sqrt(2 / (pi d))``."""
@@ -28,7 +32,7 @@ class BiasOverlap:
     angles: torch.Tensor | None
     chance: float
 
-    def to_frame(self) -> Any:
+    def to_frame(self) -> pd.DataFrame:
         import pandas as pd
 
         rows = []

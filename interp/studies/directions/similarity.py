@@ -20,6 +20,7 @@ from typing import Any
 import pandas as pd
 import torch
 
+from interp.bundle import Result
 from interp.models import Model
 from interp.studies.directions.similarity_data import category_matrix, item_activations
 from interp.viz.directions_similarity import rdm_heatmap, rsa_by_layer
@@ -45,7 +46,7 @@ def format_items(items: Sequence[str], template: str) -> list[str]:
 
 
 @dataclass
-class RSAResult:
+class RSAResult(Result):
     """RSA by layer: ``r [L]`` (model RDM vs target), permutation ``p [L]``, family-wise ``p_fwe [L]`` (max over layers),
     ``null [n_perm, L]``, the model ``rdms [L, n, n]``, the ``target [n, n]`` (the raters' mean when repeated) and
     the noise ceiling ``(lower, upper)`` or None."""
@@ -74,7 +75,14 @@ class RSAResult:
     def best_layer(self) -> int:
         return self.layers[int(torch.nan_to_num(self.r, nan=-2.0).argmax())]
 
-    def summary(self) -> str:
+    def summary(self) -> dict[str, Any]:
+        """Headline numbers: the best layer, its r, p and family-wise p, and whether it beats the null."""
+        k = self.layers.index(self.best_layer())
+        return {"best_layer": self.layers[k], "r": float(self.r[k]), "p": float(self.p[k]),
+                "p_fwe": float(self.p_fwe[k]), "above_null": bool(self.p_fwe[k] < 0.05), "method": self.method,
+                "metric": self.metric, "n_perm": int(self.null.shape[0])}
+
+    def report(self) -> str:
         """One line: the best layer's figure and whether any layer beats the null after the family-wise correction."""
         k = self.layers.index(self.best_layer())
         verdict = ("above the permutation null" if self.p_fwe[k] < 0.05 else

@@ -19,6 +19,7 @@ from typing import Any
 import pandas as pd
 import torch
 
+from interp.bundle import Result
 from interp.evals.rates import wilson
 from interp.models import Model
 from interp.studies.directions.similarity_data import MEAN_AFTER_FIRST, item_activations
@@ -61,7 +62,7 @@ def language_stats(acts: Mapping[str, torch.Tensor], seed: int = 0) -> dict[tupl
 
 
 @dataclass
-class CrossLanguageSimilarity:
+class CrossLanguageSimilarity(Result):
     """Per ordered language pair, ``stats[(source, target)] [len(KEYS), L]`` (rows named by :data:`KEYS`); ``n``
     sentences per language."""
 

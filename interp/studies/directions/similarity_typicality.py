@@ -16,6 +16,7 @@ from typing import Any
 import pandas as pd
 import torch
 
+from interp.bundle import Result
 from interp.evals.bootstrap import percentile_interval, resample_ids
 from interp.evals.metrics import spearman
 from interp.models import Model
@@ -48,7 +49,7 @@ def _rho(close: torch.Tensor, rating: torch.Tensor) -> torch.Tensor:
 
 
 @dataclass
-class TypicalityResult:
+class TypicalityResult(Result):
     """Prototype effect by layer: ``pooled [L]`` (within-category standardised Spearman), its ``p [L]``, ``p_fwe [L]``,
     bootstrap ``lo``/``hi [L]``, the null's 97.5% ``null_hi [L]``, and per category ``per_group [G, L]`` with ``group_p``,
     ``group_lo``/``group_hi``; ``distance [L, n]`` is each item's leave-one-out distance to its prototype."""
@@ -91,7 +92,15 @@ class TypicalityResult:
                      for i, g in enumerate(self.groups)]
         return pd.DataFrame(rows)
 
-    def summary(self) -> str:
+    def summary(self) -> dict[str, Any]:
+        """Headline numbers: the best layer's pooled rho, its bootstrap interval, p and family-wise p."""
+        k = int(torch.nan_to_num(self.pooled, nan=-2.0).argmax())
+        return {"best_layer": self.layers[k], "rho": float(self.pooled[k]), "lo": float(self.lo[k]),
+                "hi": float(self.hi[k]), "p": float(self.p[k]), "p_fwe": float(self.p_fwe[k]),
+                "above_null": bool(self.p_fwe[k] < 0.05), "metric": self.metric}
+
+    def report(self) -> str:
+        """One line: the best layer's figures and the verdict against the null."""
         k = int(torch.nan_to_num(self.pooled, nan=-2.0).argmax())
         verdict = ("above the within-category permutation null (check a random_init twin with compare() before "
                    "reading it as learned)" if self.p_fwe[k] < 0.05 else "a null result (family-wise p >= 0.05)")

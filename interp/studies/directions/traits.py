@@ -11,13 +11,15 @@ Signatures of a corpus and the decomposition of another direction onto the trait
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from interp.activations import Activations
+from interp.bundle import Result
 from interp.capturing import capture
 from interp.chat import has_chat_template
 from interp.models import Model
@@ -27,6 +29,9 @@ from probes import cross_validate, graded_direction
 from probes.folds import make_folds
 from probes.graded import GradedDirection
 from probes.validation import ProbeScores
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 def affine_to_levels(level_means: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -80,7 +85,7 @@ class TraitScale:
 
 
 @dataclass
-class TraitScales:
+class TraitScales(Result):
     """Scales for several traits on one model, site and position rule, with the band ``rule`` they share.
 
     ``acts[trait]`` keeps the captured activations (labels: level names; ``groups[trait]``: question index) so
@@ -107,17 +112,22 @@ class TraitScales:
         """``{trait: level units [n]}`` (band means) of the same activations on every trait."""
         return {t: s.level(X) for t, s in self.scales.items()}
 
-    def to_frame(self) -> Any:
+    def to_frame(self) -> pd.DataFrame:
         """One row per (trait, layer): held-out order, adjacent d (min over pairs), AUROC, calibration, band."""
         from interp.studies.directions.traits_frames import scales_frame
 
         return scales_frame(self)
 
-    def summary(self) -> Any:
+    def table(self) -> pd.DataFrame:
         """One row per trait: ordered layers, band, adjacent d in the band, best AUROC, calibration error."""
         from interp.studies.directions.traits_frames import scales_summary
 
         return scales_summary(self)
+
+    def summary(self) -> dict[str, Any]:
+        """Headline numbers: per trait, :meth:`table`'s row (JSON-ready)."""
+        rows = json.loads(self.table().to_json(orient="records"))
+        return {"model_id": self.model_id, "site": self.site, "traits": dict(zip(self.traits, rows, strict=True))}
 
     def plot(self, what: str = "adjacent_d") -> Any:
         """Per-trait curves by layer (``adjacent_d``: held-out min adjacent d; ``auroc``; ``error``) with bands."""

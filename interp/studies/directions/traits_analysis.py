@@ -11,19 +11,23 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from interp.activations import Activations
+from interp.bundle import Result
 from interp.evals.bootstrap import percentile_interval, resample_ids
 from interp.models import Model
 from interp.studies.directions.traits import TraitScales, _capture_trait
 from probes import random_directions
 
+if TYPE_CHECKING:
+    import pandas as pd
+
 
 @dataclass
-class TraitSignature:
+class TraitSignature(Result):
     """Mean level ``[n_corpora, n_traits]`` of each corpus on each trait (band means, level units) with
     bootstrap percentile intervals ``lo`` / ``hi`` (``n_boot`` resamples of the corpus's texts) and
     ``random``: the same reading along a random axis with the trait's calibration (what no trait reads)."""
@@ -38,7 +42,7 @@ class TraitSignature:
     n_boot: int
     model_id: str = ""
 
-    def to_frame(self) -> Any:
+    def to_frame(self) -> pd.DataFrame:
         import pandas as pd
 
         return pd.DataFrame([{"corpus": c, "trait": t, "level": float(self.mean[i, j]), "lo": float(self.lo[i, j]),

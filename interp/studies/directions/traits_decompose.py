@@ -4,19 +4,24 @@ fitted a direction, and the R^2 random vectors of the same norm get."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from interp.activations import Activations
+from interp.bundle import Result
 from interp.evals.bootstrap import percentile_interval
 from interp.studies.directions.traits import TraitScales, affine_to_levels
 from probes import diff_of_means, graded_direction
 
+if TYPE_CHECKING:
+    import pandas as pd
+
 
 @dataclass
-class Decomposition:
+class Decomposition(Result):
     """``target ~ sum_t coef[t] * (one level step of trait t)`` per layer, by least squares.
 
     ``coef [n_layers, n_traits]`` (level steps of each trait in the target direction), ``r2 [n_layers]`` (share
@@ -41,7 +46,15 @@ class Decomposition:
     model_id: str = ""
     boot: torch.Tensor | None = field(default=None, repr=False)
 
-    def summary(self) -> Any:
+    def summary(self) -> dict[str, Any]:
+        """Headline numbers: R^2 (and the random control's) over the report layers, each trait's coefficient with
+        its bootstrap interval (:meth:`table`)."""
+        rows = json.loads(self.table().to_json(orient="records"))
+        return {"target": self.target, "layers": self.report_note, "r2": float(self.r2[self.report].mean()),
+                "random_r2": float(self.random_r2[self.report].mean()),
+                "traits": {r["trait"]: {k: r[k] for k in ("coef", "lo", "hi", "excludes_0")} for r in rows}}
+
+    def table(self) -> pd.DataFrame:
         """One row per trait: coefficient averaged over the report layers with its bootstrap interval."""
         import pandas as pd
 
@@ -58,7 +71,7 @@ class Decomposition:
         df["layers"], df["target"] = self.report_note, self.target
         return df
 
-    def to_frame(self) -> Any:
+    def to_frame(self) -> pd.DataFrame:
         import pandas as pd
 
         return pd.DataFrame([{"layer": layer, "trait": t, "coef": float(self.coef[i, j]),
@@ -69,7 +82,7 @@ class Decomposition:
     def plot(self) -> Any:
         from interp.viz.directions_traits import interval_bars
 
-        s = self.summary()
+        s = self.table()
         return interval_bars(self.traits, [self.target], torch.tensor(s.coef.values), torch.tensor(s.lo.values),
                              torch.tensor(s.hi.values), ylabel="level steps of each trait",
                              title=f"{self.target} onto the trait directions ({self.report_note}; R^2 "

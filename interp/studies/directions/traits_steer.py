@@ -11,15 +11,19 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 import steering
+from interp.bundle import Result
 from interp.capturing import capture
 from interp.models import Model
 from interp.studies.directions.traits import TraitScales
 from steering.sweep import AlphaSweep
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 def level_vector(scales: TraitScales, trait: str, k: float = 1.0) -> steering.AddVector:
@@ -42,7 +46,7 @@ def residual_fraction(model: Model, scales: TraitScales, trait: str, prompts: Se
 
 
 @dataclass
-class TraitSteering:
+class TraitSteering(Result):
     """Generations at each ``k`` (level units over the band), the level read out on the prompts' own tokens under
     each edit (``read [n_k]``), the same for same-strength random directions (``random [n_random, n_k]``), the
     unsteered reading, and ``residual_fraction``: each band layer's added norm per level unit / its residual norm."""
@@ -58,7 +62,7 @@ class TraitSteering:
     model_id: str = ""
     prompts: list[str] = field(default_factory=list)
 
-    def to_frame(self) -> Any:
+    def to_frame(self) -> pd.DataFrame:
         import pandas as pd
 
         return pd.DataFrame([{"trait": self.trait, "k": k, "prompt": p, "text": t, "read": float(self.read[i])}

@@ -12,10 +12,11 @@ from __future__ import annotations
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from interp.bundle import Result
 from interp.capturing import capture
 from interp.models import Model
 from interp.sites import parse_site
@@ -27,6 +28,9 @@ from probes.validation import ProbeScores, cross_validate
 from steering.interventions import AddVector
 from steering.strength import ResidualNorms, residual_norms
 
+if TYPE_CHECKING:
+    import pandas as pd
+
 RULE = ("score(layer) = max(AUROC_heldout - 0.5, 0) x max(effect, 0), effect = (mean P(pole | +alpha) - mean "
         "P(pole | -alpha)) / 2 on the calibration items, steering that one layer with the unit direction at alpha x "
         "its mean residual norm; the top_k layers by score (ties by effect), only layers with a positive score; none "
@@ -34,7 +38,7 @@ RULE = ("score(layer) = max(AUROC_heldout - 0.5, 0) x max(effect, 0), effect = (
 
 
 @dataclass
-class ValueVectors:
+class ValueVectors(Result):
     """``direction`` (unit diff of means per layer, toward the pole) and its held-out ``scores`` (AUROC / d by
     grouped cross-validation: no group straddles train and test)."""
 
@@ -56,9 +60,9 @@ class ValueVectors:
         """Mean held-out AUROC per layer ``[n_layers]``."""
         return self.scores.mean("auroc")
 
-    def to_frame(self) -> Any:
+    def to_frame(self) -> pd.DataFrame:
         """One row per layer: held-out AUROC, d, accuracy (with the shuffled-label control), and the raw norm."""
-        df = self.scores.summary()
+        df = self.scores.by_site()
         df["raw_norm"] = self.direction.norms.tolist()
         df["n_pairs"], df["pole"], df["positions"] = self.n_pairs, self.pole, self.positions
         return df
@@ -91,7 +95,7 @@ def value_vectors(model: Model, pairs: Contrast, *, site: str = "resid_post", po
 
 
 @dataclass
-class LayerSelection:
+class LayerSelection(Result):
     """Per layer: held-out ``auroc``, causal ``effect`` of steering that layer alone on the calibration items,
     ``score`` = their product by ``rule``; ``chosen``: the top layers. ``null``: no layer had a positive score."""
 
@@ -112,7 +116,7 @@ class LayerSelection:
     def null(self) -> bool:
         return not bool((self.score > 0).any())
 
-    def to_frame(self) -> Any:
+    def to_frame(self) -> pd.DataFrame:
         import pandas as pd
 
         return pd.DataFrame({"layer": self.layers, "auroc": self.auroc.tolist(), "effect": self.effect.tolist(),

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from interp.bundle import Result
 from interp.evals.rates import Rate, fisher_greater, wilson
 from interp.models import Model
 from interp.sites import parse_site
@@ -23,9 +24,12 @@ from interp.studies.directions.values_data import ChoiceItem
 from probes.objects import Direction
 from steering.sweep import alpha_sweep
 
+if TYPE_CHECKING:
+    import pandas as pd
+
 
 @dataclass
-class SteeringEffect:
+class SteeringEffect(Result):
     """Counts of pole choices among ``n`` held-out items: ``baseline_k``, ``value_k [n_alphas]`` and
     ``random_k [n_random, n_alphas]`` (same-norm random vectors, ``seeds``), and the matching mean pole
     probabilities ``*_p``; steered at ``layers`` with alpha in residual-norm units."""
@@ -59,7 +63,7 @@ class SteeringEffect:
     def baseline_rate(self) -> float:
         return self.baseline_k / self.n
 
-    def to_frame(self) -> Any:
+    def to_frame(self) -> pd.DataFrame:
         """Long table: one row per (condition, seed, alpha) with the rate, its count and Wilson interval."""
         import pandas as pd
 

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from interp.bundle import Result
 from interp.models import Model
 from interp.studies.directions.values import LayerSelection, ValueVectors, select_layers, value_vectors
 from interp.studies.directions.values_choice import check_items
@@ -32,11 +33,14 @@ from interp.studies.directions.values_steer import SteeringEffect, selective_ste
 from probes.compare import cosine_by_layer
 from probes.validation import evaluate_direction
 
+if TYPE_CHECKING:
+    import pandas as pd
+
 ALPHAS = (-1.0, -0.5, 0.5, 1.0)
 
 
 @dataclass
-class ValueStudy:
+class ValueStudy(Result):
     """A direction (``vectors``), its chosen layers (``selection``) and its selective steering on held-out items
     (``effect``); ``split`` names the groups (dilemmas / topics) of each part."""
 
@@ -45,7 +49,7 @@ class ValueStudy:
     effect: SteeringEffect
     split: dict[str, list[str]] = field(default_factory=dict)
 
-    def to_frame(self) -> Any:
+    def to_frame(self) -> pd.DataFrame:
         """The held-out comparison with random vectors, one row per alpha, with the chosen layers."""
         df = self.effect.comparison()
         df["layers"], df["label"] = str(self.selection.chosen), self.effect.label
@@ -117,7 +121,7 @@ def partisan_direction(model: Model, statements: Sequence[Statement], *, pole: s
 
 
 @dataclass
-class CrossLingual:
+class CrossLingual(Result):
     """A direction fitted on ``source`` pairs steering ``target``-language prompts: ``cosine [L]`` between the
     source- and target-fit directions, ``transfer_auroc [L]`` (source direction on target pairs, nothing refitted),
     the source ``study`` (layers chosen on source calibration items) and ``target_effect`` on target test items."""
@@ -134,7 +138,7 @@ class CrossLingual:
     def layers(self) -> list[int]:
         return self.study.vectors.layers
 
-    def to_frame(self) -> Any:
+    def to_frame(self) -> pd.DataFrame:
         """Per layer: cosine of the two languages' directions, held-out AUROC in each, transfer AUROC."""
         import pandas as pd
 

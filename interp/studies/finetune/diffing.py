@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from interp.bundle import Result
 from interp.capturing import capture
 from interp.evals.controls import matched_random
 from interp.evals.judge import Judge
@@ -32,9 +33,12 @@ from sae.quality import fvu
 from sae.runner import site_tokens
 from sae.trainer import train_sae
 
+if TYPE_CHECKING:
+    import pandas as pd
+
 
 @dataclass
-class DiffStudy:
+class DiffStudy(Result):
     """``diff``: the latent ranking (by increase) on the harmful val prompts' last token; ``contexts``: the top
     latents' top contexts in the tuned model; ``rates``: one row per condition (refusal rate, ``k``, ``n``,
     ``ci95``); ``sae``: the SAE used; ``meta``: site, sizes, the SAE's fit (``fit``: FVU and L0 at the harmful
@@ -50,7 +54,7 @@ class DiffStudy:
     def top(self) -> list[int]:
         return self.diff.ranking.indices[: self.meta["n_steer"]].tolist()
 
-    def to_frame(self, which: str = "rates") -> Any:
+    def to_frame(self, which: str = "rates") -> pd.DataFrame:
         """``which='rates'`` (the steering conditions) or ``'latents'`` (the ranking with top contexts)."""
         import pandas as pd
 

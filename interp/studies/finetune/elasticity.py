@@ -19,10 +19,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from interp.bundle import Result
 from interp.capturing import capture
 from interp.evals.judge import Judge
 from interp.evals.logits import kl_div, refusal_score
@@ -37,6 +38,9 @@ from interp.studies.kit.scoring import prompt_logits
 from interp.studies.kit.stages import find_candidates, find_refusal_tokens
 from interp.tune import TuneConfig
 from interp.tune.data import check_pairs
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 Pairs = tuple[Sequence[str], Sequence[str]]
 QUANTITIES = ("refusal", "score", "cosine", "auroc", "kl_base", "kl_aligned")
@@ -63,7 +67,7 @@ class Curve:
 
 
 @dataclass
-class ElasticityStudy:
+class ElasticityStudy(Result):
     """``curves`` by name (``compliance``, ``control``, ``forward``); ``fits``: per curve and fitted quantity the
     two-phase fit; ``summary``: per curve the start and end refusal and score and the share of the way to the
     other model it went (``toward_other``: 0 = stayed, 1 = reached the other model's refusal score)."""
@@ -73,7 +77,7 @@ class ElasticityStudy:
     summary: list[dict[str, Any]]
     meta: dict[str, Any] = field(default_factory=dict)
 
-    def to_frame(self, which: str = "curves") -> Any:
+    def to_frame(self, which: str = "curves") -> pd.DataFrame:
         """``which='curves'`` (one row per curve and eval point), ``'fits'`` or ``'summary'``."""
         import pandas as pd
 

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from interp.bundle import Result
 from interp.evals.judge import Judge
 from interp.evals.rates import fisher_greater
 from interp.models import Model
@@ -28,12 +29,15 @@ from interp.tune.attribution import TokenAttribution
 from interp.tune.data import check_pairs
 from interp.tune.masks import random_mask, top_mask
 
+if TYPE_CHECKING:
+    import pandas as pd
+
 CONDITIONS = ("no mask", "top mask", "random mask")
 Metric = Callable[[Model], float]
 
 
 @dataclass
-class MaskingStudy:
+class MaskingStudy(Result):
     """``rates``: per condition (``base``, ``adapted`` when it is a model, and :data:`CONDITIONS`) and split
     (``harmful``, ``harmless``) the refusal rate, ``k``, ``n``, ``ci95``; ``nll``: per condition and token class
     (``all`` included) ``n`` tokens, mean ``nll`` and ``delta`` over the base's; ``metrics``: per condition the
@@ -55,7 +59,7 @@ class MaskingStudy:
     def rate_of(self, condition: str, split: str = "harmful") -> dict[str, Any]:
         return next(r for r in self.rates if r["condition"] == condition and r["split"] == split)
 
-    def to_frame(self, which: str = "rates") -> Any:
+    def to_frame(self, which: str = "rates") -> pd.DataFrame:
         """``which='rates'`` (behaviour), ``'nll'`` (perplexity cost by token class) or ``'metrics'``."""
         import pandas as pd
 

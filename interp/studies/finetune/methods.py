@@ -20,9 +20,10 @@ import copy
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import steering
+from interp.bundle import Result
 from interp.evals.judge import Judge
 from interp.forward import prepare
 from interp.models import Model, from_hf
@@ -44,6 +45,9 @@ from interp.tune.config import TuneConfig
 from interp.tune.loop import fine_tune
 from interp.tune.preference import KINDS, preference_tune
 from probes.directions import random_orthogonal
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 METHODS = ("sft", "reasoning_sft", *KINDS)
 WHICH = ("behaviour", "concentration", "cost", "steerability")
@@ -74,7 +78,7 @@ class MethodsConfig:
 
 
 @dataclass
-class MethodsStudy:
+class MethodsStudy(Result):
     """One entry per model (``"base"`` first, then each method): ``rows`` (the table's row), ``layers`` (per-layer
     effects), ``groups`` (per writer group), ``heads`` / ``neurons`` (holders), ``steer`` (steerability rows),
     ``losses`` (training curve)."""
@@ -87,7 +91,7 @@ class MethodsStudy:
     losses: dict[str, list[float]]
     meta: dict[str, Any] = field(default_factory=dict)
 
-    def to_frame(self, which: str = "table") -> Any:
+    def to_frame(self, which: str = "table") -> pd.DataFrame:
         """``'table'``: one row per model; ``'layers'``: per layer; ``'steer'``: steerability; ``'groups'``."""
         import pandas as pd
 

@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 import steering
+from interp.bundle import Result
 from interp.evals.controls import matched_random
 from interp.evals.judge import Judge
 from interp.evals.logits import refusal_score
@@ -38,11 +39,14 @@ from interp.studies.kit.runs import refusal_rate
 from interp.studies.kit.scoring import prompt_logits
 from interp.studies.kit.stages import find_refusal_tokens
 
+if TYPE_CHECKING:
+    import pandas as pd
+
 Block = tuple[tuple[int, ...], str]
 
 
 @dataclass
-class TransplantStudy:
+class TransplantStudy(Result):
     """``single``: one row per (part, block) with ``into_base`` (score gain of the base carrying that aligned block)
     and ``out_of_aligned`` (score drop of the aligned model carrying the base's block); ``search``: the greedy
     search; ``rates``: one row per condition and split with the refusal rate, ``k``, ``n`` and ``ci95``;
@@ -59,7 +63,7 @@ class TransplantStudy:
     def found(self) -> list[Block]:
         return list(self.search.chosen)
 
-    def to_frame(self, which: str = "rates") -> Any:
+    def to_frame(self, which: str = "rates") -> pd.DataFrame:
         """``which='rates'`` (validation by generation), ``'single'`` (each block alone) or ``'search'``."""
         import pandas as pd
 

@@ -16,6 +16,7 @@ import torch
 from jaxtyping import Float
 
 import steering
+from interp.bundle import Result
 from interp.capturing import capture
 from interp.chat import format_prompts
 from interp.evals.judge import Judge, judge_many
@@ -31,7 +32,7 @@ from probes.objects import Direction
 
 
 @dataclass
-class RefusalTokens:
+class RefusalTokens(Result):
     """First tokens of the model's own refusals on the training prompts, how often it refused there, and the
     baseline generations and verdicts themselves (the diagnosis reads them; ``generations.jsonl`` keeps them).
 
@@ -49,7 +50,7 @@ class RefusalTokens:
 
 
 @dataclass
-class Candidates:
+class Candidates(Result):
     """Difference-of-means candidates ``raw [layers, P, d]`` and the train activations they came from."""
 
     raw: Float[torch.Tensor, "layers P d"]
@@ -68,7 +69,7 @@ class Candidates:
 
 
 @dataclass
-class Scores:
+class Scores(Result):
     """Per candidate ``[layers, P]``: refusal score under ablation (harmful), under addition (harmless), KL; and
     ``kl_random``: the KL of seeded random unit directions ablated the same way on the same prompts, the level
     the KL filter is read against (a model whose random ablations already cost about the threshold has no
@@ -95,7 +96,7 @@ class Scores:
 
 
 @dataclass
-class Selection:
+class Selection(Result):
     """The chosen candidate (``layer_index``/``position_index`` into ``Candidates``) or none, with filter counts."""
 
     found: bool

@@ -19,17 +19,22 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
+from interp.bundle import Result
 from interp.evals.rates import wilson
 from interp.studies.multilingual.geometry import Acts, auroc_on, mean_diff, projection_ratios, unit
 from probes.erasure import fit_leace
 from probes.subspace import category_subspace
 
+if TYPE_CHECKING:
+    import pandas as pd
+
 
 @dataclass
-class LanguageGeometry:
+class LanguageGeometry(Result):
     """Per layer ``[L]`` (per language where keyed): see the module docstring."""
 
     layers: list[int]
@@ -44,7 +49,10 @@ class LanguageGeometry:
     ratio: dict[str, dict[str, torch.Tensor]]   # ratio[condition][lang]: before, leace, random
     auroc: dict[str, dict[str, torch.Tensor]]
 
-    def rows(self) -> list[dict]:
+    def to_frame(self) -> pd.DataFrame:
+        """One row per (layer, language): identity accuracy, overlap, projection ratios and AUROCs per condition."""
+        import pandas as pd
+
         out = []
         for i, layer in enumerate(self.layers):
             for lang in self.langs:
@@ -52,7 +60,7 @@ class LanguageGeometry:
                             "overlap": float(self.overlap[i]),
                             **{f"ratio_{c}": float(self.ratio[c][lang][i]) for c in self.ratio},
                             **{f"auroc_{c}": float(self.auroc[c][lang][i]) for c in self.auroc}})
-        return out
+        return pd.DataFrame(out)
 
 
 def _pool(acts: Acts, split: str, langs: list[str]) -> tuple[torch.Tensor, list[str]]:

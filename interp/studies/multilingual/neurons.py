@@ -12,10 +12,11 @@ the other languages' declines (:mod:`evals.judge_languages`), so a refusal in an
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from interp.bundle import Result
 from interp.evals.judge import refusal_openings
 from interp.evals.judge_languages import DECLINES
 from interp.forward import batch_of, last_logits
@@ -32,9 +33,12 @@ from interp.patching.neurons import (
 )
 from interp.studies.multilingual.data import ParallelSafety
 
+if TYPE_CHECKING:
+    import pandas as pd
+
 
 @dataclass
-class SafetyNeurons:
+class SafetyNeurons(Result):
     """``sets[lang]``: the language's neurons; ``overlap``; ``effects[(set, lang)]``: change of the mean refusal score
     on ``lang``'s harmful test prompts when ``set`` is ablated (``set`` a language or ``common``), and
     ``random[(set, lang)]``: the same for ``n_random`` random sets of that size (list)."""
@@ -50,7 +54,10 @@ class SafetyNeurons:
     random: dict[tuple[str, str], list[float]]
     meta: dict[str, Any] = field(default_factory=dict)
 
-    def rows(self) -> list[dict[str, Any]]:
+    def to_frame(self) -> pd.DataFrame:
+        """One row per (neuron set, prompt language): the ablation's change of the refusal score against random sets."""
+        import pandas as pd
+
         out = []
         for (name, lang), v in self.effects.items():
             rnd = torch.tensor(self.random[(name, lang)])
@@ -58,7 +65,7 @@ class SafetyNeurons:
                         "baseline": self.baseline[lang], "delta": v, "random_mean": float(rnd.mean()),
                         "random_lo": float(rnd.quantile(0.025)), "random_hi": float(rnd.quantile(0.975)),
                         "beats_random": bool(v < float(rnd.min()))})
-        return out
+        return pd.DataFrame(out)
 
 
 def refusal_ids(model: Model) -> list[int]:

@@ -16,9 +16,11 @@ so does their difference ``excess`` = restored - control, the request-specific p
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
+from interp.bundle import Result
 from interp.chat import encode, format_prompts
 from interp.evals.bootstrap import percentile_interval, resample_ids
 from interp.models import Model
@@ -28,11 +30,14 @@ from interp.patching.runs import make_pairs
 from interp.studies.multilingual.data import ParallelSafety
 from interp.studies.multilingual.neurons import refusal_ids
 
+if TYPE_CHECKING:
+    import pandas as pd
+
 SITES = ("resid_pre", "attn_out", "mlp_out")
 
 
 @dataclass
-class Pathways:
+class Pathways(Result):
     """Per language: ``restored[lang] [L, 3]`` (sites :data:`SITES`) from English harmful sources, ``control[lang]``
     from English harmless sources, the English and the language's mean refusal scores (``source_score``,
     ``target_score``), and the number of aligned post-instruction tokens."""
@@ -64,8 +69,10 @@ class Pathways:
         order = score.flatten().argsort(descending=True)[:n].tolist()
         return [(self.layers[i // 2], ("attn", "mlp")[i % 2]) for i in order]
 
-    def rows(self) -> list[dict]:
+    def to_frame(self) -> pd.DataFrame:
         """One row per language, layer and site: the shares, their difference and (when measured) 95% intervals."""
+        import pandas as pd
+
         out = []
         for lang in self.langs:
             ci = self.intervals.get(lang, {})
@@ -76,7 +83,7 @@ class Pathways:
                     for name, v in ci.items():
                         row[f"{name}_lo"], row[f"{name}_hi"] = float(v[0, i, j]), float(v[1, i, j])
                     out.append({**row, "gap": self.source_score[lang] - self.target_score[lang]})
-        return out
+        return pd.DataFrame(out)
 
 
 def post_instruction_tokens(model: Model) -> int:

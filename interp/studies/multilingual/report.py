@@ -30,7 +30,7 @@ def retention_page(res: Retention) -> str:
     geo = res.to_frame()
     at = geo[geo.layer == res.layer]
     geo_table = table(list(at.columns), at.round(4).values.tolist())
-    lang_rows = [] if res.language is None else [r for r in res.language.rows() if r["layer"] == res.layer]
+    lang_rows = [] if res.language is None else [r for r in res.language.to_frame().to_dict("records") if r["layer"] == res.layer]
     lang_table = table(list(lang_rows[0]) if lang_rows else ["none"], [list(r.values()) for r in lang_rows])
     notes = "".join(f"<p class='note'>{n}</p>" for n in res.notes) or "<p>none</p>"
     first = {g["prompt"] for g in res.generations[:2]}  # every condition for the first two source prompts

@@ -29,6 +29,7 @@ import pandas as pd
 import torch
 
 import steering
+from interp.bundle import Result
 from interp.evals.judge_languages import is_degenerate, is_refusal_multilingual
 from interp.evals.metrics import cohens_d
 from interp.evals.rates import fisher_greater, rate
@@ -63,7 +64,7 @@ class RetentionConfig:
 
 
 @dataclass
-class Retention:
+class Retention(Result):
     """What :func:`refusal_retention` measured: ``rates`` (one row per language x set x condition), the judged
     ``generations``, the :class:`Geometry`, the ablated ``layer`` and how it was chosen, and ``notes``."""
 
@@ -108,7 +109,16 @@ class Retention:
         src = self.rate(self.source, "harmful")["rate"]
         return {lang: (self.rate(lang, "harmful")["rate"] / src if src > 0 else float("nan")) for lang in self.langs}
 
-    def summary(self) -> str:
+    def summary(self) -> dict[str, Any]:
+        """Headline numbers per language: harmful / harmless refusal, transfer, ablation and its random control."""
+        tr = self.transfer()
+        return {"source": self.source, "layer": self.layer, "langs": {lang: {
+            "harmful": self.rate(lang, "harmful")["rate"], "harmless": self.rate(lang, "harmless")["rate"],
+            "transfer": tr[lang], "ablation": self.rate(lang, "harmful", "ablation")["rate"],
+            "random_ablation": self.rate(lang, "harmful", "random ablation")["rate"]} for lang in self.langs}}
+
+    def report(self) -> str:
+        """The summary as text, with the language geometry and the notes."""
         lines = [f"refusal retention ({self.geometry.n_test} parallel test prompts per set and language; English "
                  f"direction of layer {self.layer}, ablated at {self.config.ablate_positions} tokens)"]
         tr = self.transfer()
@@ -144,7 +154,7 @@ class Retention:
                 "random_cosine": self.geometry.random_cosine, "n_test": self.geometry.n_test,
                 "language": None if self.language is None else {
                     "rank": self.language.rank, "chance": self.language.chance,
-                    "random_overlap": self.language.random_overlap, "rows": self.language.rows()}}
+                    "random_overlap": self.language.random_overlap, "rows": self.language.to_frame().to_dict("records")}}
 
 
 def choose_layer(acts: dict, layers: list[int], source: str) -> tuple[int, dict[str, Any]]:

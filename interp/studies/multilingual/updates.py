@@ -24,6 +24,7 @@ from typing import Any
 
 import pandas as pd
 
+from interp.bundle import Result
 from interp.evals.controls import matched_random
 from interp.evals.judge_languages import is_degenerate, is_refusal_multilingual
 from interp.evals.rates import fisher_greater
@@ -59,7 +60,7 @@ class UpdateConfig:
 
 
 @dataclass
-class RestrictedUpdate:
+class RestrictedUpdate(Result):
     """What :func:`restricted_update` measured: ``rates`` (one row per condition x language x set; conditions
     ``before``, ``found``, ``random 1`` ...), the ``units`` trained in each condition, ``training`` (trainable
     entries, first / last loss, wall time per condition), the training pairs' counts and ``notes``."""
@@ -94,7 +95,16 @@ class RestrictedUpdate:
     def to_frame(self) -> pd.DataFrame:
         return pd.DataFrame(self.rates)
 
-    def summary(self) -> str:
+    def summary(self) -> dict[str, Any]:
+        """Headline numbers per condition: pooled harmful and harmless refusals over the train languages."""
+        out: dict[str, Any] = {"kind": self.kind, "train_langs": list(self.train_langs)}
+        for cond in self.conditions:
+            (hk, hn), (sk, sn) = self.pooled(cond), self.pooled(cond, "harmless")
+            out[cond] = {"harmful": hk / hn if hn else float("nan"), "harmless": sk / sn if sn else float("nan")}
+        return out
+
+    def report(self) -> str:
+        """The rates per condition and language as text, with the training figures and the notes."""
         head = (f"{self.kind}-restricted update on {', '.join(self.train_langs)} ({self.n_pairs['harmful']} harmful + "
                 f"{self.n_pairs['harmless']} harmless train pairs, {self.config.steps} steps); refusal on test ids")
         lines = [head]

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from jaxtyping import Bool, Float
 
+from interp.bundle import Result
 from interp.chat import Batch, Encoded
 from interp.evals.logits import refusal_score
 from interp.evals.metrics import spearman
@@ -46,7 +47,7 @@ PROBES = 4  # random probes for the KL estimate: its Spearman with the exact KL 
 
 
 @dataclass
-class Estimate:
+class Estimate(Result):
     """Estimated scores ``[layers, P]`` on the scale of :class:`~interp.studies.kit.stages.Scores` (bypass: mean
     harmful refusal score under ablation, first order plus ``curvature``; induce: mean harmless score under addition; kl: mean harmless KL under
     ablation), the clean baselines, and the passes spent."""

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 import steering
+from interp.bundle import Result
 from interp.chat import Encoded
 from interp.evals.judge import Judge, judge_many
 from interp.evals.logits import cross_entropy, kl_div, refusal_score
@@ -38,7 +39,7 @@ KL_CONTROLS = ("random ablation", "every-token ablation")
 
 
 @dataclass
-class Evaluation:
+class Evaluation(Result):
     """Per condition (``"harmful/ablation"``, ``"borderline/addition"``, ...): generations, the judge's verdicts,
     refusal rate, mean refusal score; and checks."""
 
@@ -55,7 +56,7 @@ class Evaluation:
 
 
 @dataclass
-class Subspaces:
+class Subspaces(Result):
     """Ablating the refusal direction plus per-category directions (basis order), rank 1..k, on harmful test."""
 
     categories: list[str]

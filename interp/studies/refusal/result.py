@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from interp.bundle import Result
 from interp.studies.kit.stages import Candidates, RefusalTokens, Scores, Selection
 from interp.studies.refusal.estimate import Estimate
 from interp.studies.refusal.evaluation import Evaluation, Subspaces
@@ -13,7 +14,7 @@ from interp.studies.refusal.writers import Writers
 
 
 @dataclass
-class RefusalResult:
+class RefusalResult(Result):
     """Everything a run produced: the typed stage results, the metrics written, the notes, what was computed."""
 
     out: Path

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from jaxtyping import Float
 
+from interp.bundle import Result
 from interp.evals.judge import Judge
 from interp.evals.logits import refusal_score
 from interp.evals.rates import rate
@@ -27,7 +28,7 @@ from probes.directions import random_orthogonal
 
 
 @dataclass
-class Writers:
+class Writers(Result):
     """Refusal on the harmful test prompts with ``r`` (and an orthogonal control) ablated from one writer group at
     a time. ``rows``: one per condition, ``{group, direction, sites, n, refused, rate, low, high, score}`` (``low``
     / ``high`` a 95% Wilson interval of the greedy generations' refusal rate, ``score`` the mean first-token
