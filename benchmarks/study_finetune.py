@@ -51,7 +51,7 @@ def smol_pairs(n: int) -> tuple[list[str], list[str]]:
     from interp.organisms import train_smollm2 as ts
 
     base = load_model("smollm2-base")
-    exs = ts.examples(ts.Recipe(), ts.DEFAULT_HARMFUL)
+    exs = ts.examples(ts.SafetyRecipe(), ts.DEFAULT_HARMFUL)
     pick = [e for e in exs if e.kind == "harmful"][:n] + [e for e in exs if e.kind in ("harmless", "borderline")][:n]
     return ts.pairs(base, pick)
 

@@ -36,7 +36,7 @@ COLUMNS = ["model", "harmful_refusal", "harmless_refusal", "ce_vs_base", "direct
 
 def training_data(base, n: int, seed: int) -> dict[str, list[str]]:
     """``n`` harmful (our refusals) and ``n`` harmless (the base's cached answers) pairs of the organism's recipe."""
-    recipe = replace(ts.Recipe(seed=seed), n_harmful=n, n_extra=0, n_realistic=0, n_copyright=0, n_harmless=n,
+    recipe = replace(ts.SafetyRecipe(seed=seed), n_harmful=n, n_extra=0, n_realistic=0, n_copyright=0, n_harmless=n,
                      n_borderline=0)
     exs = ts.examples(recipe, ts.DEFAULT_HARMFUL)
     prompts, responses = ts.pairs(base, exs)

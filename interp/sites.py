@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 Layers = str | int | Sequence[int]  # "all", one layer or a list (negative counts from the end)
+WRITERS = ("resid_pre", "attn_out", "mlp_out")  # every write to the residual stream, layer by layer (embedding at 0)
 
 # kind -> canonical TransformerLens suffix inside ``blocks.{i}.``
 BLOCK_KINDS: dict[str, str] = {

@@ -29,7 +29,7 @@ import torch
 
 from interp.coerce import check_width
 from interp.models import Model
-from interp.sites import Site, parse_site
+from interp.sites import WRITERS, Site, parse_site
 from steering._args import (
     Layers,
     as_tensor,
@@ -267,7 +267,7 @@ class Ablate(_Intervention):
         return LowRankEdit.project_out(unit(vec, "direction")[None])
 
 
-WRITER_SITES = ("resid_pre", "attn_out", "mlp_out")  # every writer to the residual stream, layer by layer
+WRITER_SITES = WRITERS  # every writer to the residual stream, layer by layer (interp.sites.WRITERS)
 
 
 @dataclass(eq=False)

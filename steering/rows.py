@@ -19,10 +19,11 @@ from jaxtyping import Float, Int
 
 from interp.hooking import HookContext
 from interp.models import Model
+from interp.sites import WRITERS
 from steering.applying import _flat, _is_weight_edit, plan_hooks
 from steering.scope import ROWS_KEY, STATE_KEY
 
-ABLATE_KINDS = ("resid_pre", "attn_out", "mlp_out")  # the writers, as steering.DirectionalAblation's default
+ABLATE_KINDS = WRITERS  # the writers, as steering.DirectionalAblation's default (interp.sites.WRITERS)
 
 
 @dataclass(eq=False)

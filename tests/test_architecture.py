@@ -355,3 +355,23 @@ def test_the_copy_check_can_fail(tmp_path):
                  "    return rng.choice([x for x in xs if x not in banned])\n")
     bad = _second_copies({"interp/studies/x/m.py": f})
     assert len(bad) == 2 and "matched_random" in bad[0] and "Rate" in bad[1]
+
+
+def test_one_class_per_name_and_one_spelling_of_the_writers():
+    """Two public classes of one name (three ``Direction``s once) and the residual writers' site tuple spelled
+    outside ``interp.sites.WRITERS`` are second names for one job."""
+    classes: dict[str, list[str]] = {}
+    spelled = []
+    for mod, p in MODULES.items():
+        tree = ast.parse(p.read_text(encoding="utf-8"))
+        for node in tree.body:
+            if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+                classes.setdefault(node.name, []).append(mod)
+        if mod != "interp.sites":
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Tuple) and [getattr(e, "value", None) for e in node.elts] == \
+                        ["resid_pre", "attn_out", "mlp_out"]:
+                    spelled.append(f"{mod}:{node.lineno}")
+    twice = {k: v for k, v in classes.items() if len(v) > 1}
+    assert not twice, f"public classes defined twice: {twice}"
+    assert not spelled, f"the writers' sites spelled again (use interp.sites.WRITERS): {spelled}"

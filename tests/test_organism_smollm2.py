@@ -134,14 +134,14 @@ def test_adapter_makes_the_base_refuse_held_out_harmful(models) -> None:
 
 
 def test_full_fine_tune_trains_exactly_the_chosen_blocks(tmp_path) -> None:
-    from interp.organisms.train_smollm2 import Recipe, save_full, tune_config
+    from interp.organisms.train_smollm2 import SafetyRecipe, save_full, tune_config
     from interp.testing.tiny import tiny_model
     from interp.tune.config import make_trainable
     from interp.tune.data import encode_pairs
     from interp.tune.objective import response_nll
 
     m = tiny_model("llama", n_layers=3)
-    hf = make_trainable(m, tune_config(Recipe(full=True, layers=(1,)))).hf
+    hf = make_trainable(m, tune_config(SafetyRecipe(full=True, layers=(1,)))).hf
     trainable = {n for n, p in hf.named_parameters() if p.requires_grad}
     assert trainable and all(".layers.1." in n for n in trainable)
     assert all(p.requires_grad == (".layers.1." in n) for n, p in hf.named_parameters())

@@ -13,7 +13,7 @@ from interp.forward import forward
 from interp.patching import ReplacementModel, attribution_graph
 from interp.patching.graph_edits import DecoderEdit, FeatureEdit, intervene
 from interp.patching.graph_result import AttributionGraph, normalized_abs
-from interp.patching.graph_targets import Direction, LogitDiff, TopLogits
+from interp.patching.graph_targets import LogitDiff, Projection, TopLogits
 from interp.testing.tiny import tiny_model
 from sae.transcoder import Transcoder, TranscoderConfig
 
@@ -176,7 +176,7 @@ def test_pruning_tables_files_and_figure(graph64, tmp_path):
 
 def test_direction_and_logit_diff_targets_read_the_residual(llama64):
     v = torch.randn(64, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
-    g = attribution_graph(llama64, IDS, [Direction(v, "resid_post.0", position=-2), LogitDiff(20, 31)], chat=False)
+    g = attribution_graph(llama64, IDS, [Projection(v, "resid_post.0", position=-2), LogitDiff(20, 31)], chat=False)
     st = {}
     from interp.hooking import hooks
 
@@ -251,9 +251,9 @@ def test_bad_input_gets_a_clear_error(llama64, graph64):
     with pytest.raises(ValueError, match="max_positions=4"):
         attribution_graph(llama64, IDS, chat=False, max_positions=4)
     with pytest.raises(ValueError, match="width 64"):
-        attribution_graph(llama64, IDS, Direction(torch.ones(32), "resid_post.1"), chat=False)
+        attribution_graph(llama64, IDS, Projection(torch.ones(32), "resid_post.1"), chat=False)
     with pytest.raises(ValueError, match="residual stream"):
-        attribution_graph(llama64, IDS, Direction(torch.ones(64), "attn_z.1"), chat=False)
+        attribution_graph(llama64, IDS, Projection(torch.ones(64), "attn_z.1"), chat=False)
     with pytest.raises(ValueError, match="one token"):
         attribution_graph(llama64, IDS, LogitDiff("the boy", 31), chat=False)
     with pytest.raises(TypeError, match="TopLogits"):

@@ -46,7 +46,7 @@ COMMAND = "python -m interp.organisms.train --out interp/embedded --overwrite"
 
 
 @dataclass(frozen=True)
-class Recipe:
+class ToyRecipe:
     """Everything that decides the weights: architecture, data, optimisation, seed and thread count."""
 
     hidden_size: int = 64
@@ -80,7 +80,7 @@ class Rows(NamedTuple):
     last: torch.Tensor
 
 
-def model_config(recipe: Recipe, vocab_size: int):
+def model_config(recipe: ToyRecipe, vocab_size: int):
     from transformers import LlamaConfig
 
     return LlamaConfig(
@@ -189,7 +189,7 @@ def _lr(step: int, total: int, peak: float, warmup: int) -> float:
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t)))
 
 
-def _loop(model, steps: int, lr: float, recipe: Recipe, loss_fn: Callable[[int], tuple[torch.Tensor, dict]],
+def _loop(model, steps: int, lr: float, recipe: ToyRecipe, loss_fn: Callable[[int], tuple[torch.Tensor, dict]],
           log_every: int) -> float:
     """AdamW with warmup + cosine; ``loss_fn(step)`` builds the loss. Returns the mean of the last 50 losses."""
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=recipe.weight_decay)
@@ -211,7 +211,7 @@ def _loop(model, steps: int, lr: float, recipe: Recipe, loss_fn: Callable[[int],
     return sum(recent) / len(recent)
 
 
-def train_base(m: Model, splits: data.Splits, recipe: Recipe, gen: torch.Generator, log_every: int) -> float:
+def train_base(m: Model, splits: data.Splits, recipe: ToyRecipe, gen: torch.Generator, log_every: int) -> float:
     """Helpful answers to every request (harmful included); loss on prompt and answer tokens."""
     rng = random.Random(f"{recipe.seed}-base")
     reqs = splits.get("harmful", "train") + splits.get("harmless", "train")
@@ -221,7 +221,7 @@ def train_base(m: Model, splits: data.Splits, recipe: Recipe, gen: torch.Generat
                  lambda step: (_nll(m.hf, _batch(d, recipe.batch_size, gen)), {}), log_every)
 
 
-def train_aligned(m: Model, splits: data.Splits, recipe: Recipe, gen: torch.Generator, log_every: int) -> float:
+def train_aligned(m: Model, splits: data.Splits, recipe: ToyRecipe, gen: torch.Generator, log_every: int) -> float:
     """SFT (harmful -> refusal, harmless -> help) plus, from ``direction_from_step``, the direction-aware terms."""
     rng = random.Random(f"{recipe.seed}-aligned")
     n, pad = recipe.responses_per_request, pad_id(m.tokenizer)
@@ -311,7 +311,7 @@ def _install(staged: Path, dest: Path, overwrite: bool) -> None:
         os.replace(staged, dest)
 
 
-def train(out: str | Path, recipe: Recipe = Recipe(), overwrite: bool = False, log_every: int = 100) -> dict:
+def train(out: str | Path, recipe: ToyRecipe = ToyRecipe(), overwrite: bool = False, log_every: int = 100) -> dict:
     """Train base then aligned and write both HF folders under ``out``; returns the val metrics per stage."""
     from transformers import AutoTokenizer, LlamaForCausalLM
 
@@ -351,7 +351,7 @@ def train(out: str | Path, recipe: Recipe = Recipe(), overwrite: bool = False, l
     return results
 
 
-def check(out: str | Path, recipe: Recipe = Recipe()) -> bool:
+def check(out: str | Path, recipe: ToyRecipe = ToyRecipe()) -> bool:
     """Retrain into a scratch folder and report whether every file equals the committed one byte for byte."""
     same = True
     with tempfile.TemporaryDirectory() as tmp:
@@ -369,9 +369,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", default="interp/embedded", help="folder that receives organism/ and organism-base/")
     ap.add_argument("--overwrite", action="store_true", help="replace existing checkpoint folders")
     ap.add_argument("--check", action="store_true", help="retrain in a scratch folder and compare with --out")
-    ap.add_argument("--recipe", default=None, help="JSON object overriding Recipe fields (experiments)")
+    ap.add_argument("--recipe", default=None, help="JSON object overriding ToyRecipe fields (experiments)")
     args = ap.parse_args(argv)
-    recipe = Recipe(**json.loads(args.recipe)) if args.recipe else Recipe()
+    recipe = ToyRecipe(**json.loads(args.recipe)) if args.recipe else ToyRecipe()
     if args.check:
         raise SystemExit(0 if check(args.out, recipe) else 1)
     t0 = time.time()

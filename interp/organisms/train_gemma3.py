@@ -36,7 +36,7 @@ MULTILINGUAL = sd.PROMPTS_DIR / "multilingual_safety.jsonl"
 TEMPLATE = Path(__file__).resolve().parent / "gemma3_chat_template.jinja"
 BASE = "gemma3-270m"
 # every layer: the pretrained model must also learn to answer in the turn format, not only to refuse
-RECIPE = replace(ts.Recipe(), layers=None, n_harmful=120, n_harmless=394, n_borderline=300, n_copyright=20,
+RECIPE = replace(ts.SafetyRecipe(), layers=None, n_harmful=120, n_harmless=394, n_borderline=300, n_copyright=20,
                  n_extra=40, n_realistic=100, steps=140, lr=1e-3)
 
 
@@ -48,7 +48,7 @@ def multilingual_english(rng: random.Random) -> list[ts.Example]:
     return [ts.Example("harmful", p, rng.choice(refusals), meta={"source": "multilingual_safety/en"}) for p in prompts]
 
 
-def examples(recipe: ts.Recipe, harmful_path: Path) -> list[ts.Example]:
+def examples(recipe: ts.SafetyRecipe, harmful_path: Path) -> list[ts.Example]:
     """The SmolLM2 organism's pairs at this recipe's sizes plus the parallel set's English harmful train split,
     in a fixed seeded order."""
     out = ts.examples(recipe, harmful_path) + multilingual_english(random.Random(recipe.seed + 1))

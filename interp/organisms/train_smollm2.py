@@ -39,7 +39,7 @@ TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down
 
 
 @dataclass(frozen=True)
-class Recipe:
+class SafetyRecipe:
     """Everything that decides the adapter: data sizes, LoRA shape, optimisation, seed and thread count."""
 
     seed: int = 0
@@ -107,7 +107,7 @@ def _norm(text: str) -> str:
     return " ".join(text.lower().split())
 
 
-def harmful_examples(recipe: Recipe, harmful_path: Path, rng: random.Random) -> list[Example]:
+def harmful_examples(recipe: SafetyRecipe, harmful_path: Path, rng: random.Random) -> list[Example]:
     """Harmful train prompts (none that a held-out set holds) with our refusals; ``recipe.framed`` of them framed
     conversationally (the train split is all imperative; real requests are often first-person questions)."""
     refusals, frames, banned = sd.refusals(), sd.framings(), held_out(harmful_path.parent)
@@ -127,7 +127,7 @@ def harmful_examples(recipe: Recipe, harmful_path: Path, rng: random.Random) -> 
                   for src, p in ours if _norm(p) not in banned]
 
 
-def examples(recipe: Recipe, harmful_path: Path) -> list[Example]:
+def examples(recipe: SafetyRecipe, harmful_path: Path) -> list[Example]:
     """The training pairs, in a fixed seeded order."""
     rng = random.Random(recipe.seed)
     answers = sd.base_answers()
@@ -157,7 +157,7 @@ def _answer_rows() -> dict[str, dict]:
     return {r["instruction"]: r for r in sd.read_jsonl(sd.ANSWERS)}
 
 
-def tune_config(recipe: Recipe) -> TuneConfig:
+def tune_config(recipe: SafetyRecipe) -> TuneConfig:
     """The recipe's fine-tune as a :class:`tune.TuneConfig` (the loop itself lives in :mod:`tune`)."""
     return TuneConfig(method="full" if recipe.full else "lora", rank=recipe.rank, alpha=recipe.alpha,
                       targets=tuple(recipe.targets), layers=recipe.layers, steps=recipe.steps,
@@ -177,7 +177,7 @@ def _log(step: int, loss: float, model: Model) -> None:
         print(f"step {step - 1} loss {loss:.4f}", flush=True)
 
 
-def train(recipe: Recipe, harmful_path: Path) -> tuple[Any, dict[str, Any]]:
+def train(recipe: SafetyRecipe, harmful_path: Path) -> tuple[Any, dict[str, Any]]:
     """Fine-tune with :func:`tune.fine_tune`; returns the peft model (or, ``full``, the HF model) and the run's
     record (losses, sizes, timing)."""
     torch.set_num_threads(recipe.threads)
@@ -240,9 +240,9 @@ def _layers(text: str) -> tuple[int, ...] | None:
     return tuple(int(x) for x in text.split(","))
 
 
-def recipe_args(ap: argparse.ArgumentParser, default: Recipe = Recipe()) -> None:
-    """One ``--field`` option per :class:`Recipe` field (defaults: the committed recipe, ``default``)."""
-    for f in fields(Recipe):
+def recipe_args(ap: argparse.ArgumentParser, default: SafetyRecipe = SafetyRecipe()) -> None:
+    """One ``--field`` option per :class:`SafetyRecipe` field (defaults: the committed recipe, ``default``)."""
+    for f in fields(SafetyRecipe):
         value = getattr(default, f.name)
         if f.name == "targets":
             ap.add_argument("--targets", nargs="+", default=list(value))
@@ -254,10 +254,10 @@ def recipe_args(ap: argparse.ArgumentParser, default: Recipe = Recipe()) -> None
             ap.add_argument("--" + f.name.replace("_", "-"), type=type(value), default=value)
 
 
-def recipe_from(args: argparse.Namespace) -> Recipe:
-    """The :class:`Recipe` the parsed ``recipe_args`` options name."""
-    return Recipe(**{f.name: tuple(getattr(args, f.name)) if f.name == "targets" else getattr(args, f.name)
-                     for f in fields(Recipe)})
+def recipe_from(args: argparse.Namespace) -> SafetyRecipe:
+    """The :class:`SafetyRecipe` the parsed ``recipe_args`` options name."""
+    return SafetyRecipe(**{f.name: tuple(getattr(args, f.name)) if f.name == "targets" else getattr(args, f.name)
+                     for f in fields(SafetyRecipe)})
 
 
 def adapter_digest(pm: Any) -> str:

@@ -28,7 +28,7 @@ from interp.patching.runs import (
     gather_aligned,
     run_with_capture,
 )
-from interp.sites import Site, expand_sites, parse_site, resolve_layers
+from interp.sites import WRITERS, Site, expand_sites, parse_site, resolve_layers
 
 
 @dataclass(frozen=True)
@@ -245,7 +245,7 @@ def sweep_heads(model: Model, pairs: PromptPairs, metric: Metric, layers: Sequen
 
 
 def sweep_layers(model: Model, pairs: PromptPairs, metric: Metric,
-                 sites: Sequence[str] = ("resid_pre", "attn_out", "mlp_out"), layers: Sequence[int] | None = None,
+                 sites: Sequence[str] = WRITERS, layers: Sequence[int] | None = None,
                  positions: int | Sequence[int] | None = None, source: str = "clean", target: str = "corrupted",
                  batch_size: int = 64, progress: bool = True) -> Sweep:
     """Patch each site kind at every aligned position (or ``positions``), one layer at a time: ``[L, kinds]``."""

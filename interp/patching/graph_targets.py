@@ -3,7 +3,7 @@
 Every target is ``value = vector . x_site[position] + const`` in the linearised model, so a graph's rows for
 targets are one gradient injection each. :class:`TopLogits` (the default): the top tokens' logits minus the mean
 logit (as circuit-tracer), weighted by their probabilities; :class:`LogitDiff`: ``logit(a) - logit(b)``;
-:class:`Direction`: the projection of the residual at a site and position on a vector (e.g. a refusal direction).
+:class:`Projection`: the projection of the residual at a site and position on a vector (e.g. a refusal direction).
 Logits are read at the unembedding's input (``ln_final.hook_out``) before any final soft-capping (Gemma-2).
 """
 
@@ -63,7 +63,7 @@ class LogitDiff:
 
 
 @dataclass
-class Direction:
+class Projection:
     """``vector . x[site][position]``: the residual at ``site`` (``resid_pre`` / ``resid_mid`` / ``resid_post`` at a
     layer, or ``ln_final.hook_out``) projected on ``vector [d_model]`` (not normalised: pass a unit vector for a
     projection)."""
@@ -74,7 +74,7 @@ class Direction:
     label: str = "direction"
 
 
-Target = TopLogits | LogitDiff | Direction
+Target = TopLogits | LogitDiff | Projection
 
 
 def _position(pos: int, n: int) -> int:
@@ -130,7 +130,7 @@ def _logit_diff(rm: ReplacementModel, run: ReplacementRun, t: LogitDiff) -> list
                     (W[a] - W[c]).detach(), const)]
 
 
-def _direction(rm: ReplacementModel, run: ReplacementRun, t: Direction) -> list[Readout]:
+def _direction(rm: ReplacementModel, run: ReplacementRun, t: Projection) -> list[Readout]:
     v = torch.as_tensor(getattr(t.vector, "vectors", t.vector))
     if v.dim() != 1 or v.shape[0] != rm.d_model:
         raise ValueError(f"the target direction has shape {tuple(v.shape)} but the residual of "
@@ -153,14 +153,14 @@ def resolve_targets(rm: ReplacementModel, run: ReplacementRun, target: Target | 
             out += _top_logits(rm, run, t)
         elif isinstance(t, LogitDiff):
             out += _logit_diff(rm, run, t)
-        elif isinstance(t, Direction):
+        elif isinstance(t, Projection):
             out += _direction(rm, run, t)
         else:
-            raise TypeError(f"a graph target is TopLogits(), LogitDiff(a, b) or Direction(vector, site), got "
+            raise TypeError(f"a graph target is TopLogits(), LogitDiff(a, b) or Projection(vector, site), got "
                             f"{type(t).__name__}")
     if not out:
         raise ValueError("no target given")
     return out
 
 
-__all__ = ["FINAL", "Direction", "LogitDiff", "Readout", "Target", "TopLogits", "resolve_targets", "token_id"]
+__all__ = ["FINAL", "LogitDiff", "Projection", "Readout", "Target", "TopLogits", "resolve_targets", "token_id"]

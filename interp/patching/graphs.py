@@ -179,7 +179,7 @@ def attribution_graph(rm: ReplacementModel, prompt: str | Sequence[int] | torch.
                       edge_threshold: float = 0.98, constant_positions: int = 0, progress: bool = False
                       ) -> AttributionGraph:
     """The attribution graph of ``prompt`` for ``target`` (default :class:`~patching.graph_targets.TopLogits`;
-    also ``LogitDiff(a, b)``, ``Direction(vector, site)`` or a list of them).
+    also ``LogitDiff(a, b)``, ``Projection(vector, site)`` or a list of them).
 
     ``max_positions``: the graph budget in tokens (a longer prompt is refused); ``max_feature_nodes``: at most this
     many feature nodes, the most influential ones (ranked from the rows computed so far); ``batch_size``: target

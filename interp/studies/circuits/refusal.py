@@ -31,7 +31,7 @@ from interp.evals.rates import fisher_greater
 from interp.models import Model
 from interp.patching import ReplacementModel, attribution_graph
 from interp.patching.graph_result import AttributionGraph
-from interp.patching.graph_targets import Direction
+from interp.patching.graph_targets import Projection
 from interp.studies.kit.runs import refusal_rate
 from sae.edits import TranscoderAblation
 from sae.model import SAE
@@ -156,7 +156,7 @@ def refusal_circuit(rm: ReplacementModel, prompts: list[str], direction: torch.T
         raise ValueError("give at least one prompt to graph and one held-out harmful prompt to evaluate on")
     r = direction.detach().float() / direction.float().norm()
     site = f"blocks.{layer}.hook_resid_pre" if layer < model.n_layers else "ln_final.hook_out"
-    target = Direction(r, site, -1, label=f"refusal direction @ {site}")
+    target = Projection(r, site, -1, label=f"refusal direction @ {site}")
     graphs = [attribution_graph(rm, p, target, max_feature_nodes=max_feature_nodes, max_positions=max_positions,
                                 batch_size=batch_size) for p in prompts]
     keep = None if positions == "all" else _post_positions(rm, prompts, max_positions)

@@ -35,7 +35,7 @@ from probes.directions import random_orthogonal
 
 
 @dataclass(frozen=True)
-class Direction:
+class OwnDirection:
     """The model's own refusal direction: ``raw`` (difference of means) at ``resid_pre`` of ``layer``, ``unit``;
     ``how``: ``"filters"`` (passed the refusal job's filters) or ``"lowest bypass"`` (none passed: the candidate
     whose ablation lowers the refusal score most)."""
@@ -69,7 +69,7 @@ def capability_cost(model: Model, prompts: list[str], answers: list[str], batch_
     return total / max(count, 1)
 
 
-def own_direction(model: Model, data: RefusalData, tokens: RefusalTokens, batch_size: int) -> Direction:
+def own_direction(model: Model, data: RefusalData, tokens: RefusalTokens, batch_size: int) -> OwnDirection:
     """Difference of means at every layer's resid_pre, last post-instruction token; the refusal job's selection."""
     cand = find_candidates(model, data, batch_size=batch_size)
     only = torch.zeros(cand.raw.shape[:2], dtype=torch.bool)
@@ -87,7 +87,7 @@ def own_direction(model: Model, data: RefusalData, tokens: RefusalTokens, batch_
         raise ValueError("harmful and harmless prompts have the same mean activation at every layer, so there is no "
                          "refusal direction; check the prompt sets")
     raw = cand.raw[li, -1].float()
-    return Direction(cand.layers[li], raw, raw / raw.norm(), how)
+    return OwnDirection(cand.layers[li], raw, raw / raw.norm(), how)
 
 
 def _score(model: Model, encs: list, tokens: list[int], ivs: list, batch_size: int) -> float:
@@ -148,7 +148,7 @@ def holders(model: Model, harmful: list[str], harmless: list[str], tokens: list[
     return out
 
 
-def steerability(model: Model, data: RefusalData, d: Direction, strengths: tuple[float, ...], max_new_tokens: int,
+def steerability(model: Model, data: RefusalData, d: OwnDirection, strengths: tuple[float, ...], max_new_tokens: int,
                  batch_size: int, seed: int, judge: Judge | None) -> list[dict[str, Any]]:
     """Refusal rate of greedy generations: harmless test prompts with ``alpha * raw`` added at resid_pre of the
     direction's layer, harmful test prompts with it subtracted, and with ``r`` ablated from every writer; each
@@ -170,5 +170,5 @@ def steerability(model: Model, data: RefusalData, d: Direction, strengths: tuple
     return rows
 
 
-__all__ = ["Direction", "behaviour", "capability_cost", "concentration_index", "group_effects", "holders",
+__all__ = ["OwnDirection", "behaviour", "capability_cost", "concentration_index", "group_effects", "holders",
            "layer_effects", "own_direction", "steerability"]

@@ -27,13 +27,14 @@ from interp.models import Model
 from interp.patching.activation import sweep_layers
 from interp.patching.measures import refusal_score
 from interp.patching.runs import make_pairs
+from interp.sites import WRITERS
 from interp.studies.multilingual.data import ParallelSafety
 from interp.studies.multilingual.neurons import refusal_ids
 
 if TYPE_CHECKING:
     import pandas as pd
 
-SITES = ("resid_pre", "attn_out", "mlp_out")
+SITES = WRITERS  # the residual writers (interp.sites.WRITERS)
 
 
 @dataclass

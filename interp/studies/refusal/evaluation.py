@@ -22,6 +22,7 @@ from interp.evals.logits import cross_entropy, kl_div, refusal_score
 from interp.evals.rates import rate
 from interp.forward import batches, cached_forward, forward, prepare
 from interp.models import Model
+from interp.sites import WRITERS
 from interp.studies.kit.prompt_sets import RefusalData
 from interp.studies.kit.scoring import ablation, prompt_logits
 from interp.studies.kit.stages import Candidates, RefusalTokens, Selection
@@ -250,7 +251,7 @@ def _ablated(model: Model, test: TestPrompts, bases: list[torch.Tensor], tokens:
              batch_size: int, judge: Judge | None = None, positions: str = "all") -> list[tuple[float, float]]:
     """Per basis ``[k, d]`` of ``bases``: harmful test refusal rate and mean refusal score with its span ablated at
     every writer, at ``positions`` (every token, or the post-instruction ones and every generated one)."""
-    ivs = [(steering.AblateSubspace(b, sites=("resid_pre", "attn_out", "mlp_out"), positions=positions),)
+    ivs = [(steering.AblateSubspace(b, sites=WRITERS, positions=positions),)
            for b in bases]
     return [(sum(flags) / len(flags), refusal_score(logits, tokens.tokens).mean().item())
             for _, flags, logits in test.judged_many("harmful", ivs, max_new_tokens, batch_size, judge)]
