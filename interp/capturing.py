@@ -177,10 +177,8 @@ def capture(model: Model, prompts: Sequence[str], sites: SiteSpec = "resid_post"
     (:mod:`interp.distributed`, e.g. under ``torchrun``): with ``out=`` (the default there) each rank writes its own
     shards of one store and rank 0 its manifest, byte-identical to a one-process capture; in memory (``True``)
     every rank gets all results. ``False``: this rank captures everything itself (a call made on one rank only).
-    ``sinks``: massive-activation positions (attention sinks, :func:`interp.positions.massive`: norm over
-    ``SINK_RATIO`` x the prompt's median at that site) are flagged per site in ``Activations.sinks`` ``[n, S, P]``
-    and left out of the mean rules (``"exclude"``, with a warning saying how many) unless ``"keep"``; the counts per
-    site are in ``meta["sinks"]``.
+    ``sinks``: massive positions (attention sinks, :func:`interp.positions.massive`) are flagged in ``.sinks [n, S, P]``
+    and left out of means (``"exclude"``: a warning, counts in ``meta["sinks"]``) unless ``"keep"``.
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -189,8 +187,7 @@ def capture(model: Model, prompts: Sequence[str], sites: SiteSpec = "resid_post"
     site_list = expand_sites(sites, model.n_layers, layers)
     width, shapes = site_widths(model, site_list)
     ids = _ids(texts, responses, labels, prompt_ids)
-    rule = describe(positions) + ("" if mean_skip_special or "mean" not in describe(positions) else "+special")
-    rule += "+sinks" if check_sinks(sinks) == "keep" and "mean" in rule else ""
+    rule = _rule(positions, mean_skip_special, sinks)
     meta = {"chat": chat, "batch_size": batch_size, "model_dtype": str(model.dtype), "family": model.spec.family,
             "site_shapes": shapes, "model": {"n_layers": model.n_layers, "d_model": model.d_model}}
     order = length_order(encs) if sort_by_length else None
@@ -211,13 +208,26 @@ def capture(model: Model, prompts: Sequence[str], sites: SiteSpec = "resid_post"
                                     parallel=par, sinks=sinks)
     if store is not None:
         return store
-    tensor, mask, flags, tally = acts_or_store
-    if order is not None:
-        tensor, mask, flags = _unsort(tensor, mask, flags, order)
-    meta["sinks"] = sink_note([x.name for x in site_list], tally, sinks, "mean" in rule)
+    tensor, mask, flags = _in_order(acts_or_store, order, meta, [x.name for x in site_list], sinks, "mean" in rule)
     return Activations(tensor=tensor, sites=[s.name for s in site_list], positions=rule, model_id=model.name,
                        prompt_ids=ids, labels=list(labels) if labels is not None else None, mask=mask, meta=meta,
-                       sinks=flags if flags is not None and flags.dtype == torch.bool else None)
+                       sinks=flags)
+
+
+def _rule(positions: PositionSpec, skip_special: bool, sinks: str) -> str:
+    """The position rule as recorded (``+special`` / ``+sinks``: a mean that keeps those tokens)."""
+    rule = describe(positions) + ("" if skip_special or "mean" not in describe(positions) else "+special")
+    return rule + ("+sinks" if check_sinks(sinks) == "keep" and "mean" in rule else "")
+
+
+def _in_order(got: tuple, order: list[int] | None, meta: dict[str, Any], names: list[str], sinks: str, mean: bool
+              ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """An in-memory capture's ``(tensor, mask, sink flags)`` in the caller's order; the sink note into ``meta``."""
+    tensor, mask, flags, tally = got
+    if order is not None:
+        tensor, mask, flags = _unsort(tensor, mask, flags, order)
+    meta["sinks"] = sink_note(names, tally, sinks, mean)
+    return tensor, mask, flags if flags is not None and flags.dtype == torch.bool else None
 
 
 def _encode(model: Model, prompts: Any, chat: bool, responses: Sequence[str] | None, system: str | None
