@@ -83,6 +83,7 @@ class TokenStream:
         self.buffer_tokens = max(buffer_tokens, 2 * batch_size)
         self.site: str | None = None
         self.model_id = ""
+        self.model_shape: dict[str, Any] | None = None  # the capture's meta["model"] (n_layers, d_model), if known
         self._store = None
         self._tokens: torch.Tensor | None = None
         self.target_site: str | None = None
@@ -102,6 +103,7 @@ class TokenStream:
             if target_site is not None:
                 self.target_site, self.d_out = _pick_site(list(source.sites), target_site, what), int(source.d_model)
             self.model_id = source.manifest.get("model_id", "") if hasattr(source, "manifest") else ""
+            self.model_shape = source.manifest.get("meta", {}).get("model") if hasattr(source, "manifest") else None
         elif hasattr(source, "flat_tokens") and hasattr(source, "sites"):
             self.site = _pick_site(list(source.sites), site, "these Activations")
             if target_site is not None:
@@ -109,7 +111,7 @@ class TokenStream:
             self._tokens = self._read(source)
             if target_site is not None:
                 self._tokens, self.d_out = _pair((self._tokens[:, 0], self._tokens[:, 1]))
-            self.model_id = source.model_id
+            self.model_id, self.model_shape = source.model_id, source.meta.get("model")
             self._warn()
         else:
             raise TypeError(f"cannot train on {type(source).__name__}; pass a tensor [n, d], Activations or an "

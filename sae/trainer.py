@@ -235,6 +235,7 @@ class Trainer:
             sae.cfg.meta["target_scale"] = self.target_scale
         sae.cfg.meta.update({"trained_tokens": self.step * self.cfg.batch_size, "input_scale": self.scale,
                              "sinks_left_out": self.stream.n_sinks,
+                             **({"model": self.stream.model_shape} if self.stream.model_shape else {}),
                              "train_cfg": self.cfg.comparable(), **({"processes": self.world} if self.world > 1 else {})})
         if self.out_dir is not None:
             dist.on_main(lambda: sae.save(self.out_dir / "sae"))  # one writer; the others wait until it is there
