@@ -11,6 +11,7 @@ from jaxtyping import Float
 
 from interp.bundle import Provenance, read_object, register_kind, save_object
 from interp.io import content_hash
+from interp.positions import check_sinks, massive
 from interp.sites import parse_site
 
 KIND = "interp.Activations"
@@ -29,7 +30,9 @@ class Activations:
     (``mlp_post``), ``n_heads * d_head`` for per-head ``attn_z``, stored flattened (head-major, as the output
     projection reads it) so probes and SAEs take every site alike; :meth:`site_view` restores
     ``[.., n_heads, d_head]`` from ``meta["site_shapes"]``. ``prompt_ids`` from :func:`interp.capture` are
-    content ids; built by hand without them they default to ``"0".."n-1"``.
+    content ids; built by hand without them they default to ``"0".."n-1"``. ``sinks`` ``[n_prompts, n_sites,
+    n_positions]`` flags the massive-activation positions found at capture (:func:`interp.positions.massive`), which
+    :meth:`flat_tokens` leaves out by default.
     """
 
     tensor: torch.Tensor
@@ -40,6 +43,7 @@ class Activations:
     labels: list[Any] | None = None
     mask: torch.Tensor | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    sinks: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.tensor.dim() not in (3, 4):
@@ -52,6 +56,9 @@ class Activations:
         for name, seq in (("prompt_ids", self.prompt_ids), ("labels", self.labels)):
             if seq is not None and len(seq) != n:
                 raise ValueError(f"{name} has {len(seq)} entries for {n} prompts")
+        if self.sinks is not None and tuple(self.sinks.shape) != tuple(self.tensor.shape[:3]):
+            raise ValueError(f"sinks must be [n_prompts, n_sites, n_positions] = {tuple(self.tensor.shape[:3])}, got "
+                             f"{tuple(self.sinks.shape)}")
 
     # --- shape -------------------------------------------------------------------------------
     @property
@@ -109,6 +116,7 @@ class Activations:
             labels=None if self.labels is None else [self.labels[i] for i in idx],
             mask=None if self.mask is None else self.mask[idx],
             meta=dict(self.meta),
+            sinks=None if self.sinks is None else self.sinks[idx],
         )
 
     def __len__(self) -> int:
@@ -121,16 +129,34 @@ class Activations:
         out.labels = list(labels)
         return out
 
-    def flat_tokens(self, site: str | None = None) -> torch.Tensor:
-        """Real tokens only, padding dropped: ``[n_tokens, n_sites, d]`` (or ``[n_tokens, d]`` for one site)."""
+    def flat_tokens(self, site: str | None = None, sinks: str = "exclude",
+                    sinks_at: list[str] | None = None) -> torch.Tensor:
+        """Real tokens only, padding dropped: ``[n_tokens, n_sites, d]`` (or ``[n_tokens, d]`` for one site).
+
+        ``sinks="exclude"`` also drops the massive-activation positions (attention sinks) flagged at ``site`` (every
+        site when ``None``; ``sinks_at``: these sites instead, e.g. a transcoder's input and target, so both keep
+        the same tokens); ``"keep"`` keeps every real token."""
         if not self.has_positions:
             t = self.tensor
         else:
-            m = self.mask if self.mask is not None else torch.ones(self.tensor.shape[:1] + self.tensor.shape[2:3], dtype=torch.bool)
-            t = self.tensor.permute(0, 2, 1, 3)[m]
+            t = self.tensor.permute(0, 2, 1, 3)[self.kept(sinks_at or ([site] if site else None), sinks)]
         if site is not None:
             return t[:, self.sites.index(parse_site(site).name)]
         return t
+
+    def kept(self, sites: list[str] | None = None, sinks: str = "exclude") -> torch.Tensor:
+        """``[n_prompts, n_positions]`` real positions, less (``sinks="exclude"``) those flagged massive at any of
+        ``sites`` (default every site): flags from capture, else found now from the tensor by the same rule."""
+        shape = self.tensor.shape[:1] + self.tensor.shape[2:3]
+        m = self.mask if self.mask is not None else torch.ones(shape, dtype=torch.bool)
+        if check_sinks(sinks) == "keep":
+            return m
+        idx = [self.sites.index(parse_site(s).name) for s in sites] if sites else list(range(len(self.sites)))
+        if self.sinks is not None:
+            flags = self.sinks[:, idx].any(1)
+        else:
+            flags = torch.stack([massive(self.tensor[:, i], m) for i in idx], 1).any(1)
+        return m & ~flags
 
     @staticmethod
     def concat(parts: list[Activations], on_duplicate: str = "error") -> Activations:
@@ -147,11 +173,13 @@ class Activations:
                 raise ValueError("cannot concat Activations with different sites, position rules or widths")
         tensors = [p.tensor for p in parts]
         masks = [p.mask for p in parts]
+        flags = [p.sinks for p in parts] if first.has_positions and all(p.sinks is not None for p in parts) else None
         if first.has_positions:
             width = max(t.shape[2] for t in tensors)
             tensors = [_left_pad(t, width, dim=2) for t in tensors]
             masks = [_left_pad(m if m is not None else torch.ones(t.shape[0], t.shape[2], dtype=torch.bool), width, dim=1)
                      for m, t in zip(masks, [p.tensor for p in parts], strict=False)]
+            flags = None if flags is None else [_left_pad(f, width, dim=2) for f in flags]
         labels = None
         if all(p.labels is not None for p in parts):
             labels = [lab for p in parts for lab in p.labels]
@@ -164,6 +192,7 @@ class Activations:
             labels=labels,
             mask=torch.cat(masks) if first.has_positions else None,
             meta=dict(first.meta),
+            sinks=None if flags is None else torch.cat(flags),
         )
 
     def data_hash(self) -> str:
@@ -182,6 +211,8 @@ class Activations:
         tensors = {"activations": self.tensor}
         if self.mask is not None:
             tensors["mask"] = self.mask
+        if self.sinks is not None:
+            tensors["sinks"] = self.sinks
         own = {"positions": self.positions, "prompt_ids": self.prompt_ids, "labels": self.labels,
                "dtype": str(self.tensor.dtype)}
         save_object(path, KIND, tensors, self.provenance, own, overwrite=overwrite)
@@ -192,7 +223,7 @@ class Activations:
         b = read_object(path, KIND)
         return cls(tensor=b.tensors["activations"], sites=b.provenance.sites, positions=b.fields["positions"],
                    model_id=b.provenance.model_id, prompt_ids=b.fields["prompt_ids"], labels=b.fields["labels"],
-                   mask=b.tensors.get("mask"), meta=b.provenance.meta)
+                   mask=b.tensors.get("mask"), meta=b.provenance.meta, sinks=b.tensors.get("sinks"))
 
     def __repr__(self) -> str:
         return (f"Activations(n_prompts={self.n_prompts}, sites={len(self.sites)}, positions={self.positions!r}, "

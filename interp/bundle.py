@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import os
+import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
@@ -99,6 +100,25 @@ class Fitted:
         kw = {"method": self.method, "model_id": self.model_id, "data_hash": self.data_hash,
               "fitted_on": list(self.fitted_on), "meta": dict(self.meta), "created_with": self.created_with}
         return {**kw, **changes}
+
+
+def check_model(obj: Any, model: Any, what: str = "this object") -> None:
+    """Check a fitted object (or its :class:`Provenance`) against the ``model`` it is applied to: silent on its own
+    model, a warning on another of the same shape, an error when the width or layer count differs (recorded at
+    capture in ``meta["model"]``). Objects without provenance (plain tensors) pass."""
+    prov = obj if isinstance(obj, Provenance) else getattr(obj, "provenance", None)
+    if not isinstance(prov, Provenance):
+        return
+    name, shape = getattr(model, "name", ""), prov.meta.get("model") or {}
+    here = {"n_layers": getattr(model, "n_layers", None), "d_model": getattr(model, "d_model", None)}
+    if any(shape.get(k) is not None and here[k] is not None and int(shape[k]) != int(here[k]) for k in here):
+        raise ValueError(f"{what} was fitted on {prov.model_id or 'another model'!r} ({shape.get('n_layers')} layers, "
+                         f"width {shape.get('d_model')}) but {name or 'this model'!r} has {here['n_layers']} layers, "
+                         f"width {here['d_model']}: refit it on this model's activations")
+    if prov.model_id and name and prov.model_id != name:
+        warnings.warn(f"{what} was fitted on {prov.model_id!r} and is applied to {name!r} (same width and layer "
+                      f"count): fine for a model and its fine-tune, else refit it on this model", UserWarning,
+                      stacklevel=3)
 
 
 def from_provenance(p: Provenance) -> dict[str, Any]:
@@ -290,6 +310,6 @@ class Result:
         return {k: v for k, v in out.items() if v is not _SKIP}
 
 
-__all__ = ["Bundle", "FORMAT", "Fitted", "OUR_PACKAGES", "PACKAGE_VERSION", "Provenance", "Result", "from_provenance",
+__all__ = ["Bundle", "FORMAT", "Fitted", "OUR_PACKAGES", "PACKAGE_VERSION", "Provenance", "Result", "check_model", "from_provenance",
            "load", "load_result", "read_kind", "read_object", "register_kind", "result_kind", "save_object",
            "save_result"]

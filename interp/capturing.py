@@ -24,33 +24,42 @@ from interp.forward import batches, encode_ids, forward, length_order, prepare
 from interp.hooking import HookContext, StopForward, site_shape
 from interp.models import Model
 from interp.nnsight_backend import NNsightModel, trace_batch
-from interp.positions import Plan, PositionSpec, describe, plan
+from interp.positions import Plan, PositionSpec, check_sinks, describe, plan, sink_note
 from interp.sites import Site, SiteSpec, expand_sites
 from interp.store import ActivationStore
 
 
 def run_batch(model: Model, batch: Batch, sites: list[Site], rule: PositionSpec, out_dtype: torch.dtype,
-              need_logits: bool = False, skip_special: bool = True, pin: bool = False
+              need_logits: bool = False, skip_special: bool = True, pin: bool = False, sinks: str = "exclude"
               ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """One forward pass keeping ``sites`` at ``rule``; returns ``([b, S, (P,) width], mask, logits)`` on the CPU.
+    """One forward pass keeping ``sites`` at ``rule``; returns ``([b, S, (P,) width], mask, logits)`` on the CPU
+    (:func:`run_batch_flagged` adds the sink flags)."""
+    return run_batch_flagged(model, batch, sites, rule, out_dtype, need_logits, skip_special, pin, sinks)[:3]
+
+
+def run_batch_flagged(model: Model, batch: Batch, sites: list[Site], rule: PositionSpec, out_dtype: torch.dtype,
+                      need_logits: bool = False, skip_special: bool = True, pin: bool = False, sinks: str = "exclude"
+                      ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    """:func:`run_batch` and ``flags``: the massive-activation positions (:func:`interp.positions.massive`),
+    ``[b, S, P]`` bool where positions are kept, else ``[b, S]`` counts (left out of a mean unless
+    ``sinks='keep'``); ``None`` when unknown.
 
     Per-head sites arrive ``[.., n_heads, d_head]`` and are kept flattened to ``n_heads * d_head`` (the
     concatenated head outputs, as the output projection reads them); every site of one call shares one width.
     Copies off a GPU are non-blocking; ``pin`` puts the CPU buffer in pinned memory so they really overlap (for
     a buffer that is written out and freed, e.g. a store shard: torch's host allocator recycles it)."""
-    p = plan(rule, batch, skip_special=skip_special)
+    p = plan(rule, batch, skip_special=skip_special, sinks=sinks)
     if isinstance(model, NNsightModel):  # one nnsight trace (locally or on NDIF), the same plan
-        ys, logits = trace_batch(model, batch, [(s, p) for s in sites], logits="all" if need_logits else None)
-        acts, mask = _masked(torch.stack(ys, 1).to(out_dtype), p)
-        return acts, mask, None if logits is None else logits.to("cpu")
+        return _run_nnsight(model, batch, sites, p, out_dtype, need_logits)
     n = len(sites)
     buf: list[torch.Tensor] = []  # [b, S, (P,) d] on the CPU, allocated at the first hook
+    flags: list[torch.Tensor | None] = [None] * n
     seen: set[int] = set()
     devices: set[torch.device] = set()
 
     def make(i: int):
         def fn(x: torch.Tensor, ctx: HookContext) -> None:
-            y = p.apply(x.flatten(2) if x.dim() > 3 else x)
+            y, flags[i] = p.take(x.flatten(2) if x.dim() > 3 else x)
             devices.add(y.device)
             if not buf:
                 with torch.inference_mode(False):  # a normal tensor, so users can edit it in place later
@@ -74,7 +83,26 @@ def run_batch(model: Model, batch: Batch, sites: list[Site], rule: PositionSpec,
     if missing:
         raise RuntimeError(f"sites {missing} never fired during the forward pass; is the ArchSpec right for this model?")
     acts, mask = _masked(buf[0], p)
-    return acts, mask, logits
+    return acts, mask, logits, _stacked(flags, p)
+
+
+def _run_nnsight(model: NNsightModel, batch: Batch, sites: list[Site], p: Plan, out_dtype: torch.dtype,
+                 need_logits: bool) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, Any]:
+    """:func:`run_batch` through one nnsight trace; a mean that leaves out sinks reads every token and averages here."""
+    local = p.weights is not None and p.sinks == "exclude"
+    read = Plan(mask=p.real) if local else p
+    ys, logits = trace_batch(model, batch, [(s, read) for s in sites], logits="all" if need_logits else None)
+    got = [p.take(y.float()) for y in ys] if local else [(y, None) for y in ys]
+    acts, mask = _masked(torch.stack([y for y, _ in got], 1).to(out_dtype), p)
+    return acts, mask, None if logits is None else logits.to("cpu"), _stacked([f for _, f in got], p)
+
+
+def _stacked(flags: list[torch.Tensor | None], p: Plan) -> torch.Tensor | None:
+    """Per-site flags as ``[b, S, P]`` bool (positions kept) or ``[b, S]`` counts (means, one position)."""
+    if not flags or any(f is None for f in flags):
+        return None
+    f = torch.stack([t.to("cpu") for t in flags], 1)
+    return f.sum(-1) if f.dtype == torch.bool and p.n_positions is None else f
 
 
 def _masked(acts: torch.Tensor, p: Plan) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -110,8 +138,8 @@ def capture(model: Model, prompts: Sequence[str], sites: SiteSpec = ..., positio
             labels: Sequence[Any] | None = ..., prompt_ids: Sequence[str] | None = ...,
             dtype: torch.dtype = ..., layers: Sequence[int] | None = ..., system: str | None = ...,
             out: None = ..., overwrite: bool = ..., progress: bool = ...,
-            mean_skip_special: bool = ..., sort_by_length: bool = ..., distributed: bool | None = ...
-            ) -> Activations: ...
+            mean_skip_special: bool = ..., sort_by_length: bool = ..., distributed: bool | None = ...,
+            sinks: str = ...) -> Activations: ...
 
 
 @overload
@@ -120,8 +148,8 @@ def capture(model: Model, prompts: Sequence[str], sites: SiteSpec = ..., positio
             labels: Sequence[Any] | None = ..., prompt_ids: Sequence[str] | None = ...,
             dtype: torch.dtype = ..., layers: Sequence[int] | None = ..., system: str | None = ...,
             *, out: str | os.PathLike, overwrite: bool = ..., progress: bool = ...,
-            mean_skip_special: bool = ..., sort_by_length: bool = ..., distributed: bool | None = ...
-            ) -> ActivationStore: ...
+            mean_skip_special: bool = ..., sort_by_length: bool = ..., distributed: bool | None = ...,
+            sinks: str = ...) -> ActivationStore: ...
 
 
 def capture(model: Model, prompts: Sequence[str], sites: SiteSpec = "resid_post", positions: PositionSpec = "last",
@@ -130,7 +158,7 @@ def capture(model: Model, prompts: Sequence[str], sites: SiteSpec = "resid_post"
             dtype: torch.dtype = torch.float32, layers: Sequence[int] | None = None, system: str | None = None,
             out: str | os.PathLike | None = None, overwrite: bool = False,
             progress: bool = True, mean_skip_special: bool = True, sort_by_length: bool = False,
-            distributed: bool | None = None) -> Activations | ActivationStore:
+            distributed: bool | None = None, sinks: str = "exclude") -> Activations | ActivationStore:
     """Capture activations of ``prompts`` at ``sites`` and ``positions``.
 
     ``prompts``: strings, or token ids (lists of ints or an integer tensor ``[n, T]``: every token real, no chat
@@ -149,6 +177,8 @@ def capture(model: Model, prompts: Sequence[str], sites: SiteSpec = "resid_post"
     (:mod:`interp.distributed`, e.g. under ``torchrun``): with ``out=`` (the default there) each rank writes its own
     shards of one store and rank 0 its manifest, byte-identical to a one-process capture; in memory (``True``)
     every rank gets all results. ``False``: this rank captures everything itself (a call made on one rank only).
+    ``sinks``: massive positions (attention sinks, :func:`interp.positions.massive`) are flagged in ``.sinks [n, S, P]``
+    and left out of means (``"exclude"``: a warning, counts in ``meta["sinks"]``) unless ``"keep"``.
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -157,9 +187,9 @@ def capture(model: Model, prompts: Sequence[str], sites: SiteSpec = "resid_post"
     site_list = expand_sites(sites, model.n_layers, layers)
     width, shapes = site_widths(model, site_list)
     ids = _ids(texts, responses, labels, prompt_ids)
-    rule = describe(positions) + ("" if mean_skip_special or "mean" not in describe(positions) else "+special")
+    rule = _rule(positions, mean_skip_special, sinks)
     meta = {"chat": chat, "batch_size": batch_size, "model_dtype": str(model.dtype), "family": model.spec.family,
-            "site_shapes": shapes}
+            "site_shapes": shapes, "model": {"n_layers": model.n_layers, "d_model": model.d_model}}
     order = length_order(encs) if sort_by_length else None
     all_batches = batches(model, encs if order is None else [encs[i] for i in order], batch_size)
     store = None
@@ -175,12 +205,29 @@ def capture(model: Model, prompts: Sequence[str], sites: SiteSpec = "resid_post"
 
     acts_or_store = capture_batches(model, all_batches, site_list, positions, dtype=dtype, store=store,
                                     progress=progress, desc=f"capture {model.name}", skip_special=mean_skip_special,
-                                    parallel=par)
+                                    parallel=par, sinks=sinks)
     if store is not None:
         return store
-    tensor, mask = acts_or_store if order is None else _unsort(*acts_or_store, order)
+    tensor, mask, flags = _in_order(acts_or_store, order, meta, [x.name for x in site_list], sinks, "mean" in rule)
     return Activations(tensor=tensor, sites=[s.name for s in site_list], positions=rule, model_id=model.name,
-                       prompt_ids=ids, labels=list(labels) if labels is not None else None, mask=mask, meta=meta)
+                       prompt_ids=ids, labels=list(labels) if labels is not None else None, mask=mask, meta=meta,
+                       sinks=flags)
+
+
+def _rule(positions: PositionSpec, skip_special: bool, sinks: str) -> str:
+    """The position rule as recorded (``+special`` / ``+sinks``: a mean that keeps those tokens)."""
+    rule = describe(positions) + ("" if skip_special or "mean" not in describe(positions) else "+special")
+    return rule + ("+sinks" if check_sinks(sinks) == "keep" and "mean" in rule else "")
+
+
+def _in_order(got: tuple, order: list[int] | None, meta: dict[str, Any], names: list[str], sinks: str, mean: bool
+              ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """An in-memory capture's ``(tensor, mask, sink flags)`` in the caller's order; the sink note into ``meta``."""
+    tensor, mask, flags, tally = got
+    if order is not None:
+        tensor, mask, flags = _unsort(tensor, mask, flags, order)
+    meta["sinks"] = sink_note(names, tally, sinks, mean)
+    return tensor, mask, flags if flags is not None and flags.dtype == torch.bool else None
 
 
 def _encode(model: Model, prompts: Any, chat: bool, responses: Sequence[str] | None, system: str | None
@@ -230,27 +277,29 @@ def _open_store(out: str | os.PathLike, manifest: dict[str, Any], overwrite: boo
     return store if store is not None else ActivationStore(out)
 
 
-def _unsort(tensor: torch.Tensor, mask: torch.Tensor | None, order: list[int]
-            ) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _unsort(tensor: torch.Tensor, mask: torch.Tensor | None, flags: torch.Tensor | None, order: list[int]
+            ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Rows captured in ``order`` put back in the caller's order."""
     inverse = torch.empty(len(order), dtype=torch.long)
     inverse[torch.tensor(order, dtype=torch.long)] = torch.arange(len(order))
-    return tensor[inverse], None if mask is None else mask[inverse]
+    return tensor[inverse], None if mask is None else mask[inverse], None if flags is None else flags[inverse]
 
 
 def capture_batches(model: Model, all_batches: list[Batch], sites: list[Site], positions: PositionSpec,
                     dtype: torch.dtype = torch.float32, store: ActivationStore | None = None, progress: bool = False,
-                    desc: str = "capture", skip_special: bool = True, parallel: bool = False) -> Any:
-    """The capture loop over prepared batches: ``(tensor, mask)`` in memory, or shards written to ``store``.
+                    desc: str = "capture", skip_special: bool = True, parallel: bool = False,
+                    sinks: str = "exclude") -> Any:
+    """The capture loop over prepared batches: ``(tensor, mask, sink flags, sink counts per site)`` in memory, or
+    shards written to ``store`` (with their sink flags).
 
     ``parallel``: this rank runs only its own batches (:func:`interp.distributed.owns`); a failure on any rank
     stops every rank; rank 0 finishes the store after all shards are written, in memory every rank gets all."""
     mine = [k for k in range(len(all_batches)) if not parallel or dist.owns(k)]
-    results: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}
+    results: dict[int, tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]] = {}
     err = None
     try:
         results = _run_batches(model, all_batches, mine, sites, positions, dtype, store, progress and dist.is_main(),
-                               desc, skip_special)
+                               desc, skip_special, sinks)
     except Exception as e:  # every rank must reach the agreement below
         if not parallel:
             raise
@@ -258,6 +307,7 @@ def capture_batches(model: Model, all_batches: list[Batch], sites: list[Site], p
     if parallel:
         dist.agree(err)
     if store is not None:
+        sink_note([x.name for x in sites], results.get(-1, (None, None, None))[2], sinks, "mean" in describe(positions))  # the warning
         if parallel:
             dist.on_main(lambda: store.finish(dist.process_info()))
             return store.reload()
@@ -265,17 +315,23 @@ def capture_batches(model: Model, all_batches: list[Batch], sites: list[Site], p
         return store
     if parallel:
         for part in dist.gather_objects(results):
-            results.update(part)
+            results.update({k: v for k, v in part.items() if k >= 0})
     got = [results[k] for k in range(len(all_batches))]
-    return _join([a for a, _ in got], [m for _, m in got])
+    flags = [f for _, _, f in got]
+    counts = None if any(f is None for f in flags) else sum((f.sum(-1) if f.dim() == 3 else f).sum(0) for f in flags)
+    keep = flags if all(f is not None and f.dtype == torch.bool for f in flags) else None
+    tensor, mask, sink_flags = _join([a for a, _, _ in got], [m for _, m, _ in got], keep)
+    return tensor, mask, sink_flags, counts
 
 
 def _run_batches(model: Model, all_batches: list[Batch], mine: list[int], sites: list[Site], positions: PositionSpec,
-                 dtype: torch.dtype, store: ActivationStore | None, progress: bool, desc: str, skip_special: bool
-                 ) -> dict[int, tuple[torch.Tensor, torch.Tensor | None]]:
-    """Batches ``mine``: written to ``store`` (skipping shards already there) or returned by index."""
+                 dtype: torch.dtype, store: ActivationStore | None, progress: bool, desc: str, skip_special: bool,
+                 sinks: str = "exclude") -> dict[int, tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]]:
+    """Batches ``mine``: written to ``store`` (skipping shards already there; key ``-1`` then holds the sink
+    counts per site of the batches run) or returned by index as ``(acts, mask, sink flags)``."""
     pin = store is not None and model.device.type == "cuda"
-    out: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}
+    out: dict[int, tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]] = {}
+    tally = torch.zeros(len(sites), dtype=torch.long)
     bar = tqdm(total=sum(all_batches[k].input_ids.shape[0] for k in mine), desc=desc, unit="prompt",
                disable=not progress, leave=False)
     try:
@@ -284,15 +340,20 @@ def _run_batches(model: Model, all_batches: list[Batch], mine: list[int], sites:
             if store is not None and store.has_shard(k):
                 bar.update(batch.input_ids.shape[0])
                 continue
-            acts, mask, _ = run_batch(model, batch, sites, positions, dtype, skip_special=skip_special, pin=pin)
+            acts, mask, _, flags = run_batch_flagged(model, batch, sites, positions, dtype, skip_special=skip_special, pin=pin,
+                                             sinks=sinks)
             _check_finite(acts, k)
             if store is not None:
-                store.write_shard(k, acts, mask)
+                store.write_shard(k, acts, mask, sinks=flags if flags is not None and flags.dim() == 3 else None)
+                if flags is not None:
+                    tally += (flags.sum(-1) if flags.dim() == 3 else flags).sum(0)
             else:
-                out[k] = (acts, mask)
+                out[k] = (acts, mask, flags)
             bar.update(acts.shape[0])
     finally:
         bar.close()
+    if store is not None:
+        out[-1] = (torch.empty(0), None, tally)
     return out
 
 
@@ -302,18 +363,22 @@ def _check_finite(acts: torch.Tensor, k: int) -> None:
                                  f"or check the weights)")
 
 
-def _join(results: list[torch.Tensor], masks: list[torch.Tensor | None]) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _join(results: list[torch.Tensor], masks: list[torch.Tensor | None], flags: list[torch.Tensor] | None = None
+          ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """Batches stacked, left-padded to the widest; ``flags [b, S, P]`` padded alike (or ``None``)."""
     if masks[0] is None:
-        return torch.cat(results), None
+        return torch.cat(results), None, None
     width = max(r.shape[2] for r in results)
     n, S, d = sum(r.shape[0] for r in results), results[0].shape[1], results[0].shape[-1]
     tensor = torch.zeros(n, S, width, d, dtype=results[0].dtype)
     mask = torch.zeros(n, width, dtype=torch.bool)
+    sink = torch.zeros(n, S, width, dtype=torch.bool) if flags is not None else None
     i = 0
-    for r, m in zip(results, masks, strict=False):
+    for j, (r, m) in enumerate(zip(results, masks, strict=False)):
         b, P = r.shape[0], r.shape[2]
         tensor[i:i + b, :, width - P:] = r
         mask[i:i + b, width - P:] = m
+        if sink is not None:
+            sink[i:i + b, :, width - P:] = flags[j]
         i += b
-    return tensor, mask
-
+    return tensor, mask, sink

@@ -74,10 +74,13 @@ class ActivationStore:
     def has_shard(self, k: int) -> bool:
         return (self.path / shard_name(k)).exists()
 
-    def write_shard(self, k: int, acts: torch.Tensor, mask: torch.Tensor | None = None) -> None:
+    def write_shard(self, k: int, acts: torch.Tensor, mask: torch.Tensor | None = None,
+                    sinks: torch.Tensor | None = None) -> None:
         tensors = {"activations": acts}
         if mask is not None:
             tensors["mask"] = mask
+        if sinks is not None:  # [b, S, P] massive-activation flags (interp.positions.massive)
+            tensors["sinks"] = sinks
         write_safetensors(self.path / shard_name(k), tensors)
 
     def finish(self, process: dict[str, Any] | None = None) -> None:
@@ -150,7 +153,7 @@ class ActivationStore:
         ids, labels = self.manifest["prompt_ids"], self.manifest.get("labels")
         return Activations(tensor=t["activations"], sites=self.sites, positions=self.positions,
                            model_id=self.manifest.get("model_id", ""), prompt_ids=[ids[i] for i in rows],
-                           labels=None if labels is None else [labels[i] for i in rows], mask=t.get("mask"),
+                           labels=None if labels is None else [labels[i] for i in rows], mask=t.get("mask"), sinks=t.get("sinks"),
                            meta=dict(self.manifest.get("meta", {})))
 
     def iter_shards(self) -> Iterator[Activations]:

@@ -38,6 +38,11 @@ class ProbeData:
     def n(self) -> int:
         return self.X.shape[0]
 
+    def carried(self) -> dict[str, Any]:
+        """What a fitted object's provenance keeps of the capture's meta: the model's shape (``model``: checked
+        when the object is applied, :func:`interp.bundle.check_model`) and the sink note (``sinks``)."""
+        return {k: self.meta[k] for k in ("model", "sinks") if k in self.meta}
+
     @property
     def n_layers(self) -> int:
         return self.X.shape[1]

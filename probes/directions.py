@@ -22,7 +22,7 @@ METHODS = ("mean_diff", "pca_diff", "pca", "lda", "logistic")
 def _direction(raw: torch.Tensor, data: ProbeData, method: str, dtype: torch.dtype, **meta: Any) -> Direction:
     return Direction.from_vectors(raw.to(dtype), data.sites, method=method, model_id=data.model_id,
                                   data_hash=data.data_hash, fitted_on=list(data.sample_ids),
-                                  meta={"classes": [str(c) for c in data.classes], **meta})
+                                  meta={"classes": [str(c) for c in data.classes], **data.carried(), **meta})
 
 
 def diff_of_means(X: Any, y: Any = None, *, positive: Any = None) -> Direction:

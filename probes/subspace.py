@@ -16,7 +16,7 @@ from probes.objects import Direction, Subspace
 def _subspace(bases: torch.Tensor, strengths: torch.Tensor, data: ProbeData, method: str,
               names: list[str] | None = None, **meta: Any) -> Subspace:
     return Subspace(bases.to(data.X.dtype), strengths.to(data.X.dtype), list(data.sites), names, method=method,
-                    model_id=data.model_id, data_hash=data.data_hash, fitted_on=list(data.sample_ids), meta=meta)
+                    model_id=data.model_id, data_hash=data.data_hash, fitted_on=list(data.sample_ids), meta={**data.carried(), **meta})
 
 
 def category_subspace(X: Any, categories: Any = None, *, reference: Any = None, order: str = "norm") -> Subspace:

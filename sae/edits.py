@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from interp.bundle import check_model
 from sae.model import SAE
 
 HookFn = Callable[[torch.Tensor, Any], "torch.Tensor | None"]
@@ -34,6 +35,7 @@ def check_site(sae: SAE, model: Any, site: str | None = None) -> str:
     """Resolve the site an SAE applies to on ``model`` and check the widths agree; returns the site name."""
     from interp.sites import parse_site
 
+    check_model(sae, model, "this SAE")
     name = site or sae.site
     if name is None:
         raise ValueError("this SAE does not record its site; pass site='blocks.L.hook_resid_post' (or similar)")

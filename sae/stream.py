@@ -8,11 +8,14 @@ A store is read shard by shard through a shuffling buffer, so memory stays bound
 from __future__ import annotations
 
 import copy
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 from jaxtyping import Float
+
+from interp.positions import check_sinks
 
 
 def _bad_values(t: torch.Tensor, where: str) -> None:
@@ -61,20 +64,26 @@ class TokenStream:
     memory every rank draws the same global stream of ``world * batch_size`` rows and keeps its slice, so the
     ranks' batches together are exactly the one-process batch. From a store each rank reads only its own shards
     (round robin) through its own shuffling buffer, seeded per rank: no rank reads another's tokens.
+
+    ``sinks="exclude"``: tokens of an Activations / store flagged as massive activations (attention sinks,
+    :func:`interp.positions.massive`) at the site (or the target site) are left out, with a warning; ``n_sinks``
+    counts them (a store's as its shards are read). Plain tensors carry no flags and are taken as they are.
     """
 
     def __init__(self, source: Any, batch_size: int, seed: int = 0, site: str | None = None,
                  buffer_tokens: int = 1 << 18, device: str | torch.device = "cpu", rank: int = 0, world: int = 1,
-                 target_site: str | None = None):
+                 target_site: str | None = None, sinks: str = "exclude"):
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if not 0 <= rank < world:
             raise ValueError(f"rank must be in 0..{world - 1}, got {rank}")
         self.batch_size, self.seed, self.device = batch_size, seed, torch.device(device)
         self.rank, self.world = rank, world
+        self.sinks, self.n_sinks = check_sinks(sinks), 0
         self.buffer_tokens = max(buffer_tokens, 2 * batch_size)
         self.site: str | None = None
         self.model_id = ""
+        self.model_shape: dict[str, Any] | None = None  # the capture's meta["model"] (n_layers, d_model), if known
         self._store = None
         self._tokens: torch.Tensor | None = None
         self.target_site: str | None = None
@@ -94,13 +103,16 @@ class TokenStream:
             if target_site is not None:
                 self.target_site, self.d_out = _pick_site(list(source.sites), target_site, what), int(source.d_model)
             self.model_id = source.manifest.get("model_id", "") if hasattr(source, "manifest") else ""
+            self.model_shape = source.manifest.get("meta", {}).get("model") if hasattr(source, "manifest") else None
         elif hasattr(source, "flat_tokens") and hasattr(source, "sites"):
             self.site = _pick_site(list(source.sites), site, "these Activations")
-            self._tokens = source.flat_tokens(self.site)
             if target_site is not None:
                 self.target_site = _pick_site(list(source.sites), target_site, "these Activations")
-                self._tokens, self.d_out = _pair((self._tokens, source.flat_tokens(self.target_site)))
-            self.model_id = source.model_id
+            self._tokens = self._read(source)
+            if target_site is not None:
+                self._tokens, self.d_out = _pair((self._tokens[:, 0], self._tokens[:, 1]))
+            self.model_id, self.model_shape = source.model_id, source.meta.get("model")
+            self._warn()
         else:
             raise TypeError(f"cannot train on {type(source).__name__}; pass a tensor [n, d], Activations or an "
                             f"ActivationStore")
@@ -118,6 +130,23 @@ class TokenStream:
         self._it: Iterator[torch.Tensor] | None = None
         self.n_batches = 0
         self.max_buffered = 0  # peak tokens held by the shuffling buffer (store streams)
+
+    def _read(self, acts: Any, count: bool = True) -> torch.Tensor:
+        """The training tokens of one capture ``[n, d]`` (paired: ``[n, 2, d]``), sinks left out unless kept."""
+        sites = [self.site] if self.target_site is None else [self.site, self.target_site]
+        idx = [acts.sites.index(s) for s in sites]
+        if not acts.has_positions:
+            return acts.tensor[:, idx[0]] if len(idx) == 1 else acts.tensor[:, idx]
+        real, kept = acts.kept(sites, "keep"), acts.kept(sites, self.sinks)
+        self.n_sinks += (int(real.sum()) - int(kept.sum())) if count else 0
+        t = acts.tensor[:, idx].permute(0, 2, 1, 3)[kept]
+        return t[:, 0] if len(idx) == 1 else t
+
+    def _warn(self) -> None:
+        if self.n_sinks:
+            warnings.warn(f"left {self.n_sinks} massive-activation tokens (attention sinks, see "
+                          f"interp.positions.SINK_RATIO) out of the training data at {self.site}; pass sinks='keep' "
+                          f"to train on them", UserWarning, stacklevel=4)
 
     # --- iteration ----------------------------------------------------------------------------
     def __iter__(self) -> TokenStream:
@@ -185,10 +214,7 @@ class TokenStream:
             order = [mine[i] for i in self._perm(len(mine), epoch, seed).tolist()]
             seen = 0
             for k in order:
-                shard = store.shard(k)
-                tok = shard.flat_tokens(self.site).to(torch.float32)
-                if self.target_site is not None:
-                    tok = torch.cat([tok, shard.flat_tokens(self.target_site).to(torch.float32)], -1)
+                tok = self._read(store.shard(k), count=epoch == 0).to(torch.float32).flatten(1)
                 _bad_values(tok, f"shard {k} of the store at {store.path}")
                 seen += tok.shape[0]
                 buf = torch.cat([buf, tok])
@@ -201,6 +227,8 @@ class TokenStream:
                     buf = buf[n_out:]
             if seen == 0:
                 raise ValueError(f"the store at {store.path} holds no tokens")
+            if epoch == 0:
+                self._warn()
             epoch += 1
             if buf.shape[0] >= b:
                 # at each epoch end flush what the buffer holds, so a store smaller than the buffer still trains

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from interp.bundle import Result
+from interp.positions import check_sinks
 from sae.model import SAE
 
 if TYPE_CHECKING:
@@ -56,6 +57,7 @@ class TrainConfig:
     log_every: int = 10
     progress: bool = True
     device: str | None = None
+    sinks: str = "exclude"  # massive-activation tokens (interp.positions.massive) left out of the data, or "keep"
 
     def __post_init__(self) -> None:
         if self.decoder not in ("auto", "sparse", "dense"):
@@ -63,6 +65,7 @@ class TrainConfig:
         if self.total_tokens < self.batch_size:
             raise ValueError(f"total_tokens={self.total_tokens} is less than one batch ({self.batch_size})")
         self.betas = tuple(self.betas)
+        check_sinks(self.sinks)
 
     @property
     def n_steps(self) -> int:

@@ -60,7 +60,7 @@ class Trainer:
                              f"processes; choose a multiple of {self.world}")
         self.stream = TokenStream(data, cfg.batch_size // self.world, seed=cfg.seed, site=cfg.site,
                                   buffer_tokens=cfg.buffer_tokens, device=device, rank=self.rank, world=self.world,
-                                  target_site=cfg.target_site)
+                                  target_site=cfg.target_site, sinks=cfg.sinks)
         d_in, d_out = self.stream.d, self.stream.d_out
         self._fresh = sae is None if fresh is None else fresh
         if sae is None and d_out is not None:
@@ -234,6 +234,8 @@ class Trainer:
             sae.fold_input_scale_(self.scale, self.target_scale)
             sae.cfg.meta["target_scale"] = self.target_scale
         sae.cfg.meta.update({"trained_tokens": self.step * self.cfg.batch_size, "input_scale": self.scale,
+                             "sinks_left_out": self.stream.n_sinks,
+                             **({"model": self.stream.model_shape} if self.stream.model_shape else {}),
                              "train_cfg": self.cfg.comparable(), **({"processes": self.world} if self.world > 1 else {})})
         if self.out_dir is not None:
             dist.on_main(lambda: sae.save(self.out_dir / "sae"))  # one writer; the others wait until it is there

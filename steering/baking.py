@@ -28,7 +28,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from interp.arch import has_module
-from interp.bundle import Result
+from interp.bundle import Result, check_model
 from interp.coerce import check_width
 from interp.forward import batch_of, forward
 from interp.hooking import count_hooks, module_hooks
@@ -340,6 +340,7 @@ def bake(model: Model, direction: Any, writers: str | Sequence[str] = "all", lay
     """
     model.require_local("the weight edit (bake)")
     check_in_memory(model)
+    check_model(direction, model, "the baked direction")
     Q = as_basis(direction, model.d_model, orthonormalize)
     ws = resolve_writers(writers)
     explicit = writers != "all"

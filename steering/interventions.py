@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from interp.bundle import check_model
 from interp.coerce import check_width
 from interp.models import Model
 from interp.sites import WRITERS, Site, parse_site
@@ -136,6 +137,7 @@ class _Intervention:
 
     def site_edits(self, model: Model) -> dict[str, SiteEdit]:
         """``{site name: SiteEdit}`` for every (layer, site kind) this intervention touches."""
+        check_model(getattr(self, self._field, None), model, f"the {type(self).__name__} {self._field}")
         out: dict[str, SiteEdit] = {}
         table = self._table(model)
         cond_table = None if self.condition is None else self.condition.table(model.n_layers, self.layers)
