@@ -50,8 +50,8 @@ FITTED = ("score", "refusal")
 @dataclass
 class Curve:
     """One fine-tune over steps: ``rows`` (one per eval point: ``step``, ``loss``, ``refusal`` with ``k``, ``n``,
-    ``ci95``, ``score``, ``cosine``, ``auroc``, ``kl_base``, ``kl_aligned``) and the per-prompt values behind the
-    means (``per_prompt['score' | 'refusal'] [points, n_harmful]``), for the bootstrap."""
+    ``low`` / ``high`` (its 95% interval), ``score``, ``cosine``, ``auroc``, ``kl_base``, ``kl_aligned``) and the
+    per-prompt values behind the means (``per_prompt['score' | 'refusal'] [points, n_harmful]``), for the bootstrap."""
 
     name: str
     start: str
@@ -214,8 +214,8 @@ def _outcome(c: Curve, other_score: float) -> dict[str, Any]:
     down = c.start == "aligned"  # a curve from the aligned model may lose refusal; the forward one gains it
     hi, lo = (first, last) if down else (last, first)
     span = other_score - first["score"]
-    return {"curve": c.name, "start": c.start, "refusal_start": first["refusal"], "ci95_start": first["ci95"],
-            "refusal_end": last["refusal"], "ci95_end": last["ci95"], "score_start": first["score"],
+    return {"curve": c.name, "start": c.start, "refusal_start": first["refusal"], "ci95_start": [first["low"], first["high"]],
+            "refusal_end": last["refusal"], "ci95_end": [last["low"], last["high"]], "score_start": first["score"],
             "score_end": last["score"], "toward_other": (last["score"] - first["score"]) / span if span else 0.0,
             "fisher_p": fisher_greater(hi["k"], hi["n"], lo["k"], lo["n"]),
             "cosine_end": last["cosine"], "auroc_end": last["auroc"], "kl_base_end": last["kl_base"],
