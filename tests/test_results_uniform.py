@@ -316,3 +316,39 @@ def test_a_saved_result_keeps_the_order_of_its_dicts(tmp_path):
     back = _check(ev, tmp_path / "ev")
     assert list(back.refusal_rate) == list(rates) and list(back.plot().data[0].x) == list(rates)
     assert list(back.to_frame().condition) == list(rates)
+
+
+def test_tensor_heavy_results_summarise_their_headline_numbers(tmp_path):
+    """The default summary() keeps scalar fields only; these results hold tensors and say what they found."""
+    from probes.transfer import TransferScores
+    from probes.validation import DirectionScores
+    from sae.analysis import LatentRanking
+    from steering.generation import Generations
+    from steering.strength import ResidualNorms
+    from steering.sweep import AlphaSweep
+
+    al = AlphaSweep(alphas=[0.0, 1.0, 2.0], steered=torch.tensor([0.2, 0.5, 0.9]),
+                    random=torch.tensor([[0.2, 0.3, 0.2], [0.2, 0.1, 0.4]]), baseline=0.2, metric="rate", on="harmful",
+                    n_prompts=8, model_id="tiny")
+    s = al.summary()
+    assert s["largest_effect"] == pytest.approx(0.6) and s["at_alpha"] == 2.0 and s["random"] == pytest.approx([0.2, 0.2, 0.3])
+    norms = ResidualNorms(mean=torch.tensor([1.0, 4.0]), std=torch.ones(2), max=torch.ones(2), layers=[3, 5],
+                          site="resid_post", positions="all", exclude_special=True, n_tokens=20, model_id="m",
+                          prompts=["a", "b"])
+    assert norms.summary()["mean_norm"] == {"3": 1.0, "5": 4.0} and norms.summary()["n_prompts"] == 2
+    rk = LatentRanking(indices=torch.tensor([4, 1]), scores=torch.tensor([0.9, 0.5]), all_scores=torch.rand(6),
+                       what="auroc")
+    assert rk.summary() == {"what": "auroc", "n_latents": 6, "top": [4, 1], "top_scores": pytest.approx([0.9, 0.5])}
+    ds = DirectionScores(sites=["blocks.0.hook_resid_post", "blocks.1.hook_resid_post"],
+                         auroc=torch.tensor([0.6, 0.8]), cohens_d=torch.tensor([0.3, 1.2]), method="mean_diff")
+    assert ds.summary() | {"auroc": 0} == {"method": "mean_diff", "best_site": "blocks.1.hook_resid_post",
+                                           "best_layer": 1, "auroc": 0, "cohens_d": pytest.approx(1.2)}
+    m = torch.tensor([[[0.9, 0.7], [0.6, 0.65]], [[0.5, 0.6], [0.95, 0.9]]])
+    tr = TransferScores(datasets=["a", "b"], sites=["blocks.0.hook_resid_post", "blocks.1.hook_resid_post"], matrix=m,
+                        lodo=torch.tensor([[0.55, 0.6], [0.6, 0.7]]))
+    c = tr.layer_choice()
+    assert tr.summary()["best_site"] == tr.sites[c.index] and tr.summary()["lodo_auroc"] == pytest.approx(0.65)
+    gen = Generations(prompts=["p", "q"], formatted=["P", "Q"], texts=["hi there", " "], token_ids=[[1, 2], []])
+    assert gen.summary() == {"n_prompts": 2, "mean_new_tokens": 1.0, "max_new_tokens": 2, "n_empty": 1}
+    for i, r in enumerate((al, norms, rk, ds, tr, gen)):
+        _check(r, tmp_path / str(i), plot=False, frame=False)
