@@ -143,7 +143,7 @@ def elasticity(args: argparse.Namespace) -> dict:
                           seed=args.seed)
     if args.html:
         st.plot().write_html(args.html)
-    return {"summary": st.summary, "fits": {f"{c}/{q}": f.record() for (c, q), f in st.fits.items()},
+    return {"outcomes": st.outcomes, "fits": {f"{c}/{q}": f.record() for (c, q), f in st.fits.items()},
             "curves": {n: [{k: r[k] for k in ("step", "refusal", "score", "cosine", "auroc", "kl_base", "kl_aligned")}
                            for r in c.rows] for n, c in st.curves.items()}, "meta": st.meta}
 

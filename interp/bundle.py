@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from interp.evals.rates import Rate
 from interp.io import load_bundle, read_json, save_bundle
 from interp.sites import parse_site
 
@@ -188,7 +189,7 @@ def load(path: str | os.PathLike) -> Any:
 
 
 OUR_PACKAGES = ("interp", "probes", "sae", "steering")  # a bundle rebuilds dataclasses of these packages only
-_MARKS = ("__tensor__", "__dataclass__", "__tuple__", "__set__", "__items__", "__path__")
+_MARKS = ("__tensor__", "__dataclass__", "__tuple__", "__set__", "__items__", "__path__", "__order__", "__rate__")
 
 
 def result_kind(cls: type) -> str:
@@ -208,13 +209,17 @@ def _encode(v: Any, name: str, tensors: dict[str, torch.Tensor]) -> Any:
                 "fields": {f.name: _encode(getattr(v, f.name), f"{name}/{f.name}", tensors) for f in fields(v)}}
     if isinstance(v, Path):
         return {"__path__": str(v)}
+    if isinstance(v, Rate):  # a dict, but rebuilt as the record it is (with its verdicts and answers when kept)
+        return {"__rate__": {"k": v.k, "n": v.n, "flags": v.flags, "texts": v.texts}}
     if isinstance(v, (list, tuple, set, frozenset)):
         items = sorted(v, key=repr) if isinstance(v, (set, frozenset)) else list(v)
         out = [_encode(x, f"{name}/{i}", tensors) for i, x in enumerate(items)]
         return out if isinstance(v, list) else {"__tuple__" if isinstance(v, tuple) else "__set__": out}
     if isinstance(v, dict):
         if all(isinstance(k, str) and k not in _MARKS for k in v):
-            return {k: _encode(x, f"{name}/{k}", tensors) for k, x in v.items()}
+            out = {k: _encode(x, f"{name}/{k}", tensors) for k, x in v.items()}
+            # meta.json is written with sorted keys: record the order when it differs (conditions, plot order)
+            return out if list(v) == sorted(v) else {**out, "__order__": list(v)}
         return {"__items__": [[_encode(k, f"{name}/{i}/key", tensors), _encode(x, f"{name}/{i}", tensors)]
                               for i, (k, x) in enumerate(v.items())]}
     if v is None or isinstance(v, (bool, int, float, str)):
@@ -236,13 +241,15 @@ def _decode(v: Any, tensors: dict[str, torch.Tensor]) -> Any:
         return _build(_class(v["__dataclass__"]), v["fields"], tensors)
     if "__path__" in v:
         return Path(v["__path__"])
+    if "__rate__" in v:
+        return Rate(**v["__rate__"])
     if "__tuple__" in v:
         return tuple(_decode(x, tensors) for x in v["__tuple__"])
     if "__set__" in v:
         return {_decode(x, tensors) for x in v["__set__"]}
     if "__items__" in v:
         return {_decode(k, tensors): _decode(x, tensors) for k, x in v["__items__"]}
-    return {k: _decode(x, tensors) for k, x in v.items()}
+    return {k: _decode(v[k], tensors) for k in v.get("__order__", v) if k != "__order__"}
 
 
 def _class(kind: str) -> type:

@@ -9,12 +9,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from jaxtyping import Float, Int
 
 from interp.forward import batches, forward, prepare
 from interp.models import Model
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 def logits(model: Model, prompts: Sequence[str], positions: str = "last", chat: bool = True,
@@ -52,10 +56,13 @@ class TokenLogprobs:
         """Log-probability of the whole response (sum over its tokens)."""
         return float(self.logprobs.sum())
 
-    def rows(self) -> list[dict[str, object]]:
-        """One dict per token (``position``, ``token_id``, ``token``, ``logprob``), e.g. for a DataFrame."""
-        return [{"position": p, "token_id": int(t), "token": s, "logprob": float(lp)}
-                for p, t, s, lp in zip(self.positions, self.token_ids, self.tokens, self.logprobs, strict=True)]
+    def to_frame(self) -> pd.DataFrame:
+        """One row per response token: ``position``, ``token_id``, ``token``, ``logprob``."""
+        import pandas as pd
+
+        return pd.DataFrame({"position": list(self.positions), "token_id": [int(t) for t in self.token_ids],
+                             "token": list(self.tokens), "logprob": [float(x) for x in self.logprobs]},
+                            columns=["position", "token_id", "token", "logprob"])
 
 
 def token_logprobs(model: Model, prompts: Sequence[str], responses: Sequence[str], chat: bool = True,

@@ -103,6 +103,12 @@ class Signature(Result):
 
     STAT_NAMES = ("mean", "std", "q10", "median", "q90")
 
+    def summary(self) -> dict[str, Any]:
+        """Mean projection of each group on each direction at the last site (and which site that is)."""
+        return {"directions": list(self.names), "groups": list(self.groups), "site": self.sites[-1],
+                "mean": {n: {g: float(self.stats[a, i, -1, 0]) for i, g in enumerate(self.groups)}
+                         for a, n in enumerate(self.names)}}
+
     def to_frame(self) -> pd.DataFrame:
         """One row per (direction, group, site), with a numeric layer column; sorted by those, layer last."""
         rows = []

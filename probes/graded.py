@@ -66,6 +66,18 @@ class GradedDirection(Result):
         mask = self.monotonic if not heldout or self.heldout_monotonic is None else self.heldout_monotonic.all(0)
         return mask.nonzero().flatten().tolist()
 
+    def summary(self) -> dict[str, Any]:
+        """How many layers order the levels, and the best layer by Spearman with its spread and adjacent d."""
+        j = int(self.spearman.nan_to_num(-2.0).argmax())
+        out: dict[str, Any] = {"levels": [str(x) for x in self.levels], "n_layers": len(self.sites),
+                               "n_ordered": len(self.ordered_layers(heldout=False)), "best_site": self.sites[j],
+                               "spearman": float(self.spearman[j]), "collinearity": float(self.collinearity[j]),
+                               "min_adjacent_d": float(self.adjacent_d[j].min())}
+        if self.heldout_ordered is not None:
+            out |= {"n_ordered_heldout": len(self.ordered_layers()), "heldout_spearman": float(
+                self.heldout_spearman[:, j].mean())}
+        return out
+
     def to_frame(self) -> pd.DataFrame:
         """One row per site, with a numeric layer column, sorted by it; held-out columns are fold means."""
         rows = []

@@ -52,6 +52,12 @@ class TransferScores(Result):
         """The ``[n_datasets, n_datasets]`` matrix at a layer index (default: best mean LODO layer)."""
         return self.matrix[:, :, self.best_layer() if layer is None else layer]
 
+    def summary(self) -> dict[str, Any]:
+        """The best layer (:meth:`layer_choice`) and its mean leave-one-out, transfer and within-dataset AUROC."""
+        c = self.layer_choice()
+        return {"datasets": list(self.datasets), "method": self.method, "best_site": self.sites[c.index],
+                **{k: float(v[c.index]) for k, v in c.values.items()}}
+
     def to_frame(self) -> pd.DataFrame:
         """One row per (site, train, test) plus the leave-one-out rows, with a numeric layer column, sorted by it."""
         rows = []
@@ -137,6 +143,13 @@ class ErasureScores(Result):
     after: ProbeScores
     eraser: str
 
+    def summary(self) -> dict[str, Any]:
+        """Held-out accuracy and AUROC before and after erasure at the best layer before it (mean over folds)."""
+        j = self.before.best_layer()
+        return {"eraser": self.eraser, "site": self.before.sites[j],
+                **{f"{m}_{when}": float(getattr(s, m)[:, j].nanmean()) for m in ("accuracy", "auroc")
+                   for when, s in (("before", self.before), ("after", self.after))}}
+
     def to_frame(self) -> pd.DataFrame:
         import pandas as pd
 
@@ -208,6 +221,13 @@ class AblationScores(Result):
     accuracy: torch.Tensor
     auroc: torch.Tensor
     folds: list[dict[str, list[str]]] = field(default_factory=list)
+
+    def summary(self) -> dict[str, Any]:
+        """Held-out accuracy and AUROC per number of components removed, at the layer :meth:`plot` shows."""
+        j = choose_layer({"auroc": self.auroc[0].mean(0)}, self.sites).index
+        return {"site": self.sites[j], "accuracy": {str(k): float(self.accuracy[r, :, j].mean())
+                                                    for r, k in enumerate(self.ranks)},
+                "auroc": {str(k): float(self.auroc[r, :, j].mean()) for r, k in enumerate(self.ranks)}}
 
     def to_frame(self) -> pd.DataFrame:
         """One row per (rank, site), with a numeric layer column; sorted by rank, then layer."""

@@ -271,6 +271,12 @@ class DirectionScores(Result):
     cohens_d: torch.Tensor
     method: str = ""
 
+    def summary(self) -> dict[str, Any]:
+        """The layer where the direction separates the labels best (AUROC) and its AUROC and Cohen's d."""
+        j = int(self.auroc.nan_to_num(-1.0).argmax())
+        return {"method": self.method, "best_site": self.sites[j], "best_layer": site_layer(self.sites[j]),
+                "auroc": float(self.auroc[j]), "cohens_d": float(self.cohens_d[j])}
+
     def to_frame(self) -> pd.DataFrame:
         """One row per site with a numeric layer column, sorted by layer."""
         return layer_sorted([{"site": s, "auroc": float(self.auroc[j]), "cohens_d": float(self.cohens_d[j]),

@@ -34,6 +34,11 @@ class LatentRanking(Result):
     def __len__(self) -> int:
         return len(self.indices)
 
+    def summary(self) -> dict[str, Any]:
+        """What was ranked, over how many latents, and the top ten with their scores."""
+        return {"what": self.what, "n_latents": self.all_scores.numel(), "top": self.indices[:10].tolist(),
+                "top_scores": self.scores[:10].tolist()}
+
     def to_frame(self) -> pd.DataFrame:
         """One row per ranked latent: ``rank`` (0 = best), ``latent`` and ``score`` (what ``what`` names)."""
         import pandas as pd
@@ -113,6 +118,12 @@ class LatentSeparation(Result):
     auroc: torch.Tensor
     ranking: LatentRanking
 
+    def summary(self) -> dict[str, Any]:
+        """The top latents by the ranking, the largest mean difference and the AUROC range over latents."""
+        return {"n_latents": self.diff.numel(), "ranked_by": self.ranking.what, "top": self.ranking.indices[:10].tolist(),
+                "max_abs_diff": float(self.diff.abs().max()), "max_auroc": float(self.auroc.max()),
+                "min_auroc": float(self.auroc.min())}
+
     def to_frame(self) -> pd.DataFrame:
         """One row per latent: ``latent``, ``mean_a``, ``mean_b``, ``diff``, ``auroc`` and ``rank``."""
         return _per_latent(self.ranking, mean_a=self.mean_a, mean_b=self.mean_b, diff=self.diff, auroc=self.auroc)
@@ -155,6 +166,12 @@ class LatentDiff(Result):
     freq_base: torch.Tensor
     freq_tuned: torch.Tensor
     ranking: LatentRanking
+
+    def summary(self) -> dict[str, Any]:
+        """The top latents by the ranking, the largest change and the mean firing frequency in each model."""
+        return {"n_latents": self.delta.numel(), "ranked_by": self.ranking.what,
+                "top": self.ranking.indices[:10].tolist(), "max_abs_delta": float(self.delta.abs().max()),
+                "mean_freq_base": float(self.freq_base.mean()), "mean_freq_tuned": float(self.freq_tuned.mean())}
 
     def to_frame(self) -> pd.DataFrame:
         """One row per latent: ``latent``, ``mean_base``, ``mean_tuned``, ``delta``, ``freq_base``,

@@ -100,6 +100,12 @@ class TrainResult(Result):
     meta: dict[str, Any] = field(default_factory=dict)
     target_scale: float | None = None  # a transcoder's target normalisation (None for an SAE)
 
+    def summary(self) -> dict[str, Any]:
+        """Steps, tokens, dead fraction and scales, and the last logged value of each history series."""
+        return {"steps": self.steps, "tokens": self.tokens, "dead_fraction": self.dead_fraction,
+                "input_scale": self.input_scale, "target_scale": self.target_scale,
+                "final": {k: v[-1] for k, v in self.history.items() if v}}
+
     def to_frame(self) -> pd.DataFrame:
         """One row per logged step: ``step``, ``tokens``, ``loss``, ``mse``, ``aux``, ``l0``, ``fvu``, ``dead``
         (fraction of latents counted dead then) and ``lr``."""

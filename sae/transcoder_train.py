@@ -122,6 +122,10 @@ class TranscoderTraining(Result):
     def __getitem__(self, layer: int) -> Transcoder:
         return self.transcoders[layer]
 
+    def summary(self) -> dict[str, Any]:
+        """Per layer: steps, dead fraction and the last logged value of each history series."""
+        return {"layers": sorted(self.results), **{f"layer {k}": r.summary() for k, r in sorted(self.results.items())}}
+
     def to_frame(self) -> pd.DataFrame:
         """One row per layer and logged step: ``layer`` and the columns of :meth:`TrainResult.to_frame` (``fvu``
         is of the MLP output)."""

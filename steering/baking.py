@@ -58,6 +58,12 @@ class BakeResult(Result):
     removed: list[dict[str, Any]] = field(default_factory=list)
     added: list[dict[str, Any]] = field(default_factory=list)
 
+    def summary(self) -> dict[str, Any]:
+        """Which writers were edited, how many weights, exact or not, the measured logit error, the notes."""
+        return {"writers": list(self.writers), "n_edited": len(self.edited), "exact": self.exact,
+                "max_logit_error": self.max_logit_error, "rel_logit_error": self.rel_logit_error,
+                "notes": list(self.notes)}
+
     def to_frame(self) -> pd.DataFrame:
         """One row per edited weight: ``writer``, ``layer`` (nullable int; none for the embeddings),
         ``parameter`` and ``removed`` (fraction of the weight's Frobenius norm the edit took away), or for a

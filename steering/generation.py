@@ -57,6 +57,12 @@ class Generations(Result):
                              f"['harmless'] * 8; got {groups!r:.60}")
         return [str(g) for g in groups], None if judge is None else [bool(judge(t)) for t in self.texts]
 
+    def summary(self) -> dict[str, Any]:
+        """How many prompts, the mean and largest number of new tokens, and how many answers are empty."""
+        n_new = [len(t) for t in self.token_ids]
+        return {"n_prompts": len(self.prompts), "mean_new_tokens": sum(n_new) / len(n_new) if n_new else 0.0,
+                "max_new_tokens": max(n_new, default=0), "n_empty": sum(not t.strip() for t in self.texts)}
+
     def to_frame(self, groups: Sequence[str] | None = None, judge: Callable[[str], bool] | None = is_refusal) -> pd.DataFrame:
         """One row per prompt: ``prompt_index``, ``group``, ``prompt``, ``response``, ``n_tokens`` and
         ``refusal`` (``judge(response)``, default the phrase judge ``evals.is_refusal``; ``judge=None`` drops it)."""

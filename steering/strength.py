@@ -66,6 +66,11 @@ class ResidualNorms(Result):
                              f"steering.residual_norms(model, prompts, layers=[..., {layer}])")
         return float(self.mean[self.layers.index(layer)])
 
+    def summary(self) -> dict[str, Any]:
+        """The site, positions and counts, and the mean residual norm at each measured layer."""
+        return {"site": self.site, "positions": self.positions, "n_prompts": self.n_prompts,
+                "n_tokens": self.n_tokens, "mean_norm": {str(k): float(v) for k, v in zip(self.layers, self.mean)}}
+
     def to_frame(self) -> pd.DataFrame:
         import pandas as pd
 

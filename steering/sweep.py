@@ -72,6 +72,14 @@ class AlphaSweep(Result):
         t = getattr(self, name if row is None else f"random_{name}")
         return None if t is None else float(t[i] if row is None else t[row, i])
 
+    def summary(self) -> dict[str, Any]:
+        """The metric at each strength, steered and random (mean), the baseline, and the largest effect over random."""
+        eff = self.effect
+        i = int(eff.abs().argmax())
+        return {"metric": self.metric, "on": self.on, "n_prompts": self.n_prompts, "baseline": self.baseline,
+                "alphas": list(self.alphas), "steered": self.steered.tolist(), "random": self.random.mean(0).tolist(),
+                "largest_effect": float(eff[i]), "at_alpha": self.alphas[i]}
+
     def to_frame(self) -> pd.DataFrame:
         """Long table: one row per (alpha, condition[, seed]), with the baseline as ``condition='baseline'``;
         ``kl`` (mean KL(steered || unsteered), nats) and ``ce`` (nats / token on the reference texts) columns."""

@@ -107,7 +107,9 @@ def test_logits_and_token_logprobs_match_hf(tiny_models):
         assert s.tokens == R[i].split() and s.positions == list(range(full.shape[1] - k, full.shape[1]))
         want = hf_full.log_softmax(-1)[torch.tensor(s.positions) - 1, full[0, -k:]]
         torch.testing.assert_close(s.logprobs, want, atol=1e-5, rtol=0)
-        assert s.rows()[0]["token"] == R[i].split()[0] and s.total == pytest.approx(float(want.sum()), abs=1e-4)
+        fr = s.to_frame()
+        assert fr.token[0] == R[i].split()[0] and s.total == pytest.approx(float(want.sum()), abs=1e-4)
+        assert fr.logprob.tolist() == pytest.approx(s.logprobs.tolist()) and fr.position.tolist() == s.positions
 
 
 def test_last_logits_names_interp_logits_for_wrong_input(tiny_models):

@@ -77,7 +77,12 @@ def test_levels_ordered_band_by_its_rule_and_calibrated(scales):
     table = scales.table()
     assert list(table.trait) == list(scales.summary()["traits"])
     assert list(table.trait) == ["kindness", "goodness"] and table.band_min_adjacent_d.min() >= 0.3
-    assert len(scales.to_frame()) == 8 and len(scales.plot().data) == 2 and scales.plot("auroc")
+    assert len(scales.to_frame()) == 8 and len(scales.plot().data) == 2
+    fig = scales.plot("auroc")
+    assert [t.name for t in fig.data] == ["kindness", "goodness"] and fig.layout.yaxis.title.text.startswith(
+        "held-out AUROC")
+    for t in fig.data:
+        assert list(t.y) == pytest.approx(scales[t.name].auroc.mean("auroc").float().tolist())
 
 
 def _sklearn_worst(s, acts) -> tuple[float, list[float]]:
@@ -161,7 +166,11 @@ def test_corpus_signature_is_the_band_level_with_bootstrap_interval(model, scale
     hand = (proj * s.slope.double() + s.intercept.double())[:, s.band].mean(1).mean()
     assert float(sig.mean[0, 0]) == pytest.approx(float(hand), abs=1e-4)
     assert (sig.lo <= sig.mean + 1e-6).all() and (sig.mean <= sig.hi + 1e-6).all()
-    assert len(sig.to_frame()) == 2 and sig.plot()
+    assert len(sig.to_frame()) == 2
+    bars = sig.plot().data
+    assert [b.name for b in bars] == ["plain"] and list(bars[0].x) == sig.traits
+    assert list(bars[0].y) == pytest.approx(sig.mean[0].float().tolist())
+    assert list(bars[0].error_y.array) == pytest.approx((sig.hi[0] - sig.mean[0]).float().tolist(), abs=1e-6)
 
 
 def test_decomposition_recovers_a_target_along_one_trait(scales):
@@ -177,7 +186,10 @@ def test_decomposition_recovers_a_target_along_one_trait(scales):
     assert (dec.random_r2 < 0.5).all()
     summ = dec.table()
     assert dec.summary()["traits"][dec.traits[0]]["coef"] == pytest.approx(summ.coef[0])
-    assert summ.excludes_0[0] and summ.lo[0] <= summ.coef[0] <= summ.hi[0] and dec.plot()
+    assert summ.excludes_0[0] and summ.lo[0] <= summ.coef[0] <= summ.hi[0]
+    bars = dec.plot().data
+    assert len(bars) == 1 and list(bars[0].x) == dec.traits and bars[0].name == dec.target
+    assert list(bars[0].y) == pytest.approx(summ.coef.tolist(), rel=1e-5)
     assert len(dec.to_frame()) == 8
 
 
@@ -201,7 +213,13 @@ def test_steering_in_level_units(model, scales):
     st = steer_levels(model, scales, "kindness", prompts, ks=(-1.0, 0.0, 1.0), max_new_tokens=3)
     assert st.read[1] == pytest.approx(st.baseline, abs=1e-5) and st.read[0] < st.read[1] < st.read[2]
     assert abs(float(st.random[0, 2] - st.random[0, 0])) < float(st.read[2] - st.read[0])
-    assert set(st.texts) == {-1.0, 0.0, 1.0} and len(st.to_frame()) == 9 and st.plot()
+    assert set(st.texts) == {-1.0, 0.0, 1.0} and len(st.to_frame()) == 9
+    fig = st.plot()
+    steered = [t for t in fig.data if t.name == "steered"]
+    controls = [t for t in fig.data if t.name == "random direction (same strength)"]
+    assert len(steered) == 1 and len(controls) == st.random.shape[0] and list(steered[0].x) == [-1.0, 0.0, 1.0]
+    assert list(steered[0].y) == pytest.approx([float(v) for v in st.read])
+    assert fig.layout.xaxis.title.text == "alpha" and fig.layout.yaxis.title.text == "kindness level read out"
     frac = residual_fraction(model, scales, "kindness", prompts)
     norms = steering.residual_norms(model, prompts, layers=list(frac))
     one = level_vector(scales, "kindness", 1.0).added_norms(model)

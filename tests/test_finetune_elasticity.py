@@ -62,7 +62,9 @@ def test_fits_summary_frames_and_the_models_are_left_as_they_were(study, models)
     base, aligned = models
     assert set(study.fits) == {(c, q) for c in study.curves for q in ("score", "refusal")}
     assert all(f.n_points == 6 and f.n_boot == 3 for f in study.fits.values())
-    assert {r["curve"] for r in study.summary} == set(study.curves)
+    assert {r["curve"] for r in study.outcomes} == set(study.curves) == set(study.summary())
+    assert study.summary()["compliance"]["refusal_end"] == study.curves["compliance"].rows[-1]["refusal"]
+    assert len(study.to_frame("outcomes")) == len(study.curves)
     assert len(study.to_frame()) == 18 and len(study.to_frame("fits")) == 6
     assert len(study.plot().data) > 0
     fresh = load_model("organism")

@@ -113,7 +113,9 @@ def test_diff_study_steers_both_ways_with_controls(diff, data):
     assert not set(rand["latents"]) & set(diff.top)
     frame = diff.to_frame("latents")
     assert len(frame) == 8 and "context" in frame.columns and frame["latent"].tolist()[:4] == diff.top
-    assert diff.plot().data
+    bars = diff.plot().data[0]
+    assert list(bars.x) == [f"{r['condition']} ({r['split']})" for r in diff.rates]
+    assert list(bars.y) == pytest.approx([100 * r["rate"] for r in diff.rates])
 
 
 def test_sae_training_rows_leave_out_each_prompts_first_token():

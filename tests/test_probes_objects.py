@@ -104,7 +104,13 @@ def test_graded_direction_ordered_levels():
     assert bool(res.monotonic[0]) and not bool(res.monotonic[1])
     assert res.adjacent_d.shape == (2, 2) and (res.adjacent_d[0] > 1.2).all()
     assert res.spearman[0] > 0.7 and res.collinearity[0] > 0.95
-    assert len(res.to_frame()) == 2 and isinstance(res.plot(), go.Figure)
+    assert len(res.to_frame()) == 2
+    fig = res.plot()
+    assert isinstance(fig, go.Figure)
+    means = {t.name: t for t in fig.data if t.name in names}
+    assert set(means) == set(names)
+    for i, lev in enumerate(names):
+        assert list(means[lev].y) == pytest.approx(res.level_means[:, i].tolist(), rel=1e-5)
     ext = probes.graded_direction(X, levels, method="extremes")
     assert (ext.direction.vectors[0] @ u) > 0.95
 
@@ -127,7 +133,11 @@ def test_cosine_comparisons_and_signature():
     i_pos, i_neg = sig.groups.index("pos"), sig.groups.index("neg")
     assert (sig.stats[0, i_pos, :, 0] > sig.stats[0, i_neg, :, 0] + 2).all()
     assert torch.allclose(sig.stats[1, :, :, 0], -sig.stats[0, :, :, 0], atol=1e-5)
-    assert len(sig.to_frame()) == 2 * 2 * 3 and isinstance(sig.plot(), go.Figure)
+    assert len(sig.to_frame()) == 2 * 2 * 3
+    heat = sig.plot(layer=1).data[0]
+    assert heat.type == "heatmap" and list(heat.x) == ["trait", "neg"] and list(heat.y) == sig.groups
+    for g in range(2):
+        assert list(heat.z[g]) == pytest.approx(sig.stats[:, g, 1, 0].tolist(), rel=1e-5)
     p = probes.compare.project(X, a)
     assert p.shape == (2000, 3)
 

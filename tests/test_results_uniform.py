@@ -89,27 +89,10 @@ RESULTS = [
     "interp.studies.refusal.result:RefusalResult",
 ]
 # public dataclasses with one of the methods that are not results: fitted objects with their own bundle, and
-# helpers whose ``rows`` means rows of a batch
+# per-row helpers (a batch's rows, one response's token log-probs)
 NOT_RESULTS = {"Direction", "Subspace", "INLPEraser", "RowEdits", "PromptRecord", "TokenState", "TokenLogprobs"}
 # results holding an object that has its own save (a model, an SAE): they refuse save() with a clear error
 HOLDS_A_MODEL = {"BakeResult", "TrainResult", "TranscoderTraining", "DiffStudy"}
-# not done yet (strict xfail: the test turns red once one is fixed, so the entry must go)
-_REFUSAL = "the refusal stages have no plot() / to_frame() yet"
-INCOMPLETE = {
-    "interp.patching.graph_edits:InterventionResult": "no plot() yet",
-    "interp.studies.finetune.elasticity:ElasticityStudy": "its field `summary` shadows summary()",
-    "interp.studies.multilingual.language:LanguageGeometry": "no plot() yet",
-    "interp.studies.multilingual.neurons:SafetyNeurons": "no plot() yet",
-    "interp.studies.multilingual.pathways:Pathways": "no plot() yet",
-    "interp.studies.multilingual.updates:RestrictedUpdate": "no plot() yet",
-    "interp.studies.refusal.writers:Writers": "no to_frame() yet",
-    **{f"interp.studies.{n}": _REFUSAL for n in ("kit.stages:RefusalTokens", "kit.stages:Candidates", "kit.stages:Scores",
-                                                  "kit.stages:Selection", "refusal.estimate:Estimate",
-                                                  "refusal.evaluation:Evaluation", "refusal.evaluation:Subspaces",
-                                                  "refusal.result:RefusalResult")},
-}
-
-
 def _cls(name: str) -> type:
     module, cls = name.split(":")
     return getattr(importlib.import_module(module), cls)
@@ -134,8 +117,7 @@ def test_every_public_result_dataclass_is_listed():
     assert not missing, f"result dataclasses missing from RESULTS (give them the Result methods): {missing}"
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=INCOMPLETE[n]))
-                                  if n in INCOMPLETE else n for n in RESULTS])
+@pytest.mark.parametrize("name", RESULTS)
 def test_result_has_the_uniform_methods(name):
     cls = _cls(name)
     assert is_dataclass(cls) and issubclass(cls, Result), f"{name}: a dataclass inheriting interp.bundle.Result"
@@ -213,7 +195,10 @@ def test_sae_metrics_and_refusal_selection(tmp_path):
     sel = Selection(found=True, filters={"kl_threshold": 0.1}, passing={"induce": 3}, baseline_refusal_score={"h": 1.0},
                     layer_index=1, position_index=0, layer=1, position=-1, position_token="x", bypass_score=-2.0,
                     induce_score=1.5, kl=0.05)
-    assert _check(sel, tmp_path / "sel", frame=False, plot=False).summary()["layer"] == 1  # INCOMPLETE
+    back = _check(sel, tmp_path / "sel")
+    assert back.summary()["layer"] == 1 and back.summary()["passing"] is None  # "all" was not counted
+    assert back.to_frame().to_dict("records") == [{"filter": "induce", "rule": "induce > nan", "passing": 3, "of": None}]
+    assert list(sel.plot().data[0].x) == [3]
 
 
 def test_multilingual_geometry_keeps_its_keys(tmp_path):
@@ -223,8 +208,13 @@ def test_multilingual_geometry_keeps_its_keys(tmp_path):
     geo = LanguageGeometry(layers=[0, 1], langs=["en", "fr"], source="en", identity_accuracy=t,
                            identity_ci=torch.stack([t - 0.1, t + 0.1]), chance=0.5, overlap=t / 2, random_overlap=0.1,
                            rank=2, ratio={"before": {"en": t, "fr": t + 1}}, auroc={"before": {"en": t, "fr": t}})
-    back = _check(geo, tmp_path / "geo", plot=False)  # INCOMPLETE: no plot yet
+    back = _check(geo, tmp_path / "geo")
     assert len(back.to_frame()) == 4 and set(back.to_frame().lang) == {"en", "fr"}
+    fig = geo.plot()
+    lines = {t.name: t for t in fig.data}
+    assert list(lines["identity accuracy"].y) == [0.5, 0.75] and list(lines["overlap"].y) == [0.25, 0.375]
+    assert list(lines["fr before"].y) == [1.5, 1.75] and list(lines["en before"].x) == ["0", "1"]
+    assert fig.layout.yaxis.title.text == "accuracy" and fig.layout.xaxis3.title.text == "layer"
 
 
 def test_a_result_holding_a_model_refuses_to_save_and_says_why(tmp_path):
@@ -247,3 +237,118 @@ def test_a_bundle_of_another_kind_is_refused_with_the_right_loader(tmp_path):
     with pytest.raises(ValueError, match="SAEMetrics"):
         Sweep.load(tmp_path / "m")
     assert Path(tmp_path / "m" / "tensors.safetensors").exists()
+
+
+def test_multilingual_neurons_pathways_and_updates_plot_their_numbers(tmp_path):
+    from interp.evals.rates import Rate
+    from interp.patching.neurons import intersect_neurons
+    from interp.studies.multilingual.neurons import SafetyNeurons
+    from interp.studies.multilingual.pathways import SITES, Pathways
+    from interp.studies.multilingual.updates import RestrictedUpdate, UpdateConfig
+
+    sets = {"en": {(0, 1), (1, 2)}, "fr": {(0, 1), (1, 3)}}
+    sn = SafetyNeurons(langs=["en", "fr"], k=2, n_candidates=8, sets=sets, overlap=intersect_neurons(sets),
+                       chance_pairwise=0.1, baseline={"en": 2.0, "fr": 1.0},
+                       effects={("en", "en"): -1.5, ("common", "fr"): -0.25},
+                       random={("en", "en"): [-0.1, 0.1, 0.0], ("common", "fr"): [0.0, -0.2, 0.1]})
+    _check(sn, tmp_path / "sn")
+    bars, rand = sn.plot().data
+    assert list(bars.x) == ["en on en", "common on fr"] and list(bars.y) == [-1.5, -0.25]
+    assert list(rand.y) == pytest.approx([0.0, -1 / 30]) and rand.error_y.array[0] == pytest.approx(0.095)
+    g = torch.Generator().manual_seed(1)
+    pw = Pathways(langs=["fr"], layers=[0, 1], restored={"fr": torch.rand(2, 3, generator=g)},
+                  control={"fr": torch.rand(2, 3, generator=g)}, source_score={"fr": 3.0}, target_score={"fr": 1.0},
+                  n_positions=2, n_pairs=4)
+    _check(pw, tmp_path / "pw")
+    fig = pw.plot()
+    assert len(fig.data) == 2 * len(SITES) and [a.text for a in fig.layout.annotations] == list(SITES)
+    mlp = [t for t in fig.data if t.name == "fr restored"][2]
+    assert list(mlp.y) == pytest.approx(pw.restored["fr"][:, 2].tolist()) and list(mlp.x) == ["0", "1"]
+    rows = [{"condition": c, "lang": la, "set": w, **Rate(k if w == "harmful" else 0, 4).columns()}
+            for c, k in (("before", 3), ("found", 1)) for w in ("harmful", "harmless") for la in ("en", "fr")]
+    up = RestrictedUpdate(kind="neuron", config=UpdateConfig(), langs=["en", "fr"], train_langs=["fr"],
+                          units={"found": [(0, 1)]}, rates=rows, training={}, n_pairs={"harmful": 4, "harmless": 4})
+    fig = up.plot()
+    assert [t.name for t in fig.data] == ["harmful/before", "harmless/before", "harmful/found", "harmless/found"]
+    assert list(fig.data[2].y) == [0.25, 0.25] and list(fig.data[2].x) == ["en", "fr"]
+    assert len(up.to_frame()) == 8 and up.summary()["found"] == {"harmful": 0.25, "harmless": 0.0}
+
+
+def test_intervention_result_plots_before_after_and_the_prediction(tmp_path):
+    from interp.patching.graph_edits import InterventionResult
+
+    res = InterventionResult(mode="linear", labels=["logit A", "refusal"], before=torch.tensor([1.0, 2.0]),
+                             after=torch.tensor([0.5, 3.0]), predicted=torch.tensor([-0.25, float("nan")]))
+    _check(res, tmp_path / "iv")
+    before, after, pred = res.plot().data
+    assert (before.name, after.name) == ("before", "after") and list(after.y) == [0.5, 3.0]
+    assert pred.y[0] == 0.75 and pred.y[1] is None   # before + predicted; not predictable: left out
+    assert res.summary()["delta"] == {"logit A": -0.5, "refusal": 1.0}
+
+
+def test_writers_frame_and_elasticity_summary_are_not_shadowed(tmp_path):
+    from interp.studies.finetune.elasticity import ElasticityStudy
+    from interp.studies.refusal.writers import Writers
+
+    row = {"group": "baseline", "direction": "none", "sites": "nothing ablated", "rate": 0.5, "k": 2, "n": 4,
+           "ci95": [0.15, 0.85], "score": 1.25}
+    w = Writers(rows=[row], embedding="token embedding")
+    fr = w.to_frame()
+    assert fr.to_dict("records")[0] | {"low": 0, "high": 0} == {"group": "baseline", "direction": "none",
+                                                                 "sites": "nothing ablated", "rate": 0.5, "k": 2, "n": 4,
+                                                                 "low": 0, "high": 0, "score": 1.25}
+    assert fr.low[0] < 0.5 < fr.high[0]
+    out = {"curve": "compliance", "refusal_start": 1.0, "refusal_end": 0.25, "score_start": 4.0, "score_end": -1.0,
+           "toward_other": 0.8, "fisher_p": 0.01, "start": "aligned"}
+    st = ElasticityStudy(curves={}, fits={}, outcomes=[out])
+    assert st.summary() == {"compliance": {k: out[k] for k in ("refusal_start", "refusal_end", "score_start",
+                                                               "score_end", "toward_other", "fisher_p")}}
+    assert st.to_frame("outcomes").toward_other.tolist() == [0.8]
+
+
+def test_a_saved_result_keeps_the_order_of_its_dicts(tmp_path):
+    """meta.json is written with sorted keys; a result's dicts (conditions, in plot order) load in their own order."""
+    from interp.studies.refusal.evaluation import Evaluation
+
+    rates = {"harmful/baseline": 1.0, "harmful/ablation": 0.0, "borderline/baseline": 0.25}
+    ev = Evaluation({}, rates, {k: 2 * v for k, v in rates.items()}, {"max_abs_logit_diff": None}, {},
+                    {"harmful/baseline": [True], "harmful/ablation": [False], "borderline/baseline": [False, True]})
+    back = _check(ev, tmp_path / "ev")
+    assert list(back.refusal_rate) == list(rates) and list(back.plot().data[0].x) == list(rates)
+    assert list(back.to_frame().condition) == list(rates)
+
+
+def test_tensor_heavy_results_summarise_their_headline_numbers(tmp_path):
+    """The default summary() keeps scalar fields only; these results hold tensors and say what they found."""
+    from probes.transfer import TransferScores
+    from probes.validation import DirectionScores
+    from sae.analysis import LatentRanking
+    from steering.generation import Generations
+    from steering.strength import ResidualNorms
+    from steering.sweep import AlphaSweep
+
+    al = AlphaSweep(alphas=[0.0, 1.0, 2.0], steered=torch.tensor([0.2, 0.5, 0.9]),
+                    random=torch.tensor([[0.2, 0.3, 0.2], [0.2, 0.1, 0.4]]), baseline=0.2, metric="rate", on="harmful",
+                    n_prompts=8, model_id="tiny")
+    s = al.summary()
+    assert s["largest_effect"] == pytest.approx(0.6) and s["at_alpha"] == 2.0 and s["random"] == pytest.approx([0.2, 0.2, 0.3])
+    norms = ResidualNorms(mean=torch.tensor([1.0, 4.0]), std=torch.ones(2), max=torch.ones(2), layers=[3, 5],
+                          site="resid_post", positions="all", exclude_special=True, n_tokens=20, model_id="m",
+                          prompts=["a", "b"])
+    assert norms.summary()["mean_norm"] == {"3": 1.0, "5": 4.0} and norms.summary()["n_prompts"] == 2
+    rk = LatentRanking(indices=torch.tensor([4, 1]), scores=torch.tensor([0.9, 0.5]), all_scores=torch.rand(6),
+                       what="auroc")
+    assert rk.summary() == {"what": "auroc", "n_latents": 6, "top": [4, 1], "top_scores": pytest.approx([0.9, 0.5])}
+    ds = DirectionScores(sites=["blocks.0.hook_resid_post", "blocks.1.hook_resid_post"],
+                         auroc=torch.tensor([0.6, 0.8]), cohens_d=torch.tensor([0.3, 1.2]), method="mean_diff")
+    assert ds.summary() | {"auroc": 0} == {"method": "mean_diff", "best_site": "blocks.1.hook_resid_post",
+                                           "best_layer": 1, "auroc": 0, "cohens_d": pytest.approx(1.2)}
+    m = torch.tensor([[[0.9, 0.7], [0.6, 0.65]], [[0.5, 0.6], [0.95, 0.9]]])
+    tr = TransferScores(datasets=["a", "b"], sites=["blocks.0.hook_resid_post", "blocks.1.hook_resid_post"], matrix=m,
+                        lodo=torch.tensor([[0.55, 0.6], [0.6, 0.7]]))
+    c = tr.layer_choice()
+    assert tr.summary()["best_site"] == tr.sites[c.index] and tr.summary()["lodo_auroc"] == pytest.approx(0.65)
+    gen = Generations(prompts=["p", "q"], formatted=["P", "Q"], texts=["hi there", " "], token_ids=[[1, 2], []])
+    assert gen.summary() == {"n_prompts": 2, "mean_new_tokens": 1.0, "max_new_tokens": 2, "n_empty": 1}
+    for i, r in enumerate((al, norms, rk, ds, tr, gen)):
+        _check(r, tmp_path / str(i), plot=False, frame=False)

@@ -147,6 +147,19 @@ class InterventionResult(Result):
         return pd.DataFrame({"target": self.labels, "before": self.before.tolist(), "after": self.after.tolist(),
                              "delta": self.delta.tolist(), "predicted": self.predicted.tolist(), "mode": self.mode})
 
+    def summary(self) -> dict[str, Any]:
+        """The mode, the edits, and each target's change measured and predicted (NaN: not predictable)."""
+        return {"mode": self.mode, "n_edits": len(self.edits),
+                "delta": dict(zip(self.labels, self.delta.tolist())),
+                "predicted": dict(zip(self.labels, self.predicted.tolist()))}
+
+    def plot(self, title: str | None = None) -> Any:
+        """Each target before and after, with the graph's predicted value after (:func:`viz.patching.intervention_bars`)."""
+        from interp.viz.patching import intervention_bars
+
+        return intervention_bars(self.labels, self.before.tolist(), self.after.tolist(), self.predicted.tolist(),
+                                 self.mode, title)
+
 
 def graph_readouts(graph: AttributionGraph) -> list[Readout]:
     """The graph's target nodes as :class:`Readout` s."""

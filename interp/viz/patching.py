@@ -123,5 +123,22 @@ def effect_bars(labels: Sequence[str], delta: Sequence[float], control: Sequence
     return fig
 
 
-__all__ = ["grid_heatmap", "effect_bars", "sweep_heatmap", "attribution_scatter", "mask_ranking", "transplant_trajectory",
+
+def intervention_bars(labels: Sequence[str], before: Sequence[float], after: Sequence[float],
+                      predicted: Sequence[float], mode: str = "", title: str | None = None) -> go.Figure:
+    """Each target's value before and after a feature intervention, and the graph's predicted value after
+    (before + predicted change; left out where the graph cannot predict it)."""
+    b = [float(v) for v in before]
+    pred = [None if v != v else bv + float(v) for bv, v in zip(b, (float(x) for x in predicted))]
+    fig = go.Figure([go.Bar(x=list(labels), y=b, name="before", marker_color="#9a9a9a"),
+                     go.Bar(x=list(labels), y=[float(v) for v in after], name="after", marker_color="#4062bb"),
+                     go.Scatter(x=list(labels), y=pred, mode="markers", name="predicted after (graph)",
+                                marker={"color": "#d62728", "symbol": "x", "size": 12})])
+    fig.update_layout(title=_title(f"targets before and after the intervention ({mode})", title), barmode="group",
+                      xaxis_title="target", xaxis_type="category", yaxis_title="value", template="plotly_white")
+    return fig
+
+
+__all__ = ["grid_heatmap", "effect_bars", "intervention_bars", "sweep_heatmap", "attribution_scatter", "mask_ranking",
+           "transplant_trajectory",
            "neuron_contrast_heatmap", "overlap_heatmap"]

@@ -42,7 +42,7 @@ def candidate_heatmaps(bypass: torch.Tensor, induce: torch.Tensor, kl: torch.Ten
                "blue: higher = better<br>white: induce threshold"),
               (kl, "KL on harmless,<br>direction ablated", True, "blue: lower = better<br>white: KL threshold"))
     fig = make_subplots(rows=1, cols=3, subplot_titles=[t for _, t, _, _ in panels], horizontal_spacing=0.07)
-    x = [f"{p} ({i - len(pos_labels)})" for i, p in enumerate(pos_labels)]
+    x = [f"{p} ({i - len(pos_labels)})" if p else str(i - len(pos_labels)) for i, p in enumerate(pos_labels)]
     for c, (z, _, lower_better, bar_title) in enumerate(panels, start=1):
         mid = float(z.nanmedian()) if thresholds is None else float(thresholds[c - 1])
         dom = fig.layout[f"xaxis{'' if c == 1 else c}"].domain
@@ -77,9 +77,9 @@ def projections_by_layer(harmful: torch.Tensor, harmless: torch.Tensor, layers: 
 
 
 def refusal_rates(rates: dict[str, float], intervals: dict[str, Sequence[float]] | None = None,
-                  judge: str = "anchored phrase judge") -> go.Figure:
+                  judge: str = "anchored phrase judge", title: str | None = None) -> go.Figure:
     """Refusal rate under each condition (baselines, interventions, random controls), with 95% intervals
-    ``{condition: (low, high)}`` as error bars when given."""
+    ``{condition: (low, high)}`` as error bars when given; ``title`` replaces the test-prompt title."""
     names = list(rates)
     colors = ["#7f7f7f" if "baseline" in n else "#bcbd22" if ("random" in n or "orthogonal" in n) else "#2ca02c"
               for n in names]
@@ -89,7 +89,8 @@ def refusal_rates(rates: dict[str, float], intervals: dict[str, Sequence[float]]
                    arrayminus=[100 * (rates[n] - intervals[n][0]) for n in names])
     fig = go.Figure(go.Bar(x=names, y=[100 * rates[n] for n in names], marker_color=colors, error_y=err,
                            text=[f"{100 * rates[n]:.0f}%" for n in names], textposition="outside"))
-    fig.update_layout(title=f"Refusal rate on test prompts ({judge} over generations; bars: 95% Wilson intervals)",
+    fig.update_layout(title=title or f"Refusal rate on test prompts ({judge} over generations; bars: 95% Wilson "
+                                     "intervals)",
                       yaxis=dict(title="refusal rate (%)", range=[0, 115]), height=440)
     return fig
 
@@ -123,18 +124,20 @@ def cosine_heatmap(vectors: torch.Tensor, layers: Sequence[int], title: str, zer
     return fig
 
 
-def subspace_curve(ranks: Sequence[int], rates: Sequence[float], scores: Sequence[float], baseline: float,
+def subspace_curve(ranks: Sequence[int], rates: Sequence[float], scores: Sequence[float], baseline: float | None,
                    control_rates: Sequence[float] | None = None, control_scores: Sequence[float] | None = None,
                    baseline_score: float | None = None) -> go.Figure:
     """Harmful refusal rate (top) and refusal score (bottom) when ablating subspaces of rank 1..k, one x axis.
 
-    ``control_*`` are the same measures for random subspaces of the same ranks: the curve to beat.
+    ``control_*`` are the same measures for random subspaces of the same ranks: the curve to beat; ``baseline``
+    (rate) and ``baseline_score``: the dashed no-ablation levels, drawn when given.
     """
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
                         subplot_titles=("harmful refusal rate (%)", "mean refusal score on harmful prompts"))
     r = list(ranks)
     for row, ys, ctrl, base in ((1, [100 * v for v in rates], control_rates and [100 * v for v in control_rates],
-                                 100 * baseline), (2, list(scores), control_scores, baseline_score)):
+                                 None if baseline is None else 100 * baseline),
+                                (2, list(scores), control_scores, baseline_score)):
         fig.add_trace(go.Scatter(x=r, y=ys, mode="lines+markers", name="refusal direction + per-category",
                                  line=dict(color="#d62728"), legendgroup="real", showlegend=row == 1), row=row, col=1)
         if ctrl:
@@ -186,4 +189,16 @@ def writer_bars(labels: Sequence[str], rates: Sequence[float], lows: Sequence[fl
                       xaxis_title="writers the direction is ablated from",
                       yaxis=dict(title="harmful refusal rate (%)", range=[0, 110]),
                       legend=dict(orientation="h", x=0, y=-0.25))
+    return fig
+
+
+def filter_counts(rules: Sequence[str], passing: Sequence[int], total: int | None, note: str = "") -> go.Figure:
+    """How many candidates pass each selection filter (``rules``: the filters' rules, the last one all together),
+    out of ``total``; ``note`` (e.g. the selected candidate) under the title."""
+    fig = go.Figure(go.Bar(x=[int(v) for v in passing], y=list(rules), orientation="h", marker_color="#4062bb",
+                           text=[f"{int(v)}" + (f" of {total}" if total else "") for v in passing],
+                           textposition="outside", hovertemplate="%{y}: %{x}<extra></extra>"))
+    fig.update_layout(title="Candidates passing each selection filter" + (f"<br><sup>{note}</sup>" if note else ""),
+                      xaxis=dict(title="candidates (layer x position)", range=[0, 1.15 * max([total or 0, *passing, 1])]),
+                      yaxis=dict(title="filter", autorange="reversed"), height=360, template="plotly_white")
     return fig

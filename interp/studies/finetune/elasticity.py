@@ -50,8 +50,8 @@ FITTED = ("score", "refusal")
 @dataclass
 class Curve:
     """One fine-tune over steps: ``rows`` (one per eval point: ``step``, ``loss``, ``refusal`` with ``k``, ``n``,
-    ``ci95``, ``score``, ``cosine``, ``auroc``, ``kl_base``, ``kl_aligned``) and the per-prompt values behind the
-    means (``per_prompt['score' | 'refusal'] [points, n_harmful]``), for the bootstrap."""
+    ``low`` / ``high`` (its 95% interval), ``score``, ``cosine``, ``auroc``, ``kl_base``, ``kl_aligned``) and the
+    per-prompt values behind the means (``per_prompt['score' | 'refusal'] [points, n_harmful]``), for the bootstrap."""
 
     name: str
     start: str
@@ -69,25 +69,30 @@ class Curve:
 @dataclass
 class ElasticityStudy(Result):
     """``curves`` by name (``compliance``, ``control``, ``forward``); ``fits``: per curve and fitted quantity the
-    two-phase fit; ``summary``: per curve the start and end refusal and score and the share of the way to the
+    two-phase fit; ``outcomes``: per curve the start and end refusal and score and the share of the way to the
     other model it went (``toward_other``: 0 = stayed, 1 = reached the other model's refusal score)."""
 
     curves: dict[str, Curve]
     fits: dict[tuple[str, str], TwoPhaseFit]
-    summary: list[dict[str, Any]]
+    outcomes: list[dict[str, Any]]
     meta: dict[str, Any] = field(default_factory=dict)
 
+    def summary(self) -> dict[str, Any]:
+        """Per curve: refusal at the start and end, the share of the way to the other model, Fisher's p."""
+        keys = ("refusal_start", "refusal_end", "score_start", "score_end", "toward_other", "fisher_p")
+        return {o["curve"]: {k: o[k] for k in keys} for o in self.outcomes}
+
     def to_frame(self, which: str = "curves") -> pd.DataFrame:
-        """``which='curves'`` (one row per curve and eval point), ``'fits'`` or ``'summary'``."""
+        """``which='curves'`` (one row per curve and eval point), ``'fits'`` or ``'outcomes'`` (one row per curve)."""
         import pandas as pd
 
         if which == "curves":
             return pd.DataFrame([{"curve": c.name, **r} for c in self.curves.values() for r in c.rows])
         if which == "fits":
             return pd.DataFrame([{"curve": c, "quantity": q, **f.record()} for (c, q), f in self.fits.items()])
-        if which == "summary":
-            return pd.DataFrame(self.summary)
-        raise ValueError(f"which must be 'curves', 'fits' or 'summary', got {which!r}")
+        if which == "outcomes":
+            return pd.DataFrame(self.outcomes)
+        raise ValueError(f"which must be 'curves', 'fits' or 'outcomes', got {which!r}")
 
     def plot(self, keys: Sequence[str] = QUANTITIES) -> Any:
         """One panel per quantity over steps, one line per curve, the two-phase fits dashed."""
@@ -204,13 +209,13 @@ def _curve(name: str, start_name: str, start: Model, pairs: Pairs, config: TuneC
     return Curve(name, start_name, rows, {k: torch.stack(v) for k, v in per.items()})
 
 
-def _summary(c: Curve, other_score: float) -> dict[str, Any]:
+def _outcome(c: Curve, other_score: float) -> dict[str, Any]:
     first, last = c.rows[0], c.rows[-1]
     down = c.start == "aligned"  # a curve from the aligned model may lose refusal; the forward one gains it
     hi, lo = (first, last) if down else (last, first)
     span = other_score - first["score"]
-    return {"curve": c.name, "start": c.start, "refusal_start": first["refusal"], "ci95_start": first["ci95"],
-            "refusal_end": last["refusal"], "ci95_end": last["ci95"], "score_start": first["score"],
+    return {"curve": c.name, "start": c.start, "refusal_start": first["refusal"], "ci95_start": [first["low"], first["high"]],
+            "refusal_end": last["refusal"], "ci95_end": [last["low"], last["high"]], "score_start": first["score"],
             "score_end": last["score"], "toward_other": (last["score"] - first["score"]) / span if span else 0.0,
             "fisher_p": fisher_greater(hi["k"], hi["n"], lo["k"], lo["n"]),
             "cosine_end": last["cosine"], "auroc_end": last["auroc"], "kl_base_end": last["kl_base"],
@@ -222,7 +227,7 @@ def elasticity_study(base: Model, aligned: Model, data: RefusalData, layer: int,
                      forward: Pairs | None = None, n_pairs: int = 32, config: TuneConfig = TuneConfig(steps=40),
                      eval_every: int = 4, n_boot: int = 200, judge: Judge | None = None, max_new_tokens: int = 16,
                      answer_tokens: int = 48, seed: int = 0, batch_size: int = 32) -> ElasticityStudy:
-    """The compliance, control and (``forward`` pairs given) forward curves, their fits and summary (module
+    """The compliance, control and (``forward`` pairs given) forward curves, their fits and outcomes (module
     docstring). ``compliance`` / ``control``: (prompts, responses), or prompts the base answers (greedy,
     ``answer_tokens``); default the first ``n_pairs`` harmful / harmless train prompts of ``data``, answered by the
     base. Both are cut to the smaller size. ``data``: train prompts fit the directions and the refusal tokens,
@@ -248,8 +253,8 @@ def elasticity_study(base: Model, aligned: Model, data: RefusalData, layer: int,
     score_aligned = curves["compliance"].rows[0]["score"]
     fits = {(name, q): bootstrap_two_phase(c.steps, c.per_prompt[q], n_boot=n_boot, seed=seed)
             for name, c in curves.items() for q in FITTED}
-    summary = [_summary(c, score_base if c.start == "aligned" else score_aligned) for c in curves.values()]
-    return ElasticityStudy(curves, fits, summary,
+    outcomes = [_outcome(c, score_base if c.start == "aligned" else score_aligned) for c in curves.values()]
+    return ElasticityStudy(curves, fits, outcomes,
                            meta={"layer": layer, "position": position, "n_pairs": n, "config": config.record(),
                                  "eval_every": eval_every, "n_boot": n_boot, "refusal_tokens": probe.tokens,
                                  "score_base": score_base, "score_aligned": score_aligned, "sizes": data.sizes(),

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from jaxtyping import Float
@@ -21,14 +21,18 @@ from interp.capturing import capture
 from interp.chat import format_prompts
 from interp.evals.judge import Judge, judge_many
 from interp.evals.logits import kl_div, refusal_score
-from interp.evals.rates import fisher_greater
+from interp.evals.rates import Rate, fisher_greater, rate
 from interp.forward import prepare
 from interp.models import Model
+from interp.studies.kit import stage_views as views
 from interp.studies.kit.config import SelectionConfig
 from interp.studies.kit.prompt_sets import RefusalData
 from interp.studies.kit.scoring import prompt_logits, refusal_tokens, score_rows
 from probes.directions import diff_of_means, random_directions
 from probes.objects import Direction
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 @dataclass
@@ -48,6 +52,23 @@ class RefusalTokens(Result):
     harmless_refused: list[bool] = field(default_factory=list)
     min_refusals: int = 1
 
+    def rates(self) -> dict[str, Rate]:
+        """The judged refusal rate on the harmful and the harmless train prompts (empty when not kept)."""
+        return {f"{w}/train": rate(f) for w, f in (("harmful", self.harmful_refused), ("harmless", self.harmless_refused))
+                if f}
+
+    def summary(self) -> dict[str, Any]:
+        """The refusal tokens and the train refusal rates (with counts and intervals when the verdicts are kept)."""
+        return views.tokens_summary(self)
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per judged train prompt: ``set`` (harmful / harmless), the model's ``response``, ``refused``."""
+        return views.tokens_frame(self)
+
+    def plot(self) -> Any:
+        """Refusal rate on the harmful and harmless train prompts, with 95% Wilson intervals when kept."""
+        return views.tokens_figure(self)
+
 
 @dataclass
 class Candidates(Result):
@@ -66,6 +87,23 @@ class Candidates(Result):
     def n_positions(self) -> int:
         """Number of post-instruction positions ``P`` (candidate position ``p`` is ``p - P`` from the end)."""
         return self.raw.shape[1]
+
+    def separation(self) -> Float[torch.Tensor, "layers P"]:
+        """Cohen's d of the harmful over the harmless train prompts' projections on each unit candidate."""
+        return views.separation(self.raw, self.harmful_acts, self.harmless_acts)
+
+    def summary(self) -> dict[str, Any]:
+        """The grid's size, the prompts it came from and the best-separating candidate."""
+        return views.candidates_summary(self)
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per candidate (layer x position): its ``norm`` and ``separation`` (:meth:`separation`)."""
+        return views.grid_frame({"norm": self.raw.float().norm(dim=-1), "separation": self.separation()},
+                                self.layers, self.pos_tokens)
+
+    def plot(self, position: int = -1) -> Any:
+        """Cosine similarity of the candidates across layers at one ``position`` (-P..-1, from the end)."""
+        return views.cosine_figure(self, position)
 
 
 @dataclass
@@ -93,6 +131,20 @@ class Scores(Result):
         """How many candidates have their KL scored but not their bypass and induce (``score_candidates(kl_gate=)``
         skipped them: none passed the KL filter)."""
         return int((~self.kl.isnan() & self.bypass.isnan()).sum())
+
+    def summary(self) -> dict[str, Any]:
+        """Counts, baselines, the best score of each map over the candidates scored, and the random KL level."""
+        return views.scores_summary(self)
+
+    def to_frame(self, cand: Candidates | None = None, selection: Selection | None = None) -> pd.DataFrame:
+        """One row per candidate (layer x position): bypass, induce, KL (NaN: not scored); ``cand`` labels the layers
+        and position tokens (default: row indices), ``selection`` marks the chosen one."""
+        return views.grid_frame({"bypass": self.bypass, "induce": self.induce, "kl": self.kl}, *views.labels(cand),
+                                views.chosen(selection))
+
+    def plot(self, cand: Candidates | None = None, selection: Selection | None = None) -> Any:
+        """The three candidate maps, white at each filter's threshold when ``selection`` gives them (else the median)."""
+        return views.scores_figure(self, cand, selection)
 
 
 @dataclass
@@ -122,6 +174,18 @@ class Selection(Result):
                                       data_hash=cand.data_hash, fitted_on=cand.fitted_on,
                                       meta={"position": self.position, "position_token": self.position_token,
                                             "layer": self.layer, "pipeline": "refusal"})
+
+    def summary(self) -> dict[str, Any]:
+        """The chosen candidate (when found), its scores, and how many candidates pass all filters."""
+        return views.selection_summary(self)
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per filter (depth, KL, induce, bypass, all together): its rule and how many candidates pass it."""
+        return views.selection_frame(self)
+
+    def plot(self) -> Any:
+        """How many candidates pass each filter alone and all together."""
+        return views.selection_figure(self)
 
 
 PROBE = 32        # prompts per class judged first

@@ -19,7 +19,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -61,6 +61,14 @@ class LanguageGeometry(Result):
                             **{f"ratio_{c}": float(self.ratio[c][lang][i]) for c in self.ratio},
                             **{f"auroc_{c}": float(self.auroc[c][lang][i]) for c in self.auroc}})
         return pd.DataFrame(out)
+
+    def plot(self) -> Any:
+        """Identity accuracy, the language subspace's overlap with the refusal direction, and the projection ratios
+        before and after erasure, by layer (:func:`interp.viz.multilingual.language_geometry`)."""
+        from interp.viz.multilingual import language_geometry
+
+        return language_geometry(self.layers, self.identity_accuracy, self.identity_ci, self.chance, self.overlap,
+                                 self.random_overlap, self.ratio, self.source)
 
 
 def _pool(acts: Acts, split: str, langs: list[str]) -> tuple[torch.Tensor, list[str]]:

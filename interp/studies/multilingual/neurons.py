@@ -67,6 +67,14 @@ class SafetyNeurons(Result):
                         "beats_random": bool(v < float(rnd.min()))})
         return pd.DataFrame(out)
 
+    def plot(self) -> Any:
+        """The refusal-score change of each (set, prompt language) ablation beside random sets of the same size."""
+        from interp.viz.multilingual import neuron_effects
+
+        fr = self.to_frame()
+        return neuron_effects([f"{n} on {p}" for n, p in zip(fr.neurons, fr.prompts)], fr.delta.tolist(),
+                              fr.random_mean.tolist(), fr.random_lo.tolist(), fr.random_hi.tolist())
+
 
 def refusal_ids(model: Model) -> list[int]:
     """First token ids of refusal openings in English and of the other languages' declines."""

@@ -16,7 +16,7 @@ so does their difference ``excess`` = restored - control, the request-specific p
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -85,6 +85,14 @@ class Pathways(Result):
                         row[f"{name}_lo"], row[f"{name}_hi"] = float(v[0, i, j]), float(v[1, i, j])
                     out.append({**row, "gap": self.source_score[lang] - self.target_score[lang]})
         return pd.DataFrame(out)
+
+    def plot(self) -> Any:
+        """Share of each language's refusal gap that patching restores, per site by layer, beside the harmless-
+        source control (:func:`interp.viz.multilingual.patching_by_layer`)."""
+        from interp.viz.multilingual import patching_by_layer
+
+        return patching_by_layer(self.layers, SITES, {k: self.restored[k] for k in self.langs},
+                                 {k: self.control[k] for k in self.langs})
 
 
 def post_instruction_tokens(model: Model) -> int:

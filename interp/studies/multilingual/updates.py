@@ -93,7 +93,14 @@ class RestrictedUpdate(Result):
         return sum(r["k"] for r in rows), sum(r["n"] for r in rows)
 
     def to_frame(self) -> pd.DataFrame:
+        """One row per condition x language x set: the judged refusal rate with its interval."""
         return pd.DataFrame(self.rates)
+
+    def plot(self) -> Any:
+        """Refusal rate per language, one bar per set/condition, with Wilson intervals."""
+        from interp.viz.multilingual import rates_by_language
+
+        return rates_by_language(self.rates, title=f"refusal by language after a {self.kind}-restricted update")
 
     def summary(self) -> dict[str, Any]:
         """Headline numbers per condition: pooled harmful and harmless refusals over the train languages."""

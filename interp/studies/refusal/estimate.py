@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from jaxtyping import Bool, Float
@@ -40,8 +40,12 @@ from interp.sites import Site
 from interp.studies.kit.config import SelectionConfig
 from interp.studies.kit.prompt_sets import RefusalData
 from interp.studies.kit.scoring import check_ablate_positions
-from interp.studies.kit.stages import Candidates, RefusalTokens, Scores
+from interp.studies.kit.stage_views import chosen, grid_figure, grid_frame, labels
+from interp.studies.kit.stages import Candidates, RefusalTokens, Scores, Selection
 from steering.rows import ABLATE_KINDS
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 PROBES = 4  # random probes for the KL estimate: its Spearman with the exact KL on SmolLM2 was 0.88 with 2, 0.89 with 4
 
@@ -60,6 +64,27 @@ class Estimate(Result):
     forwards: int
     backwards: int
     curvature: Float[torch.Tensor, "layers P"] | None = None  # the logit-curvature part of ``bypass``
+
+    def summary(self) -> dict[str, Any]:
+        """The passes spent, the baselines, and the best estimate of each map over the candidates."""
+        return {"n_candidates": self.bypass.numel(), "forwards": self.forwards, "backwards": self.backwards,
+                "baseline_harmful": self.baseline_harmful, "baseline_harmless": self.baseline_harmless,
+                "min_bypass": float(self.bypass.nan_to_num(math.inf).min()),
+                "max_induce": float(self.induce.nan_to_num(-math.inf).max()),
+                "min_kl": float(self.kl.nan_to_num(math.inf).min())}
+
+    def to_frame(self, cand: Candidates | None = None, selection: Selection | None = None) -> pd.DataFrame:
+        """One row per candidate (layer x position): the estimated bypass, induce, KL and the curvature part of
+        bypass; ``cand`` labels the layers and position tokens, ``selection`` marks the chosen one."""
+        return grid_frame({"bypass": self.bypass, "induce": self.induce, "kl": self.kl, "curvature": self.curvature},
+                          *labels(cand), chosen(selection))
+
+    def plot(self, cand: Candidates | None = None, selection: Selection | None = None, kl: bool = True) -> Any:
+        """The three estimated maps (``kl=False``: the KL map left empty), white at the selection's thresholds
+        when given (else at the harmful baseline, induce 0 and KL 0.1)."""
+        f = selection.filters if selection is not None else {"induce_threshold": 0.0, "kl_threshold": 0.1}
+        return grid_figure(self.bypass, self.induce, self.kl if kl else torch.full_like(self.bypass, math.nan),
+                           *labels(cand), chosen(selection), (self.baseline_harmful, f["induce_threshold"], f["kl_threshold"]))
 
 
 def writer_sites(model: Model) -> list[Site]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -29,6 +29,9 @@ from interp.studies.kit.stages import Candidates, RefusalTokens, Selection
 from probes.directions import random_directions, random_orthogonal
 from steering.decode import lowest_edited_layer
 from steering.generation import Prefixes, Resumes, leaves_prompt_prefix, prompt_states
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 NOT_BAKEABLE = ("the run's ablation acts at the post-instruction and generated tokens only (ablate_positions="
                 "'post_instruction'), which no weight edit reproduces (weights act on every token alike): the baked "
@@ -55,6 +58,32 @@ class Evaluation(Result):
         """Each condition's refusal rate with its count, sample size and 95% Wilson interval."""
         return {name: rate(flags) for name, flags in self.refused.items()}
 
+    def summary(self) -> dict[str, Any]:
+        """Each condition's refusal rate and mean refusal score, the harmless KL / CE, the baked weights' error."""
+        return {"refusal_rate": dict(self.refusal_rate), "refusal_score": dict(self.refusal_score),
+                "harmless_kl_ce": dict(self.harmless_kl_ce),
+                "baked_max_abs_logit_diff": self.hook_vs_baked.get("max_abs_logit_diff")}
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per condition: ``condition``, its ``prompts`` (harmful / harmless / borderline) and
+        ``intervention``, the :meth:`~interp.evals.rates.Rate.columns` (rate, k, n, low, high) and the mean
+        first-token ``refusal_score``."""
+        import pandas as pd
+
+        rates, rows = self.rates(), []
+        for cond in dict.fromkeys([*self.refusal_rate, *self.refused]):
+            prompts, _, what = cond.partition("/")
+            cols = rates[cond].columns() if cond in rates else {"rate": self.refusal_rate[cond]}
+            rows.append({"condition": cond, "prompts": prompts, "intervention": what, **cols,
+                         "refusal_score": self.refusal_score.get(cond, float("nan"))})
+        return pd.DataFrame(rows)
+
+    def plot(self) -> Any:
+        """Refusal rate per condition with its 95% Wilson interval (:func:`interp.viz.refusal.refusal_rates`)."""
+        from interp.viz.refusal import refusal_rates
+
+        return refusal_rates(self.refusal_rate, {k: r.ci95 for k, r in self.rates().items()})
+
 
 @dataclass
 class Subspaces(Result):
@@ -66,6 +95,36 @@ class Subspaces(Result):
     scores: list[float]
     control_rates: list[float] = field(default_factory=list)   # random subspaces of the same ranks
     control_scores: list[float] = field(default_factory=list)
+
+    def added(self, rank: int) -> str:
+        """What rank ``rank`` adds to the ablated subspace: the refusal direction, then one category each."""
+        return "refusal direction" if rank == 1 else self.categories[rank - 2]
+
+    def summary(self) -> dict[str, Any]:
+        """Harmful refusal (and the random control's) at rank 1 and at the largest rank ablated."""
+        if not self.ranks:
+            return {"categories": list(self.categories), "max_rank": 0}
+        ctrl = self.control_rates or [float("nan")] * len(self.ranks)
+        return {"categories": list(self.categories), "max_rank": self.ranks[-1], "rate_rank_1": self.rates[0],
+                "rate_max_rank": self.rates[-1], "control_rate_rank_1": ctrl[0], "control_rate_max_rank": ctrl[-1]}
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per rank: what it ``added``, harmful refusal ``rate`` and mean ``score``, and the random
+        subspace's of the same rank (``control_rate``, ``control_score``)."""
+        import pandas as pd
+
+        nan = [float("nan")] * len(self.ranks)
+        return pd.DataFrame({"rank": self.ranks, "added": [self.added(k) for k in self.ranks], "rate": self.rates,
+                             "score": self.scores, "control_rate": self.control_rates or nan,
+                             "control_score": self.control_scores or nan})
+
+    def plot(self, baseline: float | None = None, baseline_score: float | None = None) -> Any:
+        """Refusal rate and score by rank beside the random control; ``baseline*``: the no-ablation levels (from
+        the :class:`Evaluation`'s ``harmful/baseline``), drawn dashed when given."""
+        from interp.viz.refusal import subspace_curve
+
+        return subspace_curve(self.ranks, self.rates, self.scores, baseline, self.control_rates or None,
+                              self.control_scores or None, baseline_score)
 
 
 class TestPrompts:

@@ -71,51 +71,31 @@ def _candidate_sections(res: RefusalResult) -> list[tuple[str, Any]]:
     found = sel is not None and sel.found
     li, pi = (sel.layer_index, sel.position_index) if found else (0, cand.n_positions - 1)  # type: ignore[union-attr]
     r = torch.nn.functional.normalize(cand.raw[li, pi], dim=-1)
-    thresholds = None
-    if sel is not None:
-        thresholds = (sc.baseline_harmful, sel.filters["induce_threshold"], sel.filters["kl_threshold"])
     return [
-        ("Candidate scores", F.candidate_heatmaps(sc.bypass, sc.induce, sc.kl, cand.layers, cand.pos_tokens,
-                                                  (li, pi) if found else None, thresholds)),
+        ("Candidate scores", sc.plot(cand, sel)),
         ("Projections", F.projections_by_layer(cand.harmful_acts[:, :, pi] @ r, cand.harmless_acts[:, :, pi] @ r,
                                                cand.layers)),
-        ("Cosine similarity of candidates across layers",
-         F.cosine_heatmap(cand.raw[:, pi], cand.layers,
-                          f"candidates at position {pi - cand.n_positions} ({cand.pos_tokens[pi]!r})",
-                          ZERO_NOTE if 0 in cand.layers else None)),
+        ("Cosine similarity of candidates across layers", cand.plot(pi - cand.n_positions)),
     ]
 
 
 def _estimate_sections(res: RefusalResult) -> list[tuple[str, Any]]:
     """search='estimate': the attribution estimates of every candidate (the exact maps above hold the top k)."""
-    from interp.viz import refusal as F
-
-    est, cand, sc, sel = res.estimate, res.candidates, res.scores, res.selection
+    est, cand, sc = res.estimate, res.candidates, res.scores
     if est is None or cand is None or sc is None:
         return []
-    f = sel.filters if sel is not None else {"induce_threshold": 0.0, "kl_threshold": 0.1}
-    n = sc.n_scored
-    title = f"Candidate estimates (first order, every candidate; the {n} scored exactly are in the maps above; no KL)"
-    return [(title, F.candidate_heatmaps(est.bypass, est.induce, torch.full_like(est.bypass, math.nan), cand.layers,
-                                         cand.pos_tokens, None,
-                                         (est.baseline_harmful, f["induce_threshold"], f["kl_threshold"])))]
-
-
-ZERO_NOTE = ("resid_pre at layer 0 is the token embedding: at a post-instruction position<br>every prompt holds "
-             "the same template token, so the harmful and harmless<br>means are equal and their difference is zero.")
+    title = (f"Candidate estimates (first order, every candidate; the {sc.n_scored} scored exactly are in the maps "
+             "above; no KL)")
+    return [(title, est.plot(cand, res.selection, kl=False))]
 
 
 def _evaluation_sections(res: RefusalResult) -> list[tuple[str, Any]]:
-    from interp.viz import refusal as F
-
     ev, sub = res.evaluation, res.subspaces
     out: list[tuple[str, Any]] = []
     if ev is not None:
-        rates = ev.rates()
-        out.append(("Refusal rates with controls", F.refusal_rates(
-            ev.refusal_rate, {k: r["ci95"] for k, r in rates.items()})))
+        out.append(("Refusal rates with controls", ev.plot()))
         out.append(("Refusal rates: counts and 95% intervals (borderline = over-refusal on benign look-alikes)",
-                    _rate_table(rates)))
+                    _rate_table(ev.rates())))
         eq = ev.hook_vs_baked
         baked = ([("max |logit diff| hook vs baked", eq["max_abs_logit_diff"]), ("relative", eq["rel_logit_diff"]),
                   ("architecture bakes exactly", eq["exact_architecture"]),
@@ -127,11 +107,7 @@ def _evaluation_sections(res: RefusalResult) -> list[tuple[str, Any]]:
             [(f"harmless {k}", v) for k, v in ev.harmless_kl_ce.items()] +
             [(f"refusal score: {k}", v) for k, v in ev.refusal_score.items()])))
     if sub is not None and sub.ranks:
-        base = ev.refusal_rate["harmful/baseline"] if ev is not None else 0.0
-        base_score = ev.refusal_score.get("harmful/baseline") if ev is not None else None
-        out.append(("Subspace ablation", F.subspace_curve(sub.ranks, sub.rates, sub.scores, base,
-                                                          sub.control_rates or None, sub.control_scores or None,
-                                                          base_score)))
+        out.append(("Subspace ablation", res.plot("subspaces")))
     if ev is not None:
         rows = [f"<tr><td>{html.escape(cond)}</td><td>{html.escape(t)}</td></tr>"
                 for cond in ("harmful/baseline", "harmful/ablation", "harmless/baseline", "harmless/addition",

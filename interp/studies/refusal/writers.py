@@ -10,7 +10,7 @@ seeded random unit direction orthogonal to ``r``: the control of the same edit.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from jaxtyping import Float
@@ -18,13 +18,16 @@ from jaxtyping import Float
 from interp.bundle import Result
 from interp.evals.judge import Judge
 from interp.evals.logits import refusal_score
-from interp.evals.rates import rate
+from interp.evals.rates import Rate, rate
 from interp.models import Model
 from interp.studies.kit.scoring import ablation, prompt_logits
 from interp.studies.kit.stages import RefusalTokens
 from interp.studies.kit.writer_sites import embedding_note, moe_layers, writer_groups
 from interp.studies.refusal.evaluation import Evaluation, TestPrompts
 from probes.directions import random_orthogonal
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 @dataclass
@@ -56,6 +59,14 @@ class Writers(Result):
         """The ``metrics.json`` section."""
         return {"rows": self.rows, "embedding": self.embedding, "checks": self.checks, "control": self.control,
                 "notes": self.notes}
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per condition: ``group``, ``direction``, ``sites``, the :meth:`~interp.evals.rates.Rate.columns`
+        (rate, k, n, low, high) and the mean first-token refusal ``score``."""
+        import pandas as pd
+
+        return pd.DataFrame([{"group": r["group"], "direction": r["direction"], "sites": r["sites"],
+                              **Rate(r["k"], r["n"]).columns(), "score": r["score"]} for r in self.rows])
 
     def table(self) -> tuple[list[str], list[list[Any]]]:
         """Header and rows of the report's table."""
