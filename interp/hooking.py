@@ -2,7 +2,8 @@
 
 A hook function is ``fn(x, ctx)``: ``x`` is the site's tensor (``[batch, seq, d_model]``; ``[batch, seq,
 n_heads, d_head]`` for ``attn_z``; ``[batch, seq, d_mlp]`` for ``mlp_post``) and ``ctx`` a
-:class:`HookContext`. Returning a tensor replaces the activation; returning ``None`` leaves it.
+:class:`HookContext` (its ``tokens``: which columns of the pass are prompt / generated, :mod:`interp.tokens`).
+Returning a tensor replaces the activation; returning ``None`` leaves it.
 """
 
 from __future__ import annotations
