@@ -2,7 +2,8 @@
 
 A hook function is ``fn(x, ctx)``: ``x`` is the site's tensor (``[batch, seq, d_model]``; ``[batch, seq,
 n_heads, d_head]`` for ``attn_z``; ``[batch, seq, d_mlp]`` for ``mlp_post``) and ``ctx`` a
-:class:`HookContext`. Returning a tensor replaces the activation; returning ``None`` leaves it.
+:class:`HookContext` (its ``tokens``: which columns of the pass are prompt / generated, :mod:`interp.tokens`).
+Returning a tensor replaces the activation; returning ``None`` leaves it.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from torch.utils.hooks import RemovableHandle
 from interp.arch import get_module, has_module
 from interp.models import Model
 from interp.sites import MOE_KINDS, Site, parse_site
+from interp.tokens import TokenState, TokenTracker
 
 HookFn = Callable[[torch.Tensor, "HookContext"], "torch.Tensor | None"]
 
@@ -29,11 +31,18 @@ class StopForward(Exception):
 
 @dataclass
 class HookContext:
-    """What a hook knows: its site, the model, and ``data``, a dict shared by all hooks of one run."""
+    """What a hook knows: its site, the model, ``tokens`` (the pass's :class:`~interp.tokens.TokenState`, read from
+    ``tracker``), and ``data``, a dict shared by all hooks of one run (for the hooks' own use)."""
 
     site: Site
     model: Model
     data: dict[str, Any] = field(default_factory=dict)
+    tracker: TokenTracker | None = field(default=None, repr=False)
+
+    @property
+    def tokens(self) -> TokenState | None:
+        """This pass's prompt / generated columns and each row's prompt span (None outside a recorded pass)."""
+        return None if self.tracker is None else self.tracker.state
 
 
 def _first(out: Any) -> torch.Tensor:
@@ -253,25 +262,31 @@ HookSpec = Mapping[Any, "HookFn | Sequence[HookFn]"] | Sequence[tuple[Any, HookF
 
 
 @contextmanager
-def hooks(model: Model, fns: HookSpec, data: dict[str, Any] | None = None) -> Iterator[dict[str, Any]]:
+def hooks(model: Model, fns: HookSpec, data: dict[str, Any] | None = None,
+          tokens: TokenTracker | None = None) -> Iterator[dict[str, Any]]:
     """Attach ``{site: fn}`` (or ``[(site, fn), ...]``) for the duration of the block.
 
     Contexts nest and compose (hooks on one site run in the order they were attached). Every hook is
     removed on exit, also when the body raises. Yields the shared ``data`` dict given to every hook.
-    A model whose passes run elsewhere (the nnsight backend) refuses hooks: they would not run there.
+    Each forward pass of the model in the block is recorded once, before it runs, in ``tokens`` (a fresh
+    :class:`~interp.tokens.TokenTracker` by default; ``steering.apply`` passes its own), which hooks read as
+    ``ctx.tokens``. A model whose passes run elsewhere (the nnsight backend) refuses hooks: they would not run there.
     """
     items = list(fns.items()) if isinstance(fns, Mapping) else list(fns)
     if items:
         model.require_local("interp.hooks (hook functions of our own on the model's modules)")
     shared = {} if data is None else data
+    tracker = TokenTracker() if tokens is None else tokens
     handles: list[RemovableHandle] = []
     try:
+        if items or tokens is not None:
+            handles.append(model.hf.register_forward_pre_hook(tracker.pre_hook, with_kwargs=True))
         for site_name, fn_or_list in items:
             site = parse_site(site_name, model.n_layers)
             for fn in (fn_or_list if isinstance(fn_or_list, (list, tuple)) else [fn_or_list]):
                 if not callable(fn):
                     raise TypeError(f"hook for {site.name} is {type(fn).__name__}, not callable")
-                handles += _register(model, site, fn, HookContext(site, model, shared))
+                handles += _register(model, site, fn, HookContext(site, model, shared, tracker))
         yield shared
     finally:
         for h in handles:

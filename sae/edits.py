@@ -5,7 +5,8 @@ Each object follows the project's intervention protocol (shared with ``steering`
 ``positions`` limits the edit to some sequence positions (``None``: every position, including tokens
 generated later). ``skip_sink=True`` (latent steering and ablation) leaves each prompt's first real token alone:
 in many models it is an attention sink whose activations are orders of magnitude larger than the rest, where an
-SAE trained without it is out of distribution; it reads the token state ``steering.apply`` records.
+SAE trained without it is out of distribution; it reads the pass's token state, ``ctx.tokens``, which
+``interp.hooks`` (and so ``steering.apply``) records for every forward pass.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 import torch
 
 from interp.bundle import check_model
+from interp.tokens import TokenState
 from sae.model import SAE
 
 HookFn = Callable[[torch.Tensor, Any], "torch.Tensor | None"]
@@ -72,11 +74,12 @@ def _at_positions(x: torch.Tensor, new: torch.Tensor, positions: Sequence[int] |
 
 def _keep_sink(x: torch.Tensor, new: torch.Tensor, ctx: Any) -> torch.Tensor:
     """``new`` with each row's first real prompt token (the attention sink) set back to ``x``. Reads the pass's
-    token state, which ``steering.apply`` / ``steering.generate`` put in the hooks' shared data."""
-    st = getattr(ctx, "data", {}).get("token_state")
+    token state ``ctx.tokens`` (an :class:`interp.tokens.TokenState`), recorded by ``interp.hooks``."""
+    st: TokenState | None = getattr(ctx, "tokens", None)
     if st is None:
-        raise ValueError("skip_sink=True needs to know each row's first real token: apply the edit with "
-                         "steering.apply(...) or steering.generate(...), not bare interp.hooks")
+        raise ValueError("skip_sink=True needs to know each row's first real token (ctx.tokens), which is recorded "
+                         "for each forward pass of the model inside interp.hooks(model, edit.hook_fns(model)) or "
+                         "steering.apply(model, edit); call the hook functions through one of those")
     if st.past > 0:   # a cached pass holds generated tokens only
         return new
     start = st.prompt.start.to(x.device)

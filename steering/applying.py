@@ -16,13 +16,13 @@ from typing import Any
 
 import torch
 
-from interp.hooking import HookContext, hooks, module_hooks
+from interp.hooking import HookContext, hooks
 from interp.models import Model
 from interp.nnsight_backend import SKIP as TRACE_SKIP
 from interp.nnsight_backend import NNsightModel, TraceEdit, refuse
 from interp.sites import parse_site
+from interp.tokens import SKIP, TokenState, TokenTracker
 from steering.fused import LowRankEdit, apply_edit
-from steering.scope import DECLARED_KEY, PROMPT_KEY, ROWS_KEY, SKIP, STATE_KEY, keep_rows, record_pass
 
 
 @dataclass(eq=False)
@@ -41,12 +41,13 @@ class SiteEdit:
         """Edits with equal keys may be composed; conditional edits never are (the gate reads x)."""
         return None if self.cond is not None else (self.scope, self.positions)
 
-    def run(self, x: torch.Tensor, data: dict, backend: str = "auto") -> torch.Tensor:
-        st = data.get(STATE_KEY)
+    def run(self, x: torch.Tensor, st: TokenState | None, backend: str = "auto") -> torch.Tensor:
+        """``x`` edited where the gate opens on the pass ``st`` (the hook context's ``tokens``)."""
         if st is None:
             if self.scope != "both" or self.positions != "all":
-                raise RuntimeError("this intervention has a scope/positions; attach it with steering.apply(model, ...)"
-                                   " so each forward pass knows its prompt and generated tokens")
+                raise RuntimeError("this intervention has a scope/positions but the pass has no token state "
+                                   "(ctx.tokens): attach it with steering.apply(model, ...) or interp.hooks(model, "
+                                   "iv.hook_fns(model)), which record each forward pass's prompt and generated tokens")
             sel = None
         else:
             sel = st.select(self.scope, self.positions)
@@ -73,7 +74,7 @@ def merge(edits: list[SiteEdit]) -> list[SiteEdit]:
 def _native_fn(edits: list[SiteEdit], backend: str):
     def fn(x: torch.Tensor, ctx: HookContext) -> torch.Tensor:
         for e in edits:
-            x = e.run(x, ctx.data, backend)
+            x = e.run(x, ctx.tokens, backend)
         return x
     return fn
 
@@ -129,12 +130,13 @@ def plan_hooks(model: Model, interventions: tuple, backend: str = "auto") -> lis
 
 def _gate(scope: str, positions: Any):
     """The tokens of a prompt batch an edit with this scope and positions touches (the rule of
-    :class:`~steering.scope.TokenState`, on a cacheless pass of the batch): None, "skip" or ``Bool[B, T]``."""
+    :class:`~interp.tokens.TokenState`, on a cacheless pass of the batch): None, "skip" or ``Bool[B, T]``."""
     def gate(batch: Any) -> Any:
-        B, T = batch.input_ids.shape
-        data: dict[str, Any] = {DECLARED_KEY: {"width": T, "batch": B, "post_mask": batch.post_mask.bool()}}
-        record_pass(data, (), {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask})
-        sel = data[STATE_KEY].select(scope, positions)
+        tracker = TokenTracker()
+        tracker.declare(batch.input_ids.shape[1], batch.input_ids.shape[0], batch.post_mask)
+        st = tracker.record((), {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask})
+        assert st is not None
+        sel = st.select(scope, positions)
         return TRACE_SKIP if isinstance(sel, str) else sel
     return gate
 
@@ -160,11 +162,13 @@ def trace_edits(model: Model, interventions: tuple) -> list[TraceEdit]:
 
 
 class Steering:
-    """The handle yielded by :func:`apply`: the shared hook ``data`` and a way to declare the prompt batch."""
+    """The handle yielded by :func:`apply`: the hooks' shared ``data``, and ``tokens`` (the
+    :class:`~interp.tokens.TokenTracker` the hooks read as ``ctx.tokens``), where the prompt batch is declared."""
 
-    def __init__(self, model: Model, data: dict[str, Any]):
+    def __init__(self, model: Model, data: dict[str, Any], tokens: TokenTracker | None = None):
         self.model = model
         self.data = data
+        self.tokens = TokenTracker() if tokens is None else tokens
 
     def set_batch(self, batch: Any = None, post_mask: torch.Tensor | None = None, cached: int = 0) -> None:
         """Declare the next prompt batch (an ``interp.chat.Batch``, or just its ``post_mask [B, T]``), so
@@ -175,25 +179,20 @@ class Steering:
         if pm is None and ids is None:
             raise ValueError("set_batch needs an interp.chat.Batch or post_mask=Bool[B, T]")
         ref = pm if pm is not None else ids
-        self.data[DECLARED_KEY] = {"width": ref.shape[1], "batch": ref.shape[0],
-                                   "post_mask": None if pm is None else pm.bool(), "cached": int(cached)}
-        self.data.pop(PROMPT_KEY, None)
-        self.data.pop(ROWS_KEY, None)
+        self.tokens.declare(ref.shape[1], ref.shape[0], pm, cached)
 
     def clear_batch(self) -> None:
-        self.data.pop(DECLARED_KEY, None)
-        self.data.pop(PROMPT_KEY, None)
-        self.data.pop(ROWS_KEY, None)
+        self.tokens.clear()
 
     def keep_rows(self, idx: torch.Tensor) -> None:
         """Only rows ``idx`` of the batch being generated go on (the others finished): the later passes hold
         just those rows, and the gates and row-wise edits (:class:`~steering.rows.RowGroups`) follow them."""
-        keep_rows(self.data, idx)
+        self.tokens.keep_rows(idx)
 
     @property
-    def state(self) -> Any:
-        """The :class:`~steering.scope.TokenState` of the last forward pass (None before the first)."""
-        return self.data.get(STATE_KEY)
+    def state(self) -> TokenState | None:
+        """The :class:`~interp.tokens.TokenState` of the last forward pass (None before the first)."""
+        return self.tokens.state
 
 
 @contextmanager
@@ -221,13 +220,10 @@ def apply(model: Model, *interventions: Any, backend: str = "auto") -> Iterator[
         return
     items = plan_hooks(model, interventions, backend)
     data: dict[str, Any] = {}
-
-    def pre(mod: torch.nn.Module, args: tuple, kwargs: dict) -> None:
-        record_pass(data, args, kwargs)
-
+    tokens = TokenTracker()
     with ExitStack() as weights:
         for iv in _flat(interventions):
             if _is_weight_edit(iv):
                 weights.enter_context(iv.weights(model))                 # restored on exit, also on error
-        with module_hooks([(model.hf, "pre", pre)]), hooks(model, items, data=data):
-            yield Steering(model, data)
+        with hooks(model, items, data=data, tokens=tokens):
+            yield Steering(model, data, tokens)

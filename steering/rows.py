@@ -20,8 +20,8 @@ from jaxtyping import Float, Int
 from interp.hooking import HookContext
 from interp.models import Model
 from interp.sites import WRITERS
+from interp.tokens import TokenState, TokenTracker
 from steering.applying import _flat, _is_weight_edit, plan_hooks
-from steering.scope import ROWS_KEY, STATE_KEY
 
 ABLATE_KINDS = WRITERS  # the writers, as steering.DirectionalAblation's default (interp.sites.WRITERS)
 
@@ -119,7 +119,7 @@ class RowGroups:
 
     Block ``g`` equals running ``groups[g]`` alone on those rows (up to the float rounding of a wider batch): each
     group's hooks see only its rows, and ``positions=`` / ``scope=`` gates (the pass's
-    :class:`~steering.scope.TokenState`) are sliced to them. Hooks that look beyond their own rows, row-indexed
+    :class:`~interp.tokens.TokenState`) are sliced to them. Hooks that look beyond their own rows, row-indexed
     edits (:class:`RowEdits`) and weight edits cannot be split by rows and are refused. When finished rows
     leave a generation (:meth:`~steering.applying.Steering.keep_rows`), each remaining row keeps its block's edits."""
 
@@ -144,60 +144,62 @@ class RowGroups:
         k = len(chains)
 
         def fn(x: torch.Tensor, ctx: HookContext) -> torch.Tensor:
-            st = ctx.data.get(STATE_KEY)
+            st = ctx.tokens
             if st is not None and x.shape[0] not in (st.batch, st.batch * st.seq):
                 raise ValueError(f"the hook at {ctx.site.name} sees {x.shape[0]} leading rows, neither the batch's "
                                  f"{st.batch} rows nor its {st.batch * st.seq} tokens: RowGroups cannot split it")
-            kept = ctx.data.get(ROWS_KEY)
+            kept = None if st is None else st.kept
             if kept is not None:  # some rows finished generating: each row's block from its original index
-                counts, datas = _blocks_left(ctx.data, kept, k, st)
+                counts, views = _blocks_left(ctx.data, st, k)
             else:
                 if x.shape[0] % k:
                     raise ValueError(f"RowGroups holds {k} groups but the batch has {x.shape[0]} rows, not a "
                                      f"multiple; stack the prompts once per group (encodings * {k})")
-                counts, datas = [x.shape[0] // k] * k, [_block_data(ctx.data, g, k) for g in range(k)]
-            per_token = kept is not None and st is not None and st.seq > 1 and x.shape[0] == st.batch * st.seq
+                counts, views = [x.shape[0] // k] * k, [_block_view(ctx.data, st, g, k) for g in range(k)]
+            per_token = kept is not None and st.seq > 1 and x.shape[0] == st.batch * st.seq
             parts = list(torch.split(x, [c * st.seq for c in counts] if per_token else counts))
             for g, chain in enumerate(chains):  # each block is one run of consecutive rows (or of their tokens)
                 if chain and counts[g]:
-                    sub = HookContext(ctx.site, ctx.model, datas[g])
+                    sub = HookContext(ctx.site, ctx.model, *views[g])
                     for f in chain:
                         parts[g] = f(parts[g], sub)
             return torch.cat(parts)
         return fn
 
 
-def _blocks_left(data: dict, kept: tuple[int, torch.Tensor], k: int, st: Any) -> tuple[list[int], list[dict]]:
-    """A batch that lost its finished rows: rows per block, and each block's view of the hooks' data (its rows'
-    token state), built once per pass. Row ``i`` was the batch's row ``kept[1][i]`` of ``kept[0]``, so it belongs
-    to block ``kept[1][i] // (kept[0] // k)``; the kept rows stay in their original order, so each block is still
-    one run of consecutive rows."""
-    total, rows = kept
+View = tuple[dict, TokenTracker | None]  # a block's hook data and token state
+
+
+def _blocks_left(data: dict, st: TokenState, k: int) -> tuple[list[int], list[View]]:
+    """A batch that lost its finished rows: rows per block, and each block's view (its own data dict, its rows'
+    token state), built once per pass. Row ``i`` was the batch's row ``kept.index[i]`` of ``kept.total``, so it
+    belongs to block ``kept.index[i] // (kept.total // k)``; the kept rows stay in their original order, so each
+    block is still one run of consecutive rows."""
+    assert st.kept is not None
+    total, rows = st.kept.total, st.kept.index
     if total % k:
         raise ValueError(f"RowGroups holds {k} groups but the batch had {total} rows, not a multiple")
     key = ("row_groups_left", k)
-    if st is not None and key in st._cache:
-        return st._cache[key]
-    counts = torch.bincount(rows // (total // k), minlength=k).tolist()
-    datas, a = [], 0
-    for c in counts:
-        datas.append(data if st is None else {**data, STATE_KEY: st.rows(slice(a, a + c))})
-        a += c
-    if st is not None:
-        st._cache[key] = (counts, datas)
-    return counts, datas
+    if key not in st._cache:
+        counts = torch.bincount(rows // (total // k), minlength=k).tolist()
+        views, a = [], 0
+        for c in counts:
+            views.append(({**data}, TokenTracker(st.rows(slice(a, a + c)))))
+            a += c
+        st._cache[key] = (counts, views)
+    return st._cache[key]
 
 
-def _block_data(data: dict, g: int, k: int) -> dict:
-    """The hooks' shared data as block ``g`` of ``k`` sees it: the pass's token state sliced to its rows (built
-    once per pass and block)."""
-    st = data.get(STATE_KEY)
+def _block_view(data: dict, st: TokenState | None, g: int, k: int) -> View:
+    """The hooks' data and token state as block ``g`` of ``k`` sees them: a dict of its own (hooks that stash a
+    value for a later site keep their block's), and the pass's token state sliced to its rows (built once per pass
+    and block)."""
     if st is None:
-        return data
+        return data, None
     key = ("row_groups", k)
     if key not in st._cache:
         n = st.batch // k
-        st._cache[key] = [{**data, STATE_KEY: st.rows(slice(i * n, (i + 1) * n))} for i in range(k)]
+        st._cache[key] = [({**data}, TokenTracker(st.rows(slice(i * n, (i + 1) * n)))) for i in range(k)]
     return st._cache[key][g]
 
 

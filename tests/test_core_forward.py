@@ -50,15 +50,14 @@ def test_capture_steering_and_patching_select_the_same_positions(tiny_models):
     """On one padded batch, explicit positions mean the same columns to capture, steering scope and patching."""
     from interp.capturing import capture
     from interp.patching.runs import make_pairs
-    from steering.scope import STATE_KEY, record_pass
+    from interp.tokens import TokenTracker
 
     m = tiny_models("llama")
     batch = batch_of(m, PROMPTS)
     assert (batch.attention_mask == 0).any()  # really padded
     cap_cols = plan(POSITIONS, batch).index                                  # capture
-    data: dict = {}
-    record_pass(data, (), batch.model_inputs)                                # steering: the prompt pass
-    steer_mask = data[STATE_KEY].mask("prompt", tuple(POSITIONS))
+    state = TokenTracker().record((), batch.model_inputs)                   # steering: the prompt pass
+    steer_mask = state.mask("prompt", tuple(POSITIONS))
     pairs = make_pairs(m, PROMPTS, PROMPTS, align=[(p, p) for p in POSITIONS])  # patching
     assert torch.equal(pairs.cols["clean"], cap_cols) and torch.equal(pairs.cols["corrupted"], cap_cols)
     want = torch.zeros_like(steer_mask)
@@ -73,7 +72,7 @@ def test_capture_steering_and_patching_select_the_same_positions(tiny_models):
     with pytest.raises(ValueError, match=r"out of range for a prompt of 1 tokens.*" + re.escape(rule)):
         plan([5], batch_of(m, [[3]]))
     with pytest.raises(ValueError, match=r"out of range for a prompt of \d+ tokens.*" + re.escape(rule)):
-        data[STATE_KEY].mask("prompt", (99,))
+        state.mask("prompt", (99,))
     with pytest.raises(ValueError, match=r"out of range for clean prompt 0 of \d+ tokens.*" + re.escape(rule)):
         make_pairs(m, PROMPTS, PROMPTS, align=[(99, 0)])
 

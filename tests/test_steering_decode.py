@@ -16,7 +16,6 @@ from interp.studies.kit.scoring import ablation
 from interp.testing.tiny import tiny_model
 from steering.decode import can_drop_rows, row_wise
 from steering.generation import prompt_prefixes, prompt_states
-from steering.scope import PROMPT_KEY, ROWS_KEY
 from tests.conftest import PREFIX_PROMPTS, chat_case
 
 
@@ -85,9 +84,9 @@ def test_hooks_see_only_the_live_rows(monkeypatch):
     class Spy:
         def hook_fns(self, model):
             def fn(x, ctx):
-                kept = ctx.data.get(ROWS_KEY)
-                seen.append((x.shape[0], () if kept is None else tuple(kept[1].tolist())))
-                assert ctx.data[PROMPT_KEY].start.shape[0] == x.shape[0]
+                kept = ctx.tokens.kept
+                seen.append((x.shape[0], () if kept is None else tuple(kept.index.tolist())))
+                assert ctx.tokens.prompt.start.shape[0] == x.shape[0]
                 return x
             return {"blocks.0.hook_resid_pre": fn}
     try:
@@ -135,11 +134,11 @@ def test_keep_rows_slices_the_prompt_record_and_a_new_batch_resets_it():
         m.hf(**b.model_inputs)
         h.keep_rows(torch.tensor([1, 3]))
         h.keep_rows(torch.tensor([1]))
-        rec = h.data[PROMPT_KEY]
-        assert h.data[ROWS_KEY][0] == len(prompts) and h.data[ROWS_KEY][1].tolist() == [3]
+        rec = h.tokens.prompt
+        assert h.tokens.kept.total == len(prompts) and h.tokens.kept.index.tolist() == [3]
         assert torch.equal(rec.post_mask, b.post_mask[3:4].bool())
         h.set_batch(b)
-        assert ROWS_KEY not in h.data
+        assert h.tokens.kept is None
 
 
 def _additions(m):

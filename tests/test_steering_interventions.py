@@ -10,7 +10,8 @@ import torch
 
 import steering
 from interp.capturing import capture
-from interp.hooking import count_hooks, hooks
+from interp.hooking import HookContext, count_hooks, hooks
+from interp.sites import parse_site
 from interp.testing.tiny import tiny_model
 
 PROMPTS = ["the man is here", "a boy", "what is the time of day for the old man"]
@@ -180,10 +181,18 @@ def test_hooks_removed_on_exception_and_protocol_without_apply():
         with steering.apply(m, iv):
             b = m.hf(ids).logits
     torch.testing.assert_close(a, b, rtol=0, atol=0)
-    scoped = steering.AddVector(_vec(m.d_model), layers=0, scope="prompt")
-    with pytest.raises(RuntimeError, match="steering.apply"):
-        with torch.no_grad(), hooks(m, scoped.hook_fns(m)):
-            m.hf(ids)
+    scoped = steering.AddVector(_vec(m.d_model), layers=0, scope="prompt")  # plain hooks record the token state too
+    with torch.no_grad():
+        with hooks(m, scoped.hook_fns(m)):
+            a = m.hf.generate(ids, max_new_tokens=3, do_sample=False, pad_token_id=0, output_scores=True,
+                              return_dict_in_generate=True)
+        with steering.apply(m, scoped):
+            b = m.hf.generate(ids, max_new_tokens=3, do_sample=False, pad_token_id=0, output_scores=True,
+                              return_dict_in_generate=True)
+    assert torch.equal(a.sequences, b.sequences) and all(torch.equal(x, y) for x, y in zip(a.scores, b.scores))
+    (site, fn), = scoped.hook_fns(m).items()
+    with pytest.raises(RuntimeError, match="steering.apply"):  # called by hand: no pass recorded
+        fn(torch.zeros(1, 4, m.d_model), HookContext(parse_site(site, m.n_layers), m))
 
 
 def test_bad_input_errors():
