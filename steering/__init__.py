@@ -30,4 +30,4 @@ from steering.strength import residual_norms
 from steering.sweep import alpha_sweep
 
 __all__ = ["Ablate", "AblateSubspace", "AddVector", "Clamp", "DirectionalAblation", "RowEdits", "RowGroups", "alpha_sweep",
-           "apply", "bake", "bake_addition", "export_gguf", "generate", "generate_and_judge", "generate_each", "residual_norms"]
+           "apply", "bake", "bake_addition", "export_gguf", "generate", "generate_and_judge", "residual_norms"]

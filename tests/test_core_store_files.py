@@ -90,12 +90,12 @@ from interp.testing.tiny import tiny_model
 write = ActivationStore.write_shard
 
 
-def write_shard(self, k, acts, mask=None):
+def write_shard(self, k, acts, mask=None, **kw):
     if k == 1:  # the file-size limit kills the process (SIGXFSZ) while safetensors writes shard 1
         signal.signal(signal.SIGXFSZ, signal.SIG_DFL)  # Python ignores it by default
         limit = acts.numel() * acts.element_size() // 2
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
-    return write(self, k, acts, mask)
+    return write(self, k, acts, mask, **kw)
 
 
 ActivationStore.write_shard = write_shard
