@@ -21,7 +21,7 @@ from __future__ import annotations
 from steering.applying import apply
 from steering.baking import bake
 from steering.bias import bake_addition
-from steering.generation import generate, generate_each
+from steering.generation import generate, generate_each  # noqa: F401  (kept reachable; plumbing, not in __all__)
 from steering.gguf_export import export_gguf
 from steering.interventions import Ablate, AblateSubspace, AddVector, Clamp, DirectionalAblation
 from steering.judged import generate_and_judge
