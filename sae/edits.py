@@ -197,21 +197,22 @@ class TranscoderAblation:
 
 
 class LatentSteering:
-    """Add ``coefficient * W_dec[latent]`` (the decoder vector) for each latent at the SAE's site."""
+    """Add ``alpha * W_dec[latent]`` (the decoder vector) for each latent at the SAE's site (``alpha``: one strength,
+    or one per latent; the name every steering edit uses for its strength, as ``steering.AddVector``)."""
 
-    def __init__(self, sae: SAE, latents: int | Sequence[int], coefficient: float | Sequence[float] = 1.0,
+    def __init__(self, sae: SAE, latents: int | Sequence[int], alpha: float | Sequence[float] = 1.0,
                  site: str | None = None, positions: Sequence[int] | slice | None = None, skip_sink: bool = False):
         self.sae, self.site, self.positions, self.skip_sink = sae, site, positions, skip_sink
         self.latents = [latents] if isinstance(latents, int) else list(latents)
         _check_latents(sae, self.latents)
-        coefs = [coefficient] * len(self.latents) if isinstance(coefficient, (int, float)) else list(coefficient)
-        if len(coefs) != len(self.latents):
-            raise ValueError(f"{len(coefs)} coefficients for {len(self.latents)} latents")
-        self.coefficients = coefs
+        alphas = [alpha] * len(self.latents) if isinstance(alpha, (int, float)) else list(alpha)
+        if len(alphas) != len(self.latents):
+            raise ValueError(f"{len(alphas)} alphas for {len(self.latents)} latents: give one alpha or one per latent")
+        self.alphas = alphas
 
     def vector(self) -> torch.Tensor:
         """The added vector ``[d_in]``."""
-        c = torch.tensor(self.coefficients, dtype=self.sae.dtype, device=self.sae.device)
+        c = torch.tensor(self.alphas, dtype=self.sae.dtype, device=self.sae.device)
         return (c[:, None] * self.sae.W_dec[self.latents]).sum(0).detach()
 
     def hook_fns(self, model: Any) -> dict[str, HookFn]:

@@ -93,7 +93,7 @@ def test_splice_keep_error_is_identity_and_plain_splice_is_not(tiny_models):
 def test_latent_steering_adds_the_decoder_vector(tiny_models):
     model = tiny_models("llama")
     sae = SAE(SAEConfig(model.d_model, 128, arch="topk", k=4, site="resid_post.1"), seed=2)
-    steer = LatentSteering(sae, [5, 9], coefficient=[3.0, -2.0])
+    steer = LatentSteering(sae, [5, 9], alpha=[3.0, -2.0])
     v = 3.0 * sae.W_dec[5] - 2.0 * sae.W_dec[9]
     torch.testing.assert_close(steer.vector(), v.detach())
     with hooks(model, steer.hook_fns(model)):
@@ -103,7 +103,7 @@ def test_latent_steering_adds_the_decoder_vector(tiny_models):
     base, _ = _logits(model)
     torch.testing.assert_close(ours, manual, atol=0, rtol=0)
     assert (ours[mask] - base[mask]).abs().max() > 1e-2
-    last = LatentSteering(sae, 5, coefficient=3.0, positions=[-1])
+    last = LatentSteering(sae, 5, alpha=3.0, positions=[-1])
     with hooks(model, last.hook_fns(model)):
         only_last, _ = _logits(model)
     torch.testing.assert_close(only_last[:, :-1], base[:, :-1], atol=1e-6, rtol=0)  # causal: earlier logits unchanged
@@ -172,7 +172,7 @@ def test_skip_sink_leaves_each_rows_first_real_token(tiny_models, kind):
 
     model = tiny_models("llama")
     sae = SAE(SAEConfig(model.d_model, 128, arch="relu", site="resid_post.1"), seed=3)
-    edit = (LatentSteering(sae, [5, 9], coefficient=[3.0, -2.0], skip_sink=True) if kind == "steer" else
+    edit = (LatentSteering(sae, [5, 9], alpha=[3.0, -2.0], skip_sink=True) if kind == "steer" else
             LatentAblation(sae, list(range(64)), skip_sink=True))
     (batch,) = batches(model, prepare(model, PROMPTS[:3], chat=False)[1], 3)
     seen: list[torch.Tensor] = []

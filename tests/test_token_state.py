@@ -22,7 +22,7 @@ def _sink_edits(m) -> list:
     d = m.d_model
     sae = SAE(SAEConfig(d, 4 * d, arch="relu", site="resid_post.1"), seed=3)
     tc = Transcoder(TranscoderConfig(d_in=d, d_sae=2 * d, arch="relu", layer=0), seed=1)
-    return [LatentSteering(sae, [5, 9], coefficient=[3.0, -2.0], skip_sink=True),
+    return [LatentSteering(sae, [5, 9], alpha=[3.0, -2.0], skip_sink=True),
             LatentAblation(sae, list(range(2 * d)), skip_sink=True),
             TranscoderAblation({0: tc}, [(0, f) for f in range(d)], skip_sink=True)]
 
