@@ -16,8 +16,10 @@ from interp.hooking import hooks
 from interp.models import Model, from_hf, load_model
 from interp.readout import logits, token_logprobs
 from interp.store import ActivationStore
+from interp.values import Prompts, Runtime
 
 __version__ = "0.1.0"
 
 __all__ = ["Activations", "ActivationStore", "capture", "format_prompts", "from_hf", "from_nnsight",
-           "from_transformer_lens", "hooks", "load_model", "logits", "Model", "token_logprobs"]
+           "from_transformer_lens", "hooks", "load_model", "logits", "Model", "Prompts", "Runtime",
+           "token_logprobs"]

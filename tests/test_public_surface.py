@@ -12,7 +12,8 @@ PACKAGES = ("interp", "interp.evals", "probes", "sae", "steering", "interp.patch
 
 def test_about_sixty_deliberate_names():
     total = sum(len(importlib.import_module(p).__all__) for p in PACKAGES)
-    assert total <= 85, f"{total} public names; keep __all__ to the deliberate API (the rest lives in submodules)"
+    # 85 before the value types (interp.Prompts, interp.Runtime, steering.Sampling, steering.GenerationSession)
+    assert total <= 90, f"{total} public names; keep __all__ to the deliberate API (the rest lives in submodules)"
 
 
 @pytest.mark.parametrize("pkg", PACKAGES)
