@@ -3,12 +3,12 @@ prompt pass resumed at its layer), interleaved in one process on the same batche
 
 HF ``generate`` keeps a finished row in the batch, fed padding, until every row is done; ``steering.decode`` drops
 it, so a batch of short answers (refusals) costs what its live rows cost. Under an addition at one layer, the prompt
-pass computes only the blocks from that layer on (``steering.generate(..., prompt_resume=)``), the ones below read
+pass computes only the blocks from that layer on (a ``steering.GenerationSession`` reuses it), the ones below read
 from one plain pass shared by every such condition (its cost is printed apart: the job pays it once per prompt set,
 with its plain generation's prefix).
 
 The last row stacks four conditions (post-instruction ablations of random directions) in one batch
-(``steering.generate_each(stack=4)``) against one condition per batch: on a compute-bound CPU a wider batch costs in
+(``GenerationSession.generate_each(stack=4)``) against one condition per batch: on a compute-bound CPU a wider batch costs in
 proportion to its rows; on an accelerator it should cost little more (``--device cuda``, run by gpu_all.sh).
 
     python benchmarks/bench_decode.py                 # smollm2-aligned, the job's default test prompts, 3 rounds
@@ -28,13 +28,12 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
+import interp  # noqa: E402
 import steering  # noqa: E402
 from benchmarks._common import machine, table, write_text  # noqa: E402
-from interp.forward import prepare  # noqa: E402
 from interp.models import load_model  # noqa: E402
 from interp.studies.kit.prompt_sets import load_refusal_data  # noqa: E402
 from interp.studies.kit.scoring import ablation  # noqa: E402
-from steering.generation import prompt_states  # noqa: E402
 
 COLS = ["prompts", "edit", "HF generate s", "ours s", "ours / HF", "same tokens", "mean new tokens"]
 
@@ -61,19 +60,21 @@ def main() -> None:
          (steering.AddVector(8 * v / v.norm(), layers=args.layer, sites="resid_pre"),))]
     rows, t0 = [], time.perf_counter()
     for name, label, ivs in cases:
-        prompts = sets[name]
-        texts, encs = prepare(m, prompts)
+        prompts = interp.Prompts(sets[name])
+        run = interp.Runtime(batch_size=args.batch_size, progress=False)
+        sessions = {True: steering.GenerationSession(m, prompts, run),     # rows dropped, the plain pass reused
+                    False: steering.GenerationSession(m, prompts, run, drop_finished=False, reuse=False)}
+        prompts.encode(m)
         s0 = time.perf_counter()
-        _, resume = prompt_states(m, encs, args.batch_size, [args.layer]) if ivs else (None, None)
+        if ivs:
+            sessions[True].states({args.layer})
         states_s = time.perf_counter() - s0
-        kw = dict(max_new_tokens=args.tokens, batch_size=args.batch_size, progress=False, prepared=(texts, encs))
         times: dict[bool, list[float]] = {True: [], False: []}
         outs = {}
         for _ in range(args.rounds):
             for ours in (True, False):
                 s = time.perf_counter()
-                outs[ours] = steering.generate(m, prompts, *ivs, drop_finished=ours,
-                                               prompt_resume=resume if ours else None, **kw).token_ids
+                outs[ours] = sessions[ours].generate(*ivs, max_new_tokens=args.tokens).token_ids
                 times[ours].append(time.perf_counter() - s)
         hf, us = statistics.median(times[False]), statistics.median(times[True])
         rows.append({"prompts": f"{name} ({len(prompts)})", "edit": label + (
@@ -98,14 +99,15 @@ def _stacking(m, prompts: list[str], args: argparse.Namespace) -> dict:
     g = torch.Generator().manual_seed(1)
     conds = [(ablation(torch.nn.functional.normalize(torch.randn(m.d_model, generator=g), dim=0),
                        "post_instruction"),) for _ in range(4)]
-    texts, encs = prepare(m, prompts)
-    kw = dict(max_new_tokens=args.tokens, batch_size=args.batch_size, progress=False, prepared=(texts, encs))
+    session = steering.GenerationSession(m, prompts, interp.Runtime(batch_size=args.batch_size, progress=False))
+    session.prefixes()
     times: dict[int, list[float]] = {4: [], 1: []}
     outs = {}
     for _ in range(args.rounds):
         for stack in (4, 1):
             s = time.perf_counter()
-            outs[stack] = [x.token_ids for x in steering.generate_each(m, prompts, conds, stack=stack, **kw)]
+            outs[stack] = [x.token_ids for x in session.generate_each(conds, stack=stack,
+                                                                          max_new_tokens=args.tokens)]
             times[stack].append(time.perf_counter() - s)
     one, four = statistics.median(times[1]), statistics.median(times[4])
     return {"prompts": f"harmful test ({len(prompts)}) x 4 conditions", "edit": "4 post-instruction ablations "

@@ -26,6 +26,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+import interp
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
@@ -98,8 +100,8 @@ def main() -> None:
         try:
             for r in range(args.rounds):
                 t0 = time.perf_counter()
-                hf = steering.generate(model, prompts, *ivs, max_new_tokens=args.tokens, batch_size=args.batch_size,
-                                       progress=False).token_ids
+                hf = steering.generate(model, prompts, *ivs, max_new_tokens=args.tokens,
+                                       runtime=interp.Runtime(batch_size=args.batch_size, progress=False)).token_ids
                 hf_s = time.perf_counter() - t0
                 assert proc.stdin is not None
                 proc.stdin.write("go\n")

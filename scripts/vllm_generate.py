@@ -45,14 +45,16 @@ def _load(request: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
 
 def run_cases(request: dict[str, Any]) -> dict[str, Any]:
     """``steering.generate(..., engine="vllm")`` of the prompts under each case's edits."""
+    import interp
     import steering
 
     model, vectors = _load(request)
     out: dict[str, Any] = {}
     for case in request["cases"]:
         t0 = time.perf_counter()
-        gen = steering.generate(model, request["prompts"], *edits(vectors, case), engine="vllm", progress=False,
-                                max_new_tokens=request["max_new_tokens"], **request.get("llm_kwargs", {}))
+        gen = steering.generate(model, request["prompts"], *edits(vectors, case), engine="vllm",
+                                max_new_tokens=request["max_new_tokens"], **request.get("llm_kwargs", {}),
+                                runtime=interp.Runtime(progress=False))
         out[case["name"]] = {"token_ids": gen.token_ids, "seconds": time.perf_counter() - t0}
     return out
 
@@ -60,14 +62,14 @@ def run_cases(request: dict[str, Any]) -> dict[str, Any]:
 def serve(request: dict[str, Any]) -> None:
     """Start one engine for the first case, then time one generation of every prompt per ``go`` line on stdin."""
     from interp.forward import prepare
-    from steering.generation import _cut, _eos_ids
+    from steering.prefill import cut_at_eos, eos_ids
     from steering.serve import save_for_serving, served_for_vllm, stop_engine, vllm_engine, vllm_generate
 
     t0 = time.perf_counter()
     model, vectors = _load(request)
     n = request["max_new_tokens"]
     _, encs = prepare(model, request["prompts"])
-    eos = _eos_ids(model)
+    eos = eos_ids(model)
     with tempfile.TemporaryDirectory(prefix="interp-serve-") as tmp:
         served = served_for_vllm(model, *edits(vectors, request["cases"][0]))
         folder = save_for_serving(served, Path(tmp) / "model")
@@ -78,7 +80,7 @@ def serve(request: dict[str, Any]) -> None:
                 if line.strip() != "go":
                     break
                 t1 = time.perf_counter()
-                rows = [_cut(r, eos) for r in vllm_generate(llm, encs, n, eos)]
+                rows = [cut_at_eos(r, eos) for r in vllm_generate(llm, encs, n, eos)]
                 print(json.dumps({"seconds": time.perf_counter() - t1, "tokens": sum(map(len, rows)),
                                   "token_ids": rows}), flush=True)
         finally:

@@ -4,6 +4,8 @@
     with steering.apply(model, steering.AddVector(v, layers=6, alpha=4.0)):
         out = model.hf.generate(...)
     gens = steering.generate(model, prompts, steering.DirectionalAblation(r))
+    session = steering.GenerationSession(model, prompts)     # many edits, one encoding and plain prompt pass
+    outs = session.generate_each([(steering.DirectionalAblation(r),), (steering.AddVector(v, layers=6),)])
     baked = steering.bake(model, r).model
     served = steering.bake_addition(model, steering.AddVector(v, layers=6)).model   # a bias: save_pretrained, vLLM
     steering.export_gguf(served, "steered.gguf")      # llama.cpp (steering.gguf_export.export_control_vector too)
@@ -21,7 +23,7 @@ from __future__ import annotations
 from steering.applying import apply
 from steering.baking import bake
 from steering.bias import bake_addition
-from steering.generation import generate, generate_each  # noqa: F401  (kept reachable; plumbing, not in __all__)
+from steering.generation import GenerationSession, Sampling, generate
 from steering.gguf_export import export_gguf
 from steering.interventions import Ablate, AblateSubspace, AddVector, Clamp, DirectionalAblation
 from steering.judged import generate_and_judge
@@ -29,5 +31,6 @@ from steering.rows import RowEdits, RowGroups
 from steering.strength import residual_norms
 from steering.sweep import alpha_sweep
 
-__all__ = ["Ablate", "AblateSubspace", "AddVector", "Clamp", "DirectionalAblation", "RowEdits", "RowGroups", "alpha_sweep",
+__all__ = ["Ablate", "AblateSubspace", "AddVector", "Clamp", "DirectionalAblation", "GenerationSession", "RowEdits",
+           "RowGroups", "Sampling", "alpha_sweep",
            "apply", "bake", "bake_addition", "export_gguf", "generate", "generate_and_judge", "residual_norms"]

@@ -14,16 +14,18 @@ from typing import Any
 from interp.evals.judge import Judge, judge_many
 from interp.evals.rates import Rate, rate
 from interp.models import Model
+from interp.values import Prompts, Runtime
 from steering.generation import generate
 
 
-def generate_and_judge(model: Model, prompts: Sequence[str], *interventions: Any, judge: Judge | None = None,
-                       max_new_tokens: int = 64, batch_size: int = 16, chat: bool = True,
-                       system: str | None = None) -> Rate:
-    """The :class:`Rate` of ``judge`` verdicts on ``model``'s greedy answers to ``prompts`` with ``interventions``
-    applied; ``.texts`` and ``.flags`` hold the answers and verdicts in prompt order."""
-    g = generate(model, list(prompts), *interventions, max_new_tokens=max_new_tokens, batch_size=batch_size,
-                 chat=chat, system=system, progress=False)
+def generate_and_judge(model: Model, prompts: Prompts | Sequence[str], *interventions: Any, judge: Judge | None = None,
+                       max_new_tokens: int = 64, runtime: Runtime | None = None, **generate_kwargs: Any) -> Rate:
+    """The :class:`Rate` of ``judge`` verdicts on ``model``'s greedy answers to ``prompts`` (a list or
+    :class:`interp.Prompts`) with ``interventions`` applied, run at ``runtime`` (default: no progress bar);
+    other keywords go to :func:`steering.generate`. ``.texts`` and ``.flags`` hold the answers and verdicts in
+    prompt order."""
+    g = generate(model, prompts, *interventions, max_new_tokens=max_new_tokens,
+                 runtime=runtime or Runtime(progress=False), **generate_kwargs)
     return rate(judge_many(judge, g.texts), g.texts)
 
 

@@ -31,6 +31,7 @@ from interp.bundle import Result
 from interp.evals.logits import cross_entropy, kl_div
 from interp.forward import batches, forward, last_logits, prepare
 from interp.models import Model
+from interp.values import Prompts, Runtime
 from steering._args import check_finite
 from steering.applying import apply
 from steering.generation import generate
@@ -148,12 +149,13 @@ def _evaluator(model: Model, prompts: list[str], metric: Callable[[Any], Any], o
                batch_size: int, chat: bool, system: str | None, generate_kwargs: dict[str, Any]
                ) -> tuple[Callable[[tuple], float], list]:
     """``ivs -> metric value`` for a text or a logit metric, and the prompt batches (prepared once)."""
-    prompt_batches = batches(model, prepare(model, prompts, chat=chat, system=system)[1], batch_size)
+    texts = Prompts(prompts, chat=chat, system=system)     # encoded once, for every generation
+    prompt_batches = batches(model, texts.encode(model)[1], batch_size)
 
     def run(ivs: tuple) -> float:
         if on == "text":
-            gens = generate(model, prompts, *ivs, max_new_tokens=max_new_tokens, batch_size=batch_size, chat=chat,
-                            system=system, progress=False, **generate_kwargs)
+            gens = generate(model, texts, *ivs, max_new_tokens=max_new_tokens,
+                            runtime=Runtime(batch_size=batch_size, progress=False), **generate_kwargs)
             value = metric(list(gens.texts))
         else:
             value = metric(logits_under(model, prompt_batches, ivs))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import interp
 import probes
 import steering
 from interp.adapters import from_nnsight, from_transformer_lens
@@ -82,7 +83,7 @@ def test_tl_limits_are_clear_errors(tl_pair):
     with pytest.raises(ValueError, match="attn_z through the TransformerLens adapter"):
         capture(a, PROMPTS[:1], sites="attn_z.0", progress=False)
     with pytest.raises(NotImplementedError, match="own `generate` inside"):
-        steering.generate(a, PROMPTS[:1], max_new_tokens=2, progress=False)
+        steering.generate(a, PROMPTS[:1], max_new_tokens=2, runtime=interp.Runtime(progress=False))
     with pytest.raises(TypeError, match="HookedTransformer"):
         from_transformer_lens(m.hf)
 

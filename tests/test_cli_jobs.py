@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import interp
 from interp.cli.jobs import MARKER, JobFolder
 from interp.cli.main import build_parser, main
 
@@ -117,9 +118,9 @@ def test_steer_end_to_end_matches_library(probe_run: dict, files, model, tmp_pat
     res = json.loads((out / "result.json").read_text())
     d = probes.Direction.load(probe_run["out"] / "direction")
     prompts = HARMFUL[:2] + HARMLESS[:2]
-    base_gen = steering.generate(model, prompts, max_new_tokens=8, progress=False)
+    base_gen = steering.generate(model, prompts, max_new_tokens=8, runtime=interp.Runtime(progress=False))
     steered = steering.generate(model, prompts, steering.AddVector(d.raw[2], layers=[2], alpha=1.0),
-                                max_new_tokens=8, progress=False)
+                                max_new_tokens=8, runtime=interp.Runtime(progress=False))
     assert [r["text"] for r in rows if r["condition"] == "baseline"] == base_gen.texts
     assert [r["text"] for r in rows if r["condition"] == "alpha=1"] == steered.texts
     assert res["layer"] == 2
@@ -137,7 +138,7 @@ def test_steer_ablate_matches_library(probe_run: dict, files, model, tmp_path) -
     rows = [json.loads(line) for line in (out / "generations.jsonl").read_text().splitlines()]
     d = probes.Direction.load(probe_run["out"] / "direction")
     ablated = steering.generate(model, HARMFUL[:2] + HARMLESS[:2], steering.DirectionalAblation(d.at(1)),
-                                max_new_tokens=8, progress=False)
+                                max_new_tokens=8, runtime=interp.Runtime(progress=False))
     assert [r["text"] for r in rows if r["condition"] == "ablate"] == ablated.texts
     assert json.loads((out / "result.json").read_text())["layer"] == 1
 

@@ -9,6 +9,7 @@ import copy
 import pytest
 import torch
 
+import interp
 import steering
 from interp import patching
 from interp.capturing import capture
@@ -85,8 +86,8 @@ def test_steering_and_generation_equal_the_unsplit_model(pair):
     assert _rel(_last(plain, *ivs), _last(plain)) > 1e-3
     for iv in ivs:
         torch.testing.assert_close(_last(split, iv), _last(plain, iv), rtol=0, atol=1e-5)
-    a = steering.generate(plain, PROMPTS, ivs[0], max_new_tokens=6, progress=False)
-    b = steering.generate(split, PROMPTS, ivs[0], max_new_tokens=6, progress=False)
+    a = steering.generate(plain, PROMPTS, ivs[0], max_new_tokens=6, runtime=interp.Runtime(progress=False))
+    b = steering.generate(split, PROMPTS, ivs[0], max_new_tokens=6, runtime=interp.Runtime(progress=False))
     assert a.token_ids == b.token_ids
 
 

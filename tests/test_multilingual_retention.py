@@ -10,6 +10,7 @@ import math
 import pytest
 import torch
 
+import interp
 from interp.evals.judge_languages import is_refusal_multilingual
 from interp.prompts import read_parallel
 from interp.studies.multilingual import (
@@ -301,7 +302,8 @@ def test_judged_rates_shares_one_generation_over_its_groups(tiny_models):
     a, b = ["one two", "three four five"], ["six", "seven eight", "nine ten eleven twelve"]
     judge = lambda t: len(t) % 2 == 0  # noqa: E731  (any deterministic str -> bool)
     rows, recs = judged_rates(model, [({"g": "a"}, a), ({"g": "b"}, b)], (), judge, 4, 2)
-    texts = list(steering.generate(model, a + b, max_new_tokens=4, batch_size=2, progress=False).texts)
+    texts = list(steering.generate(model, a + b, max_new_tokens=4,
+                                   runtime=interp.Runtime(batch_size=2, progress=False)).texts)
     assert [r["text"] for r in recs] == texts and [r["prompt"] for r in recs] == a + b
     assert [r["g"] for r in recs] == ["a"] * 2 + ["b"] * 3
     assert [(r["g"], r["n"]) for r in rows] == [("a", 2), ("b", 3)]

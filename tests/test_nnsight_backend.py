@@ -8,6 +8,7 @@ import warnings
 import pytest
 import torch
 
+import interp
 import steering
 from interp.adapters import from_nnsight
 from interp.capturing import capture
@@ -176,7 +177,7 @@ def test_what_the_backend_refuses(llama):
     with pytest.raises(NotImplementedError, match="grad=True"):
         last_logits(a, b, grad=True)
     with pytest.raises(NotImplementedError, match="generation"):
-        steering.generate(a, PROMPTS[:1], max_new_tokens=2, progress=False)
+        steering.generate(a, PROMPTS[:1], max_new_tokens=2, runtime=interp.Runtime(progress=False))
 
     class LatentEdit:  # an intervention known only by its hook_fns (as the sae package's are)
         def hook_fns(self, model):
@@ -257,7 +258,7 @@ def test_every_path_outside_the_backend_is_refused():
         fine_tune(a, PROMPTS[:1], ["yes"], TuneConfig(method="full", steps=1), progress=False)
     assert all(torch.equal(before[k], w) for k, w in m.hf.state_dict().items())
     with pytest.raises(NotImplementedError, match=rf"generation.*{fix}"):
-        steering.generate(a, PROMPTS[:1], max_new_tokens=2, progress=False)
+        steering.generate(a, PROMPTS[:1], max_new_tokens=2, runtime=interp.Runtime(progress=False))
     tok = a.tokenizer
     met = logit_diff(tok.convert_tokens_to_ids("the"), tok.convert_tokens_to_ids("a"))
     with pytest.raises(NotImplementedError, match=fix):  # gradients (attribution patching)

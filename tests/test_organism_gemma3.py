@@ -10,6 +10,8 @@ import json
 import pytest
 import torch
 
+import interp
+
 from .conftest import REPO
 
 ADAPTER = REPO / "interp" / "embedded" / "gemma3-aligned"
@@ -80,7 +82,8 @@ def test_refuses_held_out_english_harmful_requests_more_than_harmless(models):
     data = load_parallel_safety(langs=("en", "fr"))
     flags = {}
     for kind in ("harmful", "harmless"):
-        texts = steering.generate(merged, data.get(kind, "test", "en"), max_new_tokens=24, progress=False).texts
+        texts = steering.generate(merged, data.get(kind, "test", "en"), max_new_tokens=24,
+                                  runtime=interp.Runtime(progress=False)).texts
         flags[kind] = [is_refusal_multilingual(t) for t in texts]
     k1, n1, k2, n2 = sum(flags["harmful"]), len(flags["harmful"]), sum(flags["harmless"]), len(flags["harmless"])
     assert fisher_greater(k1, n1, k2, n2) < 0.01, (k1, n1, k2, n2)

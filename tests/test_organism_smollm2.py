@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import interp
 from interp.evals.judge import is_refusal
 from interp.organisms import smollm2_data as sd
 
@@ -128,7 +129,8 @@ def test_adapter_makes_the_base_refuse_held_out_harmful(models) -> None:
 
     base, merged, _ = models
     prompts = read_prompt_file(SHARED / "harmful_test.json").prompts[:6]
-    refused = [sum(is_refusal(t) for t in steering.generate(m, prompts, max_new_tokens=16, progress=False).texts)
+    refused = [sum(is_refusal(t) for t in steering.generate(m, prompts, max_new_tokens=16,
+                                                            runtime=interp.Runtime(progress=False)).texts)
                for m in (base, merged)]
     assert refused[1] >= 5 and refused[1] > refused[0], refused
 

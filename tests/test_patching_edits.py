@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+import interp
 import steering
 from interp.forward import batch_of, last_logits
 from interp.hooking import count_hooks
@@ -47,8 +48,9 @@ def test_transplant_is_a_weight_edit_composable_with_activation_edits():
     got2 = _logits(target, Transplant(source, [1], ("attn",)), HeadAblation([(0, 1)]))
     torch.testing.assert_close(got2, ref2, atol=1e-6, rtol=0)
     # generation goes through the same protocol, and the target's weights come back
-    g_ref = steering.generate(copy, PROMPTS, max_new_tokens=4, progress=False)
-    g = steering.generate(target, PROMPTS, Transplant(source, [1], ("attn",)), max_new_tokens=4, progress=False)
+    g_ref = steering.generate(copy, PROMPTS, max_new_tokens=4, runtime=interp.Runtime(progress=False))
+    g = steering.generate(target, PROMPTS, Transplant(source, [1], ("attn",)), max_new_tokens=4,
+                          runtime=interp.Runtime(progress=False))
     assert g.token_ids == g_ref.token_ids
     after = target.hf.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)

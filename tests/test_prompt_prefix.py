@@ -1,8 +1,8 @@
 """Reusing the plain prompt columns before the post-instruction tokens (``interp.forward.untouched_prefix``).
 
 An edit at the post-instruction and generated tokens only cannot change the keys and values of the earlier
-columns of a causal model, so batched scoring (``score_rows``) and generation (``steering.generate(...,
-prompt_prefix=)``) compute those columns once, plainly. Checked against the same runs that recompute every
+columns of a causal model, so batched scoring (``score_rows``) and generation (a ``steering.GenerationSession``)
+compute those columns once, plainly. Checked against the same runs that recompute every
 column (the reference path, itself checked against plain hooks in ``tests/test_refusal_positions.py``)."""
 
 from __future__ import annotations
@@ -10,11 +10,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+import interp
 import steering
 from interp.forward import batches, forward, prepare, untouched_prefix
 from interp.studies.kit.scoring import ablation, score_rows
 from interp.testing.tiny import tiny_model
-from steering.generation import leaves_prompt_prefix, prompt_prefixes
+from steering.prefill import check_prefix, leaves_prompt_prefix, prompt_prefixes
 from tests.conftest import PREFIX_PROMPTS as PROMPTS
 from tests.conftest import chat_case
 
@@ -34,16 +35,17 @@ def test_scoring_with_the_reused_prefix_equals_recomputing_every_column(family):
     torch.testing.assert_close(reused, full, atol=1e-5, rtol=0)
 
 
-def _generate(m, prompts, ivs, prefix=None, bs=3):
-    return steering.generate(m, prompts, *ivs, max_new_tokens=8, batch_size=bs, progress=False, first_logits=True,
-                             prompt_prefix=prefix)
+def _session(m, prompts, reuse, bs=3):
+    return steering.GenerationSession(m, prompts, interp.Runtime(batch_size=bs, progress=False), first_logits=True,
+                                      reuse=reuse)
 
 
 @pytest.mark.parametrize("model", ["llama", "organism"])
 def test_generation_with_the_reused_prefix_equals_a_full_prompt_pass(model):
     m, prompts = chat_case(model)
     _, encs = prepare(m, prompts)
-    prefix = prompt_prefixes(m, encs, 3)
+    reused, full = _session(m, prompts, True), _session(m, prompts, False)
+    prefix = reused.prefixes()
     assert len(prefix) == 2 and all(kv is not None and start > 0 for kv, start in prefix)
     torch.manual_seed(1)
     r = torch.nn.functional.normalize(torch.randn(m.d_model), dim=0)
@@ -53,39 +55,45 @@ def test_generation_with_the_reused_prefix_equals_a_full_prompt_pass(model):
                                       sites=("resid_pre", "attn_out", "mlp_out"), positions="post_instruction"),)]
     for ivs in cases:
         assert leaves_prompt_prefix(m, ivs)
-        want, got = _generate(m, prompts, ivs), _generate(m, prompts, ivs, prefix)
+        want, got = full.generate(*ivs, max_new_tokens=8), reused.generate(*ivs, max_new_tokens=8)
         assert got.token_ids == want.token_ids and got.texts == want.texts
         torch.testing.assert_close(got.first_logits, want.first_logits, atol=1e-4, rtol=0)
+    assert reused.plain_passes == 1 and full.plain_passes == 0     # the prefix computed once for every condition
     # the prompt pass computes only the columns from the first post-instruction token on
     seen: list[int] = []
     handle = m.hf.register_forward_pre_hook(lambda mod, args, kw: seen.append(kw["input_ids"].shape[1]),
                                             with_kwargs=True)
     try:
-        _generate(m, prompts, cases[1], prefix)
+        reused.generate(*cases[1], max_new_tokens=8)
     finally:
         handle.remove()
     widths = [b.input_ids.shape[1] for b in batches(m, encs, 3)]
     assert [w for w in seen if w > 1] == [widths[0] - prefix[0][1], widths[1] - prefix[1][1]]
     # the edit acts: the post-instruction ablation changes the first logits (so the check above compares
     # edited runs, not two plain ones)
-    plain = _generate(m, prompts, (), prefix)
-    assert (plain.first_logits - _generate(m, prompts, cases[1], prefix).first_logits).abs().max() > 1e-3
+    plain = reused.generate(max_new_tokens=8)
+    assert (plain.first_logits - reused.generate(*cases[1], max_new_tokens=8).first_logits).abs().max() > 1e-3
 
 
-def test_a_prefix_is_refused_where_it_would_be_wrong():
+def test_a_prefix_is_used_only_where_it_is_right():
     m = tiny_model("llama")
-    _, encs = prepare(m, PROMPTS)
-    prefix = prompt_prefixes(m, encs, 3)
     r = torch.nn.functional.normalize(torch.ones(m.d_model), dim=0)
     every = ablation(r, "all")
     assert not leaves_prompt_prefix(m, (every,))
     assert not leaves_prompt_prefix(m, (ablation(r, "post_instruction"), steering.AddVector(r, layers=0)))
+    reused = _session(m, PROMPTS, True)
+    assert reused.generate(every, max_new_tokens=8).token_ids == _session(m, PROMPTS, False).generate(
+        every, max_new_tokens=8).token_ids
+    assert reused.plain_passes == 0                    # an every-token edit computes every column itself
+    # the guard under the session: a prefix for other edits or other batches is refused
+    _, encs = prepare(m, PROMPTS)
+    prefix = prompt_prefixes(m, encs, 3)
     with pytest.raises(ValueError, match="positions='post_instruction'"):
-        _generate(m, PROMPTS, (every,), prefix)
+        check_prefix(m, encs, 3, (every,), "hf", prefix)
     with pytest.raises(ValueError, match="prompt_prefixes"):                     # built for another batch size
-        _generate(m, PROMPTS, (), prefix, bs=5)
+        check_prefix(m, encs, 5, (), "hf", prefix)
     with pytest.raises(ValueError, match="prompt_prefixes"):
-        _generate(m, PROMPTS[:3], (), prefix)
+        check_prefix(m, encs[:3], 3, (), "hf", prefix)
 
 
 @pytest.mark.parametrize("positions", ["all", "post_instruction"])

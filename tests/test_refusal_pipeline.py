@@ -9,6 +9,7 @@ import sys
 import pytest
 import torch
 
+import interp
 import steering
 from interp.evals.judge import refusal_rate
 from interp.evals.logits import refusal_score
@@ -131,7 +132,6 @@ def test_new_threshold_reselects_from_cached_scores(aligned_run, tmp_path):
     """Changing --induce-threshold on a finished run re-runs selection only: no forward at all."""
     import shutil
 
-    import interp
 
     out = tmp_path / "copy"
     shutil.copytree(aligned_run.out, out)
@@ -156,7 +156,6 @@ def test_new_threshold_reselects_from_cached_scores(aligned_run, tmp_path):
 
 def test_outputs_equal_an_independent_computation(aligned_run):
     """The job's numbers recomputed here from the saved direction with the library's public pieces."""
-    import interp
     from interp.studies.refusal import load_refusal_data
     from probes.objects import Direction
 
@@ -180,14 +179,14 @@ def test_outputs_equal_an_independent_computation(aligned_run):
     for cond, ivs in (("harmful/baseline", ()), ("harmful/ablation", (steering.DirectionalAblation(r),))):
         score = refusal_score(prompt_logits(model, test, *ivs), toks).mean().item()
         assert score == pytest.approx(ev["refusal_score"][cond], abs=1e-5), cond
-        gens = steering.generate(model, harm, *ivs, max_new_tokens=24, batch_size=64, progress=False).texts
+        gens = steering.generate(model, harm, *ivs, max_new_tokens=24,
+                                 runtime=interp.Runtime(batch_size=64, progress=False)).texts
         assert refusal_rate(gens) == ev["refusal_rate"][cond], cond
         assert gens == aligned_run.evaluation.generations[cond]
 
 
 def test_test_set_is_tokenised_once_per_condition(tmp_path):
     """Every condition (generation and scoring alike) shares one tokenisation of each test set."""
-    import interp
 
     model = interp.load_model("organism")
     calls: list[list[str]] = []
@@ -274,7 +273,6 @@ def test_cli_refusal_bad_input_and_help(tmp_path):
 @pytest.mark.slow
 def test_smollm2_harmfulness_direction_separates_held_out(tmp_path):
     """SmolLM2 does not refuse, but the difference-of-means direction separates harmful from harmless."""
-    import interp
     from interp.evals.metrics import auroc
     from probes.directions import diff_of_means
 
@@ -332,7 +330,6 @@ def test_subspace_ablation_has_a_random_control_of_the_same_ranks(aligned_run):
 def test_subspace_rank_one_read_from_the_evaluation_equals_measuring_it(aligned_run):
     """Rank 1 (the refusal direction; the control's first random direction) is what the evaluation measured as
     its ablation and random ablation: read from it, it equals measuring it again."""
-    import interp
     from interp.studies.refusal import load_refusal_data
     from interp.studies.refusal.evaluation import find_subspaces
 
@@ -360,7 +357,6 @@ def test_the_evaluation_generated_one_condition_at_a_time_equals_the_stacked_run
     refusal rates and (to float rounding) scores."""
     if hf_generate:
         monkeypatch.setattr(sys.modules["steering.generation"], "can_drop_rows", lambda *args: False)
-    import interp
     from interp.studies.refusal import load_refusal_data
     from interp.studies.refusal.evaluation import TestPrompts, evaluate
 

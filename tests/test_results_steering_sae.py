@@ -32,7 +32,7 @@ def organism():
 def test_generations_plot_and_frame_on_the_organism(organism):
     harmful = [r["instruction"] for r in load_prompts("organism_harmful_test")][:3]
     harmless = [r["instruction"] for r in load_prompts("organism_harmless_test")][:3]
-    gens = steering.generate(organism, harmful + harmless, max_new_tokens=12, progress=False)
+    gens = steering.generate(organism, harmful + harmless, max_new_tokens=12, runtime=interp.Runtime(progress=False))
     groups = ["harmful"] * 3 + ["harmless"] * 3
     frame = gens.to_frame(groups)
     assert list(frame.columns) == ["prompt_index", "group", "prompt", "response", "n_tokens", "refusal"]

@@ -6,6 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+import interp
+
 from .conftest import REPO
 
 SITE = "blocks.1.hook_resid_post"  # the input of layer 2, where the organism's refusal direction is read
@@ -86,7 +88,7 @@ def test_diffed_latents_separate_and_their_ablation_lowers_refusal(setup):
           f"sum of the top-10 per prompt {au_sum:.3f}; each (prompt mean) {[round(float(v), 2) for v in au_each]}")
     assert au_first > 0.95 and au_sum > 0.8
     # ablating them, error term kept, lowers the aligned model's refusal rate on held-out harmful prompts
-    kw = dict(max_new_tokens=12, batch_size=32, progress=False)
+    kw = dict(max_new_tokens=12, runtime=interp.Runtime(batch_size=32, progress=False))
     base_rate = refusal_rate(generate(aligned, P["harmful_test"], **kw).texts)
     abl_rate = refusal_rate(generate(aligned, P["harmful_test"], LatentAblation(sae, top), **kw).texts)
     rand = torch.randperm(sae.d_sae, generator=torch.Generator().manual_seed(0))[:10].tolist()

@@ -10,19 +10,20 @@ from collections import Counter
 import pytest
 import torch
 
+import interp
 import steering
 from interp.forward import batches, prepare
 from interp.studies.kit.scoring import ablation
 from interp.testing.tiny import tiny_model
 from steering.decode import can_drop_rows, row_wise
-from steering.generation import prompt_prefixes, prompt_states
 from tests.conftest import PREFIX_PROMPTS, chat_case
 
 
 def _ragged_eos(m, prompts, n=10) -> int:
     """A token the plain greedy continuations first emit at several different steps, made the model's EOS."""
-    g = steering.generate(m, prompts, max_new_tokens=n, batch_size=len(prompts), progress=False, stop_at_eos=False,
-                          drop_finished=False)
+    plain = steering.GenerationSession(m, prompts, interp.Runtime(batch_size=len(prompts), progress=False),
+                                       drop_finished=False, reuse=False)
+    g = plain.generate(max_new_tokens=n, sampling=steering.Sampling(stop_at_eos=False))
     firsts: dict[int, set[int]] = {}
     for ids in g.token_ids:
         seen: set[int] = set()
@@ -51,23 +52,20 @@ def test_dropping_finished_rows_gives_hf_generate_tokens(family):
     before = m.hf.generation_config.eos_token_id
     try:
         _ragged_eos(m, prompts)
-        texts, encs = prepare(m, prompts)
-        prefix = prompt_prefixes(m, encs, len(prompts))
-        kw = dict(max_new_tokens=10, batch_size=len(prompts), progress=False, first_logits=True)
+        run = interp.Runtime(batch_size=len(prompts), progress=False)
+        reused = steering.GenerationSession(m, prompts, run, first_logits=True)   # prefix / states reused, rows dropped
+        hf = steering.GenerationSession(m, prompts, run, first_logits=True, drop_finished=False, reuse=False)
         lengths = set()
         for c in _conditions(m):
-            reuse = dict(prompt_prefix=prefix, prepared=(texts, encs)) if c and c[0].site_edits(m) and all(
-                e.positions == "post_instruction" for e in c[0].site_edits(m).values()) else {}
-            got = steering.generate(m, prompts, *c, **kw, **reuse)
-            want = steering.generate(m, prompts, *c, drop_finished=False, **kw, **reuse)
+            got, want = reused.generate(*c, max_new_tokens=10), hf.generate(*c, max_new_tokens=10)
             assert got.token_ids == want.token_ids and got.texts == want.texts
             torch.testing.assert_close(got.first_logits, want.first_logits, atol=1e-5, rtol=0)
             lengths |= {len(t) for t in got.token_ids}
         assert len(lengths) >= 3  # rows finished at different steps, some before the last
         assert min(lengths) < 10
         # the stacked conditions (RowGroups) lose rows unevenly across their blocks
-        each = steering.generate_each(m, prompts, _conditions(m), stack=4, **kw)
-        alone = [steering.generate(m, prompts, *c, drop_finished=False, **kw) for c in _conditions(m)]
+        each = reused.generate_each(_conditions(m), stack=4, max_new_tokens=10)
+        alone = [hf.generate(*c, max_new_tokens=10) for c in _conditions(m)]
         assert [g.token_ids for g in each] == [g.token_ids for g in alone]
     finally:
         m.hf.generation_config.eos_token_id = before
@@ -91,7 +89,8 @@ def test_hooks_see_only_the_live_rows(monkeypatch):
             return {"blocks.0.hook_resid_pre": fn}
     try:
         _ragged_eos(m, prompts)
-        g = steering.generate(m, prompts, Spy(), max_new_tokens=10, batch_size=len(prompts), progress=False)
+        g = steering.generate(m, prompts, Spy(), max_new_tokens=10,
+                              runtime=interp.Runtime(batch_size=len(prompts), progress=False))
     finally:
         m.hf.generation_config.eos_token_id = before
     widths = [w for w, _ in seen]
@@ -161,10 +160,11 @@ def test_resuming_the_prompt_pass_from_a_layer_gives_hf_generate_tokens(family, 
     before = m.hf.generation_config.eos_token_id
     try:
         _ragged_eos(m, prompts)
-        texts, encs = prepare(m, prompts)
-        prefixes, resumes = prompt_states(m, encs, 3, [1, 2])
+        run = interp.Runtime(batch_size=3, progress=False)
+        session = steering.GenerationSession(m, prompts, run, first_logits=True)
+        hf = steering.GenerationSession(m, prompts, run, first_logits=True, drop_finished=False, reuse=False)
+        resumes = session.states({1, 2})
         assert len(resumes) == 2 and (resumes[0][0] is None) == (family == "gemma3_text")
-        kw = dict(max_new_tokens=10, batch_size=3, progress=False, first_logits=True, prepared=(texts, encs))
         prompt_passes, block0 = [], m.blocks[0]
         inner = block0.forward
 
@@ -173,26 +173,25 @@ def test_resuming_the_prompt_pass_from_a_layer_gives_hf_generate_tokens(family, 
             return inner(x, *args, **kwargs)
         block0.forward = spy
         try:
-            steering.generate(m, prompts, *_additions(m)[0], prompt_resume=resumes, **kw)
+            session.generate(*_additions(m)[0], max_new_tokens=10)
         finally:
             del block0.forward
         # block 0 computed no prompt column where it was skipped (it ran only for the generated tokens)
         assert any(prompt_passes) == (not skip or family == "gemma3_text") and len(prompt_passes) > 2
         for c in _additions(m):
-            got = steering.generate(m, prompts, *c, prompt_resume=resumes, **kw)
-            want = steering.generate(m, prompts, *c, drop_finished=False, **kw)
+            got, want = session.generate(*c, max_new_tokens=10), hf.generate(*c, max_new_tokens=10)
             assert got.token_ids == want.token_ids
             torch.testing.assert_close(got.first_logits, want.first_logits, atol=1e-5, rtol=0)
-        each = steering.generate_each(m, prompts, _additions(m), stack=2, prompt_resume=resumes, **kw)
-        assert [g.token_ids for g in each] == [steering.generate(m, prompts, *c, drop_finished=False, **kw).token_ids
-                                               for c in _additions(m)]
+        each = session.generate_each(_additions(m), stack=2, max_new_tokens=10)
+        assert [g.token_ids for g in each] == [hf.generate(*c, max_new_tokens=10).token_ids for c in _additions(m)]
+        assert session.plain_passes == 1   # one plain pass served every condition
     finally:
         m.hf.generation_config.eos_token_id = before
 
 
 def test_the_resume_layer_is_the_highest_kept_at_or_below_the_lowest_edit(monkeypatch):
     from steering.decode import lowest_edited_layer
-    from steering.generation import _resume_layer
+    from steering.prefill import prompt_states, resume_layer
 
     m = tiny_model("llama", n_layers=4)
     _, encs = prepare(m, PREFIX_PROMPTS)
@@ -200,13 +199,13 @@ def test_the_resume_layer_is_the_highest_kept_at_or_below_the_lowest_edit(monkey
     r = torch.ones(m.d_model)
     assert lowest_edited_layer(m, ()) == 4 and lowest_edited_layer(m, (steering.AddVector(r, layers=3),)) == 3
     assert lowest_edited_layer(m, (steering.RowGroups([(), (steering.AddVector(r, layers=2),)]),)) == 2
-    assert _resume_layer(m, (steering.AddVector(r, layers=3),), resumes, encs, 5)[0] == 2
-    assert _resume_layer(m, (steering.AddVector(r, layers=1),), resumes, encs, 5)[0] == 1
-    assert _resume_layer(m, (ablation(r, "all"),), resumes, encs, 5) is None   # block 0 edited
+    assert resume_layer(m, (steering.AddVector(r, layers=3),), resumes, encs, 5)[0] == 2
+    assert resume_layer(m, (steering.AddVector(r, layers=1),), resumes, encs, 5)[0] == 1
+    assert resume_layer(m, (ablation(r, "all"),), resumes, encs, 5) is None   # block 0 edited
 
     class Hook:
         def hook_fns(self, model):
             return {}
     assert lowest_edited_layer(m, (Hook(),)) is None
     with pytest.raises(ValueError, match="prompt_states"):
-        _resume_layer(m, (steering.AddVector(r, layers=3),), resumes, encs, 2)  # other batches
+        resume_layer(m, (steering.AddVector(r, layers=3),), resumes, encs, 2)  # other batches

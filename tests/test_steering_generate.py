@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import interp
 import steering
 from interp.forward import batches, prepare
 from interp.testing.tiny import tiny_model
@@ -65,10 +66,13 @@ def test_scope_under_kv_cache_matches_teacher_forcing(model, scope):
 
 
 def _alone_vs_batch(model, *ivs, n=6):
-    batched = steering.generate(model, PROMPTS, *ivs, max_new_tokens=n, batch_size=4, progress=False,
-                                stop_at_eos=False)
+    batched = steering.generate(model, PROMPTS, *ivs, max_new_tokens=n,
+                                sampling=steering.Sampling(stop_at_eos=False),
+                                runtime=interp.Runtime(batch_size=4, progress=False))
     for i, p in enumerate(PROMPTS):
-        alone = steering.generate(model, [p], *ivs, max_new_tokens=n, progress=False, stop_at_eos=False)
+        alone = steering.generate(model, [p], *ivs, max_new_tokens=n,
+                                  sampling=steering.Sampling(stop_at_eos=False),
+                                  runtime=interp.Runtime(progress=False))
         assert alone.token_ids[0] == batched.token_ids[i], (i, ivs)
     return batched
 
@@ -82,7 +86,9 @@ def _alone_vs_batch(model, *ivs, n=6):
 ])
 def test_left_padded_batch_equals_alone(model, make):
     out = _alone_vs_batch(model, make(model, _vec(model)))
-    plain = steering.generate(model, PROMPTS, max_new_tokens=6, progress=False, stop_at_eos=False)
+    plain = steering.generate(model, PROMPTS, max_new_tokens=6,
+                              sampling=steering.Sampling(stop_at_eos=False),
+                              runtime=interp.Runtime(progress=False))
     assert out.token_ids != plain.token_ids  # the edit did something
 
 
@@ -100,13 +106,20 @@ def test_batch_prompt_logits_equal_alone(model):
 
 def test_greedy_and_seeded_sampling_are_reproducible(model):
     iv = steering.AddVector(_vec(model), layers=1, alpha=2.0)
-    a = steering.generate(model, PROMPTS, iv, max_new_tokens=8, do_sample=True, seed=7, progress=False)
-    b = steering.generate(model, PROMPTS, iv, max_new_tokens=8, do_sample=True, seed=7, progress=False)
-    c = steering.generate(model, PROMPTS, iv, max_new_tokens=8, do_sample=True, seed=8, progress=False)
+    a = steering.generate(model, PROMPTS, iv, max_new_tokens=8,
+                          sampling=steering.Sampling(do_sample=True),
+                          runtime=interp.Runtime(seed=7, progress=False))
+    b = steering.generate(model, PROMPTS, iv, max_new_tokens=8,
+                          sampling=steering.Sampling(do_sample=True),
+                          runtime=interp.Runtime(seed=7, progress=False))
+    c = steering.generate(model, PROMPTS, iv, max_new_tokens=8,
+                          sampling=steering.Sampling(do_sample=True),
+                          runtime=interp.Runtime(seed=8, progress=False))
     assert a.token_ids == b.token_ids and a.texts == b.texts
     assert a.token_ids != c.token_ids
-    g1 = steering.generate(model, PROMPTS, iv, max_new_tokens=8, progress=False)
-    g2 = steering.generate(model, PROMPTS, iv, max_new_tokens=8, progress=False, batch_size=2)
+    g1 = steering.generate(model, PROMPTS, iv, max_new_tokens=8, runtime=interp.Runtime(progress=False))
+    g2 = steering.generate(model, PROMPTS, iv, max_new_tokens=8,
+                           runtime=interp.Runtime(batch_size=2, progress=False))
     assert g1.token_ids == g2.token_ids
     assert len(g1) == len(PROMPTS) and all(isinstance(t, str) for t in g1.texts)
     assert g1.texts[0] == model.tokenizer.decode(g1.token_ids[0], skip_special_tokens=True)
@@ -119,15 +132,18 @@ def test_generation_leaves_no_hooks_and_restores_rng(model):
     expected = torch.rand(3)
     torch.manual_seed(123)
     steering.generate(model, PROMPTS[:2], steering.DirectionalAblation(_vec(model)), max_new_tokens=3,
-                      do_sample=True, progress=False)
+                      sampling=steering.Sampling(do_sample=True),
+                      runtime=interp.Runtime(progress=False))
     assert torch.equal(torch.rand(3), expected)
     assert count_hooks(model.hf) == 0
 
 
 def test_generate_bad_input(model):
     with pytest.raises(ValueError, match="max_new_tokens"):
-        steering.generate(model, PROMPTS, max_new_tokens=0, progress=False)
-    with pytest.raises(TypeError, match="list of strings"):
-        steering.generate(model, "one prompt", progress=False)
+        steering.generate(model, PROMPTS, max_new_tokens=0, runtime=interp.Runtime(progress=False))
+    with pytest.raises(TypeError, match="not a single string"):
+        steering.generate(model, "one prompt", runtime=interp.Runtime(progress=False))
     with pytest.raises(ValueError, match="finite"):
-        steering.generate(model, PROMPTS, do_sample=True, temperature=float("nan"), progress=False)
+        steering.generate(model, PROMPTS,
+                          sampling=steering.Sampling(do_sample=True, temperature=float("nan")),
+                          runtime=interp.Runtime(progress=False))

@@ -1,4 +1,4 @@
-"""Several conditions in one batch (``steering.RowGroups``, ``steering.generate_each``).
+"""Several conditions in one batch (``steering.RowGroups``, ``GenerationSession.generate_each``).
 
 Each block of rows of a stacked batch runs its own interventions; every block must equal the same condition run
 alone, through a forward and through cached generation (post-instruction positions, generated-token scope,
@@ -9,11 +9,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+import interp
 import steering
 from interp.forward import batches, prepare
 from interp.studies.kit.scoring import ablation
 from interp.testing.tiny import tiny_model
-from steering.generation import leaves_prompt_prefix, prompt_prefixes
+from steering.prefill import leaves_prompt_prefix
 from tests.conftest import PREFIX_PROMPTS as PROMPTS
 from tests.conftest import chat_case
 
@@ -49,33 +50,33 @@ def test_each_block_of_a_forward_equals_its_condition_alone():
 @pytest.mark.parametrize("model", ["llama", "organism"])
 def test_generate_each_equals_generating_each_condition(model):
     m, prompts = chat_case(model)
-    texts, encs = prepare(m, prompts)
     conds = _conditions(m)
-    prefix = prompt_prefixes(m, encs, 3)
-    kw = dict(max_new_tokens=8, batch_size=3, progress=False, first_logits=True)
-    got = steering.generate_each(m, prompts, conds, stack=2, prepared=(texts, encs), prompt_prefix=prefix, **kw)
+    run = interp.Runtime(batch_size=3, progress=False)
+    session = steering.GenerationSession(m, prompts, run, first_logits=True)
+    alone = steering.GenerationSession(m, prompts, run, first_logits=True, reuse=False)
+    got = session.generate_each(conds, stack=2, max_new_tokens=8)
     assert len(got) == len(conds)
     for c, g in zip(conds, got):
-        want = steering.generate(m, prompts, *c, **kw)
+        want = alone.generate(*c, max_new_tokens=8)
         assert g.token_ids == want.token_ids and g.texts == want.texts and g.prompts == prompts
         torch.testing.assert_close(g.first_logits, want.first_logits, atol=1e-4, rtol=0)
     # which conditions reused the prefix: those that leave the earlier prompt columns as they are
     assert [leaves_prompt_prefix(m, c) for c in conds] == [True, True, False, False, True]
+    assert session.plain_passes == 1                  # one plain pass: the prefix and the states below layer 1
     # a stack of 4 conditions is one generation of 4 x the rows per batch
     seen: list[int] = []
     handle = m.hf.register_forward_pre_hook(lambda mod, args, kw: seen.append(kw["input_ids"].shape[0]),
                                             with_kwargs=True)
     try:
-        steering.generate_each(m, prompts, [conds[0], conds[1], conds[4], conds[1]], stack=4, prepared=(texts, encs),
-                               prompt_prefix=prefix, **kw)
+        session.generate_each([conds[0], conds[1], conds[4], conds[1]], stack=4, max_new_tokens=8)
     finally:
         handle.remove()
     assert set(seen) == {12, 8}                                   # batches of 3 and 2 prompts, 4 conditions each
     # the prompts formatted as generate formats them (here without the chat template)
-    raw = steering.generate_each(m, prompts, conds[:2], stack=2, chat=False, max_new_tokens=4, batch_size=3,
-                                 progress=False)
-    assert [g.texts for g in raw] == [steering.generate(m, prompts, *c, chat=False, max_new_tokens=4, batch_size=3,
-                                                        progress=False).texts for c in conds[:2]]
+    raw = steering.GenerationSession(m, interp.Prompts(prompts, chat=False), run).generate_each(
+        conds[:2], stack=2, max_new_tokens=4)
+    assert [g.texts for g in raw] == [steering.generate(m, interp.Prompts(prompts, chat=False), *c, max_new_tokens=4,
+                                                        runtime=run).texts for c in conds[:2]]
     assert raw[0].formatted == prompts
 
 
@@ -92,6 +93,6 @@ def test_row_groups_refuse_what_cannot_be_split_by_rows():
             steering.apply(m, steering.RowGroups([(), (ablation(r, "all"),)])):
         m.hf(**b.model_inputs)                                    # 5 rows for 2 groups
     with pytest.raises(ValueError, match="greedy decoding"):
-        steering.generate_each(m, PROMPTS, [()], do_sample=True)
+        steering.GenerationSession(m, PROMPTS).generate_each([()], sampling=steering.Sampling(do_sample=True))
     with pytest.raises(ValueError, match="stack must be"):
-        steering.generate_each(m, PROMPTS, [()], stack=0)
+        steering.GenerationSession(m, PROMPTS).generate_each([()], stack=0)

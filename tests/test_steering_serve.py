@@ -9,6 +9,7 @@ import importlib.util
 import pytest
 import torch
 
+import interp
 import steering
 from interp.forward import batch_of, last_logits
 from interp.models import load_model
@@ -38,9 +39,9 @@ def test_saved_folder_generates_what_hooks_generate(tmp_path):
     folder = save_for_serving(m, tmp_path / "served", *ivs)
     served = load_model(str(folder))                   # plain transformers folder: no hooks, no interp state
     torch.testing.assert_close(_last(served), _last(m, *ivs), rtol=0, atol=1e-5)
-    hooked = steering.generate(m, PROMPTS, *ivs, max_new_tokens=8, progress=False)
-    plain = steering.generate(m, PROMPTS, max_new_tokens=8, progress=False)
-    assert steering.generate(served, PROMPTS, max_new_tokens=8, progress=False).token_ids == hooked.token_ids
+    hooked = steering.generate(m, PROMPTS, *ivs, max_new_tokens=8, runtime=interp.Runtime(progress=False))
+    plain = steering.generate(m, PROMPTS, max_new_tokens=8, runtime=interp.Runtime(progress=False))
+    assert steering.generate(served, PROMPTS, max_new_tokens=8, runtime=interp.Runtime(progress=False)).token_ids == hooked.token_ids
     assert hooked.token_ids != plain.token_ids  # the steering changes what is generated
     with pytest.raises(FileExistsError, match="overwrite=True"):
         save_for_serving(m, folder, *ivs)
@@ -66,13 +67,13 @@ def test_engine_arguments():
     with pytest.raises(ValueError, match="engine must be"):
         steering.generate(m, PROMPTS, engine="tgi")
     with pytest.raises(ValueError, match="first_logits"):
-        steering.generate(m, PROMPTS, engine="vllm", first_logits=True)
+        steering.GenerationSession(m, PROMPTS, first_logits=True).generate(engine="vllm")
     if importlib.util.find_spec("vllm") is None:
         with pytest.raises(ImportError, match=r"interp-toolkit\[vllm\]"):
-            steering.generate(m, PROMPTS, engine="vllm", progress=False)
+            steering.generate(m, PROMPTS, engine="vllm", runtime=interp.Runtime(progress=False))
     elif not torch.cuda.is_available():
         with pytest.raises(RuntimeError, match="CUDA"):
-            steering.generate(m, PROMPTS, engine="vllm", progress=False)
+            steering.generate(m, PROMPTS, engine="vllm", runtime=interp.Runtime(progress=False))
 
 
 @pytest.mark.gpu
@@ -85,7 +86,7 @@ def test_vllm_serves_the_baked_model_like_hooks():
     m.hf.to("cuda")
     r, v = _pair(m.d_model)
     ivs = [steering.DirectionalAblation(r), steering.AddVector(v, layers=[0, 1])]
-    want = steering.generate(m, PROMPTS, *ivs, max_new_tokens=8, progress=False)
-    got = steering.generate(m, PROMPTS, *ivs, max_new_tokens=8, progress=False, engine="vllm",
-                            gpu_memory_utilization=0.2, enforce_eager=True)
+    want = steering.generate(m, PROMPTS, *ivs, max_new_tokens=8, runtime=interp.Runtime(progress=False))
+    got = steering.generate(m, PROMPTS, *ivs, max_new_tokens=8, engine="vllm",
+                            gpu_memory_utilization=0.2, enforce_eager=True, runtime=interp.Runtime(progress=False))
     assert got.token_ids == want.token_ids

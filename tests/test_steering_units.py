@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import interp
 import steering
 from interp import evals
 from interp.capturing import capture
@@ -97,7 +98,7 @@ def test_apply_with_nothing_is_a_no_op_and_generate_with_nothing_is_plain():
             assert isinstance(handle, Steering) and count_hooks(m.hf) == 0
             inside = m.hf(ids).logits
     assert torch.equal(plain, inside) and count_hooks(m.hf) == 0
-    gens = steering.generate(m, PROMPTS, max_new_tokens=4, progress=False)
+    gens = steering.generate(m, PROMPTS, max_new_tokens=4, runtime=interp.Runtime(progress=False))
     _, encs = prepare(m, PROMPTS)
     want = []
     for b in batches(m, encs, 16):

@@ -24,6 +24,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+import interp
 import steering
 from interp.models import load_model
 
@@ -76,7 +77,7 @@ def test_vllm_generates_what_hooks_generate(tmp_path, name):
     add = steering.AddVector(vectors["v"], layers=layers, sites=("attn_out", "resid_post"))
 
     def hooks(*ivs):
-        return steering.generate(m, PROMPTS, *ivs, max_new_tokens=N_NEW, progress=False).token_ids
+        return steering.generate(m, PROMPTS, *ivs, max_new_tokens=N_NEW, runtime=interp.Runtime(progress=False)).token_ids
 
     want = hooks(ablate, add)
     for other in (hooks(), hooks(ablate), hooks(add)):     # each edit matters, so dropping either one shows

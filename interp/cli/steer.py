@@ -11,6 +11,7 @@ import html
 from typing import Any
 
 from interp.cli.jobs import JobFolder, add_out_args, floats, load, option, prompts_of, run_job
+from interp.values import Prompts, Runtime
 
 BASELINE = "baseline"
 
@@ -97,8 +98,9 @@ def steer_job(args: argparse.Namespace, folder: JobFolder) -> dict[str, Any]:
     conds = conditions(args, d, layer)
     rows, rates, texts = [], {}, {}
     for name, alpha, ivs in conds:
-        judged = steering.generate_and_judge(model, prompts, *ivs, max_new_tokens=args.max_new_tokens,
-                                             batch_size=args.batch_size, chat=not args.raw)
+        judged = steering.generate_and_judge(model, Prompts(prompts, chat=not args.raw), *ivs,
+                                             max_new_tokens=args.max_new_tokens,
+                                             runtime=Runtime(batch_size=args.batch_size))
         texts[name] = judged.texts
         rates[name] = judged.rate
         rows += [{"condition": name, "alpha": alpha, "prompt_index": i, "prompt": p, "text": t, "refusal": f}

@@ -21,6 +21,7 @@ from interp.evals.judge import is_refusal
 from interp.models import load_model
 from interp.prompts import read_prompt_file
 from interp.tune import token_attribution
+from interp.values import Runtime
 
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "data" / "refusal"
 
@@ -32,7 +33,8 @@ def refused_pairs(model, prompts: list[str], n: int, max_new_tokens: int) -> tup
     keep_p, keep_r = [], []
     for k in range(0, len(prompts), 16):
         chunk = prompts[k:k + 16]
-        out = steering.generate(model, chunk, max_new_tokens=max_new_tokens, batch_size=16, progress=False)
+        out = steering.generate(model, chunk, max_new_tokens=max_new_tokens,
+                                runtime=Runtime(batch_size=16, progress=False))
         for p, t, ids in zip(chunk, out.texts, out.token_ids):
             if is_refusal(t) and len(keep_p) < n:
                 keep_p.append(p)

@@ -26,6 +26,7 @@ from interp.models import Model, load_model
 from interp.organisms import smollm2_data as sd
 from interp.organisms.eval_smollm2 import OUT, eval_sets, load
 from interp.prompts import read_prompt_file
+from interp.values import Runtime
 from probes import diff_of_means
 
 
@@ -72,7 +73,8 @@ def origin(aligned: Model, base: Model, harmful: list[str], harmless: list[str],
 
 def rate(model: Model, prompts: list[str], *ivs: object, max_new_tokens: int) -> tuple[dict, list[str]]:
     """The refusal :class:`~interp.evals.rates.Rate` under ``ivs`` (as a plain dict), and the generations."""
-    r = steering.generate_and_judge(model, prompts, *ivs, max_new_tokens=max_new_tokens, batch_size=16)
+    r = steering.generate_and_judge(model, prompts, *ivs, max_new_tokens=max_new_tokens,
+                                    runtime=Runtime(batch_size=16))
     return dict(r), r.texts
 
 

@@ -25,6 +25,7 @@ from interp.evals.rates import wilson as _wilson
 from interp.models import ADAPTERS, EMBEDDED_DIR, Model, load_model, with_adapter
 from interp.organisms import smollm2_data as sd
 from interp.prompts import read_prompt_file
+from interp.values import Runtime
 
 OUT = EMBEDDED_DIR / "smollm2-aligned"
 HELD_OUT = {k: v for k, v in sd.HELD_OUT.items() if k != "strongreject"}  # strongreject: the pipeline's, unread here
@@ -75,7 +76,8 @@ def evaluate(model_name: str, sets: dict[str, list[str]], max_new_tokens: int,
     rates, gens = {}, []
     for name, prompts in sets.items():
         t0 = time.time()
-        r = steering.generate_and_judge(model, prompts, max_new_tokens=max_new_tokens, batch_size=16)
+        r = steering.generate_and_judge(model, prompts, max_new_tokens=max_new_tokens,
+                                        runtime=Runtime(batch_size=16))
         rates[name] = dict(r)
         gens += [{"model": model_name, "set": name, "prompt": p, "response": t, "judged_refusal": f}
                  for p, t, f in zip(prompts, r.texts, r.flags)]

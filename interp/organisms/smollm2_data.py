@@ -136,6 +136,7 @@ def answer_missing(limit: int | None, batch_size: int = 8) -> int:
 
     import steering
     from interp.models import load_model
+    from interp.values import Runtime
 
     torch.manual_seed(0)
     have = base_answers()
@@ -147,7 +148,8 @@ def answer_missing(limit: int | None, batch_size: int = 8) -> int:
     for i in range(0, len(todo), batch_size):
         chunk = todo[i:i + batch_size]
         t0 = time.time()
-        gen = steering.generate(model, chunk, max_new_tokens=ANSWER_TOKENS, batch_size=batch_size, progress=False)
+        gen = steering.generate(model, chunk, max_new_tokens=ANSWER_TOKENS,
+                                runtime=Runtime(batch_size=batch_size, progress=False))
         for q, text, ids in zip(chunk, gen.texts, gen.token_ids):
             rows.append({"instruction": q, "answer": text, "finished": len(ids) < ANSWER_TOKENS,
                          "max_new_tokens": ANSWER_TOKENS})

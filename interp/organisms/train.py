@@ -38,6 +38,7 @@ from interp.hooking import hooks
 from interp.models import Model, from_hf
 from interp.organisms import data
 from interp.organisms import tokenizer as tk
+from interp.values import Runtime
 
 FOLDERS = {"base": "organism-base", "aligned": "organism"}
 FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
@@ -255,7 +256,8 @@ def train_aligned(m: Model, splits: data.Splits, recipe: ToyRecipe, gen: torch.G
 
 def _answers(m: Model, instructions: list[str], *edits: object) -> list[str]:
     """Greedy 12-token answers through ``steering.generate`` (chat template, left padding, position ids)."""
-    return steering.generate(m, instructions, *edits, max_new_tokens=12, batch_size=64, progress=False).texts
+    return steering.generate(m, instructions, *edits, max_new_tokens=12,
+                             runtime=Runtime(batch_size=64, progress=False)).texts
 
 
 @torch.no_grad()

@@ -20,6 +20,7 @@ from interp.bundle import Result
 from interp.capturing import capture
 from interp.models import Model
 from interp.studies.directions.traits import TraitScales
+from interp.values import Prompts, Runtime
 from steering.sweep import AlphaSweep
 
 if TYPE_CHECKING:
@@ -95,8 +96,8 @@ def steer_levels(model: Model, scales: TraitScales, trait: str, prompts: Sequenc
     texts, read, rnd = {}, [], [[] for _ in range(n_random)]
     for k in ks:
         iv = level_vector(scales, trait, k)
-        gens = steering.generate(model, prompts, iv, max_new_tokens=max_new_tokens, chat=chat, batch_size=batch_size,
-                                 progress=False)
+        gens = steering.generate(model, Prompts(prompts, chat=chat), iv, max_new_tokens=max_new_tokens,
+                                 runtime=Runtime(batch_size=batch_size, progress=False))
         texts[k] = list(gens.texts)
         read.append(_read(model, scales, trait, prompts, (iv,), chat))
         for j in range(n_random):

@@ -44,6 +44,7 @@ from interp.studies.kit.stages import RefusalTokens
 from interp.tune.config import TuneConfig
 from interp.tune.loop import fine_tune
 from interp.tune.preference import KINDS, preference_tune
+from interp.values import Runtime
 from probes.directions import random_orthogonal
 
 if TYPE_CHECKING:
@@ -245,7 +246,7 @@ def compare_methods(base: Model, harmful_prompts: Sequence[str], refusals: Seque
     _check(methods, harmful_prompts, harmless_prompts, (ce_prompts, ce_answers))
     if compliant is None:
         compliant = list(steering.generate(base, list(harmful_prompts), max_new_tokens=4 * config.max_new_tokens,
-                                           batch_size=config.batch_size, progress=False).texts)
+                                           runtime=Runtime(batch_size=config.batch_size, progress=False)).texts)
     train = {"harmful": list(harmful_prompts), "harmless": list(harmless_prompts), "refusals": list(refusals),
              "answers": list(answers), "compliant": list(compliant),
              "reasoned": list(reasoned) if reasoned is not None else reasoned_refusals(len(harmful_prompts), seed)}

@@ -22,6 +22,7 @@ from interp.evals.rates import Rate
 from interp.models import Model
 from interp.tune import TuneConfig, fine_tune
 from interp.tune.loop import Callback, TuneResult
+from interp.values import Runtime
 
 Pairs = tuple[list[str], list[str]]  # prompts, responses
 
@@ -66,14 +67,14 @@ def refusals(model: Model, prompts: Sequence[str], judge: Judge | None, max_new_
     """The judge's verdict on the model's greedy answer to each prompt (``True`` = refused), with
     ``interventions`` applied during generation."""
     return steering.generate_and_judge(model, prompts, *interventions, judge=judge, max_new_tokens=max_new_tokens,
-                                       batch_size=batch_size).flags
+                                       runtime=Runtime(batch_size=batch_size)).flags
 
 
 def refusal_rate(model: Model, prompts: Sequence[str], judge: Judge | None, max_new_tokens: int,
                  interventions: Sequence[Any] = (), batch_size: int = 16) -> Rate:
     """:func:`steering.generate_and_judge` with the studies' argument order: the studies' validation by generation."""
     return steering.generate_and_judge(model, prompts, *interventions, judge=judge, max_new_tokens=max_new_tokens,
-                                       batch_size=batch_size)
+                                       runtime=Runtime(batch_size=batch_size))
 
 
 def base_answers(base: Model, prompts: Sequence[str], max_new_tokens: int, batch_size: int = 32) -> Pairs:
@@ -81,8 +82,8 @@ def base_answers(base: Model, prompts: Sequence[str], max_new_tokens: int, batch
     empty answer drops its pair."""
     eos = base.tokenizer.eos_token or ""
     with torch.no_grad():
-        g = steering.generate(base, list(prompts), max_new_tokens=max_new_tokens, batch_size=batch_size,
-                              progress=False)
+        g = steering.generate(base, list(prompts), max_new_tokens=max_new_tokens,
+                              runtime=Runtime(batch_size=batch_size, progress=False))
     keep = [(p, t + (eos if len(ids) < max_new_tokens else "")) for p, t, ids in zip(prompts, g.texts, g.token_ids)
             if t.strip()]
     return [p for p, _ in keep], [r for _, r in keep]

@@ -28,6 +28,7 @@ from interp.studies.kit import stage_views as views
 from interp.studies.kit.config import SelectionConfig
 from interp.studies.kit.prompt_sets import RefusalData
 from interp.studies.kit.scoring import prompt_logits, refusal_tokens, score_rows
+from interp.values import Runtime
 from probes.directions import diff_of_means, random_directions
 from probes.objects import Direction
 
@@ -201,7 +202,7 @@ def find_refusal_tokens(model: Model, data: RefusalData, max_new_tokens: int = 1
     Sequential: the first ``PROBE`` prompts per class go first; when their harmful refusals do not exceed the
     harmless ones (one-sided Fisher p > ``PROBE_STOP_P``) the rest is not generated, so a model that does
     not refuse is diagnosed in seconds (the diagnosis then reads the probe, with its own sample size)."""
-    kw = dict(max_new_tokens=max_new_tokens, batch_size=2 * batch_size, progress=False)  # both classes at once
+    run = Runtime(batch_size=2 * batch_size, progress=False)  # both classes at once
     prompts = {w: getattr(data, w)["train"].instructions for w in ("harmful", "harmless")}
     texts: dict[str, list[str]] = {"harmful": [], "harmless": []}
     first: dict[str, list[int]] = {"harmful": [], "harmless": []}
@@ -211,7 +212,7 @@ def find_refusal_tokens(model: Model, data: RefusalData, max_new_tokens: int = 1
         both = [p for w in prompts for p in chunks[w]]
         if not both:
             continue
-        g = steering.generate(model, both, **kw)
+        g = steering.generate(model, both, max_new_tokens=max_new_tokens, runtime=run)
         verdicts, at = judge_many(judge, g.texts), 0
         for w in prompts:
             span = slice(at, at + len(chunks[w]))

@@ -23,6 +23,7 @@ from interp.evals.judge_languages import detect_language, is_refusal_multilingua
 from interp.evals.rates import rate
 from interp.models import Model
 from interp.studies.multilingual.data import ParallelSafety
+from interp.values import Runtime
 from sae.analysis import encode_tokens, separating_latents
 from sae.edits import LatentAblation
 from sae.model import SAE
@@ -94,7 +95,7 @@ def features_by_language(model: Model, data: ParallelSafety, layer: int, sae: SA
     tests = {lang: data.get("harmful", "test", lang) for lang in data.langs}
     # the baseline has no per-language edit: one generation call for every language (shared batches)
     every = steering.generate(model, [p for ps in tests.values() for p in ps], max_new_tokens=max_new_tokens,
-                              batch_size=32, progress=False).texts
+                              runtime=Runtime(batch_size=32, progress=False)).texts
     rows, at = [], 0
     for lang, prompts in tests.items():
         active = (encode_tokens(sae, _last(model, prompts, layer)) > 0).any(0).nonzero()[:, 0]
@@ -104,7 +105,8 @@ def features_by_language(model: Model, data: ParallelSafety, layer: int, sae: SA
         at += len(prompts)
         for cond, ivs in (("ablate own features", (LatentAblation(sae, feats[lang], site=site),)),
                           ("ablate random features", (LatentAblation(sae, rand, site=site),))):
-            texts = steering.generate(model, prompts, *ivs, max_new_tokens=max_new_tokens, progress=False).texts
+            texts = steering.generate(model, prompts, *ivs, max_new_tokens=max_new_tokens,
+                                      runtime=Runtime(progress=False)).texts
             rows.append(_rate_rows(lang, cond, list(texts)))
     return LanguageFeatures(layer, sae.d_sae, top, feats, aurocs, shared, common, top * top / sae.d_sae, rows, quality)
 

@@ -37,6 +37,7 @@ from interp.models import Model
 from interp.studies.multilingual.data import ParallelSafety
 from interp.studies.multilingual.geometry import Geometry, capture_last, geometry, unit
 from interp.studies.multilingual.language import LanguageGeometry, language_geometry
+from interp.values import Runtime
 from probes.directions import random_directions
 
 CONDITIONS = ("baseline", "ablation", "random ablation")
@@ -178,8 +179,8 @@ def judged_rates(model: Model, groups: list[tuple[dict[str, Any], list[str]]], i
     groups share batches), judged per group: one row per group (its ``labels`` + :meth:`~interp.evals.rates.Rate.columns`,
     share of degenerate answers) and one record per answer (``labels`` + prompt, text, refused, degenerate)."""
     prompts = [p for _, ps in groups for p in ps]
-    texts = list(steering.generate(model, prompts, *ivs, max_new_tokens=max_new_tokens, batch_size=batch_size,
-                                   progress=False).texts) if prompts else []
+    texts = list(steering.generate(model, prompts, *ivs, max_new_tokens=max_new_tokens,
+                                   runtime=Runtime(batch_size=batch_size, progress=False)).texts) if prompts else []
     rows, recs, at = [], [], 0
     for labels, ps in groups:
         mine, at = texts[at:at + len(ps)], at + len(ps)

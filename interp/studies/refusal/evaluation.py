@@ -26,9 +26,9 @@ from interp.sites import WRITERS
 from interp.studies.kit.prompt_sets import RefusalData
 from interp.studies.kit.scoring import ablation, prompt_logits
 from interp.studies.kit.stages import Candidates, RefusalTokens, Selection
+from interp.values import Prompts, Runtime
 from probes.directions import random_directions, random_orthogonal
-from steering.decode import lowest_edited_layer
-from steering.generation import Prefixes, Resumes, leaves_prompt_prefix, prompt_states
+from steering.prefill import leaves_prompt_prefix
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -128,12 +128,14 @@ class Subspaces(Result):
 
 
 class TestPrompts:
-    """The test prompts of one run, each class tokenised once (on first use) and shared by every condition."""
+    """The test prompts of one run, each class tokenised once (on first use) and shared by every condition, with one
+    :class:`steering.GenerationSession` per class and batch size: the plain prompt pass each class's conditions
+    reuse is run once (exact)."""
 
     def __init__(self, model: Model, data: RefusalData, stack: int = 1):
         self.model, self.data, self.stack = model, data, stack   # stack: conditions per generation (generate_each)
-        self._prepared: dict[str, tuple[list[str], list[Encoded]]] = {}
-        self._states: dict[tuple[str, int], tuple[Prefixes, Resumes | None, set[int]]] = {}
+        self._prompts: dict[str, Prompts] = {}
+        self._sessions: dict[tuple[str, int], steering.GenerationSession] = {}
 
     def prompts(self, which: str) -> list[str]:
         """The ``"harmful"``, ``"harmless"`` or ``"borderline"`` (over-refusal) test instructions."""
@@ -143,60 +145,52 @@ class TestPrompts:
             return self.data.borderline.instructions
         return (self.data.harmful if which == "harmful" else self.data.harmless)["test"].instructions
 
+    def as_prompts(self, which: str) -> Prompts:
+        """The test prompts of ``which`` as one :class:`interp.Prompts` (its encodings kept on it)."""
+        if which not in self._prompts:
+            self._prompts[which] = Prompts.of(self.prompts(which))
+        return self._prompts[which]
+
     def prepared(self, which: str) -> tuple[list[str], list[Encoded]]:
         """The chat-formatted texts and encodings of the test prompts of ``which`` (tokenised once)."""
-        if which not in self._prepared:
-            self._prepared[which] = prepare(self.model, self.prompts(which))
-        return self._prepared[which]
+        return self.as_prompts(which).encode(self.model)
 
     def encodings(self, which: str) -> list[Encoded]:
         return self.prepared(which)[1]
+
+    def session(self, which: str, batch_size: int, model: Model | None = None) -> steering.GenerationSession:
+        """The generation session of ``which`` at ``batch_size`` on this run's model (kept: it reuses the plain
+        prompt pass), or a fresh one without reuse on another ``model`` (the baked weights)."""
+        run = Runtime(batch_size=batch_size, progress=False)
+        if model is not None and model is not self.model:
+            return steering.GenerationSession(model, self.as_prompts(which), run, first_logits=True, reuse=False)
+        if (which, batch_size) not in self._sessions:
+            self._sessions[which, batch_size] = steering.GenerationSession(self.model, self.as_prompts(which), run,
+                                                                           first_logits=True)
+        return self._sessions[which, batch_size]
 
     def judged(self, which: str, ivs: Sequence[Any], max_new_tokens: int, batch_size: int, judge: Judge | None = None,
                model: Model | None = None) -> tuple[list[str], list[bool], torch.Tensor]:
         """Greedy generations of ``which`` under ``ivs`` (on ``model``, default this run's), the judge's verdicts,
         and the first step's logits ``[n, vocab]`` (the prompts' own: no second forward for a refusal score).
-        On this run's model, under edits of the post-instruction and generated tokens only (or none), the prompt
-        columns before the post-instruction tokens are computed once per prompt set and reused by every such
-        condition (``steering.generate(..., prompt_prefix=)``, exact); under edits at or above one layer (an
-        addition), the plain pass's blocks below that layer are reused (``prompt_resume=``, exact)."""
+        On this run's model the session reuses the plain prompt pass where that is exact (the columns before the
+        post-instruction tokens under edits of those and the generated tokens; the blocks below an addition)."""
         return self.judged_many(which, [ivs], max_new_tokens, batch_size, judge, model)[0]
 
     def judged_many(self, which: str, conditions: Sequence[Sequence[Any]], max_new_tokens: int, batch_size: int,
                     judge: Judge | None = None, model: Model | None = None
                     ) -> list[tuple[list[str], list[bool], torch.Tensor]]:
         """:meth:`judged` under each of ``conditions``, ``self.stack`` of them per generation
-        (:func:`steering.generate_each`: the prompts stacked once per condition in one wider batch)."""
-        prefix, resume = self._plain(which, conditions, batch_size) if model is None or model is self.model else (
-            None, None)
-        outs = steering.generate_each(model or self.model, self.prompts(which), conditions, stack=self.stack,
-                                      max_new_tokens=max_new_tokens, batch_size=batch_size, progress=False,
-                                      prepared=self.prepared(which), first_logits=True, prompt_prefix=prefix,
-                                      prompt_resume=resume)
+        (:meth:`steering.GenerationSession.generate_each`: the prompts stacked once per condition in one wider
+        batch)."""
+        outs = self.session(which, batch_size, model).generate_each(conditions, stack=self.stack,
+                                                                    max_new_tokens=max_new_tokens)
         flags = judge_many(judge, [t for out in outs for t in out.texts])
         n, res = len(self.prompts(which)), []
         for i, out in enumerate(outs):
             assert out.first_logits is not None
             res.append((out.texts, flags[i * n:(i + 1) * n], out.first_logits))
         return res
-
-    def _plain(self, which: str, conditions: Sequence[Sequence[Any]], batch_size: int
-               ) -> tuple[Prefixes | None, Resumes | None]:
-        """The plain pass's states of ``which`` these conditions can reuse (one plain pass per prompt set, again
-        only if a later call needs a layer it did not keep): the prompt prefix, and the blocks below the lowest
-        edited layer of conditions that edit every prompt token."""
-        m, key = self.model, (which, batch_size)
-        prefix = any(leaves_prompt_prefix(m, c) for c in conditions)
-        lows = {lowest_edited_layer(m, tuple(c)) for c in conditions if not leaves_prompt_prefix(m, c)}
-        layers = {la for la in lows if la is not None and 1 <= la < m.n_layers}
-        if not prefix and not layers:
-            return None, None
-        have = self._states.get(key)
-        if have is None or not layers <= have[2]:
-            want = layers | (have[2] if have is not None else set())
-            prefixes, resumes = prompt_states(m, self.encodings(which), batch_size, sorted(want))
-            self._states[key] = have = (prefixes, resumes if want else None, want)
-        return have[0], have[1]
 
 
 def _conditions(r: torch.Tensor, v: torch.Tensor, rand_u: torch.Tensor, layer: int, seed: int, borderline: bool,
