@@ -255,7 +255,7 @@ def untouched_prefix(model: Model, batch: Batch, kv: KV | None = None) -> tuple[
     """The keys and values of ``batch``'s columns before its first post-instruction token (one plain forward) and
     that column: an edit at the post-instruction and generated tokens only leaves them as they are (a causal model),
     so a pass under it need recompute only the later columns (``forward(..., prefix=, start=)``,
-    ``steering.generate(..., prompt_prefix=)``). ``(None, 0)`` when there is nothing to reuse: no column before the
+    a ``steering.GenerationSession``'s generations). ``(None, 0)`` when there is nothing to reuse: no column before the
     post-instruction tokens, or a cache that is not a plain full-attention one. ``kv``: the keys and values of a
     plain pass of ``batch`` already run (:func:`plain_states`), sliced instead of running one."""
     pm = batch.post_mask.bool()
