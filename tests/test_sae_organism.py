@@ -37,7 +37,7 @@ def setup():
         aligned, base = interp.load_model("organism"), interp.load_model("organism-base")
         P = {s: [r["instruction"] for r in load_prompts(f"organism_{s}")]
              for s in ("harmful_train", "harmless_train", "harmful_val", "harmless_val", "harmful_test")}
-        kw = dict(sites=[SITE], positions="all", progress=False)
+        kw = dict(sites=[SITE], positions="all", runtime=interp.Runtime(progress=False))
         acts = {(m, s): capture(model, P[s], **kw) for m, model in (("aligned", aligned), ("base", base))
                 for s in ("harmful_train", "harmless_train")}
         X = torch.cat([a.flat_tokens(SITE) for a in acts.values()])  # one SAE for both models' activations

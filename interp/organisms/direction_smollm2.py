@@ -26,12 +26,13 @@ from interp.models import Model, load_model
 from interp.organisms import smollm2_data as sd
 from interp.organisms.eval_smollm2 import OUT, eval_sets, load
 from interp.prompts import read_prompt_file
+from interp.values import Runtime
 from probes import diff_of_means
 
 
 def last_token(model: Model, prompts: list[str], layers: list[int]) -> torch.Tensor:
     """``resid_pre`` of ``layers`` at the last post-instruction token ``[n, len(layers), d]``."""
-    kw = dict(sites="resid_pre", layers=layers, positions="post_instruction", progress=False)
+    kw = dict(sites="resid_pre", layers=layers, positions="post_instruction", runtime=Runtime(progress=False))
     return capture(model, prompts, **kw).tensor[:, :, -1]
 
 

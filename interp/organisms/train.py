@@ -38,6 +38,7 @@ from interp.hooking import hooks
 from interp.models import Model, from_hf
 from interp.organisms import data
 from interp.organisms import tokenizer as tk
+from interp.values import Runtime
 
 FOLDERS = {"base": "organism-base", "aligned": "organism"}
 FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
@@ -261,7 +262,7 @@ def _answers(m: Model, instructions: list[str], *edits: object) -> list[str]:
 @torch.no_grad()
 def mean_difference(m: Model, harmful: list[str], harmless: list[str], layer: int) -> Float[torch.Tensor, " d"]:
     """Difference of means ``[d]`` of ``resid_pre`` of ``layer`` at the last prompt token (``interp.capture``)."""
-    means = [capture(m, prompts, sites=f"resid_pre.{layer}", positions="last", batch_size=64, progress=False)
+    means = [capture(m, prompts, sites=f"resid_pre.{layer}", positions="last", runtime=Runtime(batch_size=64, progress=False))
              .tensor[:, 0].mean(0) for prompts in (harmful, harmless)]
     return means[0] - means[1]
 

@@ -20,6 +20,7 @@ from interp.bundle import Result
 from interp.capturing import capture
 from interp.models import Model
 from interp.studies.directions.traits import TraitScales
+from interp.values import Prompts, Runtime
 from steering.sweep import AlphaSweep
 
 if TYPE_CHECKING:
@@ -79,7 +80,7 @@ def _read(model: Model, scales: TraitScales, trait: str, prompts: list[str], ivs
     """Mean band level of the prompts' activations with ``ivs`` attached."""
     sites = scales[trait].sites
     with steering.apply(model, *ivs):
-        acts = capture(model, prompts, sites=sites, positions=scales.positions, chat=chat, progress=False)
+        acts = capture(model, Prompts(prompts, chat=chat), sites=sites, positions=scales.positions, runtime=Runtime(progress=False))
     return float(scales[trait].level(acts).mean())
 
 

@@ -23,6 +23,7 @@ from interp.evals.judge_languages import detect_language, is_refusal_multilingua
 from interp.evals.rates import rate
 from interp.models import Model
 from interp.studies.multilingual.data import ParallelSafety
+from interp.values import Runtime
 from sae.analysis import encode_tokens, separating_latents
 from sae.edits import LatentAblation
 from sae.model import SAE
@@ -66,7 +67,7 @@ def fit_sae(model: Model, data: ParallelSafety, layer: int, expansion: int = 4, 
 
 
 def _last(model: Model, prompts: list[str], layer: int) -> torch.Tensor:
-    return capture(model, prompts, sites=f"resid_pre.{layer}", positions="last", progress=False).tensor[:, 0]
+    return capture(model, prompts, sites=f"resid_pre.{layer}", positions="last", runtime=Runtime(progress=False)).tensor[:, 0]
 
 
 def _rate_rows(lang: str, cond: str, texts: list[str]) -> dict[str, Any]:
