@@ -149,7 +149,9 @@ def sorted_vs_unsorted(model: interp.Model, label: str, rounds: int, batch_size:
             True: padding_fraction(batches(model, [encs[i] for i in length_order(encs)], batch_size))}
 
     def ours(sort: bool):
-        return interp.capture(model, interp.Prompts(corpus, chat=False), sites=site, positions="all", out=tmp / f"mixed_{sort}", overwrite=True, runtime=interp.Runtime(batch_size=batch_size, sort_by_length=sort, progress=False))
+        return interp.capture(model, interp.Prompts(corpus, chat=False), sites=site, positions="all",
+                              out=tmp / f"mixed_{sort}", overwrite=True,
+                              runtime=interp.Runtime(batch_size=batch_size, sort_by_length=sort, progress=False))
 
     res = interleaved({"caller's order": lambda: ours(False), "sorted by length": lambda: ours(True)}, rounds=rounds)
     diff = (interp.ActivationStore(tmp / "mixed_True").load().tensor -

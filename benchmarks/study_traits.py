@@ -152,7 +152,9 @@ def section_statements(model, rows: dict[str, list[dict]], n: int) -> list[str]:
     for t, rs in rows.items():
         pos = [r for r in rs if r["answer_matching_behavior"].strip() == "Yes"][: n // 2]
         neg = [r for r in rs if r["answer_matching_behavior"].strip() == "No"][: n // 2]
-        acts = capture(model, Prompts([r["question"] for r in pos + neg], labels=["expresses"] * len(pos) + ["denies"] * len(neg)), sites="resid_post", positions="last", runtime=Runtime(progress=False))
+        acts = capture(model,
+                       Prompts([r["question"] for r in pos + neg], labels=["expresses"] * len(pos) + ["denies"] * len(neg)),
+                       sites="resid_post", positions="last", runtime=Runtime(progress=False))
         sc = cross_validate(acts, positive="expresses", progress=False)
         auc = sc.auroc.mean(0)
         ref = sklearn_auroc(sc, acts, top="expresses").to(sc.auroc)

@@ -48,7 +48,8 @@ def test_tl_capture_equals_run_with_cache_and_hf(tl_pair):
             torch.testing.assert_close(got, cache[s][0], atol=1e-5, rtol=0)
     for s in ours.sites:
         torch.testing.assert_close(acts.site(s), ours.site(s), atol=1e-5, rtol=0)
-    out_tl, out_hf = (capture(x, PROMPTS, sites="ln_final_out", positions="all", runtime=Runtime(progress=False)) for x in (a, m))
+    out_tl, out_hf = (capture(x, PROMPTS, sites="ln_final_out", positions="all",
+                              runtime=Runtime(progress=False)) for x in (a, m))
     torch.testing.assert_close(out_tl.tensor, out_hf.tensor, atol=1e-5, rtol=0)  # after the gain, both routes
 
 
@@ -71,8 +72,10 @@ def test_tl_steering_changes_tl_output_as_on_hf(tl_pair):
 def test_tl_probe_fit_equals_hf(tl_pair):
     m, _, a = tl_pair
     labels = [1, 0, 1, 0]
-    d_tl = probes.diff_of_means(capture(a, Prompts(PROMPTS, labels=labels), sites="resid_post", runtime=Runtime(progress=False)))
-    d_hf = probes.diff_of_means(capture(m, Prompts(PROMPTS, labels=labels), sites="resid_post", runtime=Runtime(progress=False)))
+    d_tl = probes.diff_of_means(capture(a, Prompts(PROMPTS, labels=labels), sites="resid_post",
+                                        runtime=Runtime(progress=False)))
+    d_hf = probes.diff_of_means(capture(m, Prompts(PROMPTS, labels=labels), sites="resid_post",
+                                        runtime=Runtime(progress=False)))
     assert d_tl.sites == d_hf.sites
     torch.testing.assert_close(d_tl.raw, d_hf.raw, atol=1e-5, rtol=0)
 
@@ -95,8 +98,10 @@ def test_nnsight_capture_and_steering_inside_trace():
     lm = NNsight(m.hf)
     a = from_nnsight(lm, tokenizer=m.tokenizer)
     assert a.hf is m.hf
-    for s_a, s_m in zip(capture(a, PROMPTS, sites=SITES, positions="all", runtime=Runtime(progress=False)).tensor,
-                        capture(m, PROMPTS, sites=SITES, positions="all", runtime=Runtime(progress=False)).tensor):
+    for s_a, s_m in zip(capture(a, PROMPTS, sites=SITES, positions="all",
+                                runtime=Runtime(progress=False)).tensor,
+                        capture(m, PROMPTS, sites=SITES, positions="all",
+                                runtime=Runtime(progress=False)).tensor):
         torch.testing.assert_close(s_a, s_m, atol=0, rtol=0)
     ids = _ids(m, PROMPTS[0])
     v = torch.randn(m.d_model, generator=torch.Generator().manual_seed(1))

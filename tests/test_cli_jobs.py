@@ -71,7 +71,8 @@ def test_probe_end_to_end_matches_library(probe_run: dict, model) -> None:
     for name in ("result.json", "report.html", "run.json", "figures/scores.html", "direction/meta.json"):
         assert (out / name).exists(), name
     res = json.loads((out / "result.json").read_text())
-    acts = interp.capture(model, Prompts(HARMFUL + HARMLESS, labels=[1] * 8 + [0] * 8), sites="resid_post", positions="last", runtime=Runtime(progress=False))
+    acts = interp.capture(model, Prompts(HARMFUL + HARMLESS, labels=[1] * 8 + [0] * 8), sites="resid_post",
+                          positions="last", runtime=Runtime(progress=False))
     scores = probes.cross_validate(acts, n_folds=2, seed=0, positive=1)
     assert [r["site"] for r in res["layers"]] == scores.sites
     for j, row in enumerate(res["layers"]):

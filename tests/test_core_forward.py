@@ -66,7 +66,8 @@ def test_capture_steering_and_patching_select_the_same_positions(tiny_models):
     assert torch.equal(steer_mask, want)
     # and capture keeps exactly those columns' activations
     acts = capture(m, PROMPTS, sites="resid_post.0", positions=POSITIONS, runtime=Runtime(progress=False))
-    full = capture(m, PROMPTS, sites="resid_post.0", positions="all", runtime=Runtime(progress=False, batch_size=len(PROMPTS)))
+    full = capture(m, PROMPTS, sites="resid_post.0", positions="all",
+                   runtime=Runtime(progress=False, batch_size=len(PROMPTS)))
     torch.testing.assert_close(acts.tensor[:, 0], full.tensor[torch.arange(len(PROMPTS))[:, None], 0, cap_cols])
     # one rule, one message: each of the three reports an out-of-range position the same way
     rule = "positions count from the first real token (>= 0) or from the end (< 0)"

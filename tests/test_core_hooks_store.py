@@ -143,7 +143,8 @@ def test_store_refuses_to_overwrite(tiny_models, tmp_path):
 
 def test_activations_save_load_roundtrip(tiny_models, tmp_path):
     m = tiny_models("gpt2")
-    acts = capture(m, Prompts(PROMPTS[:3], labels=["a", "b", "a"]), sites="resid_post", positions="post_instruction", runtime=Runtime(progress=False))
+    acts = capture(m, Prompts(PROMPTS[:3], labels=["a", "b", "a"]), sites="resid_post",
+                   positions="post_instruction", runtime=Runtime(progress=False))
     acts.save(tmp_path / "a")
     back = Activations.load(tmp_path / "a")
     assert torch.equal(back.tensor, acts.tensor) and torch.equal(back.mask, acts.mask)

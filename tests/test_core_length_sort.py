@@ -33,8 +33,10 @@ def test_sorted_capture_equals_unsorted_in_the_callers_order(tiny_models, positi
     m = tiny_models("llama")
     ps = mixed_prompts(13, seed=4)
     labels = list(range(13))
-    a = interp.capture(m, interp.Prompts(ps, labels=labels), positions=positions, runtime=interp.Runtime(batch_size=4, progress=False))
-    b = interp.capture(m, interp.Prompts(ps, labels=labels), positions=positions, runtime=interp.Runtime(batch_size=4, progress=False, sort_by_length=True))
+    a = interp.capture(m, interp.Prompts(ps, labels=labels), positions=positions,
+                       runtime=interp.Runtime(batch_size=4, progress=False))
+    b = interp.capture(m, interp.Prompts(ps, labels=labels), positions=positions,
+                       runtime=interp.Runtime(batch_size=4, progress=False, sort_by_length=True))
     torch.testing.assert_close(b.tensor, a.tensor, rtol=0, atol=1e-5)
     assert b.prompt_ids == a.prompt_ids and b.labels == labels
     assert (a.mask is None and b.mask is None) or torch.equal(a.mask, b.mask)
@@ -43,8 +45,10 @@ def test_sorted_capture_equals_unsorted_in_the_callers_order(tiny_models, positi
 def test_sorted_store_records_its_order_and_refuses_an_unsorted_resume(tiny_models, tmp_path):
     m = tiny_models("llama")
     ps = mixed_prompts(10, seed=6)
-    ref = interp.capture(m, interp.Prompts(ps, labels=list(range(10))), positions="all", runtime=interp.Runtime(batch_size=3, progress=False))
-    st = interp.capture(m, interp.Prompts(ps, labels=list(range(10))), positions="all", out=tmp_path / "s", runtime=interp.Runtime(batch_size=3, progress=False, sort_by_length=True))
+    ref = interp.capture(m, interp.Prompts(ps, labels=list(range(10))), positions="all",
+                         runtime=interp.Runtime(batch_size=3, progress=False))
+    st = interp.capture(m, interp.Prompts(ps, labels=list(range(10))), positions="all", out=tmp_path / "s",
+                        runtime=interp.Runtime(batch_size=3, progress=False, sort_by_length=True))
     _, encs = prepare(m, ps)
     assert st.order == length_order(encs) != list(range(10))
     assert st.shard(0).labels == st.order[:3] and st.shard(0).prompt_ids == [ref.prompt_ids[i] for i in st.order[:3]]
@@ -66,7 +70,8 @@ def test_token_ids_capture_as_given(tiny_models, tmp_path):
     with torch.no_grad():
         hs = m.hf(ids, output_hidden_states=True).hidden_states[1]
     torch.testing.assert_close(a.tensor[:, 0], hs, rtol=0, atol=1e-5)
-    st = interp.capture(m, [r.tolist() for r in ids], sites="resid_post.0", positions="all", out=tmp_path / "s", runtime=interp.Runtime(progress=False))
+    st = interp.capture(m, [r.tolist() for r in ids], sites="resid_post.0", positions="all",
+                        out=tmp_path / "s", runtime=interp.Runtime(progress=False))
     assert torch.equal(st.load().tensor, a.tensor) and st.load().prompt_ids == a.prompt_ids
     with pytest.raises(TypeError, match="prompts must be strings"):  # responses, chat: only for texts
         interp.Prompts(ids, responses=["x"] * 5)

@@ -101,7 +101,8 @@ def test_plain_fallback_without_chat_template(tiny_models):
     m = tiny_model("llama")
     m.tokenizer.chat_template = None
     with pytest.warns(UserWarning, match="no chat template"):
-        acts = capture(m, PROMPTS, sites="resid_post.0", positions="post_instruction", runtime=interp.Runtime(progress=False))
+        acts = capture(m, PROMPTS, sites="resid_post.0", positions="post_instruction",
+                       runtime=interp.Runtime(progress=False))
     assert acts.tensor.shape[2] >= 1
 
 
@@ -118,7 +119,8 @@ def test_load_hf_folder_roundtrip(tmp_path):
         interp.load_model(str(tmp_path))
     # accelerate's device_map path (a dispatched model) captures the same numbers
     mapped = interp.load_model(str(tmp_path / "q"), device_map="auto")
-    torch.testing.assert_close(capture(mapped, PROMPTS, runtime=interp.Runtime(progress=False)).tensor, a.tensor, atol=1e-6, rtol=0)
+    torch.testing.assert_close(capture(mapped, PROMPTS,
+                                       runtime=interp.Runtime(progress=False)).tensor, a.tensor, atol=1e-6, rtol=0)
 
 
 def test_stories260k_gguf_loads_and_captures(tmp_path, monkeypatch):
@@ -126,7 +128,8 @@ def test_stories260k_gguf_loads_and_captures(tmp_path, monkeypatch):
     monkeypatch.setenv("INTERP_CACHE", str(tmp_path))
     m = interp.load_model(str(gguf))
     assert m.spec.family == "llama" and m.n_layers == 5 and m.d_model == 64
-    acts = capture(m, interp.Prompts(["Once upon a time there was a little cat"], chat=False), sites="resid_post", positions="all", runtime=interp.Runtime(progress=False))
+    acts = capture(m, interp.Prompts(["Once upon a time there was a little cat"], chat=False),
+                   sites="resid_post", positions="all", runtime=interp.Runtime(progress=False))
     ids = m.tokenizer("Once upon a time there was a little cat", return_tensors="pt")
     with torch.no_grad():
         hs = m.hf(**ids, output_hidden_states=True).hidden_states

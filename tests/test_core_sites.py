@@ -47,7 +47,8 @@ def test_ln_final_is_the_normalised_input_in_every_family(tiny_models, family):
     """ln_final == the final norm's input centred (LayerNorm) and divided by its RMS; ln_final_out is the output
     (gemma's 1 + weight gain included); writing ln_final back unchanged leaves the logits as they were."""
     m = tiny_models(family)
-    a = capture(m, PROMPTS, sites=[f"resid_post.{m.n_layers - 1}", "ln_final"], positions="all", runtime=Runtime(progress=False))
+    a = capture(m, PROMPTS, sites=[f"resid_post.{m.n_layers - 1}", "ln_final"], positions="all",
+                runtime=Runtime(progress=False))
     x = a.tensor[:, 0]
     if family in ("gpt2", "gpt_neox"):
         x = x - x.mean(-1, keepdim=True)
@@ -64,7 +65,8 @@ def test_ln_final_is_the_normalised_input_in_every_family(tiny_models, family):
 
 def test_gemma_gain_is_one_plus_weight(tiny_models):
     m = tiny_models("gemma3_text")
-    a = capture(m, PROMPTS, sites=["ln_final", "ln_final_out"], positions="last", runtime=Runtime(progress=False))
+    a = capture(m, PROMPTS, sites=["ln_final", "ln_final_out"], positions="last",
+                runtime=Runtime(progress=False))
     w = m.module(m.spec.final_norm).weight
     torch.testing.assert_close(a.tensor[:, 0] * (1 + w), a.tensor[:, 1], atol=1e-5, rtol=0)
 
@@ -104,13 +106,15 @@ def test_per_head_sites_stream_to_a_store_and_feed_probes(tmp_path):
 
     m = tiny_model("gemma3_text", hidden_size=48)  # n_heads * d_head (64) != d_model (48)
     mem = capture(m, PROMPTS, sites="attn_z", positions="all", runtime=Runtime(batch_size=3, progress=False))
-    store = capture(m, PROMPTS, sites="attn_z", positions="all", out=tmp_path / "z", runtime=Runtime(batch_size=3, progress=False))
+    store = capture(m, PROMPTS, sites="attn_z", positions="all", out=tmp_path / "z",
+                    runtime=Runtime(batch_size=3, progress=False))
     back = store.load()
     assert store.d_model == 64 and back.width == 64
     torch.testing.assert_close(back.tensor, mem.tensor)
     torch.testing.assert_close(back.site_view("attn_z.0"), mem.site_view("attn_z.0"))
     assert back.site_view("attn_z.0").shape[-2:] == (4, 16)
-    last = capture(m, Prompts(PROMPTS, labels=[1, 0, 1, 0]), sites="mlp_post", runtime=Runtime(progress=False))
+    last = capture(m, Prompts(PROMPTS, labels=[1, 0, 1, 0]), sites="mlp_post",
+                   runtime=Runtime(progress=False))
     d = probes.diff_of_means(last)
     assert d.vectors.shape == (m.n_layers, m.config.intermediate_size)
     with pytest.raises(ValueError, match="capture each width group in its own call"):
@@ -133,7 +137,8 @@ def test_moe_parts_sum_to_mlp_out(tiny_models, family):
     gates: list[torch.Tensor] = []
     mods = [(m.module(m.spec.shared_expert_gate, 1), "post", lambda mod, a, out: gates.append(out))] if shared else []
     with module_hooks(mods):
-        a = capture(m, PROMPTS, sites=[f"{k}.1" for k in kinds] + ["mlp_out.1"], positions="all", runtime=Runtime(progress=False))
+        a = capture(m, PROMPTS, sites=[f"{k}.1" for k in kinds] + ["mlp_out.1"], positions="all",
+                    runtime=Runtime(progress=False))
     keep = a.mask[..., None]
     routed, mlp = a.site("experts_out.1"), a.site("mlp_out.1")
     if shared:

@@ -41,13 +41,18 @@ def test_resume_refuses_other_weights_dtype_and_labels(tmp_path):
     assert m0.name == m1.name
     _interrupted(m0, tmp_path / "s", labels=list(range(8)))
     with pytest.raises(FileExistsError, match="differs in: weights"):
-        capture(m1, Prompts(PROMPTS, labels=list(range(8))), out=tmp_path / "s", runtime=Runtime(batch_size=2, progress=False))
+        capture(m1, Prompts(PROMPTS, labels=list(range(8))), out=tmp_path / "s",
+                runtime=Runtime(batch_size=2, progress=False))
     with pytest.raises(FileExistsError, match="model_dtype"):
-        capture(_unnamed(0, torch.bfloat16), Prompts(PROMPTS, labels=list(range(8))), out=tmp_path / "s", runtime=Runtime(batch_size=2, progress=False))
+        capture(_unnamed(0, torch.bfloat16), Prompts(PROMPTS, labels=list(range(8))), out=tmp_path / "s",
+                runtime=Runtime(batch_size=2, progress=False))
     with pytest.raises(FileExistsError, match="labels"):
-        capture(m0, Prompts(PROMPTS, labels=[0] * 8), out=tmp_path / "s", runtime=Runtime(batch_size=2, progress=False))
-    done = capture(m0, Prompts(PROMPTS, labels=list(range(8))), out=tmp_path / "s", runtime=Runtime(batch_size=2, progress=False))
-    torch.testing.assert_close(done.load().tensor, capture(m0, PROMPTS, runtime=Runtime(progress=False)).tensor)
+        capture(m0, Prompts(PROMPTS, labels=[0] * 8), out=tmp_path / "s",
+                runtime=Runtime(batch_size=2, progress=False))
+    done = capture(m0, Prompts(PROMPTS, labels=list(range(8))), out=tmp_path / "s",
+                   runtime=Runtime(batch_size=2, progress=False))
+    torch.testing.assert_close(done.load().tensor, capture(m0, PROMPTS,
+                                                           runtime=Runtime(progress=False)).tensor)
     other = capture(m1, PROMPTS, out=tmp_path / "t", runtime=Runtime(batch_size=2, progress=False))
     assert (other.load().tensor - done.load().tensor).abs().max() > 1e-3
 
@@ -59,10 +64,13 @@ def test_prompt_ids_come_from_the_content(tiny_models):
     again = capture(m, PROMPTS[2:4] + PROMPTS[2:3], runtime=Runtime(progress=False))
     assert not set(a.prompt_ids) & set(b.prompt_ids)
     assert again.prompt_ids[:2] == a.prompt_ids[2:4] and again.prompt_ids[2] == a.prompt_ids[2] + "#2"
-    r1 = capture(m, Prompts(PROMPTS[:1], responses=["yes"]), positions="response_mean", runtime=Runtime(progress=False))
-    r2 = capture(m, Prompts(PROMPTS[:1], responses=["no"]), positions="response_mean", runtime=Runtime(progress=False))
+    r1 = capture(m, Prompts(PROMPTS[:1], responses=["yes"]), positions="response_mean",
+                 runtime=Runtime(progress=False))
+    r2 = capture(m, Prompts(PROMPTS[:1], responses=["no"]), positions="response_mean",
+                 runtime=Runtime(progress=False))
     assert r1.prompt_ids != r2.prompt_ids != a.prompt_ids[:1]
-    assert capture(m, Prompts(PROMPTS[:2], ids=["x", "y"]), runtime=Runtime(progress=False)).prompt_ids == ["x", "y"]
+    assert capture(m, Prompts(PROMPTS[:2], ids=["x", "y"]),
+                   runtime=Runtime(progress=False)).prompt_ids == ["x", "y"]
 
 
 def test_concat_refuses_duplicate_ids_unless_told(tiny_models):
@@ -85,4 +93,5 @@ def test_leakage_guard_with_content_ids(tiny_models):
     held = capture(m, Prompts(HELD_OUT, labels=[1, 0, 1, 0]), runtime=Runtime(progress=False))
     probes.evaluate_direction(held, direction=d)
     with pytest.raises(ValueError, match="8 evaluation samples were used to fit"):
-        probes.evaluate_direction(capture(m, Prompts(PROMPTS, labels=[1, 0] * 4), runtime=Runtime(progress=False)), direction=d)
+        probes.evaluate_direction(capture(m, Prompts(PROMPTS, labels=[1, 0] * 4),
+                                          runtime=Runtime(progress=False)), direction=d)

@@ -62,7 +62,8 @@ def test_auto_device_map_under_a_memory_cap_offloads_and_captures_the_same(pair,
     auto = load_model(plain.name, device_map="auto", max_memory={"cpu": "250KB"}, offload_folder=str(tmp_path))
     assert "disk" in auto.hf.hf_device_map.values() and offloaded(auto)
     a = capture(plain, PROMPTS, positions="all", runtime=Runtime(progress=False)).tensor
-    torch.testing.assert_close(capture(auto, PROMPTS, positions="all", runtime=Runtime(progress=False)).tensor, a, rtol=0, atol=1e-5)
+    torch.testing.assert_close(capture(auto, PROMPTS, positions="all",
+                                       runtime=Runtime(progress=False)).tensor, a, rtol=0, atol=1e-5)
 
 
 def test_captures_equal_the_unsplit_model(pair):
@@ -73,7 +74,8 @@ def test_captures_equal_the_unsplit_model(pair):
     assert a.sites == b.sites and a.tensor.abs().max() > 0.1
     torch.testing.assert_close(b.tensor, a.tensor, rtol=0, atol=1e-5)
     z = capture(split, PROMPTS, sites="attn_z", layers=[1], runtime=Runtime(progress=False)).tensor
-    torch.testing.assert_close(z, capture(plain, PROMPTS, sites="attn_z", layers=[1], runtime=Runtime(progress=False)).tensor,
+    torch.testing.assert_close(z, capture(plain, PROMPTS, sites="attn_z", layers=[1],
+                                          runtime=Runtime(progress=False)).tensor,
                                rtol=0, atol=1e-5)
 
 

@@ -119,7 +119,8 @@ def test_trait_auroc_matches_sklearn_on_the_same_folds(model, scales):
 
     qs = _statements(36, seed=11)
     labels = [("low", "moderate", "high")[i % 3] for i in range(36)]
-    acts = capture(model, Prompts(qs, labels=labels, ids=[f"noise:{i}" for i in range(36)]), runtime=Runtime(progress=False))
+    acts = capture(model, Prompts(qs, labels=labels, ids=[f"noise:{i}" for i in range(36)]),
+                   runtime=Runtime(progress=False))
     s = fit_scale("noise", acts, list(range(36)), ["low", "moderate", "high"], BandRule(), 4, n_folds=3,
                   on_empty="report")
     worst, theirs = _sklearn_worst(s, acts)
@@ -161,7 +162,8 @@ def test_corpus_signature_is_the_band_level_with_bootstrap_interval(model, scale
     sig = corpus_signature(scales, {"plain": corpus}, model=model, n_boot=200)
     from interp.capturing import capture
 
-    acts = capture(model, corpus, sites=scales["kindness"].sites, positions="last", runtime=Runtime(progress=False))
+    acts = capture(model, corpus, sites=scales["kindness"].sites, positions="last",
+                   runtime=Runtime(progress=False))
     s = scales["kindness"]
     proj = torch.einsum("nld,ld->nl", acts.tensor.double(), s.graded.direction.vectors.double())
     hand = (proj * s.slope.double() + s.intercept.double())[:, s.band].mean(1).mean()

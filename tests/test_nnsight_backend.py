@@ -71,8 +71,10 @@ def test_capture_positions_equal_hooks(llama, positions):
 
 def test_capture_to_a_store_and_logits(llama, tmp_path):
     m, a = llama
-    store = capture(a, PROMPTS, sites="resid_post", positions="last", out=tmp_path / "s", runtime=Runtime(batch_size=2, progress=False))
-    _close(store.load().tensor, capture(m, PROMPTS, sites="resid_post", runtime=Runtime(progress=False)).tensor)
+    store = capture(a, PROMPTS, sites="resid_post", positions="last", out=tmp_path / "s",
+                    runtime=Runtime(batch_size=2, progress=False))
+    _close(store.load().tensor, capture(m, PROMPTS, sites="resid_post",
+                                        runtime=Runtime(progress=False)).tensor)
     _close(logits(a, PROMPTS, batch_size=3), logits(m, PROMPTS))
     for x, y in zip(logits(a, PROMPTS, positions="all"), logits(m, PROMPTS, positions="all"), strict=True):
         _close(x, y)
@@ -106,12 +108,14 @@ def test_steered_logits_and_capture_equal_hooks(family):
     for iv in _interventions(m.d_model):
         with steering.apply(a, iv):
             got = last_logits(a, b)
-            acts = capture(a, PROMPTS, sites=["resid_mid", "resid_post"], positions="all", runtime=Runtime(progress=False))
+            acts = capture(a, PROMPTS, sites=["resid_mid", "resid_post"], positions="all",
+                           runtime=Runtime(progress=False))
         with steering.apply(m, iv) as h:
             h.set_batch(b)  # the hooks route learns the post-instruction mask this way; the trace reads the batch
             want = last_logits(m, b)
             h.set_batch(b)
-            ref = capture(m, PROMPTS, sites=["resid_mid", "resid_post"], positions="all", runtime=Runtime(progress=False))
+            ref = capture(m, PROMPTS, sites=["resid_mid", "resid_post"], positions="all",
+                          runtime=Runtime(progress=False))
         _close(got, want)
         _close(acts.tensor, ref.tensor)
         moved = (got - plain).abs().max()
@@ -159,10 +163,12 @@ def test_remote_dry_run_ships_no_code_of_ours(monkeypatch):
     iv = steering.AddVector(torch.ones(m.d_model), layers=1, alpha=0.5, positions=[-1])
     with steering.apply(a, iv):
         got = last_logits(a, b)
-        acts = capture(a, PROMPTS, sites=["resid_mid.1", "ln_final"], positions="prompt_mean", runtime=Runtime(progress=False))
+        acts = capture(a, PROMPTS, sites=["resid_mid.1", "ln_final"], positions="prompt_mean",
+                       runtime=Runtime(progress=False))
     with steering.apply(m, iv):
         want = last_logits(m, b)
-        ref = capture(m, PROMPTS, sites=["resid_mid.1", "ln_final"], positions="prompt_mean", runtime=Runtime(progress=False))
+        ref = capture(m, PROMPTS, sites=["resid_mid.1", "ln_final"], positions="prompt_mean",
+                      runtime=Runtime(progress=False))
     _close(got, want)
     _close(acts.tensor, ref.tensor)
     assert len(blobs) == 2

@@ -66,7 +66,8 @@ def persona(model):
     prompts = [r["question"] for _, r in rows]
     labels = [r["answer_matching_behavior"].strip() == "Yes" for _, r in rows]   # statement matches the trait
     given = Prompts(prompts, labels=labels, ids=[f"{t}:{i}" for i, (t, _) in enumerate(rows)])
-    acts = _capture(model, given, sites=SITES, positions="last", runtime=Runtime(batch_size=32, progress=False))
+    acts = _capture(model, given, sites=SITES, positions="last",
+                    runtime=Runtime(batch_size=32, progress=False))
     return acts, [t for t, _ in rows]
 
 
@@ -79,7 +80,8 @@ def refusal(model):
     rng.shuffle(harmless)
     harmful, harmless = harmful[:120], harmless[:120]
     given = Prompts(harmful + harmless, labels=["harmful"] * len(harmful) + ["harmless"] * len(harmless))
-    acts = _capture(model, given, sites="resid_post", positions="last", runtime=Runtime(batch_size=32, progress=False))
+    acts = _capture(model, given, sites="resid_post", positions="last",
+                    runtime=Runtime(batch_size=32, progress=False))
     return acts
 
 

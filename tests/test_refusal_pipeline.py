@@ -289,7 +289,8 @@ def test_smollm2_harmfulness_direction_separates_held_out(tmp_path):
     harm, safe = harm[:n], safe[:n]
     m = interp.load_model("smollm2-135m-instruct")
     layer = 15
-    acts = interp.capture(m, Prompts(harm + safe, labels=[1] * n + [0] * n), sites=f"resid_pre.{layer}", positions="last", runtime=Runtime(batch_size=16, progress=False))
+    acts = interp.capture(m, Prompts(harm + safe, labels=[1] * n + [0] * n), sites=f"resid_pre.{layer}",
+                          positions="last", runtime=Runtime(batch_size=16, progress=False))
     tr = list(range(0, n // 2)) + list(range(n, n + n // 2))
     te = [i for i in range(2 * n) if i not in set(tr)]
     d = diff_of_means(acts[tr])

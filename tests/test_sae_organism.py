@@ -6,6 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from interp.values import Runtime
+
 from .conftest import REPO
 
 SITE = "blocks.1.hook_resid_post"  # the input of layer 2, where the organism's refusal direction is read
@@ -66,7 +68,7 @@ def test_diffed_latents_separate_and_their_ablation_lowers_refusal(setup):
     top = d.ranking.indices.tolist()
     print("top diffed latents (aligned - base):", [(i, round(s, 3)) for i, s in d.ranking])
     # they separate held-out harmful from harmless prompts in the aligned model (per-prompt mean over tokens)
-    val = {k: setup["capture"](aligned, P[k], sites=[SITE], positions="all", progress=False)
+    val = {k: setup["capture"](aligned, P[k], sites=[SITE], positions="all", runtime=Runtime(progress=False))
            for k in ("harmful_val", "harmless_val")}
 
     def per_prompt(a):  # [n_prompts, len(top)]: each latent's mean over the prompt's real tokens

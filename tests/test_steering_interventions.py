@@ -160,10 +160,12 @@ def test_composition_order_foreign_objects_and_nesting():
         got = _acts(m, [site], *ivs).tensor[:, 0]
         torch.testing.assert_close(got[mask], want[mask], rtol=1e-5, atol=1e-5)
     with steering.apply(m, [add, abl]):  # a list is unpacked
-        listed = capture(m, PROMPTS, sites=[site], positions="all", runtime=Runtime(progress=False)).tensor[:, 0]
+        listed = capture(m, PROMPTS, sites=[site], positions="all", runtime=Runtime(progress=False)).tensor[:,
+                         0]
     torch.testing.assert_close(listed[mask], proj_out(base + v)[mask], rtol=1e-5, atol=1e-5)
     with steering.apply(m, add), steering.apply(m, abl):  # nested blocks compose in entry order
-        nested = capture(m, PROMPTS, sites=[site], positions="all", runtime=Runtime(progress=False)).tensor[:, 0]
+        nested = capture(m, PROMPTS, sites=[site], positions="all", runtime=Runtime(progress=False)).tensor[:,
+                         0]
     torch.testing.assert_close(nested[mask], proj_out(base + v)[mask], rtol=1e-5, atol=1e-5)
     assert count_hooks(m.hf) == 0
 

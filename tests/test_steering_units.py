@@ -114,7 +114,8 @@ def test_apply_with_nothing_is_a_no_op_and_generate_with_nothing_is_plain():
 def test_residual_norms_are_the_mean_token_norm_without_specials():
     m = tiny_model("llama", n_layers=3)
     got = steering.residual_norms(m, PROMPTS, layers=[0, 2], batch_size=2)
-    acts = capture(m, PROMPTS, sites="resid_post", layers=[0, 2], positions="all", runtime=Runtime(progress=False))
+    acts = capture(m, PROMPTS, sites="resid_post", layers=[0, 2], positions="all",
+                   runtime=Runtime(progress=False))
     _, encs = prepare(m, PROMPTS)
     specials = set(m.tokenizer.all_special_ids)
     keep = acts.mask.clone()

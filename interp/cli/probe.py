@@ -63,7 +63,9 @@ def probe_job(args: argparse.Namespace, folder: JobFolder) -> dict[str, Any]:
 
     prompts, labels = probe_inputs(args)
     model = load(args)
-    acts = interp.capture(model, Prompts(prompts, chat=not args.raw, labels=labels), sites=args.sites.split(","), positions=args.positions, runtime=Runtime(batch_size=args.batch_size))
+    acts = interp.capture(model, Prompts(prompts, chat=not args.raw, labels=labels),
+                          sites=args.sites.split(","), positions=args.positions,
+                          runtime=Runtime(batch_size=args.batch_size))
     try:
         scores = probes.cross_validate(acts, method=args.method, n_folds=args.folds, seed=args.seed, positive=1)
     except ValueError as e:

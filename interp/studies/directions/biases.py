@@ -250,7 +250,9 @@ def capture_items(model: Model, items: Sequence[BiasItem], layers: Sequence[int]
     """Last-token ``resid_post`` of every distinct prompt (uncued prompts shared across biases run once):
     ``{prompt: [L, d]}`` and the site names."""
     prompts = list(dict.fromkeys([i.uncued for i in items] + [i.cued for i in items]))
-    acts = capture(model, Prompts(prompts, chat=chat), sites="resid_post", layers=list(layers), positions="last", runtime=Runtime(batch_size=batch_size, progress=progress, sort_by_length=True))
+    acts = capture(model, Prompts(prompts, chat=chat), sites="resid_post", layers=list(layers),
+                   positions="last",
+                   runtime=Runtime(batch_size=batch_size, progress=progress, sort_by_length=True))
     return dict(zip(prompts, acts.tensor, strict=True)), list(acts.sites)
 
 

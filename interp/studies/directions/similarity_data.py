@@ -86,7 +86,8 @@ def item_activations(model: Model, texts: Sequence[str], layers: Sequence[int] |
     if bad:
         raise ValueError(f"layers {bad} out of range for {model.n_layers} blocks")
     rule = "all" if positions == MEAN_AFTER_FIRST else positions
-    acts = capture(model, Prompts(list(texts), chat=False), sites="resid_post", positions=rule, layers=layer_list, runtime=Runtime(batch_size=batch_size, progress=False))
+    acts = capture(model, Prompts(list(texts), chat=False), sites="resid_post", positions=rule,
+                   layers=layer_list, runtime=Runtime(batch_size=batch_size, progress=False))
     X = acts.tensor.double()
     if positions == MEAN_AFTER_FIRST:
         keep = without_first(acts.mask)

@@ -149,7 +149,10 @@ def _capture_trait(model: Model, trait: str, questions: list[str], levels: Mappi
     parts = []
     for level, system in levels.items():
         prompts, sys_arg, use_chat = _prompts_at(model, questions, system, chat)
-        parts.append(capture(model, Prompts(prompts, chat=use_chat, system=sys_arg, labels=[level] * len(questions), ids=[f"{trait}:{level}:{i}" for i in range(len(questions))]), sites=site, layers=layers, positions=positions, runtime=Runtime(batch_size=batch_size, progress=False)))
+        parts.append(capture(model,
+                             Prompts(prompts, chat=use_chat, system=sys_arg, labels=[level] * len(questions), ids=[f"{trait}:{level}:{i}" for i in range(len(questions))]),
+                             sites=site, layers=layers, positions=positions,
+                             runtime=Runtime(batch_size=batch_size, progress=False)))
     return Activations.concat(parts)
 
 

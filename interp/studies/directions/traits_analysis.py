@@ -66,7 +66,8 @@ def _capture_like(scales: TraitScales, model: Model | None, texts: Any, chat: bo
     from interp.capturing import capture
 
     sites = next(iter(scales.scales.values())).sites
-    return capture(model, Prompts(list(texts), chat=chat), sites=sites, positions=scales.positions, runtime=Runtime(batch_size=batch_size, progress=False))
+    return capture(model, Prompts(list(texts), chat=chat), sites=sites, positions=scales.positions,
+                   runtime=Runtime(batch_size=batch_size, progress=False))
 
 
 def _random_reading(scales: TraitScales, trait: str, X: Any, seed: int) -> torch.Tensor:

@@ -87,7 +87,8 @@ def value_vectors(model: Model, pairs: Contrast, *, site: str = "resid_post", po
     if n_groups < n_folds:
         raise ValueError(f"{n_groups} groups cannot fill {n_folds} held-out folds; pass n_folds <= {n_groups}")
     chat = resolve_chat(model, chat)
-    acts = capture(model, Prompts(pairs.prompts, labels=pairs.labels, chat=chat), sites=site, positions=positions,
+    acts = capture(model, Prompts(pairs.prompts, labels=pairs.labels, chat=chat), sites=site,
+                   positions=positions,
                    layers=layers, runtime=Runtime(batch_size=batch_size, progress=False))
     direction = diff_of_means(acts, positive=1)
     scores = cross_validate(acts, method="mean_diff", groups=pairs.all_groups, n_folds=n_folds, seed=seed,

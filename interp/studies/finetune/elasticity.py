@@ -128,7 +128,8 @@ class _Probe:
         return find_candidates(model, self.data, layers=[self.layer], batch_size=self.batch_size).raw[0, self.position]
 
     def _acts(self, model: Model, prompts: list[str]) -> torch.Tensor:
-        a = capture(model, prompts, sites="resid_pre", layers=[self.layer], positions="post_instruction", runtime=Runtime(batch_size=self.batch_size, progress=False))
+        a = capture(model, prompts, sites="resid_pre", layers=[self.layer], positions="post_instruction",
+                    runtime=Runtime(batch_size=self.batch_size, progress=False))
         return a.tensor[:, 0, self.position].float()
 
     def measure(self, model: Model) -> tuple[dict[str, Any], torch.Tensor, torch.Tensor]:

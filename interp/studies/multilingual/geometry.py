@@ -41,7 +41,9 @@ def capture_last(model: Model, data: ParallelSafety, layers: list[int], kinds: t
         out[kind] = {}
         for split in splits:
             out[kind][split] = {
-                lang: capture(model, data.get(kind, split, lang), sites="resid_pre", layers=layers, positions="last", runtime=Runtime(batch_size=batch_size, progress=False)).tensor.double()
+                lang: capture(model, data.get(kind, split, lang), sites="resid_pre", layers=layers,
+                              positions="last",
+                              runtime=Runtime(batch_size=batch_size, progress=False)).tensor.double()
                 for lang in data.langs}
     return out
 
