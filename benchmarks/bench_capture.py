@@ -149,8 +149,9 @@ def sorted_vs_unsorted(model: interp.Model, label: str, rounds: int, batch_size:
             True: padding_fraction(batches(model, [encs[i] for i in length_order(encs)], batch_size))}
 
     def ours(sort: bool):
-        return interp.capture(model, corpus, sites=site, positions="all", batch_size=batch_size, chat=False,
-                              sort_by_length=sort, out=tmp / f"mixed_{sort}", overwrite=True, progress=False)
+        return interp.capture(model, interp.Prompts(corpus, chat=False), sites=site, positions="all",
+                              out=tmp / f"mixed_{sort}", overwrite=True,
+                              runtime=interp.Runtime(batch_size=batch_size, sort_by_length=sort, progress=False))
 
     res = interleaved({"caller's order": lambda: ours(False), "sorted by length": lambda: ours(True)}, rounds=rounds)
     diff = (interp.ActivationStore(tmp / "mixed_True").load().tensor -
@@ -189,8 +190,8 @@ def ours_vs_saelens(model: interp.Model, label: str, rounds: int, batch_size: in
             return car.CacheActivationsRunner(cfg, override_dataset=dataset).run()
 
     def ours():
-        return interp.capture(model, rows, sites=site, positions="all", batch_size=batch_size, out=tmp / "packed",
-                              overwrite=True, progress=False)
+        return interp.capture(model, rows, sites=site, positions="all", out=tmp / "packed",
+                              overwrite=True, runtime=interp.Runtime(batch_size=batch_size, progress=False))
 
     res = interleaved({"interp.capture -> ActivationStore": ours, "sae-lens CacheActivationsRunner": theirs},
                       rounds=rounds)

@@ -24,6 +24,8 @@ import time
 
 import torch
 
+from interp.values import Runtime
+
 
 def _ints(text: str) -> list[int]:
     out: list[int] = []
@@ -53,7 +55,7 @@ def _judged(m, data, cand, layers: list[int], positions: list[int], affine: bool
     if affine:  # the harmless train prompts at every layer's resid_pre, last post-instruction token [n, L, d]
         every = list(range(m.n_layers))
         ref = capture(m, data.harmless["train"].instructions, sites="resid_pre", layers=every,
-                      positions="post_instruction", progress=False).tensor[:, :, -1]
+                      positions="post_instruction", runtime=Runtime(progress=False)).tensor[:, :, -1]
         _, enc = prepare(m, harmless)
         clean = prompt_logits(m, enc)
     out = {(-1, 0): (rate(harmful), rate(harmless))}

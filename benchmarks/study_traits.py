@@ -29,6 +29,7 @@ from interp.studies.directions.traits_band import BandRule  # noqa: E402
 from interp.studies.directions.traits_data import SYCOPHANCY_PROMPTS, TRAITS, sycophancy_items  # noqa: E402
 from interp.studies.directions.traits_decompose import decompose  # noqa: E402
 from interp.studies.directions.traits_steer import level_sweep, steer_levels  # noqa: E402
+from interp.values import Prompts, Runtime  # noqa: E402
 
 SHARED = Path(os.environ.get("INTERP_SHARED", REPO.parent / "shared"))
 
@@ -151,8 +152,9 @@ def section_statements(model, rows: dict[str, list[dict]], n: int) -> list[str]:
     for t, rs in rows.items():
         pos = [r for r in rs if r["answer_matching_behavior"].strip() == "Yes"][: n // 2]
         neg = [r for r in rs if r["answer_matching_behavior"].strip() == "No"][: n // 2]
-        acts = capture(model, [r["question"] for r in pos + neg], sites="resid_post", positions="last",
-                       labels=["expresses"] * len(pos) + ["denies"] * len(neg), progress=False)
+        acts = capture(model,
+                       Prompts([r["question"] for r in pos + neg], labels=["expresses"] * len(pos) + ["denies"] * len(neg)),
+                       sites="resid_post", positions="last", runtime=Runtime(progress=False))
         sc = cross_validate(acts, positive="expresses", progress=False)
         auc = sc.auroc.mean(0)
         ref = sklearn_auroc(sc, acts, top="expresses").to(sc.auroc)

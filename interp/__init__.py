@@ -14,6 +14,7 @@ from interp.capturing import capture
 from interp.chat import format_prompts
 from interp.hooking import hooks
 from interp.models import Model, from_hf, load_model
+from interp.positions import Positions
 from interp.readout import logits, token_logprobs
 from interp.store import ActivationStore
 from interp.values import Prompts, Runtime
@@ -21,5 +22,5 @@ from interp.values import Prompts, Runtime
 __version__ = "0.1.0"
 
 __all__ = ["Activations", "ActivationStore", "capture", "format_prompts", "from_hf", "from_nnsight",
-           "from_transformer_lens", "hooks", "load_model", "logits", "Model", "Prompts", "Runtime",
+           "from_transformer_lens", "hooks", "load_model", "logits", "Model", "Positions", "Prompts", "Runtime",
            "token_logprobs"]

@@ -20,13 +20,14 @@ from interp import distributed as dist
 from interp.activations import Activations
 from interp.chat import Batch
 from interp.fingerprint import content_ids, fingerprint, run_parts
-from interp.forward import batches, encode_ids, forward, length_order, prepare
+from interp.forward import batches, encode_ids, forward, length_order
 from interp.hooking import HookContext, StopForward, site_shape
 from interp.models import Model
 from interp.nnsight_backend import NNsightModel, trace_batch
-from interp.positions import Plan, PositionSpec, check_sinks, describe, plan, sink_note
+from interp.positions import Plan, Positions, PositionSpec, describe, plan, sink_note
 from interp.sites import Site, SiteSpec, expand_sites
 from interp.store import ActivationStore
+from interp.values import Prompts, Runtime, moved_keywords
 
 
 def run_batch(model: Model, batch: Batch, sites: list[Site], rule: PositionSpec, out_dtype: torch.dtype,
@@ -132,92 +133,84 @@ def site_widths(model: Model, sites: list[Site]) -> tuple[int, dict[str, list[in
     return next(iter(widths.values())), {k: list(v) for k, v in shapes.items() if len(v) > 1}
 
 
-@overload
-def capture(model: Model, prompts: Sequence[str], sites: SiteSpec = ..., positions: PositionSpec = ...,
-            batch_size: int = ..., chat: bool = ..., responses: Sequence[str] | None = ...,
-            labels: Sequence[Any] | None = ..., prompt_ids: Sequence[str] | None = ...,
-            dtype: torch.dtype = ..., layers: Sequence[int] | None = ..., system: str | None = ...,
-            out: None = ..., overwrite: bool = ..., progress: bool = ...,
-            mean_skip_special: bool = ..., sort_by_length: bool = ..., distributed: bool | None = ...,
-            sinks: str = ...) -> Activations: ...
+MOVED = {**{k: f"runtime=interp.Runtime({k}=...)" for k in ("batch_size", "dtype", "progress", "sort_by_length",
+                                                               "distributed")},
+         **{k: f"prompts=interp.Prompts(texts, {k}=...)" for k in ("chat", "responses", "labels", "system")},
+         "prompt_ids": "prompts=interp.Prompts(texts, ids=...)",
+         "mean_skip_special": "positions=interp.Positions(rule, skip_special=...)",
+         "sinks": "positions=interp.Positions(rule, sinks=...)"}
+"""The keywords :func:`capture` took before its value types, and where each went."""
 
 
 @overload
-def capture(model: Model, prompts: Sequence[str], sites: SiteSpec = ..., positions: PositionSpec = ...,
-            batch_size: int = ..., chat: bool = ..., responses: Sequence[str] | None = ...,
-            labels: Sequence[Any] | None = ..., prompt_ids: Sequence[str] | None = ...,
-            dtype: torch.dtype = ..., layers: Sequence[int] | None = ..., system: str | None = ...,
-            *, out: str | os.PathLike, overwrite: bool = ..., progress: bool = ...,
-            mean_skip_special: bool = ..., sort_by_length: bool = ..., distributed: bool | None = ...,
-            sinks: str = ...) -> ActivationStore: ...
+def capture(model: Model, prompts: Prompts | Sequence[str], sites: SiteSpec = ...,
+            positions: Positions | PositionSpec = ..., layers: Sequence[int] | None = ..., out: None = ...,
+            overwrite: bool = ..., runtime: Runtime | None = ...) -> Activations: ...
 
 
-def capture(model: Model, prompts: Sequence[str], sites: SiteSpec = "resid_post", positions: PositionSpec = "last",
-            batch_size: int = 16, chat: bool = True, responses: Sequence[str] | None = None,
-            labels: Sequence[Any] | None = None, prompt_ids: Sequence[str] | None = None,
-            dtype: torch.dtype = torch.float32, layers: Sequence[int] | None = None, system: str | None = None,
+@overload
+def capture(model: Model, prompts: Prompts | Sequence[str], sites: SiteSpec = ...,
+            positions: Positions | PositionSpec = ..., layers: Sequence[int] | None = ..., *,
+            out: str | os.PathLike, overwrite: bool = ..., runtime: Runtime | None = ...) -> ActivationStore: ...
+
+
+@moved_keywords(MOVED)
+def capture(model: Model, prompts: Prompts | Sequence[str], sites: SiteSpec = "resid_post",
+            positions: Positions | PositionSpec = "last", layers: Sequence[int] | None = None,
             out: str | os.PathLike | None = None, overwrite: bool = False,
-            progress: bool = True, mean_skip_special: bool = True, sort_by_length: bool = False,
-            distributed: bool | None = None, sinks: str = "exclude") -> Activations | ActivationStore:
+            runtime: Runtime | None = None) -> Activations | ActivationStore:
     """Capture activations of ``prompts`` at ``sites`` and ``positions``.
 
-    ``prompts``: strings, or token ids (lists of ints or an integer tensor ``[n, T]``: every token real, no chat
-    template). ``sites``: names like ``"blocks.3.hook_resid_post"`` / ``"resid_post.3"``, or a kind (``"resid_post"``)
-    meaning every layer (or ``layers``). ``positions``: ``last``, ``post_instruction``, ``all``,
-    ``prompt_mean``, ``response_mean`` (needs ``responses``) or explicit ints. ``chat``: wrap prompts in the
-    chat template. ``prompt_ids`` default to content ids (a hash of the formatted text and response,
-    :func:`interp.fingerprint.content_ids`). ``mean_skip_special``: the mean rules leave out BOS and the
-    template's special tokens (``False`` includes them). Returns :class:`Activations` ``[n_prompts, n_sites,
-    (n_positions,) width]`` (width ``d_model``; ``n_heads * d_head`` for ``attn_z``; ``d_mlp`` for ``mlp_post``;
-    one width per call), or with ``out=PATH`` an :class:`ActivationStore` written batch by batch (resumable
-    only by the same run: model weights and dtype, sites, positions, texts, labels; refuses to overwrite).
-    ``sort_by_length``: batch the prompts longest first (little padding; faster on mixed lengths); results, ids
-    and labels stay in the caller's order (a store's shards hold the sorted rows and its manifest the order).
-    ``distributed``: split the batches round robin over the ranks of an initialised process group
-    (:mod:`interp.distributed`, e.g. under ``torchrun``): with ``out=`` (the default there) each rank writes its own
-    shards of one store and rank 0 its manifest, byte-identical to a one-process capture; in memory (``True``)
-    every rank gets all results. ``False``: this rank captures everything itself (a call made on one rank only).
-    ``sinks``: massive positions (attention sinks, :func:`interp.positions.massive`) are flagged in ``.sinks [n, S, P]``
-    and left out of means (``"exclude"``: a warning, counts in ``meta["sinks"]``) unless ``"keep"``.
+    ``prompts``: strings or an :class:`interp.Prompts` (with its responses, labels, ids, chat formatting and
+    system prompt; ids default to content ids, :func:`interp.fingerprint.content_ids`), or token ids (lists of
+    ints or an integer tensor ``[n, T]``: every token real, no chat template). ``sites``: names like
+    ``"blocks.3.hook_resid_post"`` / ``"resid_post.3"``, or a kind (``"resid_post"``) meaning every layer (or
+    ``layers``). ``positions``: a rule of :data:`interp.positions.RULES` (``response_mean`` needs responses),
+    explicit ints, or an :class:`interp.Positions` (``sinks``: massive positions, flagged in ``.sinks [n, S, P]``,
+    are left out of means unless ``"keep"``, counts in ``meta["sinks"]``; ``skip_special=False``: means include
+    BOS and template tokens). Returns :class:`Activations` ``[n_prompts, n_sites, (n_positions,) width]``
+    (``d_model``; ``n_heads * d_head`` for ``attn_z``; ``d_mlp`` for ``mlp_post``; one width per call), or with
+    ``out=PATH`` an :class:`ActivationStore` written batch by batch (resumable only by the same run: weights and
+    dtype, sites, positions, texts, labels; refuses to overwrite).
+
+    ``runtime`` (:class:`interp.Runtime`): ``batch_size``, ``dtype`` of the results, ``progress``,
+    ``sort_by_length`` (longest first, little padding; results stay in the caller's order, a store's manifest
+    holds the order) and ``distributed`` (split batches round robin over an initialised process group, e.g. under
+    torchrun: with ``out=`` (the default there) each rank writes its shards of one store, byte-identical to one
+    process; in memory (``True``) every rank gets all; ``False``: this rank captures everything itself).
     """
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    par = _parallel(distributed, out)
-    texts, encs = _encode(model, prompts, chat, responses, system)
+    run, pos = Runtime.of(runtime), Positions.of(positions)
+    par = _parallel(run.distributed, out)
+    texts, encs, given = _encode(model, prompts)
     site_list = expand_sites(sites, model.n_layers, layers)
     width, shapes = site_widths(model, site_list)
-    ids = _ids(texts, responses, labels, prompt_ids)
-    rule = _rule(positions, mean_skip_special, sinks)
-    meta = {"chat": chat, "batch_size": batch_size, "model_dtype": str(model.dtype), "family": model.spec.family,
-            "site_shapes": shapes, "model": {"n_layers": model.n_layers, "d_model": model.d_model}}
-    order = length_order(encs) if sort_by_length else None
-    all_batches = batches(model, encs if order is None else [encs[i] for i in order], batch_size)
+    labels = list(given.labels) if given.labels is not None else None
+    ids = _ids(texts, given.responses, labels, given.ids)
+    rule = pos.describe()
+    meta = {"chat": given.chat, "batch_size": run.batch_size, "model_dtype": str(model.dtype),
+            "family": model.spec.family, "site_shapes": shapes,
+            "model": {"n_layers": model.n_layers, "d_model": model.d_model}}
+    order = length_order(encs) if run.sort_by_length else None
+    all_batches = batches(model, encs if order is None else [encs[i] for i in order], run.batch_size)
     store = None
     if out is not None:
-        parts = run_parts(model, texts, [s.name for s in site_list], rule, batch_size, dtype, labels, ids,
-                          sort_by_length=sort_by_length)
+        parts = run_parts(model, texts, [s.name for s in site_list], rule, run.batch_size, run.dtype, labels, ids,
+                          sort_by_length=run.sort_by_length)
         manifest = {"kind": "interp.ActivationStore", "version": 1, "sites": [s.name for s in site_list],
                     "positions": rule, "model_id": model.name, "d_model": width, "prompt_ids": ids,
-                    "labels": list(labels) if labels is not None else None, "batch_size": batch_size,
-                    "n_shards": len(all_batches), "dtype": str(dtype), "meta": meta, "fingerprint": fingerprint(parts),
+                    "labels": labels, "batch_size": run.batch_size, "n_shards": len(all_batches),
+                    "dtype": str(run.dtype), "meta": meta, "fingerprint": fingerprint(parts),
                     "fingerprint_parts": parts, **({} if order is None else {"order": order})}
         store = _open_store(out, manifest, overwrite, par)
 
-    acts_or_store = capture_batches(model, all_batches, site_list, positions, dtype=dtype, store=store,
-                                    progress=progress, desc=f"capture {model.name}", skip_special=mean_skip_special,
-                                    parallel=par, sinks=sinks)
+    acts_or_store = capture_batches(model, all_batches, site_list, pos.rule, dtype=run.dtype, store=store,
+                                    progress=run.progress, desc=f"capture {model.name}",
+                                    skip_special=pos.skip_special, parallel=par, sinks=pos.sinks)
     if store is not None:
         return store
-    tensor, mask, flags = _in_order(acts_or_store, order, meta, [x.name for x in site_list], sinks, "mean" in rule)
+    tensor, mask, flags = _in_order(acts_or_store, order, meta, [x.name for x in site_list], pos.sinks, pos.mean)
     return Activations(tensor=tensor, sites=[s.name for s in site_list], positions=rule, model_id=model.name,
-                       prompt_ids=ids, labels=list(labels) if labels is not None else None, mask=mask, meta=meta,
-                       sinks=flags)
-
-
-def _rule(positions: PositionSpec, skip_special: bool, sinks: str) -> str:
-    """The position rule as recorded (``+special`` / ``+sinks``: a mean that keeps those tokens)."""
-    rule = describe(positions) + ("" if skip_special or "mean" not in describe(positions) else "+special")
-    return rule + ("+sinks" if check_sinks(sinks) == "keep" and "mean" in rule else "")
+                       prompt_ids=ids, labels=labels, mask=mask, meta=meta, sinks=flags)
 
 
 def _in_order(got: tuple, order: list[int] | None, meta: dict[str, Any], names: list[str], sinks: str, mean: bool
@@ -230,17 +223,17 @@ def _in_order(got: tuple, order: list[int] | None, meta: dict[str, Any], names: 
     return tensor, mask, flags if flags is not None and flags.dtype == torch.bool else None
 
 
-def _encode(model: Model, prompts: Any, chat: bool, responses: Sequence[str] | None, system: str | None
-            ) -> tuple[list[str], list[Any]]:
-    """Strings through :func:`~interp.forward.prepare`; token ids (lists or an integer tensor ``[n, T]``, every
-    token real, e.g. pretokenised SAE data) as they are, each described by its ids for content ids and fingerprint."""
+def _encode(model: Model, prompts: Any) -> tuple[list[str], list[Any], Prompts]:
+    """Strings or :class:`Prompts` through :meth:`Prompts.encode`; token ids (lists or an integer tensor
+    ``[n, T]``, every token real, e.g. pretokenised SAE data) as they are, each described by its ids for content
+    ids and fingerprint. Returns ``(texts, encodings, the prompts' options)``."""
     items = prompts.tolist() if isinstance(prompts, torch.Tensor) else prompts
-    if isinstance(items, str) or not items or all(isinstance(p, str) for p in items):
-        return prepare(model, prompts, chat=chat, responses=responses, system=system)
-    if responses is not None:
-        raise ValueError("responses= needs prompts given as strings, not token ids")
+    if isinstance(items, Prompts) or isinstance(items, str) or not items or all(isinstance(p, str) for p in items):
+        given = Prompts.of(prompts)
+        texts, encs = given.encode(model)
+        return texts, encs, given
     encs = encode_ids(items)
-    return [json.dumps(e.ids) for e in encs], encs
+    return [json.dumps(e.ids) for e in encs], encs, Prompts((), chat=False)  # no template on token ids
 
 
 def _ids(texts: list[str], responses: Sequence[str] | None, labels: Sequence[Any] | None,

@@ -102,6 +102,47 @@ class Plan:
         return self.mask.shape[1]
 
 
+@dataclass(frozen=True)
+class Positions:
+    """Which positions a capture keeps and how its means are taken: ``rule`` (one of :data:`RULES`, an int or a
+    list of ints, see :func:`plan`), ``sinks`` (``"exclude"``: means leave out massive positions; ``"keep"``) and
+    ``skip_special`` (means leave out BOS and template tokens; ``False`` includes them). ``positions=`` takes this
+    or a plain rule (these defaults, :meth:`of`)."""
+
+    rule: PositionSpec = "last"
+    sinks: str = "exclude"
+    skip_special: bool = True
+
+    def __post_init__(self) -> None:
+        rule = self.rule
+        if isinstance(rule, str):
+            if rule not in RULES:
+                raise ValueError(f"unknown position rule {rule!r}; use one of {RULES} or explicit int positions")
+        elif isinstance(rule, bool) or not (isinstance(rule, int) or (isinstance(rule, Sequence) and all(
+                isinstance(i, int) and not isinstance(i, bool) for i in rule))):
+            raise TypeError(f"positions must be one of {RULES}, an int or a list of ints, got {rule!r}")
+        elif not isinstance(rule, int):
+            object.__setattr__(self, "rule", tuple(rule))
+        check_sinks(self.sinks)
+        if not isinstance(self.skip_special, bool):
+            raise TypeError(f"skip_special must be True or False, got {self.skip_special!r}")
+
+    @classmethod
+    def of(cls, positions: Positions | PositionSpec) -> Positions:
+        """``positions`` as :class:`Positions` (a plain rule gets the defaults)."""
+        return positions if isinstance(positions, Positions) else cls(positions)
+
+    @property
+    def mean(self) -> bool:
+        return isinstance(self.rule, str) and "mean" in self.rule
+
+    def describe(self) -> str:
+        """The rule as recorded in metadata and fingerprints (``+special`` / ``+sinks``: a mean keeping those)."""
+        text = describe(self.rule)
+        return text + ("+special" if self.mean and not self.skip_special else "") + (
+            "+sinks" if self.mean and self.sinks == "keep" else "")
+
+
 def describe(rule: PositionSpec) -> str:
     """A rule as text (for metadata and fingerprints)."""
     return rule if isinstance(rule, str) else f"positions{list(rule) if not isinstance(rule, int) else [rule]}"
@@ -139,8 +180,8 @@ def sink_note(sites: list[str], tally: torch.Tensor | None, sinks: str, mean: bo
             hit = [k for k, v in counts.items() if v]
             warnings.warn(f"left {sum(counts.values())} massive-activation positions (attention sinks: norm > "
                           f"{SINK_RATIO:g}x the prompt's median) out of the means at {len(hit)} of {len(sites)} sites "
-                          f"({hit[0]}{' ...' if len(hit) > 1 else ''}); meta['sinks'] has the counts, sinks='keep' "
-                          f"includes them", UserWarning, stacklevel=4)
+                          f"({hit[0]}{' ...' if len(hit) > 1 else ''}); meta['sinks'] has the counts, "
+                          f"interp.Positions(rule, sinks='keep') includes them", UserWarning, stacklevel=5)
     return note
 
 
@@ -192,7 +233,8 @@ def _plan(rule: PositionSpec, batch: Batch, skip_special: bool) -> Plan:
         counts = sel.sum(1, keepdim=True)
         if (counts == 0).any():
             what = "responses" if rule == "response_mean" else "prompt tokens"
-            raise ValueError(f"positions={rule!r} but some items have no {what}; pass responses= to capture")
+            raise ValueError(f"positions={rule!r} but some items have no {what}; give them responses: "
+                             f"capture(model, interp.Prompts(texts, responses=...), ...)")
         return Plan(weights=sel.float() / counts)
     raise ValueError(f"unknown position rule {rule!r}; use one of {RULES} or explicit int positions")
 

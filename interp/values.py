@@ -14,7 +14,8 @@ A plain list of strings is accepted wherever :class:`Prompts` is (``Prompts.of``
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -107,6 +108,20 @@ class Runtime:
         base = runtime if runtime is not None else cls()
         given = {k: v for k, v in options.items() if v is not None}
         return replace(base, **given) if given else base
+
+
+def moved_keywords(moved: dict[str, str]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A decorator: a call with a keyword of ``moved`` (old keyword -> where it went, e.g. ``"runtime=
+    interp.Runtime(batch_size=...)"``) fails with a TypeError naming the replacement, not Python's bare one."""
+    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            old = [k for k in kwargs if k in moved]
+            if old:
+                raise TypeError(f"{fn.__name__}(): " + "; ".join(f"{k}= moved into {moved[k]}" for k in old))
+            return fn(*args, **kwargs)
+        return call
+    return wrap
 
 
 __all__ = ["Prompts", "Runtime"]

@@ -4,7 +4,7 @@ Every public function takes :class:`~interp.activations.Activations` (labels fro
 tensor ``X [n, n_layers, d]`` with labels ``y [n]``. Fitted objects record which samples they were fitted on.
 ``probes`` never imports ``steering``. Metrics (``auroc``, ``accuracy``, ``cohens_d``) live in ``evals``.
 
-    acts = interp.capture(model, prompts, sites="resid_post", labels=is_harmful)
+    acts = interp.capture(model, interp.Prompts(prompts, labels=is_harmful), sites="resid_post")
     scores = probes.cross_validate(acts, groups=template_ids)        # held-out acc / AUROC / d per layer
     scores.summary(); scores.by_site(); scores.plot()
     scores.layer_choice()                                           # best layer, the tied layers, the tie rule

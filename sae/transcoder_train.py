@@ -22,6 +22,7 @@ from interp.capturing import capture
 from interp.forward import Inputs
 from interp.positions import without_first
 from interp.sites import Site
+from interp.values import Prompts, Runtime
 from sae.train_config import TrainConfig, TrainResult
 from sae.trainer import Trainer, train_sae
 from sae.transcoder import Transcoder, TranscoderConfig
@@ -66,8 +67,9 @@ def capture_pairs(model: Any, inputs: Inputs, layers: int | Sequence[int] | None
     (or with ``out=PATH`` an :class:`~interp.store.ActivationStore`) with sites ``mlp_in.L``, ``mlp_module_out.L``.
     ``inputs``: prompts (``chat`` applies the chat template) or token ids ``[n, T]``."""
     sites = [s for layer in check_layers(model, layers) for s in pair_sites(layer)]
-    return capture(model, inputs, sites=sites, positions="all", batch_size=batch_size, chat=chat, out=out,
-                   progress=progress)
+    texts = not isinstance(inputs, torch.Tensor) and all(isinstance(p, str) for p in inputs)
+    return capture(model, Prompts.of(inputs, chat=chat) if texts else inputs, sites=sites, positions="all", out=out,
+                   runtime=Runtime(batch_size=batch_size, progress=progress))
 
 
 def _width(data: Any) -> int:

@@ -24,6 +24,7 @@ from interp.capturing import capture
 from interp.forward import prepare
 from interp.io import content_hash
 from interp.models import Model
+from interp.values import Prompts, Runtime
 from steering._args import Layers, resolve_kinds, resolve_layers
 
 if TYPE_CHECKING:
@@ -134,8 +135,8 @@ def residual_norms(model: Model, prompts: Sequence[str], layers: Layers = "all",
     total_sq, peak, count = torch.zeros_like(total), torch.zeros_like(total), 0
     for start in tqdm(range(0, len(prompts), batch_size), desc="residual norms", disable=not progress, leave=False):
         chunk = prompts[start:start + batch_size]
-        acts = capture(model, chunk, sites=kinds[0], layers=layer_list, positions=positions, batch_size=batch_size,
-                       chat=chat, system=system, progress=False)
+        acts = capture(model, Prompts(chunk, chat=chat, system=system), sites=kinds[0], layers=layer_list,
+                       positions=positions, runtime=Runtime(batch_size=batch_size, progress=False))
         norms = acts.tensor.double().norm(dim=-1)  # [n, L, P] or [n, L]
         if norms.dim() == 3:
             mask = acts.mask if acts.mask is not None else torch.ones(norms.shape[0], norms.shape[2], dtype=torch.bool)

@@ -14,6 +14,7 @@ from interp.capturing import capture
 from interp.chat import format_prompts
 from interp.testing.oracles import transformer_lens_model
 from interp.testing.tiny import tiny_model
+from interp.values import Prompts, Runtime
 
 PROMPTS = ["the man said to the boy", "help", "what is the good word", "where is the old house by the water now ?"]
 SITES = ["resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out"]
@@ -35,9 +36,9 @@ def tl_pair(request):
 def test_tl_capture_equals_run_with_cache_and_hf(tl_pair):
     """Mixed-length padded batch through the adapter == TL's own cache per prompt == our HF capture."""
     m, tl, a = tl_pair
-    acts = capture(a, PROMPTS, sites=SITES + ["ln_final"], positions="all", progress=False)
-    ours = capture(m, PROMPTS, sites=SITES + ["ln_final"], positions="all", progress=False)
-    neurons = capture(a, PROMPTS, sites="mlp_post", positions="all", progress=False)
+    acts = capture(a, PROMPTS, sites=SITES + ["ln_final"], positions="all", runtime=Runtime(progress=False))
+    ours = capture(m, PROMPTS, sites=SITES + ["ln_final"], positions="all", runtime=Runtime(progress=False))
+    neurons = capture(a, PROMPTS, sites="mlp_post", positions="all", runtime=Runtime(progress=False))
     for i, p in enumerate(PROMPTS):
         ids = _ids(m, p)
         T = ids.shape[1]
@@ -48,7 +49,8 @@ def test_tl_capture_equals_run_with_cache_and_hf(tl_pair):
             torch.testing.assert_close(got, cache[s][0], atol=1e-5, rtol=0)
     for s in ours.sites:
         torch.testing.assert_close(acts.site(s), ours.site(s), atol=1e-5, rtol=0)
-    out_tl, out_hf = (capture(x, PROMPTS, sites="ln_final_out", positions="all", progress=False) for x in (a, m))
+    out_tl, out_hf = (capture(x, PROMPTS, sites="ln_final_out", positions="all",
+                              runtime=Runtime(progress=False)) for x in (a, m))
     torch.testing.assert_close(out_tl.tensor, out_hf.tensor, atol=1e-5, rtol=0)  # after the gain, both routes
 
 
@@ -71,8 +73,10 @@ def test_tl_steering_changes_tl_output_as_on_hf(tl_pair):
 def test_tl_probe_fit_equals_hf(tl_pair):
     m, _, a = tl_pair
     labels = [1, 0, 1, 0]
-    d_tl = probes.diff_of_means(capture(a, PROMPTS, sites="resid_post", labels=labels, progress=False))
-    d_hf = probes.diff_of_means(capture(m, PROMPTS, sites="resid_post", labels=labels, progress=False))
+    d_tl = probes.diff_of_means(capture(a, Prompts(PROMPTS, labels=labels), sites="resid_post",
+                                        runtime=Runtime(progress=False)))
+    d_hf = probes.diff_of_means(capture(m, Prompts(PROMPTS, labels=labels), sites="resid_post",
+                                        runtime=Runtime(progress=False)))
     assert d_tl.sites == d_hf.sites
     torch.testing.assert_close(d_tl.raw, d_hf.raw, atol=1e-5, rtol=0)
 
@@ -81,7 +85,7 @@ def test_tl_limits_are_clear_errors(tl_pair):
     m, tl, a = tl_pair
     assert not any(s.endswith("hook_z") for s in a.site_names())
     with pytest.raises(ValueError, match="attn_z through the TransformerLens adapter"):
-        capture(a, PROMPTS[:1], sites="attn_z.0", progress=False)
+        capture(a, PROMPTS[:1], sites="attn_z.0", runtime=Runtime(progress=False))
     with pytest.raises(NotImplementedError, match="own `generate` inside"):
         steering.generate(a, PROMPTS[:1], max_new_tokens=2, runtime=interp.Runtime(progress=False))
     with pytest.raises(TypeError, match="HookedTransformer"):
@@ -95,8 +99,10 @@ def test_nnsight_capture_and_steering_inside_trace():
     lm = NNsight(m.hf)
     a = from_nnsight(lm, tokenizer=m.tokenizer)
     assert a.hf is m.hf
-    for s_a, s_m in zip(capture(a, PROMPTS, sites=SITES, positions="all", progress=False).tensor,
-                        capture(m, PROMPTS, sites=SITES, positions="all", progress=False).tensor):
+    for s_a, s_m in zip(capture(a, PROMPTS, sites=SITES, positions="all",
+                                runtime=Runtime(progress=False)).tensor,
+                        capture(m, PROMPTS, sites=SITES, positions="all",
+                                runtime=Runtime(progress=False)).tensor):
         torch.testing.assert_close(s_a, s_m, atol=0, rtol=0)
     ids = _ids(m, PROMPTS[0])
     v = torch.randn(m.d_model, generator=torch.Generator().manual_seed(1))

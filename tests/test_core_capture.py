@@ -7,7 +7,9 @@ import torch
 
 from interp.capturing import capture
 from interp.chat import format_prompts
+from interp.positions import Positions
 from interp.testing.tiny import FAMILIES
+from interp.values import Prompts, Runtime
 
 PROMPTS = ["the man said to the boy", "what is the good word", "help", "where is the old house by the water now ?"]
 
@@ -25,7 +27,8 @@ def test_residual_stream_equals_hf_hidden_states(tiny_models, family):
     """resid_pre[l] == hidden_states[l]; ln_final_out == hidden_states[L] (HF applies the final norm there)."""
     m = tiny_models(family)
     L = m.n_layers
-    acts = capture(m, PROMPTS, sites=["resid_pre", "resid_post", "ln_final_out"], positions="all", progress=False)
+    acts = capture(m, PROMPTS, sites=["resid_pre", "resid_post", "ln_final_out"], positions="all",
+                   runtime=Runtime(progress=False))
     for i, p in enumerate(PROMPTS):
         ids, out = _alone(m, p)
         T = ids.shape[1]
@@ -43,7 +46,7 @@ def test_residual_stream_equals_hf_hidden_states(tiny_models, family):
 def test_sublayer_outputs_sum_to_residual(tiny_models, family):
     m = tiny_models(family)
     sites = ["resid_pre", "attn_out", "mlp_out", "resid_post"] + ([] if m.spec.parallel_residual else ["resid_mid"])
-    d = capture(m, PROMPTS, sites=sites, positions="all", progress=False)
+    d = capture(m, PROMPTS, sites=sites, positions="all", runtime=Runtime(progress=False))
     for layer in range(m.n_layers):
         total = d.site(f"resid_pre.{layer}") + d.site(f"attn_out.{layer}") + d.site(f"mlp_out.{layer}")
         torch.testing.assert_close(total, d.site(f"resid_post.{layer}"), atol=1e-5, rtol=0)
@@ -56,12 +59,14 @@ def test_sublayer_outputs_sum_to_residual(tiny_models, family):
 def test_padded_batch_equals_alone(tiny_models, family):
     """A prompt's activations are the same alone and inside a left-padded batch (GPT-2 positions included)."""
     m = tiny_models(family)
-    batch = capture(m, PROMPTS, sites="resid_post", positions="all", batch_size=4, progress=False)
+    batch = capture(m, PROMPTS, sites="resid_post", positions="all",
+                    runtime=Runtime(batch_size=4, progress=False))
     for i, p in enumerate(PROMPTS):
-        alone = capture(m, [p], sites="resid_post", positions="all", progress=False)
+        alone = capture(m, [p], sites="resid_post", positions="all", runtime=Runtime(progress=False))
         T = int(alone.mask.sum())
         torch.testing.assert_close(batch.tensor[i, :, -T:], alone.tensor[0, :, -T:], atol=1e-5, rtol=0)
-        last_b = capture(m, PROMPTS, sites="resid_post", positions="last", progress=False).tensor[i]
+        last_b = capture(m, PROMPTS, sites="resid_post", positions="last",
+                         runtime=Runtime(progress=False)).tensor[i]
         torch.testing.assert_close(last_b, alone.tensor[0, :, -1], atol=1e-5, rtol=0)
 
 
@@ -69,8 +74,8 @@ def test_gpt2_positions_are_not_shifted_by_padding(tiny_models):
     """Without position_ids from the mask, GPT-2 would give a padded prompt different absolute positions."""
     m = tiny_models("gpt2")
     short, long_ = "help", "where is the old house by the water now ?"
-    both = capture(m, [short, long_], sites="resid_post.1", positions="last", progress=False)
-    alone = capture(m, [short], sites="resid_post.1", positions="last", progress=False)
+    both = capture(m, [short, long_], sites="resid_post.1", positions="last", runtime=Runtime(progress=False))
+    alone = capture(m, [short], sites="resid_post.1", positions="last", runtime=Runtime(progress=False))
     torch.testing.assert_close(both.tensor[0], alone.tensor[0], atol=1e-5, rtol=0)
     # and the check has teeth: feeding the padded batch with default positions differs
     text = format_prompts(m, [short, long_])
@@ -87,7 +92,7 @@ def test_matches_transformer_lens_run_with_cache(tiny_models, family):
     m = tiny_models(family)
     tl = transformer_lens_model(m)
     sites = ["resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out"]
-    acts = capture(m, PROMPTS[:2], sites=sites, positions="all", progress=False)
+    acts = capture(m, PROMPTS[:2], sites=sites, positions="all", runtime=Runtime(progress=False))
     for i, p in enumerate(PROMPTS[:2]):
         ids, out = _alone(m, p)
         T = ids.shape[1]
@@ -109,7 +114,8 @@ def test_matches_nnsight_trace(family):
     blocks = nn_model
     for part in m.spec.layers.split("."):
         blocks = getattr(blocks, part)
-    acts = capture(m, PROMPTS[:1], sites=["resid_post", "mlp_out"], positions="all", progress=False)
+    acts = capture(m, PROMPTS[:1], sites=["resid_post", "mlp_out"], positions="all",
+                   runtime=Runtime(progress=False))
     ids, _ = _alone(m, PROMPTS[0])
     saved: list = []
     mlps: list = []
@@ -127,20 +133,21 @@ def test_matches_nnsight_trace(family):
 
 def test_position_rules(tiny_models):
     m = tiny_models("llama")
-    allp = capture(m, PROMPTS, sites="resid_post.1", positions="all", progress=False)
-    last = capture(m, PROMPTS, sites="resid_post.1", positions="last", progress=False)
+    allp = capture(m, PROMPTS, sites="resid_post.1", positions="all", runtime=Runtime(progress=False))
+    last = capture(m, PROMPTS, sites="resid_post.1", positions="last", runtime=Runtime(progress=False))
     torch.testing.assert_close(last.tensor, allp.tensor[:, :, -1])
-    mean = capture(m, PROMPTS, sites="resid_post.1", positions="prompt_mean", mean_skip_special=False,
-                   progress=False)  # every token, special ones included (by default the means skip them)
+    mean = capture(m, PROMPTS, sites="resid_post.1", positions=Positions("prompt_mean", skip_special=False),
+                   runtime=Runtime(progress=False))  # every token, special ones included (by default the means skip them)
     manual = (allp.tensor * allp.mask[:, None, :, None]).sum(2) / allp.mask.sum(1)[:, None, None]
     torch.testing.assert_close(mean.tensor, manual, atol=1e-6, rtol=0)
     # the tiny chat template puts " <|end|><|assistant|>" after the instruction: two post-instruction tokens
-    post = capture(m, PROMPTS, sites="resid_post.1", positions="post_instruction", progress=False)
+    post = capture(m, PROMPTS, sites="resid_post.1", positions="post_instruction",
+                   runtime=Runtime(progress=False))
     assert post.tensor.shape[2] == 2 and post.mask.all()
     torch.testing.assert_close(post.tensor, allp.tensor[:, :, -2:])
-    explicit = capture(m, PROMPTS, sites="resid_post.1", positions=[-2, -1], progress=False)
+    explicit = capture(m, PROMPTS, sites="resid_post.1", positions=[-2, -1], runtime=Runtime(progress=False))
     torch.testing.assert_close(explicit.tensor, post.tensor)
-    first = capture(m, PROMPTS, sites="resid_post.1", positions=0, progress=False)
+    first = capture(m, PROMPTS, sites="resid_post.1", positions=0, runtime=Runtime(progress=False))
     for i in range(len(PROMPTS)):
         start = int((~allp.mask[i]).sum())
         torch.testing.assert_close(first.tensor[i], allp.tensor[i, :, start])
@@ -149,18 +156,21 @@ def test_position_rules(tiny_models):
 def test_response_mean(tiny_models):
     m = tiny_models("llama")
     prompts, responses = ["help me", "what is the word"], [" the old house", " water"]
-    r = capture(m, prompts, responses=responses, sites="resid_post.0", positions="response_mean", progress=False)
-    full = capture(m, prompts, responses=responses, sites="resid_post.0", positions="all", progress=False)
+    r = capture(m, Prompts(prompts, responses=responses), sites="resid_post.0", positions="response_mean",
+                runtime=Runtime(progress=False))
+    full = capture(m, Prompts(prompts, responses=responses), sites="resid_post.0", positions="all",
+                   runtime=Runtime(progress=False))
     n_resp = [3, 1]
     for i, k in enumerate(n_resp):
         torch.testing.assert_close(r.tensor[i, 0], full.tensor[i, 0, -k:].mean(0), atol=1e-6, rtol=0)
     with pytest.raises(ValueError, match="responses"):
-        capture(m, prompts, sites="resid_post.0", positions="response_mean", progress=False)
+        capture(m, prompts, sites="resid_post.0", positions="response_mean", runtime=Runtime(progress=False))
 
 
 def test_dtype_control_and_labels(tiny_models):
     m = tiny_models("qwen2")
-    acts = capture(m, PROMPTS, sites="resid_post", dtype=torch.bfloat16, labels=[1, 0, 1, 0], progress=False)
+    acts = capture(m, Prompts(PROMPTS, labels=[1, 0, 1, 0]), sites="resid_post",
+                   runtime=Runtime(dtype=torch.bfloat16, progress=False))
     assert acts.tensor.dtype == torch.bfloat16 and acts.labels == [1, 0, 1, 0]
     assert acts.sites == ["blocks.0.hook_resid_post", "blocks.1.hook_resid_post"]
     assert acts[[0, 2]].labels == [1, 1]

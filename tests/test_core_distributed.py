@@ -40,13 +40,14 @@ def test_helpers_are_the_identity_without_a_process_group(monkeypatch):
 def test_capture_refuses_to_split_without_a_process_group(tiny_models, tmp_path, monkeypatch):
     m = tiny_models("llama")
     with pytest.raises(ValueError, match="init_from_env"):
-        interp.capture(m, ["the a"], distributed=True, progress=False)
+        interp.capture(m, ["the a"], runtime=interp.Runtime(distributed=True, progress=False))
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(ValueError, match="every process would write the whole store.*init_from_env"):
-        interp.capture(m, ["the a"], out=tmp_path / "s", progress=False)
+        interp.capture(m, ["the a"], out=tmp_path / "s", runtime=interp.Runtime(progress=False))
     assert not (tmp_path / "s").exists()
-    st = interp.capture(m, ["the a"], out=tmp_path / "s", progress=False, distributed=False)  # one rank's own call
+    st = interp.capture(m, ["the a"], out=tmp_path / "s",
+                        runtime=interp.Runtime(progress=False, distributed=False))  # one rank's own call
     assert st.complete and st.manifest["process"]["world_size"] == 1
 
 
@@ -58,8 +59,8 @@ def test_cli_refuses_commands_that_are_not_data_parallel_under_a_launcher(monkey
 
 
 def test_finish_refuses_a_store_with_missing_shards(tiny_models, tmp_path):
-    st = interp.capture(tiny_models("llama"), mixed_prompts(4), batch_size=2, chat=False, out=tmp_path / "s",
-                        progress=False)
+    st = interp.capture(tiny_models("llama"), interp.Prompts(mixed_prompts(4), chat=False),
+                        out=tmp_path / "s", runtime=interp.Runtime(batch_size=2, progress=False))
     (tmp_path / "s" / shard_name(1)).unlink()
     with pytest.raises(RuntimeError, match=r"lacks shards \[1\].*rerun the capture"):
         st.finish()
@@ -68,8 +69,10 @@ def test_finish_refuses_a_store_with_missing_shards(tiny_models, tmp_path):
 def test_torchrun_capture_equals_one_process_byte_for_byte_and_resumes_per_rank(tiny_folder, tmp_path):
     prompts = mixed_prompts(11, seed=3)
     (tmp_path / "p.txt").write_text("\n".join(prompts))
-    args = dict(sites="resid_post", positions="all", batch_size=3, chat=False, sort_by_length=True, progress=False)
-    one = interp.capture(load_model(str(tiny_folder)), prompts, out=tmp_path / "one", **args)
+    args = dict(sites="resid_post", positions="all",
+                runtime=interp.Runtime(batch_size=3, sort_by_length=True, progress=False))
+    one = interp.capture(load_model(str(tiny_folder)), interp.Prompts(prompts, chat=False),
+                         out=tmp_path / "one", **args)
     assert one.n_shards == 4  # rank 0 owns shards 0 and 2, rank 1 shards 1 and 3
     # a run of two processes that stopped after rank 1 wrote shard 1 and rank 0 shard 2 (shards 0 and 3 missing)
     two = tmp_path / "two"

@@ -14,6 +14,7 @@ import torch
 from interp.forward import batch_of, batches, encode_ids, pad_id, prepare
 from interp.hooking import count_hooks, module_hooks
 from interp.positions import columns, plan
+from interp.values import Runtime
 
 REPO = Path(__file__).resolve().parents[1]
 PROMPTS = ["hi", "tell me a long story about a dragon and a knight", "what is two plus two", "ok then"]
@@ -64,8 +65,9 @@ def test_capture_steering_and_patching_select_the_same_positions(tiny_models):
     want[torch.arange(len(PROMPTS))[:, None], cap_cols] = True
     assert torch.equal(steer_mask, want)
     # and capture keeps exactly those columns' activations
-    acts = capture(m, PROMPTS, sites="resid_post.0", positions=POSITIONS, progress=False)
-    full = capture(m, PROMPTS, sites="resid_post.0", positions="all", progress=False, batch_size=len(PROMPTS))
+    acts = capture(m, PROMPTS, sites="resid_post.0", positions=POSITIONS, runtime=Runtime(progress=False))
+    full = capture(m, PROMPTS, sites="resid_post.0", positions="all",
+                   runtime=Runtime(progress=False, batch_size=len(PROMPTS)))
     torch.testing.assert_close(acts.tensor[:, 0], full.tensor[torch.arange(len(PROMPTS))[:, None], 0, cap_cols])
     # one rule, one message: each of the three reports an out-of-range position the same way
     rule = "positions count from the first real token (>= 0) or from the end (< 0)"

@@ -16,6 +16,7 @@ from interp.activations import Activations
 from interp.capturing import capture
 from interp.hooking import count_hooks, hooks
 from interp.store import ActivationStore
+from interp.values import Prompts, Runtime
 
 PROMPTS = ["the man said to the boy", "what is the good word", "help", "where is the old house by the water now ?",
            "tell me a kind word", "the water is low", "why do they play", "give me the name"]
@@ -68,7 +69,7 @@ def test_hooks_removed_when_user_code_raises(tiny_models):
             _logits(m)
     assert count_hooks(m.hf) == n0
     with pytest.raises(ValueError, match="out of range"):
-        capture(m, PROMPTS, sites=["resid_post.0", "resid_post.9"], progress=False)
+        capture(m, PROMPTS, sites=["resid_post.0", "resid_post.9"], runtime=Runtime(progress=False))
     assert count_hooks(m.hf) == n0
 
 
@@ -97,8 +98,9 @@ def _digest(folder: Path) -> dict[str, str]:
 
 def test_store_resumes_byte_identical(tiny_models, tmp_path):
     m = tiny_models("llama")
-    kw = dict(sites=["resid_pre", "resid_post"], positions="all", batch_size=2, progress=False, labels=list(range(8)))
-    full = capture(m, PROMPTS, out=tmp_path / "full", **kw)
+    kw = dict(sites=["resid_pre", "resid_post"], positions="all", runtime=Runtime(batch_size=2, progress=False))
+    given = Prompts(PROMPTS, labels=list(range(8)))
+    full = capture(m, given, out=tmp_path / "full", **kw)
     seen = []
 
     def interrupt_third_batch(x, ctx):  # the user pressing Ctrl-C while batch 2 runs
@@ -107,13 +109,13 @@ def test_store_resumes_byte_identical(tiny_models, tmp_path):
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt), hooks(m, {"resid_pre.0": interrupt_third_batch}):
-        capture(m, PROMPTS, out=tmp_path / "part", **kw)
+        capture(m, given, out=tmp_path / "part", **kw)
     part = ActivationStore(tmp_path / "part")
     assert not part.complete and part.has_shard(1) and not part.has_shard(2)
-    resumed = capture(m, PROMPTS, out=tmp_path / "part", **kw)
+    resumed = capture(m, given, out=tmp_path / "part", **kw)
     assert resumed.complete and full.complete
     assert _digest(tmp_path / "full") == _digest(tmp_path / "part")
-    mem = capture(m, PROMPTS, **kw)
+    mem = capture(m, given, **kw)
     loaded = resumed.load()
     torch.testing.assert_close(loaded.tensor, mem.tensor)
     assert torch.equal(loaded.mask, mem.mask) and loaded.labels == list(range(8))
@@ -124,25 +126,25 @@ def test_store_resumes_byte_identical(tiny_models, tmp_path):
 
 def test_store_refuses_to_overwrite(tiny_models, tmp_path):
     m = tiny_models("llama")
-    capture(m, PROMPTS[:2], out=tmp_path / "s", progress=False)
+    capture(m, PROMPTS[:2], out=tmp_path / "s", runtime=Runtime(progress=False))
     with pytest.raises(FileExistsError, match="overwrite=True"):
-        capture(m, PROMPTS[:2], out=tmp_path / "s", progress=False)
+        capture(m, PROMPTS[:2], out=tmp_path / "s", runtime=Runtime(progress=False))
     with pytest.raises(FileExistsError, match="overwrite=True"):
-        capture(m, PROMPTS[:3], out=tmp_path / "s", progress=False)  # another run
-    capture(m, PROMPTS[:3], out=tmp_path / "s", progress=False, overwrite=True)
+        capture(m, PROMPTS[:3], out=tmp_path / "s", runtime=Runtime(progress=False))  # another run
+    capture(m, PROMPTS[:3], out=tmp_path / "s", overwrite=True, runtime=Runtime(progress=False))
     assert ActivationStore(tmp_path / "s").n_prompts == 3
     user = tmp_path / "mine"
     user.mkdir()
     (user / "notes.txt").write_text("precious")
     with pytest.raises(FileExistsError, match="not part of an activation store"):
-        capture(m, PROMPTS[:2], out=user, progress=False, overwrite=True)
+        capture(m, PROMPTS[:2], out=user, overwrite=True, runtime=Runtime(progress=False))
     assert (user / "notes.txt").read_text() == "precious"
 
 
 def test_activations_save_load_roundtrip(tiny_models, tmp_path):
     m = tiny_models("gpt2")
-    acts = capture(m, PROMPTS[:3], sites="resid_post", positions="post_instruction", labels=["a", "b", "a"],
-                   progress=False)
+    acts = capture(m, Prompts(PROMPTS[:3], labels=["a", "b", "a"]), sites="resid_post",
+                   positions="post_instruction", runtime=Runtime(progress=False))
     acts.save(tmp_path / "a")
     back = Activations.load(tmp_path / "a")
     assert torch.equal(back.tensor, acts.tensor) and torch.equal(back.mask, acts.mask)
@@ -158,13 +160,14 @@ BOUNDED = textwrap.dedent("""
     from interp.testing.tiny import tiny_model
     from interp.capturing import capture
     from interp.store import ActivationStore
+    from interp.values import Runtime
     torch.set_num_threads(1)
     m = tiny_model("llama", d_model=128, n_layers=4)
     words = "the man said to the boy what is the good word where is the old house by the water".split()
     prompts = [" ".join(words[(i + j) % len(words)] for j in range(40)) for i in range(1200)]
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    store = capture(m, prompts, sites=["resid_pre", "resid_mid", "resid_post"], positions="all", batch_size=16,
-                    out=sys.argv[1], progress=False)
+    store = capture(m, prompts, sites=["resid_pre", "resid_mid", "resid_post"], positions="all",
+                    out=sys.argv[1], runtime=Runtime(batch_size=16, progress=False))
     after_write = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     total = 0.0
     for shard in ActivationStore(sys.argv[1]).iter_shards():

@@ -76,32 +76,33 @@ def test_register_spec_refuses_to_replace_a_spec_silently():
 def test_bad_sites_and_prompts(tiny_models):
     m = tiny_models("llama")
     with pytest.raises(ValueError, match="unknown site"):
-        capture(m, PROMPTS, sites="resid_sideways.0", progress=False)
+        capture(m, PROMPTS, sites="resid_sideways.0", runtime=interp.Runtime(progress=False))
     with pytest.raises(ValueError, match=r"layer 7 is out of range; this model has layers 0..1"):
-        capture(m, PROMPTS, sites="blocks.7.hook_resid_post", progress=False)
+        capture(m, PROMPTS, sites="blocks.7.hook_resid_post", runtime=interp.Runtime(progress=False))
     with pytest.raises(ValueError, match="prompt list is empty"):
-        capture(m, [], progress=False)
+        capture(m, [], runtime=interp.Runtime(progress=False))
     with pytest.raises(ValueError, match="prompt 1 is empty"):
-        capture(m, ["fine", "   "], progress=False)
+        capture(m, ["fine", "   "], runtime=interp.Runtime(progress=False))
     with pytest.raises(TypeError, match="not a single string"):
-        capture(m, "one prompt", progress=False)
+        capture(m, "one prompt", runtime=interp.Runtime(progress=False))
     with pytest.raises(ValueError, match="context is 128 tokens"):
-        capture(m, ["the " * 200], progress=False)
+        capture(m, ["the " * 200], runtime=interp.Runtime(progress=False))
     with pytest.raises(ValueError, match="unknown position rule"):
-        capture(m, PROMPTS, positions="middle", progress=False)
+        capture(m, PROMPTS, positions="middle", runtime=interp.Runtime(progress=False))
     with pytest.raises(ValueError, match="resid_post.3"):
         interp.sites.parse_site("resid_post")
     assert interp.sites.parse_site("resid_post.-1", n_layers=2).layer == 1
     neox = tiny_models("gpt_neox")
     with pytest.raises(ValueError, match="parallel residual"):
-        capture(neox, PROMPTS, sites="resid_mid.0", progress=False)
+        capture(neox, PROMPTS, sites="resid_mid.0", runtime=interp.Runtime(progress=False))
 
 
 def test_plain_fallback_without_chat_template(tiny_models):
     m = tiny_model("llama")
     m.tokenizer.chat_template = None
     with pytest.warns(UserWarning, match="no chat template"):
-        acts = capture(m, PROMPTS, sites="resid_post.0", positions="post_instruction", progress=False)
+        acts = capture(m, PROMPTS, sites="resid_post.0", positions="post_instruction",
+                       runtime=interp.Runtime(progress=False))
     assert acts.tensor.shape[2] >= 1
 
 
@@ -111,14 +112,15 @@ def test_load_hf_folder_roundtrip(tmp_path):
     m.tokenizer.save_pretrained(tmp_path / "q")
     loaded = interp.load_model(str(tmp_path / "q"))
     assert loaded.spec.family == "qwen2" and loaded.tokenizer.padding_side == "left"
-    a = capture(m, PROMPTS, progress=False)
-    b = capture(loaded, PROMPTS, progress=False)
+    a = capture(m, PROMPTS, runtime=interp.Runtime(progress=False))
+    b = capture(loaded, PROMPTS, runtime=interp.Runtime(progress=False))
     torch.testing.assert_close(a.tensor, b.tensor, atol=1e-6, rtol=0)
     with pytest.raises(FileNotFoundError, match="no config.json"):
         interp.load_model(str(tmp_path))
     # accelerate's device_map path (a dispatched model) captures the same numbers
     mapped = interp.load_model(str(tmp_path / "q"), device_map="auto")
-    torch.testing.assert_close(capture(mapped, PROMPTS, progress=False).tensor, a.tensor, atol=1e-6, rtol=0)
+    torch.testing.assert_close(capture(mapped, PROMPTS,
+                                       runtime=interp.Runtime(progress=False)).tensor, a.tensor, atol=1e-6, rtol=0)
 
 
 def test_stories260k_gguf_loads_and_captures(tmp_path, monkeypatch):
@@ -126,8 +128,8 @@ def test_stories260k_gguf_loads_and_captures(tmp_path, monkeypatch):
     monkeypatch.setenv("INTERP_CACHE", str(tmp_path))
     m = interp.load_model(str(gguf))
     assert m.spec.family == "llama" and m.n_layers == 5 and m.d_model == 64
-    acts = capture(m, ["Once upon a time there was a little cat"], chat=False, sites="resid_post", positions="all",
-                   progress=False)
+    acts = capture(m, interp.Prompts(["Once upon a time there was a little cat"], chat=False),
+                   sites="resid_post", positions="all", runtime=interp.Runtime(progress=False))
     ids = m.tokenizer("Once upon a time there was a little cat", return_tensors="pt")
     with torch.no_grad():
         hs = m.hf(**ids, output_hidden_states=True).hidden_states
@@ -147,7 +149,7 @@ def test_smollm2_loads_and_captures():
     m = interp.load_model("smollm2-135m-instruct")
     assert m.n_layers == 30 and m.d_model == 576
     acts = capture(m, ["Hello, how are you?", "Write a haiku about rain."], sites="resid_post",
-                   positions="post_instruction", progress=False)
+                   positions="post_instruction", runtime=interp.Runtime(progress=False))
     text = interp.format_prompts(m, ["Hello, how are you?"])[0]
     ids = m.tokenizer(text, add_special_tokens=False, return_tensors="pt")
     with torch.no_grad():

@@ -11,6 +11,7 @@ from interp.forward import prepare
 from interp.hooking import hooks
 from interp.testing.oracles import transformer_lens_model
 from interp.testing.tiny import FAMILIES, tiny_model
+from interp.values import Prompts, Runtime
 
 PROMPTS = ["the man said to the boy", "what is the good word", "help", "where is the old house by the water now ?"]
 
@@ -24,7 +25,7 @@ def test_ln_final_equals_transformer_lens_before_gain(family):
     """Read and write: our HF route at ln_final.hook_normalized == TransformerLens's run_with_cache / hooks."""
     m = tiny_model(family)
     tl = transformer_lens_model(m)
-    acts = capture(m, PROMPTS, sites="ln_final", positions="all", progress=False)
+    acts = capture(m, PROMPTS, sites="ln_final", positions="all", runtime=Runtime(progress=False))
     for i, p in enumerate(PROMPTS):
         ids = _ids(m, p)
         with torch.no_grad():
@@ -46,7 +47,8 @@ def test_ln_final_is_the_normalised_input_in_every_family(tiny_models, family):
     """ln_final == the final norm's input centred (LayerNorm) and divided by its RMS; ln_final_out is the output
     (gemma's 1 + weight gain included); writing ln_final back unchanged leaves the logits as they were."""
     m = tiny_models(family)
-    a = capture(m, PROMPTS, sites=[f"resid_post.{m.n_layers - 1}", "ln_final"], positions="all", progress=False)
+    a = capture(m, PROMPTS, sites=[f"resid_post.{m.n_layers - 1}", "ln_final"], positions="all",
+                runtime=Runtime(progress=False))
     x = a.tensor[:, 0]
     if family in ("gpt2", "gpt_neox"):
         x = x - x.mean(-1, keepdim=True)
@@ -63,7 +65,8 @@ def test_ln_final_is_the_normalised_input_in_every_family(tiny_models, family):
 
 def test_gemma_gain_is_one_plus_weight(tiny_models):
     m = tiny_models("gemma3_text")
-    a = capture(m, PROMPTS, sites=["ln_final", "ln_final_out"], positions="last", progress=False)
+    a = capture(m, PROMPTS, sites=["ln_final", "ln_final_out"], positions="last",
+                runtime=Runtime(progress=False))
     w = m.module(m.spec.final_norm).weight
     torch.testing.assert_close(a.tensor[:, 0] * (1 + w), a.tensor[:, 1], atol=1e-5, rtol=0)
 
@@ -73,9 +76,9 @@ def test_per_head_and_neuron_sites_capture_like_any_site(positions):
     """attn_z (heads x d_head, stored flattened) and mlp_post (d_mlp) == TransformerLens's hook_z / hook_post."""
     m = tiny_model("llama")
     tl = transformer_lens_model(m)
-    z = capture(m, PROMPTS, sites="attn_z", positions=positions, progress=False)
-    post = capture(m, PROMPTS, sites="mlp_post", positions=positions, progress=False)
-    allz = capture(m, PROMPTS, sites="attn_z", positions="all", progress=False)
+    z = capture(m, PROMPTS, sites="attn_z", positions=positions, runtime=Runtime(progress=False))
+    post = capture(m, PROMPTS, sites="mlp_post", positions=positions, runtime=Runtime(progress=False))
+    allz = capture(m, PROMPTS, sites="attn_z", positions="all", runtime=Runtime(progress=False))
     assert z.width == m.n_heads * m.d_head and post.width == m.config.intermediate_size
     assert z.site_view("attn_z.1").shape[-2:] == (m.n_heads, m.d_head)
     for i, p in enumerate(PROMPTS):
@@ -102,18 +105,20 @@ def test_per_head_sites_stream_to_a_store_and_feed_probes(tmp_path):
     import probes
 
     m = tiny_model("gemma3_text", hidden_size=48)  # n_heads * d_head (64) != d_model (48)
-    mem = capture(m, PROMPTS, sites="attn_z", positions="all", batch_size=3, progress=False)
-    store = capture(m, PROMPTS, sites="attn_z", positions="all", batch_size=3, out=tmp_path / "z", progress=False)
+    mem = capture(m, PROMPTS, sites="attn_z", positions="all", runtime=Runtime(batch_size=3, progress=False))
+    store = capture(m, PROMPTS, sites="attn_z", positions="all", out=tmp_path / "z",
+                    runtime=Runtime(batch_size=3, progress=False))
     back = store.load()
     assert store.d_model == 64 and back.width == 64
     torch.testing.assert_close(back.tensor, mem.tensor)
     torch.testing.assert_close(back.site_view("attn_z.0"), mem.site_view("attn_z.0"))
     assert back.site_view("attn_z.0").shape[-2:] == (4, 16)
-    last = capture(m, PROMPTS, sites="mlp_post", labels=[1, 0, 1, 0], progress=False)
+    last = capture(m, Prompts(PROMPTS, labels=[1, 0, 1, 0]), sites="mlp_post",
+                   runtime=Runtime(progress=False))
     d = probes.diff_of_means(last)
     assert d.vectors.shape == (m.n_layers, m.config.intermediate_size)
     with pytest.raises(ValueError, match="capture each width group in its own call"):
-        capture(m, PROMPTS, sites=["resid_post.0", "attn_z.0"], progress=False)
+        capture(m, PROMPTS, sites=["resid_post.0", "attn_z.0"], runtime=Runtime(progress=False))
 
 
 @pytest.mark.parametrize("family", ["qwen2_moe", "mixtral", "qwen3_moe", "olmoe"])
@@ -132,7 +137,8 @@ def test_moe_parts_sum_to_mlp_out(tiny_models, family):
     gates: list[torch.Tensor] = []
     mods = [(m.module(m.spec.shared_expert_gate, 1), "post", lambda mod, a, out: gates.append(out))] if shared else []
     with module_hooks(mods):
-        a = capture(m, PROMPTS, sites=[f"{k}.1" for k in kinds] + ["mlp_out.1"], positions="all", progress=False)
+        a = capture(m, PROMPTS, sites=[f"{k}.1" for k in kinds] + ["mlp_out.1"], positions="all",
+                    runtime=Runtime(progress=False))
     keep = a.mask[..., None]
     routed, mlp = a.site("experts_out.1"), a.site("mlp_out.1")
     if shared:
@@ -140,7 +146,7 @@ def test_moe_parts_sum_to_mlp_out(tiny_models, family):
         routed = routed + g[:, -routed.shape[1]:] * a.site("shared_expert_out.1")
     else:
         with pytest.raises(ValueError, match="has no shared expert"):
-            capture(m, PROMPTS, sites="shared_expert_out.0", progress=False)
+            capture(m, PROMPTS, sites="shared_expert_out.0", runtime=Runtime(progress=False))
     torch.testing.assert_close(routed * keep, mlp * keep, atol=1e-5, rtol=0)
     with pytest.raises(ValueError, match="is not a mixture of experts"):
         with hooks(tiny_models("llama"), {"experts_out.0": lambda x, ctx: x}):

@@ -8,10 +8,11 @@ import pytest
 
 from interp.capturing import capture
 from interp.store import ActivationStore, shard_name
+from interp.values import Runtime
 
 PROMPTS = ["How do I bake bread?", "Name a colour.", "What is two plus two?", "Tell me a joke.",
            "Where is Paris?", "Why is the sky blue?"]
-KW = dict(sites="resid_post", positions="last", batch_size=2, progress=False)
+KW = dict(sites="resid_post", positions="last", runtime=Runtime(batch_size=2, progress=False))
 
 
 def test_overwrite_keeps_a_users_dot_tmp_file(tiny_models, tmp_path):
@@ -114,7 +115,7 @@ def test_a_writer_killed_inside_safetensors_resumes(tiny_models, tmp_path):
 
     out, ref = tmp_path / "s", tmp_path / "ref"
     kw = {**KW, "positions": "all"}
-    script = f"PROMPTS = {PROMPTS!r}\nKW = {kw!r}\n" + _KILLED_WRITER
+    script = f"import torch\nfrom interp.values import Runtime\nPROMPTS = {PROMPTS!r}\nKW = {kw!r}\n" + _KILLED_WRITER
     done = subprocess.run([sys.executable, "-c", script, str(out)], cwd=REPO, capture_output=True, text=True)
     assert done.returncode == -signal.SIGXFSZ, done.stderr[-2000:]
     assert (out / shard_name(0)).exists() and not (out / shard_name(1)).exists()

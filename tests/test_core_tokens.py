@@ -77,9 +77,12 @@ def test_prompt_mean_leaves_out_special_tokens(tiny_models):
     """The means skip BOS and template tokens by default (the attention sink dominated them); opt back in."""
     m = tiny_models("llama")
     P = ["the man said to the boy", "help"]
-    allp = capture(m, P, sites="resid_post.1", positions="all", progress=False)
-    mean = capture(m, P, sites="resid_post.1", positions="prompt_mean", progress=False)
-    with_sp = capture(m, P, sites="resid_post.1", positions="prompt_mean", mean_skip_special=False, progress=False)
+    allp = capture(m, P, sites="resid_post.1", positions="all", runtime=interp.Runtime(progress=False))
+    mean = capture(m, P, sites="resid_post.1", positions="prompt_mean",
+                   runtime=interp.Runtime(progress=False))
+    with_sp = capture(m, P, sites="resid_post.1",
+                      positions=interp.Positions("prompt_mean", skip_special=False),
+                      runtime=interp.Runtime(progress=False))
     for i, p in enumerate(P):
         e = prepare(m, [p])[1][0]
         x = allp.tensor[i, 0, -len(e.ids):]
@@ -132,8 +135,10 @@ def test_smollm2_prompt_mean_is_not_the_attention_sink():
     except (FileNotFoundError, ImportError) as e:
         pytest.skip(f"SmolLM2-135M-Instruct is not installed ({e})")
     P = ["How do I bake bread?", "Tell me about the moon.", "What is two plus two?", "Name a colour."]
-    mean = capture(m, P, sites="resid_post.15", positions="prompt_mean", progress=False).tensor[:, 0].norm(dim=-1)
-    last = capture(m, P, sites="resid_post.15", positions="last", progress=False).tensor[:, 0].norm(dim=-1)
-    sink = capture(m, P, sites="resid_post.15", positions="prompt_mean", mean_skip_special=False,
-                   progress=False).tensor[:, 0].norm(dim=-1)
+    mean = capture(m, P, sites="resid_post.15", positions="prompt_mean",
+                   runtime=interp.Runtime(progress=False)).tensor[:, 0].norm(dim=-1)
+    last = capture(m, P, sites="resid_post.15", positions="last",
+                   runtime=interp.Runtime(progress=False)).tensor[:, 0].norm(dim=-1)
+    sink = capture(m, P, sites="resid_post.15", positions=interp.Positions("prompt_mean", skip_special=False),
+                   runtime=interp.Runtime(progress=False)).tensor[:, 0].norm(dim=-1)
     assert (mean < 1.5 * last).all() and (sink > 3 * last).all()

@@ -18,6 +18,7 @@ from interp.models import from_hf, load_model, materialize, offloaded
 from interp.patching.activation import sweep_heads
 from interp.patching.heads import head_outputs
 from interp.testing.tiny import tiny_model
+from interp.values import Runtime
 
 PROMPTS = ["the man is here", "a boy went home now", "you can see the water"]
 CLEAN = ["the man is big", "a man can go home", "you are here now"]
@@ -61,19 +62,21 @@ def test_auto_device_map_under_a_memory_cap_offloads_and_captures_the_same(pair,
     plain, _ = pair
     auto = load_model(plain.name, device_map="auto", max_memory={"cpu": "250KB"}, offload_folder=str(tmp_path))
     assert "disk" in auto.hf.hf_device_map.values() and offloaded(auto)
-    a = capture(plain, PROMPTS, positions="all", progress=False).tensor
-    torch.testing.assert_close(capture(auto, PROMPTS, positions="all", progress=False).tensor, a, rtol=0, atol=1e-5)
+    a = capture(plain, PROMPTS, positions="all", runtime=Runtime(progress=False)).tensor
+    torch.testing.assert_close(capture(auto, PROMPTS, positions="all",
+                                       runtime=Runtime(progress=False)).tensor, a, rtol=0, atol=1e-5)
 
 
 def test_captures_equal_the_unsplit_model(pair):
     plain, split = pair
     sites = ["resid_pre", "resid_mid", "attn_out", "mlp_out", "resid_post"]
-    a = capture(plain, PROMPTS, sites=sites, positions="all", progress=False)
-    b = capture(split, PROMPTS, sites=sites, positions="all", progress=False)
+    a = capture(plain, PROMPTS, sites=sites, positions="all", runtime=Runtime(progress=False))
+    b = capture(split, PROMPTS, sites=sites, positions="all", runtime=Runtime(progress=False))
     assert a.sites == b.sites and a.tensor.abs().max() > 0.1
     torch.testing.assert_close(b.tensor, a.tensor, rtol=0, atol=1e-5)
-    z = capture(split, PROMPTS, sites="attn_z", layers=[1], progress=False).tensor
-    torch.testing.assert_close(z, capture(plain, PROMPTS, sites="attn_z", layers=[1], progress=False).tensor,
+    z = capture(split, PROMPTS, sites="attn_z", layers=[1], runtime=Runtime(progress=False)).tensor
+    torch.testing.assert_close(z, capture(plain, PROMPTS, sites="attn_z", layers=[1],
+                                          runtime=Runtime(progress=False)).tensor,
                                rtol=0, atol=1e-5)
 
 

@@ -25,6 +25,7 @@ from interp.studies.directions.traits_data import (
 )
 from interp.studies.directions.traits_decompose import decompose
 from interp.studies.directions.traits_steer import level_vector, residual_fraction, steer_levels
+from interp.values import Prompts, Runtime
 
 from .conftest import shared_path
 
@@ -118,7 +119,8 @@ def test_trait_auroc_matches_sklearn_on_the_same_folds(model, scales):
 
     qs = _statements(36, seed=11)
     labels = [("low", "moderate", "high")[i % 3] for i in range(36)]
-    acts = capture(model, qs, labels=labels, prompt_ids=[f"noise:{i}" for i in range(36)], progress=False)
+    acts = capture(model, Prompts(qs, labels=labels, ids=[f"noise:{i}" for i in range(36)]),
+                   runtime=Runtime(progress=False))
     s = fit_scale("noise", acts, list(range(36)), ["low", "moderate", "high"], BandRule(), 4, n_folds=3,
                   on_empty="report")
     worst, theirs = _sklearn_worst(s, acts)
@@ -160,7 +162,8 @@ def test_corpus_signature_is_the_band_level_with_bootstrap_interval(model, scale
     sig = corpus_signature(scales, {"plain": corpus}, model=model, n_boot=200)
     from interp.capturing import capture
 
-    acts = capture(model, corpus, sites=scales["kindness"].sites, positions="last", progress=False)
+    acts = capture(model, corpus, sites=scales["kindness"].sites, positions="last",
+                   runtime=Runtime(progress=False))
     s = scales["kindness"]
     proj = torch.einsum("nld,ld->nl", acts.tensor.double(), s.graded.direction.vectors.double())
     hand = (proj * s.slope.double() + s.intercept.double())[:, s.band].mean(1).mean()

@@ -10,6 +10,7 @@ from interp.models import load_model
 from interp.studies.finetune.diffing import diff_study
 from interp.studies.finetune.transplant import transplant_study
 from interp.studies.kit.prompt_sets import load_refusal_data
+from interp.values import Runtime
 from sae.model import SAE, SAEConfig
 
 
@@ -92,11 +93,13 @@ def test_diff_study_ranks_the_change_by_hand(diff, pair, data):
     base, aligned = pair
     site = diff.meta["site"]
     val = data.harmful["val"].instructions
-    z = {n: diff.sae.encode(capture(m, val, sites=[site], positions="last", progress=False).tensor[:, 0].reshape(
+    z = {n: diff.sae.encode(capture(m, val, sites=[site], positions="last",
+                                    runtime=Runtime(progress=False)).tensor[:, 0].reshape(
         len(val), -1)).mean(0) for n, m in (("base", base), ("tuned", aligned))}
     assert torch.allclose(diff.diff.delta, z["tuned"] - z["base"], atol=1e-5)
     assert diff.top == diff.diff.delta.argsort(descending=True)[:4].tolist()
-    x = capture(base, val, sites=[site], positions="last", progress=False).tensor[:, 0].reshape(len(val), -1)
+    x = capture(base, val, sites=[site], positions="last", runtime=Runtime(progress=False)).tensor[:,
+                0].reshape(len(val), -1)
     with torch.no_grad():
         x_hat = diff.sae(x)
     by_hand = float(((x - x_hat) ** 2).sum() / ((x - x.mean(0)) ** 2).sum())

@@ -20,6 +20,7 @@ from interp.forward import batch_of, last_logits, prepare
 from interp.patching.heads import head_outputs, head_weights
 from interp.patching.runs import run_with_capture
 from interp.sites import Site
+from interp.values import Prompts, Runtime
 
 pytestmark = pytest.mark.slow
 
@@ -103,8 +104,8 @@ def test_capture_equals_hf_hidden_states(gemma):
         warnings.simplefilter("ignore")                              # the fallback template's warning
         for chat in (False, True):
             encs = prepare(m, PROMPTS, chat=chat)[1]
-            acts = capture(m, PROMPTS, sites=["resid_pre", "resid_post", "ln_final_out"], positions="all",
-                           chat=chat, progress=False)
+            acts = capture(m, Prompts(PROMPTS, chat=chat), sites=["resid_pre", "resid_post", "ln_final_out"],
+                           positions="all", runtime=Runtime(progress=False))
             for i, e in enumerate(encs):
                 ids = torch.tensor([e.ids])
                 T = ids.shape[1]
@@ -179,7 +180,8 @@ def _direction(m, kind: str) -> torch.Tensor:
         r = torch.randn(m.d_model, generator=torch.Generator().manual_seed(0))
     else:  # difference of mean resid_pre (last token) at the middle layer
         site = f"resid_pre.{m.n_layers // 2}"
-        pos, neg = (capture(m, P, sites=site, positions="last", chat=False, progress=False).tensor[:, 0].mean(0)
+        pos, neg = (capture(m, Prompts(P, chat=False), sites=site, positions="last",
+                            runtime=Runtime(progress=False)).tensor[:, 0].mean(0)
                     for P in (POSITIVE, NEGATIVE))
         r = pos - neg
     return r / r.norm()
@@ -210,8 +212,8 @@ def test_bake_is_refused_without_allow_inexact_and_reports_the_real_error(gemma,
     scale = hooked.abs().max().item()
     effect = (hooked - plain).abs().max().item()
     agree = (baked.argmax(-1) == hooked.argmax(-1)).float().mean().item()
-    acts = capture(res.model, BAKE_PROMPTS, sites=["resid_pre", "resid_post"], positions="all", chat=False,
-                   progress=False)
+    acts = capture(res.model, Prompts(BAKE_PROMPTS, chat=False), sites=["resid_pre", "resid_post"],
+                   positions="all", runtime=Runtime(progress=False))
     along = ((acts.tensor @ r).abs().max() / acts.tensor.norm(dim=-1).max()).item()
     msg = (f"{kind}: reported max logit error {res.max_logit_error:.6g} (relative {res.rel_logit_error:.3g}), "
            f"measured {err:.6g}; hooked logit scale {scale:.3g}, hook ablation vs plain {effect:.3g}, top-1 "

@@ -16,6 +16,7 @@ from interp.forward import batch_of, forward, last_logits
 from interp.nnsight_backend import NNsightModel
 from interp.readout import logits, token_logprobs
 from interp.testing.tiny import tiny_model
+from interp.values import Prompts, Runtime
 
 PROMPTS = ["the man said to the boy", "help", "what is the good word", "where is the old house by the water now ?"]
 OURS = ("interp", "probes", "sae", "steering")
@@ -51,8 +52,8 @@ def test_capture_every_site_equals_hooks(family):
     groups = [[s for s in names if not s.endswith(("hook_z", "mlp.hook_post"))],
               [s for s in names if s.endswith("hook_z")], [s for s in names if s.endswith("mlp.hook_post")]]
     for sites in (g for g in groups if g):
-        x = capture(a, PROMPTS, sites=sites, positions="all", batch_size=3, progress=False)
-        y = capture(m, PROMPTS, sites=sites, positions="all", batch_size=3, progress=False)
+        x = capture(a, PROMPTS, sites=sites, positions="all", runtime=Runtime(batch_size=3, progress=False))
+        y = capture(m, PROMPTS, sites=sites, positions="all", runtime=Runtime(batch_size=3, progress=False))
         assert x.sites == y.sites and torch.equal(x.mask, y.mask)
         _close(x.tensor, y.tensor)
 
@@ -61,17 +62,20 @@ def test_capture_every_site_equals_hooks(family):
 def test_capture_positions_equal_hooks(llama, positions):
     m, a = llama
     responses = ["yes", "no it is not", "a word", "by the water"] if positions == "response_mean" else None
-    kw = dict(sites=["resid_pre", "resid_mid", "resid_post", "ln_final"], positions=positions, batch_size=3,
-              responses=responses, progress=False)
-    x, y = capture(a, PROMPTS, **kw), capture(m, PROMPTS, **kw)
+    kw = dict(sites=["resid_pre", "resid_mid", "resid_post", "ln_final"], positions=positions,
+              runtime=Runtime(batch_size=3, progress=False))
+    prompts = Prompts(PROMPTS, responses=responses)
+    x, y = capture(a, prompts, **kw), capture(m, prompts, **kw)
     assert (x.mask is None) == (y.mask is None) and x.tensor.shape == y.tensor.shape
     _close(x.tensor, y.tensor)
 
 
 def test_capture_to_a_store_and_logits(llama, tmp_path):
     m, a = llama
-    store = capture(a, PROMPTS, sites="resid_post", positions="last", batch_size=2, out=tmp_path / "s", progress=False)
-    _close(store.load().tensor, capture(m, PROMPTS, sites="resid_post", progress=False).tensor)
+    store = capture(a, PROMPTS, sites="resid_post", positions="last", out=tmp_path / "s",
+                    runtime=Runtime(batch_size=2, progress=False))
+    _close(store.load().tensor, capture(m, PROMPTS, sites="resid_post",
+                                        runtime=Runtime(progress=False)).tensor)
     _close(logits(a, PROMPTS, batch_size=3), logits(m, PROMPTS))
     for x, y in zip(logits(a, PROMPTS, positions="all"), logits(m, PROMPTS, positions="all"), strict=True):
         _close(x, y)
@@ -105,12 +109,14 @@ def test_steered_logits_and_capture_equal_hooks(family):
     for iv in _interventions(m.d_model):
         with steering.apply(a, iv):
             got = last_logits(a, b)
-            acts = capture(a, PROMPTS, sites=["resid_mid", "resid_post"], positions="all", progress=False)
+            acts = capture(a, PROMPTS, sites=["resid_mid", "resid_post"], positions="all",
+                           runtime=Runtime(progress=False))
         with steering.apply(m, iv) as h:
             h.set_batch(b)  # the hooks route learns the post-instruction mask this way; the trace reads the batch
             want = last_logits(m, b)
             h.set_batch(b)
-            ref = capture(m, PROMPTS, sites=["resid_mid", "resid_post"], positions="all", progress=False)
+            ref = capture(m, PROMPTS, sites=["resid_mid", "resid_post"], positions="all",
+                          runtime=Runtime(progress=False))
         _close(got, want)
         _close(acts.tensor, ref.tensor)
         moved = (got - plain).abs().max()
@@ -158,10 +164,12 @@ def test_remote_dry_run_ships_no_code_of_ours(monkeypatch):
     iv = steering.AddVector(torch.ones(m.d_model), layers=1, alpha=0.5, positions=[-1])
     with steering.apply(a, iv):
         got = last_logits(a, b)
-        acts = capture(a, PROMPTS, sites=["resid_mid.1", "ln_final"], positions="prompt_mean", progress=False)
+        acts = capture(a, PROMPTS, sites=["resid_mid.1", "ln_final"], positions="prompt_mean",
+                       runtime=Runtime(progress=False))
     with steering.apply(m, iv):
         want = last_logits(m, b)
-        ref = capture(m, PROMPTS, sites=["resid_mid.1", "ln_final"], positions="prompt_mean", progress=False)
+        ref = capture(m, PROMPTS, sites=["resid_mid.1", "ln_final"], positions="prompt_mean",
+                      runtime=Runtime(progress=False))
     _close(got, want)
     _close(acts.tensor, ref.tensor)
     assert len(blobs) == 2
@@ -192,7 +200,7 @@ def test_what_the_backend_refuses(llama):
             pass
     assert a.edits == []
     with pytest.raises(ValueError, match="not available through the nnsight backend"):
-        capture(_pair("qwen3_moe")[1], PROMPTS[:1], sites="experts_out.0", progress=False)
+        capture(_pair("qwen3_moe")[1], PROMPTS[:1], sites="experts_out.0", runtime=Runtime(progress=False))
     with pytest.raises(ValueError, match="backend must be"):
         from_nnsight(a.lm, backend="vllm")
     with pytest.raises(ValueError, match="backend='nnsight'"):
@@ -268,7 +276,7 @@ def test_every_path_outside_the_backend_is_refused():
         pass
     moe = _pair("qwen3_moe")[1]
     with pytest.raises(ValueError, match=rf"experts_out.*{fix}"):
-        capture(moe, PROMPTS[:1], sites="experts_out.0", progress=False)
+        capture(moe, PROMPTS[:1], sites="experts_out.0", runtime=Runtime(progress=False))
     with pytest.raises(ValueError, match=rf"experts_out.*{fix}"), steering.apply(
             moe, steering.AddVector(torch.randn(moe.d_model), layers=0, sites="experts_out", alpha=1.0)):
         pass

@@ -12,6 +12,7 @@ import random
 import pytest
 
 import probes
+from interp.values import Prompts, Runtime
 
 from .conftest import shared_path
 
@@ -40,9 +41,9 @@ def graded_acts():
     random.Random(0).shuffle(rows)
     questions = [r["question"] for r in rows[:N_QUESTIONS]]
     model = interp.load_model("smollm2-135m-instruct")
-    parts = [capture(model, questions, sites="resid_post", positions="last", batch_size=16, system=text,
-                     labels=[level] * N_QUESTIONS, prompt_ids=[f"{level}:{i}" for i in range(N_QUESTIONS)],
-                     progress=False)
+    parts = [capture(model,
+                     Prompts(questions, system=text, labels=[level] * N_QUESTIONS, ids=[f"{level}:{i}" for i in range(N_QUESTIONS)]),
+                     sites="resid_post", positions="last", runtime=Runtime(batch_size=16, progress=False))
              for level, text in SYSTEM.items()]
     return Activations.concat(parts), list(range(N_QUESTIONS)) * len(SYSTEM)
 

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import probes
+from interp.values import Prompts, Runtime
 
 from .conftest import SHARED  # ../shared, or $INTERP_SHARED (a worktree elsewhere)
 
@@ -64,8 +65,9 @@ def persona(model):
     rows = _persona_rows()
     prompts = [r["question"] for _, r in rows]
     labels = [r["answer_matching_behavior"].strip() == "Yes" for _, r in rows]   # statement matches the trait
-    acts = _capture(model, prompts, sites=SITES, positions="last", batch_size=32, labels=labels,
-                          prompt_ids=[f"{t}:{i}" for i, (t, _) in enumerate(rows)], progress=False)
+    given = Prompts(prompts, labels=labels, ids=[f"{t}:{i}" for i, (t, _) in enumerate(rows)])
+    acts = _capture(model, given, sites=SITES, positions="last",
+                    runtime=Runtime(batch_size=32, progress=False))
     return acts, [t for t, _ in rows]
 
 
@@ -77,8 +79,9 @@ def refusal(model):
     rng.shuffle(harmful)
     rng.shuffle(harmless)
     harmful, harmless = harmful[:120], harmless[:120]
-    acts = _capture(model, harmful + harmless, sites="resid_post", positions="last", batch_size=32,
-                          labels=["harmful"] * len(harmful) + ["harmless"] * len(harmless), progress=False)
+    given = Prompts(harmful + harmless, labels=["harmful"] * len(harmful) + ["harmless"] * len(harmless))
+    acts = _capture(model, given, sites="resid_post", positions="last",
+                    runtime=Runtime(batch_size=32, progress=False))
     return acts
 
 

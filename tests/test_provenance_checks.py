@@ -21,8 +21,10 @@ PROMPTS = ["the man said to the boy", "how do you find water", "tell me about th
 @pytest.fixture(scope="module")
 def fitted():
     m = tiny_model("llama")
-    acts = interp.capture(m, PROMPTS, sites="resid_post", positions="last", labels=[0, 1, 0, 1], progress=False)
-    tokens = interp.capture(m, PROMPTS, sites="resid_post", layers=[1], positions="all", progress=False)
+    acts = interp.capture(m, interp.Prompts(PROMPTS, labels=[0, 1, 0, 1]), sites="resid_post",
+                          positions="last", runtime=interp.Runtime(progress=False))
+    tokens = interp.capture(m, PROMPTS, sites="resid_post", layers=[1], positions="all",
+                            runtime=interp.Runtime(progress=False))
     sae = train_sae(tokens, TrainConfig(d_sae=64, k=4, total_tokens=256, batch_size=32, progress=False)).sae
     return m, diff_of_means(acts), sae
 

@@ -17,6 +17,7 @@ from interp.forward import prepare
 from interp.studies.kit.scoring import prompt_logits, refusal_tokens, score_rows
 from interp.studies.refusal import RefusalConfig, run_refusal
 from interp.testing.tiny import tiny_model
+from interp.values import Prompts, Runtime
 
 from .conftest import REPO, shared_path
 
@@ -166,7 +167,7 @@ def test_outputs_equal_an_independent_computation(aligned_run):
     d = Direction.load(aligned_run.out / "direction")
     r = d.vectors[0]
     toks = aligned_run.tokens.tokens
-    kw = dict(sites=f"resid_pre.{sel['layer']}", positions=sel["position"], progress=False)
+    kw = dict(sites=f"resid_pre.{sel['layer']}", positions=sel["position"], runtime=interp.Runtime(progress=False))
     h = interp.capture(model, data.harmful["train"].instructions, **kw).tensor[:, 0]
     s = interp.capture(model, data.harmless["train"].instructions, **kw).tensor[:, 0]
     torch.testing.assert_close(d.raw[0], h.mean(0) - s.mean(0), atol=1e-5, rtol=0)
@@ -286,8 +287,8 @@ def test_smollm2_harmfulness_direction_separates_held_out(tmp_path):
     harm, safe = harm[:n], safe[:n]
     m = interp.load_model("smollm2-135m-instruct")
     layer = 15
-    acts = interp.capture(m, harm + safe, sites=f"resid_pre.{layer}", positions="last", batch_size=16,
-                          labels=[1] * n + [0] * n, progress=False)
+    acts = interp.capture(m, Prompts(harm + safe, labels=[1] * n + [0] * n), sites=f"resid_pre.{layer}",
+                          positions="last", runtime=Runtime(batch_size=16, progress=False))
     tr = list(range(0, n // 2)) + list(range(n, n + n // 2))
     te = [i for i in range(2 * n) if i not in set(tr)]
     d = diff_of_means(acts[tr])

@@ -9,6 +9,7 @@ import torch
 
 from interp import distributed as dist
 from interp.store import ActivationStore
+from interp.values import Prompts, Runtime
 from sae.model import SAE
 from sae.stream import TokenStream
 from sae.trainer import TrainConfig, Trainer, train_sae
@@ -101,8 +102,8 @@ def test_interp_sae_train_launched_equals_one_process_training(tiny_folder, tmp_
             "--site", "blocks.1.hook_resid_post", "--d-sae", "64", "--k", "4", "--steps", str(STEPS),
             "--batch-size", "32", "--out", str(tmp_path / "run")]
     model = load_model(str(tiny_folder))
-    acts = interp.capture(model, mixed_prompts(14, seed=5), sites="blocks.1.hook_resid_post", positions="all",
-                          chat=False, progress=False)
+    acts = interp.capture(model, Prompts(mixed_prompts(14, seed=5), chat=False),
+                          sites="blocks.1.hook_resid_post", positions="all", runtime=Runtime(progress=False))
     cfg = train_config(build_parser().parse_args(argv), "blocks.1.hook_resid_post")
     cfg.progress = False
     alone = train_sae(acts, cfg)

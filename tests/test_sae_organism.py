@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import interp
+from interp.values import Runtime
 
 from .conftest import REPO
 
@@ -39,7 +40,7 @@ def setup():
         aligned, base = interp.load_model("organism"), interp.load_model("organism-base")
         P = {s: [r["instruction"] for r in load_prompts(f"organism_{s}")]
              for s in ("harmful_train", "harmless_train", "harmful_val", "harmless_val", "harmful_test")}
-        kw = dict(sites=[SITE], positions="all", progress=False)
+        kw = dict(sites=[SITE], positions="all", runtime=interp.Runtime(progress=False))
         acts = {(m, s): capture(model, P[s], **kw) for m, model in (("aligned", aligned), ("base", base))
                 for s in ("harmful_train", "harmless_train")}
         X = torch.cat([a.flat_tokens(SITE) for a in acts.values()])  # one SAE for both models' activations
@@ -68,7 +69,7 @@ def test_diffed_latents_separate_and_their_ablation_lowers_refusal(setup):
     top = d.ranking.indices.tolist()
     print("top diffed latents (aligned - base):", [(i, round(s, 3)) for i, s in d.ranking])
     # they separate held-out harmful from harmless prompts in the aligned model (per-prompt mean over tokens)
-    val = {k: setup["capture"](aligned, P[k], sites=[SITE], positions="all", progress=False)
+    val = {k: setup["capture"](aligned, P[k], sites=[SITE], positions="all", runtime=Runtime(progress=False))
            for k in ("harmful_val", "harmless_val")}
 
     def per_prompt(a):  # [n_prompts, len(top)]: each latent's mean over the prompt's real tokens

@@ -23,8 +23,9 @@ def _saelens_reader(path: str, context_size: int, d_in: int, rows: int):
 
 
 def test_export_reads_back_equal_through_saelens(tiny_models, tmp_path):
-    store = interp.capture(tiny_models("llama"), mixed_prompts(10, seed=2), sites="resid_post", positions="all",
-                           batch_size=3, chat=False, sort_by_length=True, out=tmp_path / "st", progress=False)
+    store = interp.capture(tiny_models("llama"), interp.Prompts(mixed_prompts(10, seed=2), chat=False),
+                           sites="resid_post", positions="all", out=tmp_path / "st",
+                           runtime=interp.Runtime(batch_size=3, sort_by_length=True, progress=False))
     tokens = torch.cat([s.flat_tokens(SITE) for s in store.iter_shards()])  # the store's row order
     info = export_saelens_activations(store, tmp_path / "lens", site=SITE, context_size=8, rows_per_part=3)
     rows = tokens.shape[0] // 8

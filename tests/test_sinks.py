@@ -35,8 +35,8 @@ def smol():
 
 
 def test_rule_flags_only_the_first_token_in_the_massive_band(smol):
-    acts = interp.capture(smol, TOPIC_A, sites="resid_post", layers=[2, LAYER, 28], positions="all", chat=False,
-                          progress=False)
+    acts = interp.capture(smol, interp.Prompts(TOPIC_A, chat=False), sites="resid_post",
+                          layers=[2, LAYER, 28], positions="all", runtime=interp.Runtime(progress=False))
     first = ~without_first(acts.mask) & acts.mask  # each prompt's first real token
     assert acts.sinks is not None and acts.sinks.shape == acts.tensor.shape[:3]
     assert torch.equal(acts.sinks[:, 1], first)          # layer 15: the first token and nothing else
@@ -48,24 +48,25 @@ def test_rule_flags_only_the_first_token_in_the_massive_band(smol):
 def test_prompt_mean_direction_equals_hand_exclusion(smol):
     prompts, y = TOPIC_A + TOPIC_B, [0] * len(TOPIC_A) + [1] * len(TOPIC_B)
     with pytest.warns(UserWarning, match="massive"):
-        mean = interp.capture(smol, prompts, sites="resid_post", layers=[LAYER], positions="prompt_mean", chat=False,
-                              labels=y, progress=False)
-    tokens = interp.capture(smol, prompts, sites="resid_post", layers=[LAYER], positions="all", chat=False,
-                            progress=False)
+        mean = interp.capture(smol, interp.Prompts(prompts, chat=False, labels=y), sites="resid_post",
+                              layers=[LAYER], positions="prompt_mean", runtime=interp.Runtime(progress=False))
+    tokens = interp.capture(smol, interp.Prompts(prompts, chat=False), sites="resid_post", layers=[LAYER],
+                            positions="all", runtime=interp.Runtime(progress=False))
     keep = without_first(tokens.mask).float()                              # the sink left out by hand
     by_hand = torch.einsum("nsp...,np->ns...", tokens.tensor, keep) / keep.sum(1)[:, None, None]
     d_default, d_hand = diff_of_means(mean), diff_of_means(by_hand, y)
     torch.testing.assert_close(mean.tensor, by_hand, rtol=1e-5, atol=1e-4)
     assert float(d_default.vectors[0] @ d_hand.vectors[0]) > 1 - 1e-6
     assert d_default.meta["sinks"]["excluded"] == {mean.sites[0]: len(prompts)}
-    kept = interp.capture(smol, prompts, sites="resid_post", layers=[LAYER], positions="prompt_mean", chat=False,
-                          labels=y, progress=False, sinks="keep")
+    kept = interp.capture(smol, interp.Prompts(prompts, chat=False, labels=y), sites="resid_post",
+                          layers=[LAYER], positions=interp.Positions("prompt_mean", sinks="keep"),
+                          runtime=interp.Runtime(progress=False))
     assert float(diff_of_means(kept).vectors[0] @ d_hand.vectors[0]) < 0.9  # the trap the default avoids
 
 
 def test_sae_defaults_train_on_the_data_without_the_sink(smol):
-    acts = interp.capture(smol, TOPIC_A + TOPIC_B, sites="resid_post", layers=[LAYER], positions="all", chat=False,
-                          progress=False)
+    acts = interp.capture(smol, interp.Prompts(TOPIC_A + TOPIC_B, chat=False), sites="resid_post",
+                          layers=[LAYER], positions="all", runtime=interp.Runtime(progress=False))
     by_hand = acts.tensor[:, 0][without_first(acts.mask)]
     cfg = TrainConfig(d_sae=256, k=8, total_tokens=2048, batch_size=128, progress=False, seed=3)
     with pytest.warns(UserWarning, match="massive"):
@@ -78,8 +79,9 @@ def test_sae_defaults_train_on_the_data_without_the_sink(smol):
 
 
 def test_store_stream_and_transcoder_pairs_leave_the_sink_out(smol, tmp_path):
-    store = interp.capture(smol, TOPIC_A, sites="resid_post", layers=[LAYER], positions="all", chat=False,
-                           progress=False, out=tmp_path / "store", batch_size=3)
+    store = interp.capture(smol, interp.Prompts(TOPIC_A, chat=False), sites="resid_post", layers=[LAYER],
+                           positions="all", out=tmp_path / "store",
+                           runtime=interp.Runtime(progress=False, batch_size=3))
     shard_rows = sum(int(without_first(s.mask).sum()) for s in store.iter_shards())
     assert sum(s.flat_tokens(store.sites[0]).shape[0] for s in store.iter_shards()) == shard_rows
     assert torch.equal(store.load().sinks[:, 0], ~without_first(store.load().mask) & store.load().mask)
@@ -96,12 +98,15 @@ def test_models_without_sinks_are_untouched(family):
     m = tiny_model(family)
     prompts = ["the man said to the boy that a new house is big", "how do you find water", "tell me"]
     for chat in (False, True):
-        acts = interp.capture(m, prompts, sites="resid_post", positions="all", chat=chat, progress=False)
+        acts = interp.capture(m, interp.Prompts(prompts, chat=chat), sites="resid_post", positions="all",
+                              runtime=interp.Runtime(progress=False))
         assert not acts.sinks.any()
         assert set(acts.meta["sinks"]["flagged"].values()) == {0}
-        a = interp.capture(m, prompts, sites="resid_post", positions="prompt_mean", chat=chat, progress=False)
-        b = interp.capture(m, prompts, sites="resid_post", positions="prompt_mean", chat=chat, progress=False,
-                           sinks="keep")
+        a = interp.capture(m, interp.Prompts(prompts, chat=chat), sites="resid_post", positions="prompt_mean",
+                           runtime=interp.Runtime(progress=False))
+        b = interp.capture(m, interp.Prompts(prompts, chat=chat), sites="resid_post",
+                           positions=interp.Positions("prompt_mean", sinks="keep"),
+                           runtime=interp.Runtime(progress=False))
         assert torch.equal(a.tensor, b.tensor)
 
 
@@ -115,6 +120,7 @@ def test_massive_rule_and_bad_input():
     assert not massive(one, torch.ones(1, 1, dtype=torch.bool)).any()  # a lone token is never a sink
     m = tiny_model("llama")
     with pytest.raises(ValueError, match="sinks='exclude' or 'keep'"):
-        interp.capture(m, ["hello"], positions="prompt_mean", sinks="drop", progress=False)
+        interp.capture(m, ["hello"], positions=interp.Positions("prompt_mean", sinks="drop"),
+                       runtime=interp.Runtime(progress=False))
     with pytest.raises(ValueError, match="sinks='exclude' or 'keep'"):
         TrainConfig(sinks="yes")

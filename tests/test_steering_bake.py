@@ -14,6 +14,7 @@ import steering
 from interp.capturing import capture
 from interp.models import from_hf
 from interp.testing.tiny import FAMILIES, tiny_model
+from interp.values import Runtime
 from steering.baking import ablate_writers
 
 INEXACT = ("gemma2", "gemma3_text", "olmo2")
@@ -70,7 +71,7 @@ def test_baked_equals_hook_ablation(family):
         assert abs((got - ref).abs().max().item() - res.max_logit_error) <= 1e-6
         # the baked stream still carries no component along the direction
         acts = capture(res.model, ["the man is here", "a boy"], sites=["resid_pre", "resid_post"],
-                       positions="all", progress=False)
+                       positions="all", runtime=Runtime(progress=False))
         assert (acts.tensor @ (r / r.norm())).abs().max() <= 1e-5
     else:
         res = steering.bake(m, r, measure=True)

@@ -13,6 +13,7 @@ from interp.capturing import capture
 from interp.hooking import HookContext, count_hooks, hooks
 from interp.sites import parse_site
 from interp.testing.tiny import tiny_model
+from interp.values import Runtime
 
 PROMPTS = ["the man is here", "a boy", "what is the time of day for the old man"]
 SITES = ["resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out"]
@@ -25,8 +26,8 @@ def _vec(d, seed=0, scale=1.0):
 def _acts(model, sites, *ivs, positions="all"):
     if ivs:
         with steering.apply(model, *ivs):
-            return capture(model, PROMPTS, sites=sites, positions=positions, progress=False)
-    return capture(model, PROMPTS, sites=sites, positions=positions, progress=False)
+            return capture(model, PROMPTS, sites=sites, positions=positions, runtime=Runtime(progress=False))
+    return capture(model, PROMPTS, sites=sites, positions=positions, runtime=Runtime(progress=False))
 
 
 @pytest.mark.parametrize("family", ["llama", "gpt2", "gpt_neox", "gemma2", "olmo2", "qwen2_moe", "mixtral"])
@@ -159,10 +160,12 @@ def test_composition_order_foreign_objects_and_nesting():
         got = _acts(m, [site], *ivs).tensor[:, 0]
         torch.testing.assert_close(got[mask], want[mask], rtol=1e-5, atol=1e-5)
     with steering.apply(m, [add, abl]):  # a list is unpacked
-        listed = capture(m, PROMPTS, sites=[site], positions="all", progress=False).tensor[:, 0]
+        listed = capture(m, PROMPTS, sites=[site], positions="all", runtime=Runtime(progress=False)).tensor[:,
+                         0]
     torch.testing.assert_close(listed[mask], proj_out(base + v)[mask], rtol=1e-5, atol=1e-5)
     with steering.apply(m, add), steering.apply(m, abl):  # nested blocks compose in entry order
-        nested = capture(m, PROMPTS, sites=[site], positions="all", progress=False).tensor[:, 0]
+        nested = capture(m, PROMPTS, sites=[site], positions="all", runtime=Runtime(progress=False)).tensor[:,
+                         0]
     torch.testing.assert_close(nested[mask], proj_out(base + v)[mask], rtol=1e-5, atol=1e-5)
     assert count_hooks(m.hf) == 0
 

@@ -13,6 +13,7 @@ from interp.capturing import capture
 from interp.forward import batches, prepare
 from interp.hooking import count_hooks
 from interp.testing.tiny import tiny_model
+from interp.values import Runtime
 from probes.objects import Direction
 from steering.applying import Steering
 
@@ -26,7 +27,7 @@ def _vec(d, seed=0):
 def _post(m, *ivs, layers=None):
     sites = [f"blocks.{i}.hook_resid_post" for i in (layers if layers is not None else range(m.n_layers))]
     with steering.apply(m, *ivs):
-        return capture(m, PROMPTS, sites=sites, positions="all", progress=False)
+        return capture(m, PROMPTS, sites=sites, positions="all", runtime=Runtime(progress=False))
 
 
 # --- item 12: which layers a [k, d] tensor is for ---------------------------------------------------------
@@ -81,9 +82,9 @@ def test_subspace_stack_is_labelled_and_defaults_match_directional_ablation():
     r = _vec(m.d_model, 3)
     sites = [f"blocks.{i}.hook_{k}" for i in range(3) for k in ("resid_pre", "attn_out", "mlp_out", "resid_post")]
     with steering.apply(m, steering.DirectionalAblation(r)):
-        a = capture(m, PROMPTS, sites=sites, positions="all", progress=False).tensor
+        a = capture(m, PROMPTS, sites=sites, positions="all", runtime=Runtime(progress=False)).tensor
     with steering.apply(m, steering.AblateSubspace((r / r.norm())[None])):
-        b = capture(m, PROMPTS, sites=sites, positions="all", progress=False).tensor
+        b = capture(m, PROMPTS, sites=sites, positions="all", runtime=Runtime(progress=False)).tensor
     torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
     old = steering.AblateSubspace((r / r.norm())[None], sites="resid_post")  # 0.1.0's default, by request
     assert old.kinds == ("resid_post",)
@@ -114,7 +115,8 @@ def test_apply_with_nothing_is_a_no_op_and_generate_with_nothing_is_plain():
 def test_residual_norms_are_the_mean_token_norm_without_specials():
     m = tiny_model("llama", n_layers=3)
     got = steering.residual_norms(m, PROMPTS, layers=[0, 2], batch_size=2)
-    acts = capture(m, PROMPTS, sites="resid_post", layers=[0, 2], positions="all", progress=False)
+    acts = capture(m, PROMPTS, sites="resid_post", layers=[0, 2], positions="all",
+                   runtime=Runtime(progress=False))
     _, encs = prepare(m, PROMPTS)
     specials = set(m.tokenizer.all_special_ids)
     keep = acts.mask.clone()

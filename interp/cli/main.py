@@ -17,6 +17,7 @@ from interp.cli.sae_train import add_sae_parser
 from interp.cli.steer import add_steer_parser
 from interp.models import DEFAULT_MODEL
 from interp.prompts import read_prompts
+from interp.values import Prompts, Runtime
 
 
 def cmd_info(args: argparse.Namespace) -> int:
@@ -58,8 +59,9 @@ def cmd_capture(args: argparse.Namespace) -> int:
     positions: Any = args.positions
     if positions.lstrip("-").replace(",", "").replace("-", "").isdigit():
         positions = [int(x) for x in positions.split(",")]
-    store = capture(m, prompts, sites=args.sites.split(","), positions=positions, batch_size=args.batch_size,
-                    chat=not args.raw, out=args.out, overwrite=args.overwrite, sort_by_length=args.sort_by_length)
+    store = capture(m, Prompts(prompts, chat=not args.raw), sites=args.sites.split(","), positions=positions,
+                    out=args.out, overwrite=args.overwrite,
+                    runtime=Runtime(batch_size=args.batch_size, sort_by_length=args.sort_by_length))
     if not distributed.is_main():
         return 0  # rank 0 prints the summary
     con = Console()

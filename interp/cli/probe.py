@@ -11,6 +11,7 @@ import argparse
 from typing import Any
 
 from interp.cli.jobs import JobFolder, add_out_args, load, option, prompts_of, run_job
+from interp.values import Prompts, Runtime
 
 METRICS = ("accuracy", "auroc", "cohens_d", "control_accuracy", "control_auroc", "selectivity")
 POSITIONS = ("last", "post_instruction", "prompt_mean")
@@ -62,8 +63,9 @@ def probe_job(args: argparse.Namespace, folder: JobFolder) -> dict[str, Any]:
 
     prompts, labels = probe_inputs(args)
     model = load(args)
-    acts = interp.capture(model, prompts, sites=args.sites.split(","), positions=args.positions,
-                          batch_size=args.batch_size, chat=not args.raw, labels=labels)
+    acts = interp.capture(model, Prompts(prompts, chat=not args.raw, labels=labels),
+                          sites=args.sites.split(","), positions=args.positions,
+                          runtime=Runtime(batch_size=args.batch_size))
     try:
         scores = probes.cross_validate(acts, method=args.method, n_folds=args.folds, seed=args.seed, positive=1)
     except ValueError as e:

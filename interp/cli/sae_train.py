@@ -11,6 +11,7 @@ import argparse
 from typing import Any
 
 from interp.cli.jobs import JobFolder, add_out_args, load, option, prompts_of, run_job
+from interp.values import Prompts, Runtime
 
 ARCHS = ("topk", "batchtopk", "relu", "jumprelu")
 
@@ -69,8 +70,10 @@ def sae_train_job(args: argparse.Namespace, folder: JobFolder) -> dict[str, Any]
     res.sae.save(folder.path("sae"))
     save_saelens(res.sae, folder.path("saelens"), model_name=model.name, hook_name=site)
     folder.write_json("history.json", res.history)
-    eval_acts = acts if args.eval_prompts is None else interp.capture(model, eval_prompts, sites=site,
-                                                                      positions="all", chat=not args.raw)
+    eval_acts = acts if args.eval_prompts is None else interp.capture(model,
+                                                                      Prompts(eval_prompts, chat=not args.raw),
+                                                                      sites=site,
+                                                                      positions="all")
     metrics = sae.evaluate(res.sae, eval_acts, site=site)
     ce = sae.quality.ce_loss_recovered(model, res.sae, eval_prompts, site=site, chat=not args.raw)
     result = sae_result(res, metrics, ce, site, held_out=args.eval_prompts is not None)
@@ -102,8 +105,8 @@ def _train(args: argparse.Namespace) -> tuple[Any, str, list[str], list[str], An
     model = load(args)
     site = _one_site(model, args.site)
     cfg = train_config(args, site)
-    acts = interp.capture(model, prompts, sites=site, positions="all", chat=not args.raw,
-                          distributed=distributed.active())
+    acts = interp.capture(model, Prompts(prompts, chat=not args.raw), sites=site, positions="all",
+                          runtime=Runtime(distributed=distributed.active()))
     return model, site, prompts, eval_prompts, acts, sae.train_sae(acts, cfg)
 
 

@@ -32,7 +32,7 @@ from probes import diff_of_means
 
 def last_token(model: Model, prompts: list[str], layers: list[int]) -> torch.Tensor:
     """``resid_pre`` of ``layers`` at the last post-instruction token ``[n, len(layers), d]``."""
-    kw = dict(sites="resid_pre", layers=layers, positions="post_instruction", progress=False)
+    kw = dict(sites="resid_pre", layers=layers, positions="post_instruction", runtime=Runtime(progress=False))
     return capture(model, prompts, **kw).tensor[:, :, -1]
 
 

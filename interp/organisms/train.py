@@ -263,7 +263,8 @@ def _answers(m: Model, instructions: list[str], *edits: object) -> list[str]:
 @torch.no_grad()
 def mean_difference(m: Model, harmful: list[str], harmless: list[str], layer: int) -> Float[torch.Tensor, " d"]:
     """Difference of means ``[d]`` of ``resid_pre`` of ``layer`` at the last prompt token (``interp.capture``)."""
-    means = [capture(m, prompts, sites=f"resid_pre.{layer}", positions="last", batch_size=64, progress=False)
+    means = [capture(m, prompts, sites=f"resid_pre.{layer}", positions="last",
+                     runtime=Runtime(batch_size=64, progress=False))
              .tensor[:, 0].mean(0) for prompts in (harmful, harmless)]
     return means[0] - means[1]
 

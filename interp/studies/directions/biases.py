@@ -29,6 +29,7 @@ from interp.forward import prepare
 from interp.models import Model
 from interp.studies.directions.biases_items import BiasItem
 from interp.studies.directions.biases_overlap import bias_overlap
+from interp.values import Prompts, Runtime
 from probes._choice import LayerChoice
 from probes.objects import Direction, Subspace
 from probes.subspace import mean_diff_subspace
@@ -249,8 +250,9 @@ def capture_items(model: Model, items: Sequence[BiasItem], layers: Sequence[int]
     """Last-token ``resid_post`` of every distinct prompt (uncued prompts shared across biases run once):
     ``{prompt: [L, d]}`` and the site names."""
     prompts = list(dict.fromkeys([i.uncued for i in items] + [i.cued for i in items]))
-    acts = capture(model, prompts, sites="resid_post", layers=list(layers), positions="last", chat=chat,
-                   batch_size=batch_size, progress=progress, sort_by_length=True)
+    acts = capture(model, Prompts(prompts, chat=chat), sites="resid_post", layers=list(layers),
+                   positions="last",
+                   runtime=Runtime(batch_size=batch_size, progress=progress, sort_by_length=True))
     return dict(zip(prompts, acts.tensor, strict=True)), list(acts.sites)
 
 

@@ -13,6 +13,7 @@ import torch
 from interp.capturing import capture
 from interp.models import Model, from_hf
 from interp.positions import without_first
+from interp.values import Prompts, Runtime
 
 LANGUAGES = ("en", "fr", "de", "es", "zh")
 
@@ -85,8 +86,8 @@ def item_activations(model: Model, texts: Sequence[str], layers: Sequence[int] |
     if bad:
         raise ValueError(f"layers {bad} out of range for {model.n_layers} blocks")
     rule = "all" if positions == MEAN_AFTER_FIRST else positions
-    acts = capture(model, list(texts), sites="resid_post", positions=rule, chat=False, layers=layer_list,
-                   batch_size=batch_size, progress=False)
+    acts = capture(model, Prompts(list(texts), chat=False), sites="resid_post", positions=rule,
+                   layers=layer_list, runtime=Runtime(batch_size=batch_size, progress=False))
     X = acts.tensor.double()
     if positions == MEAN_AFTER_FIRST:
         keep = without_first(acts.mask)

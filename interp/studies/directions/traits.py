@@ -25,6 +25,7 @@ from interp.chat import has_chat_template
 from interp.models import Model
 from interp.studies.directions.traits_band import BandRule, choose_band
 from interp.studies.directions.traits_data import LEVEL_PROMPTS
+from interp.values import Prompts, Runtime
 from probes import cross_validate, graded_direction
 from probes.folds import make_folds
 from probes.graded import GradedDirection
@@ -148,9 +149,10 @@ def _capture_trait(model: Model, trait: str, questions: list[str], levels: Mappi
     parts = []
     for level, system in levels.items():
         prompts, sys_arg, use_chat = _prompts_at(model, questions, system, chat)
-        parts.append(capture(model, prompts, sites=site, layers=layers, positions=positions, batch_size=batch_size,
-                             chat=use_chat, system=sys_arg, labels=[level] * len(questions),
-                             prompt_ids=[f"{trait}:{level}:{i}" for i in range(len(questions))], progress=False))
+        parts.append(capture(model,
+                             Prompts(prompts, chat=use_chat, system=sys_arg, labels=[level] * len(questions), ids=[f"{trait}:{level}:{i}" for i in range(len(questions))]),
+                             sites=site, layers=layers, positions=positions,
+                             runtime=Runtime(batch_size=batch_size, progress=False)))
     return Activations.concat(parts)
 
 

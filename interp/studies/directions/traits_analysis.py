@@ -20,6 +20,7 @@ from interp.bundle import Result
 from interp.evals.bootstrap import percentile_interval, resample_ids
 from interp.models import Model
 from interp.studies.directions.traits import TraitScales, _capture_trait
+from interp.values import Prompts, Runtime
 from probes import random_directions
 
 if TYPE_CHECKING:
@@ -65,8 +66,8 @@ def _capture_like(scales: TraitScales, model: Model | None, texts: Any, chat: bo
     from interp.capturing import capture
 
     sites = next(iter(scales.scales.values())).sites
-    return capture(model, list(texts), sites=sites, positions=scales.positions, chat=chat, batch_size=batch_size,
-                   progress=False)
+    return capture(model, Prompts(list(texts), chat=chat), sites=sites, positions=scales.positions,
+                   runtime=Runtime(batch_size=batch_size, progress=False))
 
 
 def _random_reading(scales: TraitScales, trait: str, X: Any, seed: int) -> torch.Tensor:

@@ -80,7 +80,8 @@ def _read(model: Model, scales: TraitScales, trait: str, prompts: list[str], ivs
     """Mean band level of the prompts' activations with ``ivs`` attached."""
     sites = scales[trait].sites
     with steering.apply(model, *ivs):
-        acts = capture(model, prompts, sites=sites, positions=scales.positions, chat=chat, progress=False)
+        acts = capture(model, Prompts(prompts, chat=chat), sites=sites, positions=scales.positions,
+                       runtime=Runtime(progress=False))
     return float(scales[trait].level(acts).mean())
 
 

@@ -22,6 +22,7 @@ from interp.models import Model
 from interp.sites import parse_site
 from interp.studies.directions.values_choice import check_items, forced_choice, resolve_chat
 from interp.studies.directions.values_data import ChoiceItem, Contrast
+from interp.values import Prompts, Runtime
 from probes.directions import diff_of_means
 from probes.objects import Direction
 from probes.validation import ProbeScores, cross_validate
@@ -86,8 +87,9 @@ def value_vectors(model: Model, pairs: Contrast, *, site: str = "resid_post", po
     if n_groups < n_folds:
         raise ValueError(f"{n_groups} groups cannot fill {n_folds} held-out folds; pass n_folds <= {n_groups}")
     chat = resolve_chat(model, chat)
-    acts = capture(model, pairs.prompts, sites=site, positions=positions, labels=pairs.labels, chat=chat,
-                   layers=layers, batch_size=batch_size, progress=False)
+    acts = capture(model, Prompts(pairs.prompts, labels=pairs.labels, chat=chat), sites=site,
+                   positions=positions,
+                   layers=layers, runtime=Runtime(batch_size=batch_size, progress=False))
     direction = diff_of_means(acts, positive=1)
     scores = cross_validate(acts, method="mean_diff", groups=pairs.all_groups, n_folds=n_folds, seed=seed,
                             positive=1, progress=False)

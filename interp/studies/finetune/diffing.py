@@ -25,6 +25,7 @@ from interp.models import Model
 from interp.positions import without_first
 from interp.studies.kit.prompt_sets import RefusalData
 from interp.studies.kit.runs import refusal_rate
+from interp.values import Runtime
 from sae.analysis import LatentDiff, diff_latents
 from sae.contexts import top_contexts
 from sae.edits import LatentAblation, LatentSteering
@@ -87,7 +88,7 @@ def _train_base_sae(base: Model, site: str, prompts: list[str], d_sae: int, k: i
 
 
 def _last(model: Model, site: str, prompts: list[str]) -> torch.Tensor:
-    a = capture(model, prompts, sites=[site], positions="last", progress=False)
+    a = capture(model, prompts, sites=[site], positions="last", runtime=Runtime(progress=False))
     return a.tensor[:, 0].reshape(len(prompts), -1)
 
 

@@ -38,6 +38,7 @@ from interp.studies.kit.scoring import prompt_logits
 from interp.studies.kit.stages import find_candidates, find_refusal_tokens
 from interp.tune import TuneConfig
 from interp.tune.data import check_pairs
+from interp.values import Runtime
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -128,7 +129,7 @@ class _Probe:
 
     def _acts(self, model: Model, prompts: list[str]) -> torch.Tensor:
         a = capture(model, prompts, sites="resid_pre", layers=[self.layer], positions="post_instruction",
-                    batch_size=self.batch_size, progress=False)
+                    runtime=Runtime(batch_size=self.batch_size, progress=False))
         return a.tensor[:, 0, self.position].float()
 
     def measure(self, model: Model) -> tuple[dict[str, Any], torch.Tensor, torch.Tensor]:

@@ -236,7 +236,8 @@ def find_candidates(model: Model, data: RefusalData, layers: list[int] | None = 
                     ) -> Candidates:
     """Difference of means (harmful - harmless) at resid_pre of ``layers`` x every post-instruction position."""
     layers = list(layers) if layers is not None else list(range(model.n_layers))
-    kw = dict(sites="resid_pre", layers=layers, positions="post_instruction", batch_size=batch_size, progress=False)
+    kw = dict(sites="resid_pre", layers=layers, positions="post_instruction",
+              runtime=Runtime(batch_size=batch_size, progress=False))
     h = capture(model, data.harmful["train"].instructions, **kw)
     s = capture(model, data.harmless["train"].instructions, **kw)
     n_pos = min(h.tensor.shape[2], s.tensor.shape[2])

@@ -67,7 +67,8 @@ def fit_sae(model: Model, data: ParallelSafety, layer: int, expansion: int = 4, 
 
 
 def _last(model: Model, prompts: list[str], layer: int) -> torch.Tensor:
-    return capture(model, prompts, sites=f"resid_pre.{layer}", positions="last", progress=False).tensor[:, 0]
+    return capture(model, prompts, sites=f"resid_pre.{layer}", positions="last",
+                   runtime=Runtime(progress=False)).tensor[:, 0]
 
 
 def _rate_rows(lang: str, cond: str, texts: list[str]) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from interp.evals.bootstrap import percentile_interval, resample_ids
 from interp.evals.metrics import auroc
 from interp.models import Model
 from interp.studies.multilingual.data import ParallelSafety
+from interp.values import Runtime
 from probes.similarity import pair_cosines, pairing_stats
 
 Acts = dict[str, dict[str, dict[str, torch.Tensor]]]  # acts[kind][split][lang] -> [n, L, d]
@@ -40,8 +41,9 @@ def capture_last(model: Model, data: ParallelSafety, layers: list[int], kinds: t
         out[kind] = {}
         for split in splits:
             out[kind][split] = {
-                lang: capture(model, data.get(kind, split, lang), sites="resid_pre", layers=layers, positions="last",
-                              batch_size=batch_size, progress=False).tensor.double()
+                lang: capture(model, data.get(kind, split, lang), sites="resid_pre", layers=layers,
+                              positions="last",
+                              runtime=Runtime(batch_size=batch_size, progress=False)).tensor.double()
                 for lang in data.langs}
     return out
 
