@@ -110,15 +110,21 @@ class Runtime:
         return replace(base, **given) if given else base
 
 
+def refuse_moved(kwargs: dict[str, Any], moved: dict[str, str], where: str) -> None:
+    """The one check of keywords a signature no longer takes: a ``TypeError`` naming, for each keyword of ``kwargs``
+    in ``moved`` (old keyword -> where it went, e.g. ``"runtime=interp.Runtime(batch_size=...)"``), its
+    replacement, instead of Python's bare "unexpected keyword" (or, through ``**kwargs``, a silent pass-on)."""
+    old = [k for k in kwargs if k in moved]
+    if old:
+        raise TypeError(f"{where} no longer takes " + "; ".join(f"{k}= (moved into {moved[k]})" for k in old))
+
+
 def moved_keywords(moved: dict[str, str]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """A decorator: a call with a keyword of ``moved`` (old keyword -> where it went, e.g. ``"runtime=
-    interp.Runtime(batch_size=...)"``) fails with a TypeError naming the replacement, not Python's bare one."""
+    """A decorator applying :func:`refuse_moved` to every call of the function."""
     def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(fn)
         def call(*args: Any, **kwargs: Any) -> Any:
-            old = [k for k in kwargs if k in moved]
-            if old:
-                raise TypeError(f"{fn.__name__}(): " + "; ".join(f"{k}= moved into {moved[k]}" for k in old))
+            refuse_moved(kwargs, moved, f"{fn.__name__}()")
             return fn(*args, **kwargs)
         return call
     return wrap

@@ -21,7 +21,7 @@ from interp.evals.judge import is_refusal
 from interp.forward import pad_id
 from interp.models import Model
 from interp.nnsight_backend import NNsightModel, refuse
-from interp.values import Prompts, Runtime
+from interp.values import Prompts, Runtime, refuse_moved
 from steering import prefill
 from steering._args import check_finite
 from steering.applying import _flat, apply
@@ -125,9 +125,7 @@ REMOVED = {   # old keyword -> what replaces it
 
 def check_removed(kwargs: dict[str, Any], where: str) -> None:
     """A clear ``TypeError`` for a keyword :func:`generate` no longer takes (it would reach HF ``generate``)."""
-    old = [k for k in kwargs if k in REMOVED]
-    if old:
-        raise TypeError(f"{where} no longer takes " + "; ".join(f"{k}= (use {REMOVED[k]})" for k in old))
+    refuse_moved(kwargs, REMOVED, where)
 
 
 def _check_args(model: Model, max_new_tokens: int, engine: str, first_logits: bool) -> None:

@@ -37,7 +37,7 @@ def test_the_signature_is_eight_parameters():
 def test_an_old_keyword_fails_naming_its_new_home(tiny_models, old):
     with pytest.raises(TypeError) as err:
         interp.capture(tiny_models("llama"), ["a b"], **{old: None})
-    assert f"{old}= moved into {MOVED[old]}" in str(err.value)
+    assert f"{old}= (moved into {MOVED[old]})" in str(err.value)
 
 
 def _by_hand(m, texts, responses, site, rule, batch_size, dtype, chat=True, skip_special=True, sinks="exclude"):
