@@ -269,10 +269,21 @@ def _build(cls: type, raw: dict[str, Any], tensors: dict[str, torch.Tensor]) -> 
     return obj
 
 
+def encode_fields(obj: Any) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """A dataclass's fields as JSON (with markers for tensors, tuples, sets, our dataclasses, rates) and the tensors
+    they refer to: the one serialiser of results and of the studies' stage caches (:func:`decode_fields` inverts it)."""
+    tensors: dict[str, torch.Tensor] = {}
+    return {f.name: _encode(getattr(obj, f.name), f.name, tensors) for f in fields(obj)}, tensors
+
+
+def decode_fields(cls: type, raw: dict[str, Any], tensors: dict[str, torch.Tensor]) -> Any:
+    """The ``cls`` instance :func:`encode_fields` wrote."""
+    return _build(cls, raw, tensors)
+
+
 def save_result(obj: Any, path: str | os.PathLike, overwrite: bool = False) -> Path:
     """Write a result dataclass as one bundle (atomic; refuses an existing ``path`` unless ``overwrite``)."""
-    tensors: dict[str, torch.Tensor] = {}
-    own = {f.name: _encode(getattr(obj, f.name), f.name, tensors) for f in fields(obj)}
+    own, tensors = encode_fields(obj)
     prov = getattr(obj, "provenance", None)
     if not isinstance(prov, Provenance):
         prov = Provenance(method=type(obj).__name__, model_id=str(getattr(obj, "model_id", "") or ""))
@@ -317,6 +328,6 @@ class Result:
         return {k: v for k, v in out.items() if v is not _SKIP}
 
 
-__all__ = ["Bundle", "FORMAT", "Fitted", "OUR_PACKAGES", "PACKAGE_VERSION", "Provenance", "Result", "check_model", "from_provenance",
+__all__ = ["Bundle", "FORMAT", "Fitted", "OUR_PACKAGES", "PACKAGE_VERSION", "Provenance", "Result", "check_model", "decode_fields", "encode_fields", "from_provenance",
            "load", "load_result", "read_kind", "read_object", "register_kind", "result_kind", "save_object",
            "save_result"]

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Callable
-from dataclasses import fields, is_dataclass
+from dataclasses import is_dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-import torch
-
+from interp.bundle import decode_fields, encode_fields
 from interp.io import OwnedFolder, read_json, read_safetensors, write_json, write_safetensors
 from interp.studies.kit.config import RefusalConfig
 
@@ -23,11 +22,11 @@ T = TypeVar("T")
 
 
 def save_stage(folder: Path, key: str, obj: Any) -> None:
-    """Write a stage dataclass: tensor fields to ``tensors.safetensors``, the rest (and the key) to ``meta.json``."""
+    """Write a stage dataclass through the one result serialiser (:func:`interp.bundle.encode_fields`): tensors to
+    ``tensors.safetensors``, the rest (and the key) to ``meta.json``."""
     if not is_dataclass(obj):
         raise TypeError(f"a stage result must be a dataclass, got {type(obj).__name__}")
-    tensors = {f.name: getattr(obj, f.name) for f in fields(obj) if isinstance(getattr(obj, f.name), torch.Tensor)}
-    plain = {f.name: getattr(obj, f.name) for f in fields(obj) if f.name not in tensors}
+    plain, tensors = encode_fields(obj)
     folder.mkdir(parents=True, exist_ok=True)
     write_safetensors(folder / "tensors.safetensors", tensors)
     write_json(folder / "meta.json", {"kind": f"refusal.{type(obj).__name__}", "key": key, "fields": plain})  # last
@@ -41,8 +40,7 @@ def load_stage(folder: Path, key: str, cls: type[T]) -> T | None:
     meta = read_json(meta_file)
     if meta.get("key") != key or meta.get("kind") != f"refusal.{cls.__name__}":
         return None
-    tensors = read_safetensors(folder / "tensors.safetensors")
-    return cls(**meta["fields"], **tensors)
+    return decode_fields(cls, meta["fields"], read_safetensors(folder / "tensors.safetensors"))
 
 
 class Run:
