@@ -78,11 +78,13 @@ class Prompts:
         tokenizer and kept on this value."""
         from interp.forward import prepare
 
-        key = id(model.tokenizer)
-        if key not in self._encoded:
-            self._encoded[key] = prepare(model, list(self.texts), chat=self.chat, responses=self.responses,
-                                         system=self.system)
-        return self._encoded[key]
+        tok = model.tokenizer
+        held = self._encoded.get(id(tok))
+        if held is None or held[0] is not tok:  # the tokenizer itself is kept, so a recycled id cannot match
+            held = (tok, prepare(model, list(self.texts), chat=self.chat, responses=self.responses,
+                                 system=self.system))
+            self._encoded[id(tok)] = held
+        return held[1]
 
 
 @dataclass(frozen=True)
