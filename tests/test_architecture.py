@@ -16,7 +16,7 @@ TOP_LEVEL = ("interp", "probes", "sae", "steering")
 NOT_PACKAGES = {"tests", "benchmarks", "scripts", "notebooks"}  # repository folders that are not installed
 GROUND = {"interp.evals", "interp.viz"}
 CORE = GROUND | {"interp"}
-BELOW_ACT = CORE | {"probes", "sae", "interp.tune"}
+BELOW_ACT = CORE | {"probes", "sae", "interp.tune", "interp.look"}
 BELOW_STUDIES = BELOW_ACT | {"steering", "interp.patching"}
 # what each floor may import from this project (itself always); see ARCHITECTURE.md. A floor is a top-level
 # package or a subpackage of interp named here; every other module of interp is the core.
@@ -28,6 +28,7 @@ ALLOWED: dict[str, set[str]] = {
     "probes": CORE,                                  # fit
     "sae": CORE,
     "interp.tune": CORE,
+    "interp.look": CORE,                             # lenses, direct logit attribution, head scores
     "steering": BELOW_ACT,                           # act
     "interp.patching": BELOW_ACT,
     "interp.studies.kit": BELOW_STUDIES,             # what the studies share
