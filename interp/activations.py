@@ -115,7 +115,7 @@ class Activations:
             prompt_ids=[self.prompt_ids[i] for i in idx],
             labels=None if self.labels is None else [self.labels[i] for i in idx],
             mask=None if self.mask is None else self.mask[idx],
-            meta=dict(self.meta),
+            meta=_rows_meta(self.meta, idx),
             sinks=None if self.sinks is None else self.sinks[idx],
         )
 
@@ -262,3 +262,11 @@ def _left_pad(t: torch.Tensor, width: int, dim: int) -> torch.Tensor:
 
 
 register_kind(KIND, Activations.load)
+
+
+def _rows_meta(meta: dict[str, Any], idx: list[int]) -> dict[str, Any]:
+    """``meta`` of a row subset: the per-prompt entries (``key_lengths`` of attention patterns) follow the rows."""
+    out = dict(meta)
+    if isinstance(out.get("key_lengths"), list):
+        out["key_lengths"] = [out["key_lengths"][i] for i in idx]
+    return out

@@ -18,6 +18,7 @@ from tqdm.auto import tqdm
 
 from interp import distributed as dist
 from interp.activations import Activations
+from interp.attention import check_pattern_memory, keys_aligned
 from interp.chat import Batch
 from interp.fingerprint import content_ids, fingerprint, run_parts
 from interp.forward import batches, encode_ids, forward, length_order
@@ -31,22 +32,24 @@ from interp.values import Prompts, Runtime, moved_keywords
 
 
 def run_batch(model: Model, batch: Batch, sites: list[Site], rule: PositionSpec, out_dtype: torch.dtype,
-              need_logits: bool = False, skip_special: bool = True, pin: bool = False, sinks: str = "exclude"
-              ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+              need_logits: bool = False, skip_special: bool = True, pin: bool = False, sinks: str = "exclude",
+              n_keys: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """One forward pass keeping ``sites`` at ``rule``; returns ``([b, S, (P,) width], mask, logits)`` on the CPU
     (:func:`run_batch_flagged` adds the sink flags)."""
-    return run_batch_flagged(model, batch, sites, rule, out_dtype, need_logits, skip_special, pin, sinks)[:3]
+    return run_batch_flagged(model, batch, sites, rule, out_dtype, need_logits, skip_special, pin, sinks, n_keys)[:3]
 
 
 def run_batch_flagged(model: Model, batch: Batch, sites: list[Site], rule: PositionSpec, out_dtype: torch.dtype,
-                      need_logits: bool = False, skip_special: bool = True, pin: bool = False, sinks: str = "exclude"
-                      ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+                      need_logits: bool = False, skip_special: bool = True, pin: bool = False, sinks: str = "exclude",
+                      n_keys: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """:func:`run_batch` and ``flags``: the massive-activation positions (:func:`interp.positions.massive`),
     ``[b, S, P]`` bool where positions are kept, else ``[b, S]`` counts (left out of a mean unless
     ``sinks='keep'``); ``None`` when unknown.
 
     Per-head sites arrive ``[.., n_heads, d_head]`` and are kept flattened to ``n_heads * d_head`` (the
     concatenated head outputs, as the output projection reads them); every site of one call shares one width.
+    Scores / pattern are kept per query row as ``n_heads * n_keys`` (default: the batch's width), keys left-aligned
+    (key ``j`` is the prompt's own token ``j``, zero past its length; :func:`interp.attention.keys_aligned`).
     Copies off a GPU are non-blocking; ``pin`` puts the CPU buffer in pinned memory so they really overlap (for
     a buffer that is written out and freed, e.g. a store shard: torch's host allocator recycles it)."""
     p = plan(rule, batch, skip_special=skip_special, sinks=sinks)
@@ -58,8 +61,13 @@ def run_batch_flagged(model: Model, batch: Batch, sites: list[Site], rule: Posit
     seen: set[int] = set()
     devices: set[torch.device] = set()
 
+    keys = batch.input_ids.shape[1] if n_keys is None else n_keys
+    table = [s.kind in ("scores", "pattern") for s in sites]
+
     def make(i: int):
         def fn(x: torch.Tensor, ctx: HookContext) -> None:
+            if table[i]:
+                x = keys_aligned(x, batch.attention_mask, keys)
             y, flags[i] = p.take(x.flatten(2) if x.dim() > 3 else x)
             devices.add(y.device)
             if not buf:
@@ -119,10 +127,10 @@ WIDTH_HELP = ("one Activations tensor holds sites of one width; capture each wid
               "(e.g. sites='resid_post' and sites='mlp_post' separately)")
 
 
-def site_widths(model: Model, sites: list[Site]) -> tuple[int, dict[str, list[int]]]:
-    """The common width of ``sites`` and the shapes of the multi-dimensional ones (``attn_z``: heads, d_head);
-    a clear error when the widths differ."""
-    shapes = {s.name: site_shape(model, s) for s in sites}
+def site_widths(model: Model, sites: list[Site], n_keys: int | None = None) -> tuple[int, dict[str, list[int]]]:
+    """The common width of ``sites`` and the shapes of the multi-dimensional ones (``attn_z``: heads, d_head;
+    ``pattern``: heads, ``n_keys``); a clear error when the widths differ."""
+    shapes = {s.name: site_shape(model, s, n_keys) for s in sites}
     widths = {name: math.prod(sh) for name, sh in shapes.items()}
     if len(set(widths.values())) > 1:
         groups: dict[int, list[str]] = {}
@@ -183,13 +191,17 @@ def capture(model: Model, prompts: Prompts | Sequence[str], sites: SiteSpec = "r
     par = _parallel(run.distributed, out)
     texts, encs, given = _encode(model, prompts)
     site_list = expand_sites(sites, model.n_layers, layers)
-    width, shapes = site_widths(model, site_list)
+    n_keys = max((len(e.ids) for e in encs), default=0)
+    check_pattern_memory(site_list, len(encs), n_keys, pos.rule, run.dtype.itemsize, model.n_heads)
+    width, shapes = site_widths(model, site_list, n_keys)
     labels = list(given.labels) if given.labels is not None else None
     ids = _ids(texts, given.responses, labels, given.ids)
     rule = pos.describe()
     meta = {"chat": given.chat, "batch_size": run.batch_size, "model_dtype": str(model.dtype),
             "family": model.spec.family, "site_shapes": shapes,
             "model": {"n_layers": model.n_layers, "d_model": model.d_model}}
+    if any(s.kind in ("scores", "pattern") for s in site_list):  # keys left-aligned, zero past each prompt's length
+        meta["key_lengths"] = [len(e.ids) for e in encs]
     order = length_order(encs) if run.sort_by_length else None
     all_batches = batches(model, encs if order is None else [encs[i] for i in order], run.batch_size)
     store = None
@@ -205,7 +217,7 @@ def capture(model: Model, prompts: Prompts | Sequence[str], sites: SiteSpec = "r
 
     acts_or_store = capture_batches(model, all_batches, site_list, pos.rule, dtype=run.dtype, store=store,
                                     progress=run.progress, desc=f"capture {model.name}",
-                                    skip_special=pos.skip_special, parallel=par, sinks=pos.sinks)
+                                    skip_special=pos.skip_special, parallel=par, sinks=pos.sinks, n_keys=n_keys)
     if store is not None:
         return store
     tensor, mask, flags = _in_order(acts_or_store, order, meta, [x.name for x in site_list], pos.sinks, pos.mean)
@@ -281,7 +293,7 @@ def _unsort(tensor: torch.Tensor, mask: torch.Tensor | None, flags: torch.Tensor
 def capture_batches(model: Model, all_batches: list[Batch], sites: list[Site], positions: PositionSpec,
                     dtype: torch.dtype = torch.float32, store: ActivationStore | None = None, progress: bool = False,
                     desc: str = "capture", skip_special: bool = True, parallel: bool = False,
-                    sinks: str = "exclude") -> Any:
+                    sinks: str = "exclude", n_keys: int | None = None) -> Any:
     """The capture loop over prepared batches: ``(tensor, mask, sink flags, sink counts per site)`` in memory, or
     shards written to ``store`` (with their sink flags).
 
@@ -292,7 +304,7 @@ def capture_batches(model: Model, all_batches: list[Batch], sites: list[Site], p
     err = None
     try:
         results = _run_batches(model, all_batches, mine, sites, positions, dtype, store, progress and dist.is_main(),
-                               desc, skip_special, sinks)
+                               desc, skip_special, sinks, n_keys)
     except Exception as e:  # every rank must reach the agreement below
         if not parallel:
             raise
@@ -319,7 +331,8 @@ def capture_batches(model: Model, all_batches: list[Batch], sites: list[Site], p
 
 def _run_batches(model: Model, all_batches: list[Batch], mine: list[int], sites: list[Site], positions: PositionSpec,
                  dtype: torch.dtype, store: ActivationStore | None, progress: bool, desc: str, skip_special: bool,
-                 sinks: str = "exclude") -> dict[int, tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]]:
+                 sinks: str = "exclude", n_keys: int | None = None
+                 ) -> dict[int, tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]]:
     """Batches ``mine``: written to ``store`` (skipping shards already there; key ``-1`` then holds the sink
     counts per site of the batches run) or returned by index as ``(acts, mask, sink flags)``."""
     pin = store is not None and model.device.type == "cuda"
@@ -333,8 +346,8 @@ def _run_batches(model: Model, all_batches: list[Batch], mine: list[int], sites:
             if store is not None and store.has_shard(k):
                 bar.update(batch.input_ids.shape[0])
                 continue
-            acts, mask, _, flags = run_batch_flagged(model, batch, sites, positions, dtype, skip_special=skip_special, pin=pin,
-                                             sinks=sinks)
+            acts, mask, _, flags = run_batch_flagged(model, batch, sites, positions, dtype, skip_special=skip_special,
+                                                     pin=pin, sinks=sinks, n_keys=n_keys)
             _check_finite(acts, k)
             if store is not None:
                 store.write_shard(k, acts, mask, sinks=flags if flags is not None and flags.dim() == 3 else None)

@@ -1,7 +1,8 @@
 """Hooks on named sites, attached only inside a context manager and always removed on exit.
 
 A hook function is ``fn(x, ctx)``: ``x`` is the site's tensor (``[batch, seq, d_model]``; ``[batch, seq,
-n_heads, d_head]`` for ``attn_z``; ``[batch, seq, d_mlp]`` for ``mlp_post``) and ``ctx`` a
+n_heads, d_head]`` for ``attn_z`` and q / k / v / rot_q / rot_k; ``[batch, n_heads, query, key]`` for scores and
+pattern, :mod:`interp.attention`; ``[batch, seq, d_mlp]`` for ``mlp_post``) and ``ctx`` a
 :class:`HookContext` (its ``tokens``: which columns of the pass are prompt / generated, :mod:`interp.tokens`).
 Returning a tensor replaces the activation; returning ``None`` leaves it.
 """
@@ -17,9 +18,10 @@ import torch
 import torch.nn as nn
 from torch.utils.hooks import RemovableHandle
 
+from interp import attention
 from interp.arch import get_module, has_module
 from interp.models import Model
-from interp.sites import MOE_KINDS, Site, parse_site
+from interp.sites import ATTN_KINDS, MOE_KINDS, Site, parse_site
 from interp.tokens import TokenState, TokenTracker
 
 HookFn = Callable[[torch.Tensor, "HookContext"], "torch.Tensor | None"]
@@ -86,6 +88,14 @@ def _register(model: Model, site: Site, fn: HookFn, ctx: HookContext) -> list[Re
         return None if new is None else _with_input(args, kwargs, _check(new, x, site))
 
     kind = site.kind
+    if kind in ATTN_KINDS:
+        def edit(x: torch.Tensor) -> torch.Tensor | None:
+            new = fn(x, ctx)
+            return None if new is None else _check(new, x, site)
+
+        if kind in attention.QKV_KINDS:
+            return attention.register_qkv(model, site, edit)
+        return attention.register_inner(model, site, edit)
     if kind == "ln_final":
         if spec.extra.get("normalized"):  # a model whose tree has the pre-gain value as a module (TransformerLens)
             return [model.module(spec.extra["normalized"]).register_forward_hook(post_hook)]
@@ -216,9 +226,11 @@ def norm_parts(norm: nn.Module, offset: float = 0.0) -> NormParts:
     return NormParts(eps, getattr(norm, "weight", None), getattr(norm, "bias", None), centre, offset)
 
 
-def site_shape(model: Model, site: Site) -> tuple[int, ...]:
+def site_shape(model: Model, site: Site, n_keys: int | None = None) -> tuple[int, ...]:
     """The trailing shape a site's tensor has: ``(n_heads, d_head)`` for ``attn_z``, ``(d_mlp,)`` for
-    ``mlp_post``, ``(d_model,)`` for the residual-width sites."""
+    ``mlp_post``, ``(d_model,)`` for the residual-width sites; attention sites: :func:`interp.attention.shape`."""
+    if site.kind in ATTN_KINDS:
+        return attention.shape(model, site, n_keys)
     if site.kind == "attn_z":
         return (model.n_heads, model.d_head)
     if site.kind == "mlp_post":

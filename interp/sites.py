@@ -2,10 +2,17 @@
 
 ``blocks.3.hook_resid_post`` == ``resid_post.3``. A kind without a layer (``"resid_post"``)
 expands to every layer in :func:`expand_sites`.
+
+Inside attention (:mod:`interp.attention`): ``blocks.{i}.attn.hook_q`` / ``hook_k`` / ``hook_v`` (``q.3``: the
+projections per head, ``[.., n_heads | n_kv_heads, d_head]``, before rotary and before qk-norm as in
+TransformerLens), ``hook_rot_q`` / ``hook_rot_k`` (after qk-norm and rotary, what the scores use), ``hook_attn_scores``
+(``scores``: pre-softmax, after scaling, soft-capping and masking) and ``hook_pattern`` (``pattern``: post-softmax),
+both ``[batch, n_heads, query, key]`` in a hook; k and v stay per key-value head (``interp.attention.expand_kv``).
 """
 
 from __future__ import annotations
 
+import difflib
 import operator
 import re
 from collections.abc import Sequence
@@ -31,7 +38,11 @@ BLOCK_KINDS: dict[str, str] = {
     # shared expert's output before its sigmoid gate (a per-token scalar); mlp_out = experts + gate * shared
     "experts_out": "mlp.hook_experts_out",
     "shared_expert_out": "mlp.hook_shared_expert_out",
+    # inside attention (interp.attention), as TransformerLens names them
+    "q": "attn.hook_q", "k": "attn.hook_k", "v": "attn.hook_v", "rot_q": "attn.hook_rot_q", "rot_k": "attn.hook_rot_k",
+    "scores": "attn.hook_attn_scores", "pattern": "attn.hook_pattern",
 }
+ATTN_KINDS = ("q", "k", "v", "rot_q", "rot_k", "scores", "pattern")
 MOE_KINDS = ("experts_out", "shared_expert_out")  # exist only in mixture-of-experts layers
 # ``ln_final.hook_normalized`` is before the final norm's gain, as in TransformerLens; ``ln_final.hook_out`` (our
 # own name, no TransformerLens equivalent) is the norm's output, what the unembedding reads.
@@ -51,6 +62,8 @@ ALIASES: dict[str, str] = {
     "final": "ln_final",
     "ln_final": "ln_final",
     "final_out": "ln_final_out",
+    "attn_scores": "scores",
+    "attn_pattern": "pattern",
 }
 
 _CANON_BLOCK = re.compile(r"^blocks\.(\d+)\.(" + "|".join(re.escape(v) for v in BLOCK_KINDS.values()) + r")$")
@@ -85,6 +98,16 @@ def known_site_forms() -> str:
             f"or a short form 'KIND.LAYER' with KIND in: {kinds}")
 
 
+def _unknown(name: str) -> ValueError:
+    """An unknown site, naming the nearest supported one (``blocks.0.attn.hook_result`` -> ``hook_z``'s kin)."""
+    m = re.match(r"^blocks\.(\d+)\.(.+)$", name.strip())
+    layer, rest = (m.group(1), m.group(2)) if m else ("0", name.strip())
+    pool = [f"blocks.{layer}.{v}" for v in BLOCK_KINDS.values()] + list(GLOBAL_KINDS.values())
+    near = difflib.get_close_matches(f"blocks.{layer}.{rest}" if m else name.strip(), pool, n=1, cutoff=0.0)
+    hint = f"the nearest supported site is {near[0]!r}; " if near else ""
+    return ValueError(f"unknown site {name!r}: {hint}{known_site_forms()}")
+
+
 def parse_site(name: str | Site, n_layers: int | None = None) -> Site:
     """Parse a canonical or short site name; negative layers count from the end when ``n_layers`` is known."""
     if isinstance(name, Site):
@@ -99,7 +122,7 @@ def parse_site(name: str | Site, n_layers: int | None = None) -> Site:
         else:
             m = _SHORT.match(s)
             if not m:
-                raise ValueError(f"unknown site {name!r}: {known_site_forms()}")
+                raise _unknown(s)
             kind = ALIASES.get(m.group(1), m.group(1))
             layer = None if m.group(2) is None else int(m.group(2))
             if kind in GLOBAL_KINDS:
@@ -111,7 +134,7 @@ def parse_site(name: str | Site, n_layers: int | None = None) -> Site:
                     raise ValueError(f"site {name!r} needs a layer ('{kind}.3'); use expand_sites to take every layer")
                 site = Site(kind, layer)
             else:
-                raise ValueError(f"unknown site {name!r}: {known_site_forms()}")
+                raise _unknown(s)
     if site.layer is not None and n_layers is not None:
         layer = site.layer + n_layers if site.layer < 0 else site.layer
         if not 0 <= layer < n_layers:
