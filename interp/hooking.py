@@ -89,13 +89,7 @@ def _register(model: Model, site: Site, fn: HookFn, ctx: HookContext) -> list[Re
 
     kind = site.kind
     if kind in ATTN_KINDS:
-        def edit(x: torch.Tensor) -> torch.Tensor | None:
-            new = fn(x, ctx)
-            return None if new is None else _check(new, x, site)
-
-        if kind in attention.QKV_KINDS:
-            return attention.register_qkv(model, site, edit)
-        return attention.register_inner(model, site, edit)
+        return _register_attention(model, site, fn, ctx)
     if kind == "ln_final":
         if spec.extra.get("normalized"):  # a model whose tree has the pre-gain value as a module (TransformerLens)
             return [model.module(spec.extra["normalized"]).register_forward_hook(post_hook)]
@@ -135,6 +129,17 @@ def _register(model: Model, site: Site, fn: HookFn, ctx: HookContext) -> list[Re
     if kind in MOE_KINDS:
         return _register_moe_part(model, site, fn, ctx)
     raise ValueError(f"site kind {kind!r} cannot be hooked")
+
+
+def _register_attention(model: Model, site: Site, fn: HookFn, ctx: HookContext) -> list[Any]:
+    """q / k / v on the projections, rot_q / rot_k / scores / pattern inside attention (:mod:`interp.attention`)."""
+    def edit(x: torch.Tensor) -> torch.Tensor | None:
+        new = fn(x, ctx)
+        return None if new is None else _check(new, x, site)
+
+    if site.kind in attention.QKV_KINDS:
+        return attention.register_qkv(model, site, edit)
+    return attention.register_inner(model, site, edit)
 
 
 def moe_part_module(model: Model, site: Site) -> nn.Module:

@@ -146,3 +146,13 @@ def test_smollm2_pattern_equals_hf_eager():
     eager.load_state_dict(m.hf.state_dict())
     eager.eval()
     check_pattern_against_eager(m, eager, ["The capital of France is", "Hi"])
+
+
+@pytest.mark.parametrize("family", ["gemma2", "gemma3_text", "mistral"])
+def test_pattern_equals_hf_eager_with_a_short_sliding_window(family):
+    """A window of 4 tokens, shorter than the prompts, so the sliding mask really cuts keys."""
+    m = tiny_model(family, sliding_window=4)
+    eager = tiny_model(family, attn_implementation="eager", sliding_window=4)
+    check_pattern_against_eager(m, eager.hf, PROMPTS)
+    acts = capture(m, PROMPTS[2:], sites="pattern.0", positions="last", runtime=QUIET)
+    assert (acts.site_view("pattern.0")[0, :, :-4] == 0).all()  # layer 0 slides: only the last 4 keys are read
