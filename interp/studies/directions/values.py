@@ -115,6 +115,14 @@ class LayerSelection(Result):
     norms: ResidualNorms | Any = field(repr=False, default=None)
     rule: str = RULE
 
+    def summary(self) -> dict[str, Any]:
+        """Headline numbers: the chosen layers with their AUROC, effect and score, alpha, n items and the rule."""
+        at = [self.layers.index(la) for la in self.chosen]
+        return {"chosen": list(self.chosen), "auroc": [float(self.auroc[j]) for j in at],
+                "effect": [float(self.effect[j]) for j in at], "score": [float(self.score[j]) for j in at],
+                "null": self.null, "alpha": self.alpha, "n_items": self.n_items, "baseline": dict(self.baseline),
+                "rule": self.rule}
+
     @property
     def null(self) -> bool:
         return not bool((self.score > 0).any())
