@@ -350,7 +350,8 @@ def _run_batches(model: Model, all_batches: list[Batch], mine: list[int], sites:
                                                      pin=pin, sinks=sinks, n_keys=n_keys)
             _check_finite(acts, k)
             if store is not None:
-                store.write_shard(k, acts, mask, sinks=flags if flags is not None and flags.dim() == 3 else None)
+                store.write_shard(k, acts, mask, sinks=flags if flags is not None and flags.dim() == 3 else None,
+                                  counts=flags if flags is not None and flags.dim() == 2 else None)
                 if flags is not None:
                     tally += (flags.sum(-1) if flags.dim() == 3 else flags).sum(0)
             else:

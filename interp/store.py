@@ -3,7 +3,8 @@
 Layout of a store folder::
 
     store.json               manifest (sites, positions, model, prompt ids, labels, fingerprint, complete)
-    shard_00000.safetensors  one batch: "activations" [b, n_sites, (P,) d] (+ "mask" [b, P])
+    shard_00000.safetensors  one batch: "activations" [b, n_sites, (P,) d] (+ "mask" [b, P], "sinks" [b, S, P],
+                             "sink_counts" [S]; the manifest keeps each shard's sink counts too)
 
 A shard file exists only once fully written (written in a temp folder ``.shard_*.tmp`` of its own, then
 renamed), so an interrupted run resumes by skipping the shards present and removing the temp folders.
@@ -75,13 +76,33 @@ class ActivationStore:
         return (self.path / shard_name(k)).exists()
 
     def write_shard(self, k: int, acts: torch.Tensor, mask: torch.Tensor | None = None,
-                    sinks: torch.Tensor | None = None) -> None:
+                    sinks: torch.Tensor | None = None, counts: torch.Tensor | None = None) -> None:
+        """Write shard ``k``, then its sink counts per site into the manifest (both atomically). ``sinks``
+        ``[b, S, P]``: massive-activation flags (:func:`interp.positions.massive`); ``counts`` ``[b, S]``: the
+        sinks a position mean left out, for positions that keep no flags."""
         tensors = {"activations": acts}
         if mask is not None:
             tensors["mask"] = mask
-        if sinks is not None:  # [b, S, P] massive-activation flags (interp.positions.massive)
+        if sinks is not None:
             tensors["sinks"] = sinks
+        per_site = sinks.sum((0, 2)) if sinks is not None else None if counts is None else counts.reshape(-1, len(self.sites)).sum(0)
+        if per_site is not None:
+            tensors["sink_counts"] = per_site.long()
         write_safetensors(self.path / shard_name(k), tensors)
+        if per_site is not None:
+            self.manifest.setdefault("sink_counts", {"shards": {}})["shards"][str(k)] = per_site.long().tolist()
+            write_json(self.path / MANIFEST, self.manifest)
+
+    def _recount_sinks(self) -> None:
+        """Fill the manifest's per-shard sink counts from the shards (ranks of a parallel capture each wrote their
+        own manifest, so the last one written lacks the others' shards)."""
+        shards: dict[str, list[int]] = {}
+        for k in range(self.n_shards):
+            t = mmap_safetensors(self.path / shard_name(k))
+            if "sink_counts" in t:
+                shards[str(k)] = t["sink_counts"].tolist()
+        if shards:
+            self.manifest["sink_counts"] = {"shards": shards}
 
     def finish(self, process: dict[str, Any] | None = None) -> None:
         """Mark the store complete (after checking every shard is there), recording ``process`` (the writers'
@@ -90,6 +111,7 @@ class ActivationStore:
         if missing:
             raise RuntimeError(f"{self.path} lacks shards {missing[:5]}{' ...' if len(missing) > 5 else ''}: a writer "
                                f"stopped early; rerun the capture with the same arguments to resume it")
+        self._recount_sinks()
         self.manifest["complete"] = True
         self.manifest["process"] = process or {"world_size": 1, "backend": None}
         write_json(self.path / MANIFEST, self.manifest)
@@ -171,9 +193,27 @@ class ActivationStore:
             inverse[i] = row
         return acts[inverse]
 
+    @property
+    def sink_counts(self) -> dict[str, int] | None:
+        """Massive-activation positions (attention sinks) per site over the shards written so far, from the
+        manifest (``None``: the capture detected none at these sites or positions)."""
+        shards = self.manifest.get("sink_counts", {}).get("shards")
+        if not shards:
+            return None
+        total = torch.tensor(list(shards.values()), dtype=torch.long).sum(0)
+        return {s: int(c) for s, c in zip(self.sites, total)}
+
+    def summary(self) -> dict[str, Any]:
+        """Headline facts: prompts, sites, positions, shards, complete, the model and the sink counts per site."""
+        return {"path": str(self.path), "model_id": self.manifest.get("model_id", ""), "n_prompts": self.n_prompts,
+                "sites": self.sites, "positions": self.positions, "d_model": self.d_model, "n_shards": self.n_shards,
+                "complete": self.complete, "sink_counts": self.sink_counts}
+
     def __repr__(self) -> str:
+        sinks = self.sink_counts
         return (f"ActivationStore({str(self.path)!r}, prompts={self.n_prompts}, sites={len(self.sites)}, "
-                f"shards={self.n_shards}, complete={self.complete})")
+                f"shards={self.n_shards}, complete={self.complete}"
+                + ("" if sinks is None else f", sinks={sum(sinks.values())}") + ")")
 
 
 def _owned(path: Path) -> OwnedFolder:

@@ -56,6 +56,7 @@ class TransferScores(Result):
         """The best layer (:meth:`layer_choice`) and its mean leave-one-out, transfer and within-dataset AUROC."""
         c = self.layer_choice()
         return {"datasets": list(self.datasets), "method": self.method, "best_site": self.sites[c.index],
+                "layer_rule": c.rule,
                 **{k: float(v[c.index]) for k, v in c.values.items()}}
 
     def to_frame(self) -> pd.DataFrame:

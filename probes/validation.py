@@ -79,7 +79,8 @@ class ProbeScores(Result):
         """Headline numbers: the best layer (:meth:`layer_choice`) and its mean held-out scores over folds."""
         j = self.best_layer()
         out: dict[str, Any] = {"method": self.method, "n_folds": int(self.accuracy.shape[0]),
-                               "best_site": self.sites[j], "best_layer": site_layer(self.sites[j])}
+                               "best_site": self.sites[j], "best_layer": site_layer(self.sites[j]),
+                               "layer_rule": self.layer_choice().rule}
         for m in ("accuracy", "auroc", "cohens_d", "control_accuracy", "control_auroc", "selectivity"):
             v = getattr(self, m)
             if v is not None:

@@ -93,5 +93,6 @@ def test_torchrun_capture_equals_one_process_byte_for_byte_and_resumes_per_rank(
     assert a.pop("process") == {"world_size": 1, "backend": None}
     assert b.pop("process") == {"world_size": 2, "backend": "gloo"}
     assert a == b and b["complete"]
+    assert sorted(b["sink_counts"]["shards"]) == ["0", "1", "2", "3"]       # every rank's shards, counted at finish
     assert sorted(p.name for p in two.iterdir()) == sorted(p.name for p in (tmp_path / "one").iterdir())
     torch.testing.assert_close(ActivationStore(two).load().tensor, one.load().tensor, rtol=0, atol=0)

@@ -142,7 +142,7 @@ def test_layer_choice_never_takes_layer_zero_on_a_tie():
     d = torch.tensor([[5.0, 1.0, 0.5]] * 2)                                  # layer 0 would win on Cohen's d
     sc = ProbeScores("logistic", [f"blocks.{i}.hook_resid_post" for i in range(3)], auc, auc, d)
     choice = choose_bias_layer(sc, tol=0.005)
-    assert choice.index == 1 and choice.tied == [0, 1]
+    assert choice.index == 1 and choice.tied == [0, 1] and "never the lowest captured layer" in choice.rule
     alone = ProbeScores("logistic", sc.sites, auc, torch.tensor([[1.0, 0.8, 0.7]] * 2), d)
     assert choose_bias_layer(alone, tol=0.005).index == 0                    # best on its own: layer 0 stands
 

@@ -153,6 +153,8 @@ def test_select_layers_follows_the_stated_rule(llama, dilemmas):
     assert torch.allclose(sel.score, want) and sel.rule == RULE
     best = max(range(2), key=lambda j: (float(sel.score[j]), float(sel.effect[j])))
     assert sel.chosen == [sel.layers[best]]
+    s = sel.summary()
+    assert s["chosen"] == sel.chosen and s["score"] == [float(sel.score[best])] and s["rule"] == RULE
     up = forced_choice(llama, items, steer_at(vv.direction, [sel.layers[0]], 2.0, sel.norms))
     down = forced_choice(llama, items, steer_at(vv.direction, [sel.layers[0]], -2.0, sel.norms))
     assert abs(float(sel.effect[0]) - float(up.p_pole.mean() - down.p_pole.mean()) / 2) < 1e-6

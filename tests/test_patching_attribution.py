@@ -31,6 +31,8 @@ def test_exact_for_final_norm_output(family):
     chk = compare_attribution(m, pairs, _metric(m), sites=["ln_final"])
     assert chk.exact["ln_final"].abs().max() > 1e-4
     assert chk.max_abs_err["ln_final"] < 1e-6
+    assert chk.summary()["kinds"]["ln_final"] == {"n": chk.exact["ln_final"].numel(), "pearson_r": chk.r["ln_final"],
+                                                  "max_abs_err": chk.max_abs_err["ln_final"]}
 
 
 def test_exact_when_everything_after_the_site_is_linear():

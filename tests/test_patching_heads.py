@@ -41,6 +41,9 @@ def test_heads_sum_to_attention_output(family):
     err = (ho.total() - ho.attn_out)[ho.mask[:, None].expand(-1, m.n_layers, -1)].abs().max()
     assert err < 1e-5, float(err)
     assert ho.per_head.abs().amax(dim=(0, 1, 2, 4)).min() > 0  # every head writes something
+    s = ho.summary()
+    assert s["max_abs_reconstruction_error"] == pytest.approx(float(err.detach())) and s["n_heads"] == m.n_heads
+    assert set(s["top_head"]) == {str(la) for la in ho.layers} and all(0 <= h < m.n_heads for h in s["top_head"].values())
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2", "gpt2", "gpt_neox", "phi3", "mixtral"])
@@ -111,6 +114,9 @@ def test_neuron_ablation_effect_and_overlap():
         with torch.no_grad(), ablate_neurons(m, neurons, mode=mode, means=mv):
             assert abs(eff.joint - float(met(last_logits(m, batch)))) < 1e-5
         assert eff.delta.abs().max() > 0
+        s = eff.summary()
+        assert s["joint_delta"] == pytest.approx(eff.joint - eff.baseline) and s["n_neurons"] == 3
+        assert s["mean_delta"] == pytest.approx(float(eff.delta.mean())) and s["control_mean_delta"] is None
     with pytest.raises(ValueError, match="out of range"):
         neuron_ablation_effect(m, PROMPTS, met, [(0, 10_000)])
     with pytest.raises(ValueError, match="mixture-of-experts"):

@@ -124,3 +124,19 @@ def test_massive_rule_and_bad_input():
                        runtime=interp.Runtime(progress=False))
     with pytest.raises(ValueError, match="sinks='exclude' or 'keep'"):
         TrainConfig(sinks="yes")
+
+
+def test_store_manifest_counts_the_sinks_per_site(smol, tmp_path):
+    sites = [f"blocks.{la}.hook_resid_post" for la in (2, LAYER)]
+    store = interp.capture(smol, interp.Prompts(TOPIC_A, chat=False), sites="resid_post", layers=[2, LAYER],
+                           positions="all", out=tmp_path / "store", runtime=interp.Runtime(progress=False, batch_size=3))
+    again = interp.ActivationStore(tmp_path / "store")                    # read back from the manifest alone
+    assert again.sink_counts == store.sink_counts == {sites[0]: 0, sites[1]: len(TOPIC_A)}
+    per_shard = again.manifest["sink_counts"]["shards"]
+    assert [per_shard[str(k)] for k in range(3)] == [[0, 3], [0, 3], [0, 2]]   # written shard by shard
+    assert {k: int(v) for k, v in zip(sites, store.load().sinks.sum((0, 2)))} == again.sink_counts
+    assert again.summary()["sink_counts"] == again.sink_counts and "sinks" in repr(again)
+    with pytest.warns(UserWarning, match="massive"):
+        interp.capture(smol, interp.Prompts(TOPIC_A, chat=False), sites="resid_post", layers=[LAYER],
+                       positions="prompt_mean", out=tmp_path / "mean", runtime=interp.Runtime(progress=False))
+    assert interp.ActivationStore(tmp_path / "mean").sink_counts == {sites[1]: len(TOPIC_A)}

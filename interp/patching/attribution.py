@@ -41,6 +41,12 @@ class Attribution(Result):
     baseline: float
     reference: float
 
+    def summary(self) -> dict[str, Any]:
+        """Headline numbers: baseline and reference metrics and, per kind, its sweep's largest cell."""
+        return {"baseline": self.baseline, "reference": self.reference,
+                "kinds": {k: {n: v for n, v in sw.summary().items() if n.startswith("top_") or n == "n_cells"}
+                          for k, sw in self.sweeps.items()}}
+
     def __getitem__(self, kind: str) -> Sweep:
         if kind not in self.sweeps:
             raise KeyError(f"no attribution for {kind!r}; computed: {list(self.sweeps)}")
@@ -143,6 +149,10 @@ class AttributionCheck(Result):
     r: dict[str, float]
     max_abs_err: dict[str, float]
     meta: dict[str, Any] = field(default_factory=dict)
+
+    def summary(self) -> dict[str, Any]:
+        """Headline numbers: per site kind, the cells checked, Pearson r of estimate vs exact and the max error."""
+        return {"kinds": {row.pop("site"): row for row in self.table()}}
 
     def table(self) -> list[dict[str, Any]]:
         return [{"site": k, "n": int(self.exact[k].numel()), "pearson_r": self.r[k], "max_abs_err": self.max_abs_err[k]}

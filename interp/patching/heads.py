@@ -74,6 +74,17 @@ class HeadOutputs(Result):
     mask: torch.Tensor
     layers: list[int]
 
+    def summary(self) -> dict[str, Any]:
+        """Headline numbers: shape, and per layer the head writing the largest mean norm over real positions."""
+        n = self.norms().detach()                                                     # [n, L, T, H]
+        m = (n * self.mask[:, None, :, None]).sum((0, 2)) / self.mask.sum().clamp_min(1)   # [L, H]
+        return {"n_prompts": int(self.per_head.shape[0]), "layers": list(self.layers),
+                "n_heads": int(self.per_head.shape[3]),
+                "top_head": {str(la): int(m[i].argmax()) for i, la in enumerate(self.layers)},
+                "top_head_norm": {str(la): float(m[i].max()) for i, la in enumerate(self.layers)},
+                "max_abs_reconstruction_error": float((self.total() - self.attn_out).detach()[
+                    self.mask[:, None].expand(-1, len(self.layers), -1)].abs().max())}
+
     def total(self) -> torch.Tensor:
         return self.per_head.sum(-2) + self.bias
 

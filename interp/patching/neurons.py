@@ -175,6 +175,16 @@ class NeuronEffect(Result):
         """Change of the metric when each random control neuron is ablated alone (``None``: no control)."""
         return None if self.control_values is None else self.control_values - self.baseline
 
+    def summary(self) -> dict[str, Any]:
+        """Headline numbers: baseline, the joint ablation's change, the mean change of one neuron ablated alone
+        and of one random control neuron, n of each."""
+        cd = self.control_delta
+        return {"metric": self.metric, "mode": self.mode, "baseline": self.baseline, "joint": self.joint,
+                "joint_delta": self.joint - self.baseline, "n_neurons": len(self.neurons),
+                "mean_delta": float(self.delta.mean()) if len(self.neurons) else None,
+                "n_control": len(self.control_neurons),
+                "control_mean_delta": None if cd is None or cd.numel() == 0 else float(cd.mean())}
+
     def top(self, k: int = 10) -> list[tuple[int, int, float]]:
         d = self.delta
         return [(*self.neurons[i], float(d[i])) for i in d.abs().argsort(descending=True)[:k].tolist()]

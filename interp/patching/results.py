@@ -58,6 +58,16 @@ class Sweep(Result):
                              "use .delta or pick prompts whose metric differs")
         return self.delta / gap
 
+    def summary(self) -> dict[str, Any]:
+        """Headline numbers: the baseline and reference metrics and the cell with the largest effect (its delta
+        and, with a reference, the fraction of the gap it restores)."""
+        row, col, delta = self.top(1)[0]
+        gap = None if self.reference is None else self.reference - self.baseline
+        return {"metric": self.metric, "method": self.method, "site": self.site, "baseline": self.baseline,
+                "reference": self.reference, "n_cells": int(self.values.numel()), f"top_{self.row_name}": row,
+                f"top_{self.col_name}": col, "top_delta": delta,
+                "top_normalized": None if gap is None or abs(gap) < 1e-12 else delta / gap}
+
     def top(self, k: int = 10, by: str = "abs") -> list[tuple[str, str, float]]:
         """The ``k`` cells with the largest effect: ``(row, col, delta)``; ``by`` is ``abs``, ``max`` or ``min``."""
         d = self.delta.flatten()

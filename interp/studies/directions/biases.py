@@ -30,7 +30,7 @@ from interp.models import Model
 from interp.studies.directions.biases_items import BiasItem
 from interp.studies.directions.biases_overlap import bias_overlap
 from interp.values import Prompts, Runtime
-from probes._choice import LayerChoice
+from probes._choice import LayerChoice, LayerRule, choose
 from probes.objects import Direction, Subspace
 from probes.subspace import mean_diff_subspace
 
@@ -136,7 +136,8 @@ class BiasFamily(Result):
     def summary(self) -> dict[str, Any]:
         """Headline numbers: per bias, :meth:`at_best_layer`'s row (JSON-ready)."""
         rows = json.loads(self.at_best_layer().to_json(orient="records"))
-        return {"model_id": self.model_id, "biases": {r.pop("bias"): r for r in rows}}
+        return {"model_id": self.model_id, "biases": {r.pop("bias"): r for r in rows},
+                "layer_rule": {b: p.choice.rule for b, p in self.probes.items()}}
 
     def overlap(self, layer: int | None = None) -> Any:
         """Cosines and principal angles between the biases' directions / subspaces (see ``biases_overlap``)."""
@@ -175,15 +176,10 @@ def lexical_features(model: Model, prompts: Sequence[str], chat: bool) -> torch.
 
 
 def choose_bias_layer(scores: Any, tol: float) -> LayerChoice:
-    """``scores.layer_choice`` (highest AUROC within ``tol``, then Cohen's d, then the middle), except that the
-    lowest captured layer is never chosen while another layer ties with it on AUROC."""
-    choice = scores.layer_choice("auroc", tol=tol)
-    if choice.index != 0 or len(choice.tied) < 2:
-        return choice
-    rest = [j for j in choice.tied if j != 0]
-    index = rest[(len(rest) - 1) // 2]
-    return LayerChoice(index=index, site=scores.sites[index], criteria=choice.criteria, tied=choice.tied,
-                       remaining=[index], values=choice.values)
+    """Highest AUROC within ``tol``, then Cohen's d, then accuracy, then the middle, except that the lowest
+    captured layer is never chosen while another layer ties with it on AUROC (a stated :class:`LayerRule`)."""
+    rule = LayerRule(("auroc", "cohens_d", "accuracy"), tol=tol, avoid_lowest=True)
+    return choose(rule, {m: scores.mean(m) for m in rule.criteria}, scores.sites)
 
 
 def _check_items(items: Sequence[BiasItem], lodo: bool) -> dict[str, list[BiasItem]]:

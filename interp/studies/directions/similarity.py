@@ -24,8 +24,10 @@ from interp.bundle import Result
 from interp.models import Model
 from interp.studies.directions.similarity_data import category_matrix, item_activations
 from interp.viz.directions_similarity import rdm_heatmap, rsa_by_layer
+from probes.layers import LayerRule, choose
 from probes.similarity import METHODS, METRICS, check_target, mantel, noise_ceiling, p_greater, rdm
 
+BEST_LAYER = LayerRule(("r",), tol=0.0, tie="lowest")
 TEMPLATE = "The word: {item}"
 
 
@@ -73,14 +75,15 @@ class RSAResult(Result):
         return pd.DataFrame(rows)
 
     def best_layer(self) -> int:
-        return self.layers[int(torch.nan_to_num(self.r, nan=-2.0).argmax())]
+        """The layer with the highest RSA r (NaN counts as -2; ties: the lowest), by :data:`BEST_LAYER`."""
+        return self.layers[choose(BEST_LAYER, {"r": torch.nan_to_num(self.r, nan=-2.0)}, self.layers).index]
 
     def summary(self) -> dict[str, Any]:
         """Headline numbers: the best layer, its r, p and family-wise p, and whether it beats the null."""
         k = self.layers.index(self.best_layer())
         return {"best_layer": self.layers[k], "r": float(self.r[k]), "p": float(self.p[k]),
                 "p_fwe": float(self.p_fwe[k]), "above_null": bool(self.p_fwe[k] < 0.05), "method": self.method,
-                "metric": self.metric, "n_perm": int(self.null.shape[0])}
+                "metric": self.metric, "n_perm": int(self.null.shape[0]), "layer_rule": BEST_LAYER.describe()}
 
     def report(self) -> str:
         """One line: the best layer's figure and whether any layer beats the null after the family-wise correction."""

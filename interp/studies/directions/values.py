@@ -24,6 +24,7 @@ from interp.studies.directions.values_choice import check_items, forced_choice, 
 from interp.studies.directions.values_data import ChoiceItem, Contrast
 from interp.values import Prompts, Runtime
 from probes.directions import diff_of_means
+from probes.layers import LayerRule, choose
 from probes.objects import Direction
 from probes.validation import ProbeScores, cross_validate
 from steering.interventions import AddVector
@@ -114,6 +115,14 @@ class LayerSelection(Result):
     norms: ResidualNorms | Any = field(repr=False, default=None)
     rule: str = RULE
 
+    def summary(self) -> dict[str, Any]:
+        """Headline numbers: the chosen layers with their AUROC, effect and score, alpha, n items and the rule."""
+        at = [self.layers.index(la) for la in self.chosen]
+        return {"chosen": list(self.chosen), "auroc": [float(self.auroc[j]) for j in at],
+                "effect": [float(self.effect[j]) for j in at], "score": [float(self.score[j]) for j in at],
+                "null": self.null, "alpha": self.alpha, "n_items": self.n_items, "baseline": dict(self.baseline),
+                "rule": self.rule}
+
     @property
     def null(self) -> bool:
         return not bool((self.score > 0).any())
@@ -180,12 +189,14 @@ def select_layers(model: Model, vectors: ValueVectors | Direction, items: Sequen
         minus.append(down.rate()["rate"])
     effect = torch.tensor(eff)
     score = (torch.nan_to_num(sep, nan=0.5) - 0.5).clamp_min(0) * effect.clamp_min(0)
-    order = sorted(range(len(layers)), key=lambda j: (-float(score[j]), -float(effect[j])))
-    positive = [j for j in order if float(score[j]) > 0][:top_k]
-    if not positive:
+    crit = {"score": score, "effect": effect}
+    if bool((score > 0).any()):
+        picked = choose(LayerRule(("score", "effect"), tol=0.0, tie="lowest", above=0.0, top_k=top_k), crit, layers)
+    else:
         warnings.warn(f"select_layers: no layer has a positive separation x effect score (alpha={alpha}); steering "
                       f"at the best layer by effect only, so expect a null", stacklevel=2)
-    chosen = sorted(layers[j] for j in (positive or order[:1]))
+        picked = choose(LayerRule(("effect",), tol=0.0, tie="lowest"), crit, layers)
+    chosen = sorted(layers[j] for j in picked.indices)
     return LayerSelection(layers, sep, effect, torch.tensor(plus), torch.tensor(minus), score, chosen, float(alpha),
                           base.rate(), len(items), norms)
 

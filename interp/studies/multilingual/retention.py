@@ -39,6 +39,7 @@ from interp.studies.multilingual.geometry import Geometry, capture_last, geometr
 from interp.studies.multilingual.language import LanguageGeometry, language_geometry
 from interp.values import Runtime
 from probes.directions import random_directions
+from probes.layers import LayerRule, choose
 
 CONDITIONS = ("baseline", "ablation", "random ablation")
 
@@ -165,11 +166,9 @@ def choose_layer(acts: dict, layers: list[int], source: str) -> tuple[int, dict[
     proj = torch.cat([torch.einsum("nld,ld->ln", va["harmful"], r), torch.einsum("nld,ld->ln", va["harmless"], r)], 1)
     y = torch.cat([torch.ones(va["harmful"].shape[0]), torch.zeros(va["harmless"].shape[0])]).long()
     d = cohens_d(proj.float(), y)
-    n = max(layers) + 1
-    mid = [i for i, layer in enumerate(layers) if n // 4 <= layer < n - n // 4] or list(range(len(layers)))
-    best = max(mid, key=lambda i: float(d[i]))
-    return layers[best], {"rule": "max Cohen's d of source-language val projections, layers in the middle half",
-                          "d_by_layer": {layers[i]: round(float(d[i]), 3) for i in range(len(layers))}}
+    choice = choose(LayerRule(("cohens_d",), tol=0.0, tie="lowest", window="middle half"), {"cohens_d": d}, layers)
+    return layers[choice.index], {"rule": f"max Cohen's d of source-language val projections: {choice.rule}",
+                                  "d_by_layer": {layers[i]: round(float(d[i]), 3) for i in range(len(layers))}}
 
 
 def judged_rates(model: Model, groups: list[tuple[dict[str, Any], list[str]]], ivs: tuple,
