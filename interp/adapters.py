@@ -5,8 +5,9 @@ everything works exactly as on :func:`interp.models.from_hf`. ``from_transformer
 ``HookedTransformer`` as it is and attaches our hooks to its own ``HookPoint`` modules (a HookPoint is an
 identity module, so a PyTorch hook on it reads and replaces exactly what TransformerLens's hook would):
 ``blocks.{i}.hook_resid_pre/mid/post``, ``hook_attn_out``, ``hook_mlp_out``, ``mlp.hook_post`` and
-``ln_final.hook_normalized`` hold what they hold in TransformerLens. Neither package is imported here
-until an adapter is called.
+``ln_final.hook_normalized`` hold what they hold in TransformerLens. A ``TransformerBridge`` (TransformerLens
+3.x and 4.x) wraps an HF model, which we wrap directly (see :func:`from_transformer_lens`). Neither package
+is imported here until an adapter is called; TransformerLens is the pip extra ``[transformer-lens]``.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch.nn as nn
 from jaxtyping import Int
 
 from interp.arch import ArchSpec, get_module
+from interp.extras import import_extra
 from interp.models import Model, from_hf
 from interp.nnsight_backend import NNsightModel
 
@@ -125,25 +127,64 @@ def transformer_lens_spec(tl: nn.Module) -> ArchSpec:
     )
 
 
-def from_transformer_lens(hooked_model: Any, tokenizer: Any = None, name: str | None = None) -> Model:
-    """Wrap a ``transformer_lens.HookedTransformer`` (any family it supports) without copying weights.
+def from_transformer_lens(tl_model: Any, tokenizer: Any = None, name: str | None = None) -> Model:
+    """Wrap a TransformerLens model: a 3.x ``HookedTransformer`` or a 3.x / 4.x ``TransformerBridge``.
 
-    Capture, probes and steering see TransformerLens's own activations under the same site names
-    (``ln_final.hook_normalized`` is before the norm's gain, as in TransformerLens). Limits: no ``attn_z``
-    site, no KV-cache generation through ``steering.generate`` (use the model's own ``generate`` inside
-    ``steering.apply``), no ``steering.bake`` (the weights are not in HF layout). ``tokenizer`` defaults
-    to ``hooked_model.tokenizer``.
+    A ``TransformerBridge`` holds the HF model (``bridge.original_model``) with TransformerLens's component
+    wrappers inserted into its module tree; we wrap that HF model as :func:`interp.models.from_hf` does, so
+    every site (``attn_z`` included) is the HF model's own, and our hooks also act inside the bridge's own
+    ``bridge(...)`` / ``generate`` calls. The bridge forces eager attention on the shared config, so captures
+    equal ``interp.load_model(..., attn_implementation="eager")`` of the same weights (and the default sdpa
+    within float32 rounding). Refused: a bridge whose weights were processed (``process_weights`` or
+    ``enable_compatibility_mode()``: layer norms folded, weights centred in the HF model itself, so the
+    activations are no longer the checkpoint's) and a bridge without a local HF model (remote).
+
+    A ``HookedTransformer`` is kept as it is and our hooks attach to its own HookPoints. Limits there: no
+    ``attn_z`` site, no KV-cache generation through ``steering.generate`` (use the model's own ``generate``
+    inside ``steering.apply``), no ``steering.bake`` (the weights are not in HF layout); ``ln_final`` is
+    before the norm's gain, as in TransformerLens. ``tokenizer`` defaults to the model's own.
     """
-    from transformer_lens import HookedTransformer
-
-    if not isinstance(hooked_model, HookedTransformer):
-        raise TypeError(f"from_transformer_lens expects a transformer_lens.HookedTransformer, got "
-                        f"{type(hooked_model).__name__}; for an HF model use interp.from_hf")
-    hf = TransformerLensLM(hooked_model).eval()
-    spec = transformer_lens_spec(hooked_model)
+    tl = import_extra("transformer_lens", "interp.from_transformer_lens")
+    bridge = _bridge_class()
+    if bridge is not None and isinstance(tl_model, bridge):
+        return _from_bridge(tl_model, tokenizer, name)
+    try:
+        hooked_cls = tl.HookedTransformer
+    except (ImportError, AttributeError):  # TransformerLens 4 removed it
+        hooked_cls = None
+    if hooked_cls is None or not isinstance(tl_model, hooked_cls):
+        raise TypeError(f"from_transformer_lens expects a transformer_lens TransformerBridge (3.x, 4.x) or "
+                        f"HookedTransformer (3.x), got {type(tl_model).__name__}; for an HF model use interp.from_hf")
+    hf = TransformerLensLM(tl_model).eval()
+    spec = transformer_lens_spec(tl_model)
     get_module(hf, spec.layers)  # fails early if the tree is not TransformerLens's
-    tok = tokenizer if tokenizer is not None else getattr(hooked_model, "tokenizer", None)
+    tok = tokenizer if tokenizer is not None else getattr(tl_model, "tokenizer", None)
     return TransformerLensModel(hf=hf, tokenizer=tok, spec=spec, name=name or hf.config._name_or_path)
+
+
+def _bridge_class() -> type | None:
+    """``transformer_lens.model_bridge.TransformerBridge`` (3.x and 4.x), or None in a release without it."""
+    try:
+        from transformer_lens.model_bridge import TransformerBridge
+    except ImportError:
+        return None
+    return TransformerBridge
+
+
+def _from_bridge(bridge: Any, tokenizer: Any, name: str | None) -> Model:
+    """The bridge's own HF model as a :class:`Model` (weights and module tree shared, nothing copied)."""
+    if getattr(bridge, "_weights_processed", False):
+        raise ValueError("this TransformerBridge's weights were processed (process_weights() or "
+                         "enable_compatibility_mode() folded the layer norms and centred the weights inside the HF "
+                         "model), so its activations are not the checkpoint's. Wrap a fresh bridge from "
+                         "TransformerBridge.boot_transformers(...) before processing it, or enable the "
+                         "compatibility mode with no_processing=True")
+    hf = getattr(bridge, "original_model", None)
+    if not isinstance(hf, nn.Module) or not hasattr(hf, "config"):
+        raise TypeError(f"this {type(bridge).__name__} holds no local HF model (original_model), e.g. a remote "
+                        f"bridge; load the weights locally and boot TransformerBridge.boot_transformers(...)")
+    tok = tokenizer if tokenizer is not None else getattr(bridge, "tokenizer", None)
+    return from_hf(hf, tok, name=name)
 
 
 def from_nnsight(language_model: Any, tokenizer: Any = None, name: str | None = None, backend: str | None = None,

@@ -225,6 +225,7 @@ class NormParts:
 
 def norm_parts(norm: nn.Module, offset: float = 0.0) -> NormParts:
     """The :class:`NormParts` of an HF LayerNorm or RMSNorm module (``offset`` 1 for Gemma's ``1 + weight``)."""
+    norm = getattr(norm, "_original_component", norm)  # a TransformerLens bridge wrapper: read the HF norm it wraps
     eps = next((float(getattr(norm, a)) for a in ("variance_epsilon", "eps", "epsilon") if hasattr(norm, a)), 1e-6)
     name = type(norm).__name__
     centre = isinstance(norm, nn.LayerNorm) or ("LayerNorm" in name and "RMS" not in name)

