@@ -39,8 +39,16 @@ def down_weights(model: Model, layer: int) -> tuple[Float[torch.Tensor, "m d"], 
 
 def unembed(model: Model) -> tuple[Float[torch.Tensor, "V d"], torch.Tensor | None]:
     """The unembedding matrix ``[V, d]`` and its bias (``None`` without one)."""
-    head = model.module(model.spec.unembed)
+    head = unembed_module(model)
     return head.weight, getattr(head, "bias", None)
+
+
+def unembed_module(model: Model) -> nn.Module:
+    """The unembedding module: HF's output embeddings (the spec's path names an older attribute in some
+    transformers versions, e.g. GPT-NeoX's ``embed_out`` is now ``lm_head``), else the spec's path."""
+    get = getattr(model.hf, "get_output_embeddings", None)
+    head = get() if callable(get) else None
+    return head if isinstance(head, nn.Module) else model.module(model.spec.unembed)
 
 
 def rms_multiplier(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -72,4 +80,4 @@ def token_id(tokenizer: Any, tok: int | str, vocab: int) -> int:
     return int(tok)
 
 
-__all__ = ["down_weights", "head_weights", "rms_multiplier", "token_id", "unembed"]
+__all__ = ["down_weights", "head_weights", "rms_multiplier", "token_id", "unembed", "unembed_module"]
