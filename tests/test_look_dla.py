@@ -117,7 +117,8 @@ def test_smollm2_heads_equal_transformer_lens_stack_head_results():
     with torch.no_grad():
         _, cache = tl.run_with_cache(ids.to(tl.cfg.device))
         stack, _ = cache.stack_head_results(layer=None, pos_slice=-1, apply_ln=True, return_labels=True)
-        direction = tl.W_U[:, a] - tl.W_U[:, b]
+        # the oracle's weights are unprocessed (the final norm's gain not folded into W_U): apply it here
+        direction = tl.ln_final.w * (tl.W_U[:, a] - tl.W_U[:, b])
         want = (stack[:, 0] @ direction).float().cpu()                 # [L*H], TL order L0H0, L0H1, ...
         resid, labels = cache.decompose_resid(layer=None, pos_slice=-1, apply_ln=True, return_labels=True)
         want_resid = (resid[:, 0] @ direction).float().cpu()
