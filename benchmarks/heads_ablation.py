@@ -1,8 +1,12 @@
-import json, time
+import json
+import time
+
 import torch
+
 import interp
 from interp.look.heads import head_scores
 from interp.patching.induction import ablation_check
+
 t0 = time.time()
 m = interp.load_model("smollm2-135m-instruct", dtype=torch.float32)
 s = head_scores(m, n_tokens=50, n_prompts=32, seed=0)
