@@ -16,8 +16,9 @@ from typing import Any
 import torch
 from jaxtyping import Float
 
-from interp.patching.replacement import ReplacementModel, ReplacementRun, unembed
+from interp.patching.replacement import ReplacementModel, ReplacementRun
 from interp.sites import parse_site
+from interp.weights import token_id, unembed
 
 FINAL = "ln_final.hook_out"
 
@@ -82,18 +83,6 @@ def _position(pos: int, n: int) -> int:
     if not 0 <= p < n:
         raise ValueError(f"target position {pos} is outside the prompt's {n} tokens")
     return p
-
-
-def token_id(tokenizer: Any, tok: int | str, vocab: int) -> int:
-    """A token id from an id or a string that is exactly one token."""
-    if isinstance(tok, str):
-        ids = tokenizer.encode(tok, add_special_tokens=False) if tokenizer is not None else []
-        if len(ids) != 1:
-            raise ValueError(f"{tok!r} is {len(ids)} tokens; a logit target needs one token (or pass its id)")
-        tok = ids[0]
-    if not 0 <= int(tok) < vocab:
-        raise ValueError(f"token id {tok} is outside the vocabulary (0..{vocab - 1})")
-    return int(tok)
 
 
 def _top_logits(rm: ReplacementModel, run: ReplacementRun, t: TopLogits) -> list[Readout]:

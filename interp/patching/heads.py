@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.nn as nn
 from jaxtyping import Float
 
 from interp.bundle import Result
@@ -28,6 +27,7 @@ from interp.patching.measures import Metric, call_metric, metric_name
 from interp.patching.results import Sweep
 from interp.patching.runs import Prompts, run_with_capture
 from interp.sites import Site, resolve_layers
+from interp.weights import head_weights, rms_multiplier
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -35,31 +35,6 @@ if TYPE_CHECKING:
 
 def _layers(model: Model, layers: Sequence[int] | None) -> list[int]:
     return resolve_layers(layers, model.n_layers, what="heads", keep_order=layers is not None)
-
-
-def head_weights(model: Model, layer: int) -> tuple[Float[torch.Tensor, "H dh d"], torch.Tensor | None]:
-    """``W_O`` split by head as ``[n_heads, d_head, d_model]`` and the output bias (``None`` if absent); for a layer
-    offloaded by a ``device_map``, call it inside ``interp.models.onloaded(model.block(layer))``."""
-    proj = model.module(model.spec.attn_proj, layer)
-    W = proj.weight
-    W = W if model.spec.conv1d else W.T                                  # [H*dh, d]
-    H = model.n_heads
-    return W.reshape(H, W.shape[0] // H, W.shape[1]), getattr(proj, "bias", None)
-
-
-def rms_multiplier(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """Per-token, per-channel factor ``m`` with ``norm(x) == m * x`` for an RMS norm (checked numerically)."""
-    eps = getattr(norm, "variance_epsilon", None)
-    eps = getattr(norm, "eps", 1e-6) if eps is None else eps
-    w = norm.weight.float()
-    gain = 1.0 + w if type(norm).__name__.startswith("Gemma") else w
-    xf = x.float()
-    m = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * gain
-    want = norm.forward(x).float()                                       # .forward: bypasses any attached hooks
-    if not torch.allclose(m * xf, want, atol=1e-4, rtol=1e-3):
-        raise ValueError(f"{type(norm).__name__} after the attention projection is not a plain RMS norm, so head "
-                         f"outputs cannot be split through it; register a spec whose attn_out is the projection")
-    return m
 
 
 @dataclass

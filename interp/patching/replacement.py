@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 import torch.nn as nn
-from jaxtyping import Float, Int
+from jaxtyping import Int
 
 from interp.arch import get_module, has_module
 from interp.chat import Batch
@@ -30,6 +30,7 @@ from interp.forward import batches, encodings, forward
 from interp.hooking import hooks, module_hooks, norm_parts
 from interp.models import Model
 from interp.sites import parse_site
+from interp.weights import unembed
 from sae.transcoder import Transcoder
 from sae.transcoder import check_transcoders as sae_checks
 
@@ -311,12 +312,6 @@ class ReplacementModel:
         with torch.no_grad(), module_hooks(frozen), hooks(self.model, fns):
             stash["logits"] = forward(self.model, run.batch, grad=True, repeat=batch)
         return stash
-
-
-def unembed(model: Model) -> tuple[Float[torch.Tensor, "V d"], torch.Tensor | None]:
-    """The unembedding matrix ``[V, d]`` and its bias (``None`` without one)."""
-    head = model.module(model.spec.unembed)
-    return head.weight, getattr(head, "bias", None)
 
 
 __all__ = ["ReplacementModel", "ReplacementRun", "check_transcoder", "check_transcoders", "unembed"]
