@@ -70,8 +70,8 @@ def causal_tables(model, fam, items, args) -> list[str]:
     flips = pd.DataFrame([{"bias": b, **v} for b, v in flip_counts(items, answers).items()])
     rows = []
     for b in fam.biases:
-        r = bias_causal_test(model, fam, items, b, band=args.band, alpha=args.alpha, n_random=args.seeds,
-                             max_items=args.max_flipped, answers=answers)
+        r = bias_causal_test(model, fam, items, b, band=args.band, alpha=args.alpha, answers=answers,
+                             config=BiasConfig(n_random=args.seeds, max_items=args.max_flipped))
         rows.append(r.summary())
         print(r.summary(), flush=True)
     df = pd.DataFrame(rows)[["bias", "n_items", "n_flipped", "recovery", "recovery_ci95", "random_recovery",

@@ -20,7 +20,7 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks._common import machine, table, write_text  # noqa: E402
 from interp.models import load_model  # noqa: E402
-from interp.studies.directions.similarity import category_rsa  # noqa: E402
+from interp.studies.directions.similarity import SimilarityConfig, category_rsa  # noqa: E402
 from interp.studies.directions.similarity_data import (  # noqa: E402
     category_matrix,
     load_categories,
@@ -29,13 +29,19 @@ from interp.studies.directions.similarity_data import (  # noqa: E402
 )
 from interp.studies.directions.similarity_language import cross_language_similarity  # noqa: E402
 from interp.studies.directions.similarity_typicality import typicality  # noqa: E402
+from interp.values import Runtime  # noqa: E402
+
+
+def _kw(args) -> dict:
+    return {"config": SimilarityConfig(n_perm=args.n_perm, n_boot=args.n_boot), "runtime": Runtime(seed=args.seed)}
 
 
 def rsa_section(model, data, args) -> list[str]:
     """Category RSA by layer against the binary and the graded (superordinate) target, side by side."""
-    binary = category_rsa(model, data["items"], data["categories"], n_perm=args.n_perm, seed=args.seed)
-    graded = category_rsa(model, data["items"], data["categories"], n_perm=args.n_perm, seed=args.seed,
-                          target=category_matrix(data["categories"], data["superordinates"]))
+    kw = _kw(args)
+    binary = category_rsa(model, data["items"], data["categories"], **kw)
+    graded = category_rsa(model, data["items"], data["categories"],
+                          target=category_matrix(data["categories"], data["superordinates"]), **kw)
     fb, fg = binary.to_frame(), graded.to_frame()
     rows = [{"layer": int(fb.layer[k]), "r_binary": fb.r[k], "p": fb.p[k], "p_fwe": fb.p_fwe[k],
              "null_97.5%": fb.null_hi[k], "r_graded": fg.r[k], "p_graded": fg.p[k], "p_fwe_graded": fg.p_fwe[k]}
@@ -46,8 +52,7 @@ def rsa_section(model, data, args) -> list[str]:
 
 
 def typicality_section(model, data, args) -> list[str]:
-    res = typicality(model, data["items"], data["categories"], data["typicality"], n_perm=args.n_perm,
-                     n_boot=args.n_boot, seed=args.seed)
+    res = typicality(model, data["items"], data["categories"], data["typicality"], **_kw(args))
     f = res.to_frame()
     pooled = f[f.category == "pooled"].reset_index(drop=True)
     best = int(pooled.rho.idxmax())
@@ -67,8 +72,8 @@ def typicality_section(model, data, args) -> list[str]:
 def control_section(model, data, args) -> list[str]:
     """Category RSA and typicality on randomly initialised weights: what the tokenizer and architecture alone give."""
     twin = random_init(model, args.seed)
-    rs = category_rsa(twin, data["items"], data["categories"], n_perm=args.n_perm, seed=args.seed).to_frame()
-    kw = {"n_perm": args.n_perm, "n_boot": args.n_boot, "seed": args.seed}
+    kw = _kw(args)
+    rs = category_rsa(twin, data["items"], data["categories"], **kw).to_frame()
     ty_twin = typicality(twin, data["items"], data["categories"], data["typicality"], **kw)
     ty_real = typicality(model, data["items"], data["categories"], data["typicality"], **kw)
     ty, diff = ty_twin.to_frame(), ty_real.compare(ty_twin)

@@ -23,7 +23,7 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks._common import machine, skipped, write_text  # noqa: E402
 from interp.models import load_model  # noqa: E402
-from interp.studies.directions.traits import trait_scales  # noqa: E402
+from interp.studies.directions.traits import TraitConfig, trait_scales  # noqa: E402
 from interp.studies.directions.traits_analysis import capture_contrast, corpus_signature  # noqa: E402
 from interp.studies.directions.traits_band import BandRule  # noqa: E402
 from interp.studies.directions.traits_data import SYCOPHANCY_PROMPTS, TRAITS, sycophancy_items  # noqa: E402
@@ -106,7 +106,7 @@ def section_decomposition(model, scales, n_boot: int) -> list[str]:
 
 
 def section_signature(model, scales, corpora: dict[str, list[str]]) -> list[str]:
-    sig = corpus_signature(scales, corpora, model=model, n_boot=1000)
+    sig = corpus_signature(scales, corpora, model=model, config=TraitConfig(n_boot=1000))
     out = ["## Corpus signatures (level units, band means, 95% bootstrap; random axis with the same calibration)", "",
            "| corpus | " + " | ".join(sig.traits) + " |", "|---|" + "---|" * len(sig.traits)]
     for i, c in enumerate(sig.corpora):
@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> None:
             write_text(out_path.with_name("RESULTS_traits_statements.md"), text)
         return
     scales = trait_scales(model, {t: [r["question"] for r in rows[t][:args.n]] for t in TRAITS},
-                          rule=BandRule(min_d=args.min_d), on_empty="report")
+                          config=TraitConfig(rule=BandRule(min_d=args.min_d), on_empty="report"))
     lines = ["# Trait scales on SmolLM2-135M-Instruct", "",
              f"`nice -n 19 python benchmarks/study_traits.py {' '.join(argv if argv is not None else sys.argv[1:])}`",
              "", f"{machine()}; {args.n} statements x 3 levels per trait, last token, resid_post, all 30 layers, "

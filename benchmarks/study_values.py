@@ -24,7 +24,13 @@ from interp.evals.rates import wilson  # noqa: E402
 from interp.forward import prepare  # noqa: E402
 from interp.models import load_model  # noqa: E402
 from interp.studies.directions.values_data import load_dilemmas, load_statements  # noqa: E402
-from interp.studies.directions.values_study import cross_lingual_transfer, partisan_direction, value_study  # noqa: E402
+from interp.studies.directions.values_study import (  # noqa: E402
+    ValueStudyConfig,
+    cross_lingual_transfer,
+    partisan_direction,
+    value_study,
+)
+from interp.values import Runtime  # noqa: E402
 
 OUT = REPO / "benchmarks" / "RESULTS_values.md"
 
@@ -79,8 +85,8 @@ def run_xl(args) -> str:
     model = load_model(args.xl_model)
     ids = prepare(model, ["Bonjour."], chat=False)[1][0].ids
     bos = model.tokenizer.bos_token_id
-    xl = cross_lingual_transfer(model, load_dilemmas(), source="en", target="fr", chat=False,
-                                **_kw(args, model.n_layers, args.xl_layer_step))
+    xl = cross_lingual_transfer(model, load_dilemmas(), source="en", target="fr",
+                                **_kw(args, model.n_layers, args.xl_layer_step, chat=False))
     df = xl.to_frame()
     rows = [{"layer": int(r.layer), "cosine en/fr fit": float(r.cosine), "AUROC en": float(r.auroc_en),
              "AUROC fr": float(r.auroc_fr), "transfer AUROC en->fr": float(r.transfer_auroc_en_to_fr),
@@ -93,10 +99,11 @@ def run_xl(args) -> str:
     return out
 
 
-def _kw(args, n_layers: int, step: int | None = None) -> dict:
-    return dict(layers=list(range(0, n_layers, step or args.layer_step)), max_items=(args.max_calibration, args.max_test),
-                n_random=args.n_random, alphas=args.alphas, select_alpha=args.select_alpha, top_k=args.top_k,
-                batch_size=args.batch_size, seed=args.seed, letters=tuple(args.letters))
+def _kw(args, n_layers: int, step: int | None = None, chat: bool = True) -> dict:
+    cfg = ValueStudyConfig(max_items=(args.max_calibration, args.max_test), n_random=args.n_random, alphas=args.alphas,
+                           select_alpha=args.select_alpha, top_k=args.top_k, letters=tuple(args.letters), chat=chat)
+    return dict(layers=list(range(0, n_layers, step or args.layer_step)), config=cfg,
+                runtime=Runtime(batch_size=args.batch_size, seed=args.seed))
 
 
 def main() -> None:

@@ -158,7 +158,8 @@ def test_choose_options_matches_hf(model, items):
 def test_causal_test_against_hooked_hf(model, items, family):
     answers = answer_table(model, items)
     counts = flip_counts(items, answers)
-    res = bias_causal_test(model, family, items, "suggested", band=[0, 1], alpha=0.6, n_random=2, answers=answers)
+    res = bias_causal_test(model, family, items, "suggested", band=[0, 1], alpha=0.6, answers=answers,
+                           config=BiasConfig(n_random=2))
     assert res.n_flipped == counts["suggested"]["to_cued"] > 0
     flipped = [i for i in items if i.id in set(res.flipped_ids)]
     for it in flipped:                                                      # the flip, read from plain HF
@@ -173,12 +174,24 @@ def test_causal_test_against_hooked_hf(model, items, family):
     assert res.recovered == [s == _hf_answer(model, it.uncued) for s, it in zip(steered, flipped, strict=True)]
     assert len(res.random_recovered) == 2 and all(len(r) == res.n_flipped for r in res.random_recovered)
     assert set(res.summary()) >= {"recovery_ci95", "random_ci95", "fisher_p", "null"} and res.plot().data
-    zero = bias_causal_test(model, family, items, "suggested", band=[1], alpha=0.0, n_random=1, answers=answers)
+    zero = bias_causal_test(model, family, items, "suggested", band=[1], alpha=0.0, answers=answers,
+                            config=BiasConfig(n_random=1))
     assert not any(zero.recovered) and all(zero.still_cued)                 # no push: nothing recovers
     with pytest.raises(ValueError, match="not captured"):
         bias_causal_test(model, family, items, "suggested", band=[5], answers=answers)
     with pytest.raises(ValueError, match="not in the family"):
         bias_causal_test(model, family, items, "authority", answers=answers)
+    # issue 37: one default for chat (True); knobs in config=BiasConfig(...), an old keyword names its new home
+    with pytest.raises(TypeError, match=r"n_random= \(moved into config=BiasConfig\(n_random=\.\.\.\)\)"):
+        bias_causal_test(model, family, items, "suggested", n_random=2, answers=answers)
+    with pytest.raises(TypeError, match=r"chat= \(moved into config=BiasConfig\(chat="):
+        answer_table(model, items, chat=False)
+    with pytest.raises(TypeError, match=r"chat= \(moved into config=BiasConfig\(chat="):
+        bias_directions(model, items, chat=True)
+    with pytest.raises(TypeError, match=r"chat= \(moved into prompts=interp.Prompts\(texts, chat="):
+        choose_options(model, [items[0].cued], LABELS, chat=False)
+    with pytest.raises(ValueError, match="n_random must be >= 1"):
+        BiasConfig(n_random=0)
 
 
 def test_overlap_and_checkpoints(model, items, family):

@@ -11,7 +11,7 @@ from scipy.spatial.distance import pdist, squareform
 from scipy.stats import kendalltau, pearsonr, spearmanr
 
 from interp.evals.rates import wilson
-from interp.studies.directions.similarity import category_rsa, rsa
+from interp.studies.directions.similarity import SimilarityConfig, category_rsa, rsa
 from interp.studies.directions.similarity_data import (
     MEAN_AFTER_FIRST,
     category_matrix,
@@ -189,7 +189,7 @@ def test_category_rsa_on_a_tiny_model_equals_a_plain_hf_forward(tiny_models):
     model = tiny_models("llama")
     items = [w for ws in TINY_CATS.values() for w in ws]
     cats = [c for c, ws in TINY_CATS.items() for _ in ws]
-    res = category_rsa(model, items, cats, layers=[0, 1], n_perm=50)
+    res = category_rsa(model, items, cats, layers=[0, 1], config=SimilarityConfig(n_perm=50))
     tok = model.tokenizer
     hs = []
     with torch.no_grad():
@@ -224,7 +224,7 @@ def test_typicality_and_cross_language_run_on_a_tiny_model(tiny_models):
     model = tiny_models("llama")
     items = [w for ws in TINY_CATS.values() for w in ws]
     cats = [c for c, ws in TINY_CATS.items() for _ in ws]
-    ty = typicality(model, items, cats, [4, 3, 2, 1] * 3, n_perm=50, n_boot=50)
+    ty = typicality(model, items, cats, [4, 3, 2, 1] * 3, config=SimilarityConfig(n_perm=50, n_boot=50))
     assert ty.per_group.shape == (3, 2) and len(ty.to_frame()) == 2 * 4
     lines = {t.name: t for t in ty.plot().data}  # band, one thin line per category, pooled, the null's 97.5%
     assert set(lines) >= {*TINY_CATS, "pooled", "null 97.5%"}
@@ -285,6 +285,13 @@ def test_bad_input_gets_clear_errors(tiny_models):
         check_parallel({"en": ["a", "b", "c"], "fr": ["a", "b"]})
     with pytest.raises(ValueError, match="fewer than 3 items"):
         typicality(model, items, cats, [1, 2, 3, 4])
+    # issue 37: knobs in config=SimilarityConfig(...), seed / batch size in runtime=interp.Runtime(...)
+    with pytest.raises(TypeError, match=r"n_perm= \(moved into config=SimilarityConfig\(n_perm=\.\.\.\)\)"):
+        category_rsa(model, items, cats, n_perm=10)
+    with pytest.raises(TypeError, match=r"seed= \(moved into runtime=interp.Runtime\(seed="):
+        typicality(model, items, cats, [1, 2, 3, 4], seed=1)
+    with pytest.raises(ValueError, match="metric must be one of"):
+        SimilarityConfig(metric="manhattan")
     with pytest.raises(ValueError, match="unknown metric"):
         rdm(torch.randn(4, 3), "manhattan")
     with pytest.raises(ValueError, match="no parallel sentences"):
@@ -300,7 +307,8 @@ def test_smollm2_groups_categories_and_its_random_twin_does_not():
     from interp.models import load_model
 
     smol, data = load_model("smollm2-base"), load_categories()
-    real = category_rsa(smol, data["items"], data["categories"], layers=[9], n_perm=200)
-    twin = category_rsa(random_init(smol), data["items"], data["categories"], layers=[9], n_perm=200)
+    real = category_rsa(smol, data["items"], data["categories"], layers=[9], config=SimilarityConfig(n_perm=200))
+    twin = category_rsa(random_init(smol), data["items"], data["categories"], layers=[9],
+                        config=SimilarityConfig(n_perm=200))
     assert real.r.item() > 0.2 and real.p.item() < 0.01            # measured 0.316 (benchmarks/RESULTS_similarity.md)
     assert abs(twin.r.item()) < 0.05 and "null result" in twin.report()

@@ -13,7 +13,7 @@ import torch
 import steering
 from interp.evals.logits import kl_div
 from interp.forward import prepare
-from interp.studies.directions.traits import affine_to_levels, fit_scale, trait_scales
+from interp.studies.directions.traits import TraitConfig, affine_to_levels, fit_scale, trait_scales
 from interp.studies.directions.traits_analysis import capture_contrast, corpus_signature
 from interp.studies.directions.traits_band import BandRule, choose_band, heldout_min_d
 from interp.studies.directions.traits_data import (
@@ -49,8 +49,8 @@ def model():
 @pytest.fixture(scope="module")
 def scales(model):
     qs = _statements(12)
-    return trait_scales(model, {"kindness": qs, "goodness": qs}, levels=LEVELS, n_folds=3,
-                        rule=BandRule(min_d=0.3, edge=1))
+    return trait_scales(model, {"kindness": qs, "goodness": qs}, levels=LEVELS,
+                        config=TraitConfig(n_folds=3, rule=BandRule(min_d=0.3, edge=1)))
 
 
 def test_levels_ordered_band_by_its_rule_and_calibrated(scales):
@@ -121,8 +121,8 @@ def test_trait_auroc_matches_sklearn_on_the_same_folds(model, scales):
     labels = [("low", "moderate", "high")[i % 3] for i in range(36)]
     acts = capture(model, Prompts(qs, labels=labels, ids=[f"noise:{i}" for i in range(36)]),
                    runtime=Runtime(progress=False))
-    s = fit_scale("noise", acts, list(range(36)), ["low", "moderate", "high"], BandRule(), 4, n_folds=3,
-                  on_empty="report")
+    s = fit_scale("noise", acts, list(range(36)), ["low", "moderate", "high"], 4,
+                  config=TraitConfig(n_folds=3, on_empty="report"))
     worst, theirs = _sklearn_worst(s, acts)
     assert worst < 0.01 and min(theirs) < 0.9
 
@@ -143,10 +143,33 @@ def test_bad_inputs_name_the_fix(model):
     with pytest.raises(ValueError, match="at least 3 ordered levels"):
         trait_scales(model, {"kindness": qs}, levels={"kindness": {"low": "no", "high": "yes"}})
     with pytest.raises(ValueError, match="1 statement"):
-        trait_scales(model, {"kindness": qs[:1]}, levels=LEVELS, n_folds=2)
+        trait_scales(model, {"kindness": qs[:1]}, levels=LEVELS, config=TraitConfig(n_folds=2))
     with pytest.raises(ValueError, match="no layer meets"):
-        trait_scales(model, {"kindness": qs}, levels=LEVELS, n_folds=2, rule=BandRule(min_d=1e6))
+        trait_scales(model, {"kindness": qs}, levels=LEVELS,
+                     config=TraitConfig(n_folds=2, rule=BandRule(min_d=1e6)))
     assert set(LEVEL_PROMPTS) == set(TRAITS) and all(len(v) == 3 for v in LEVEL_PROMPTS.values())
+
+
+def test_old_keywords_name_their_new_home(model, scales):
+    """Issue 37: the trait studies take config=TraitConfig(...) and runtime=interp.Runtime(...); an old keyword is
+    refused with its new home, and the config refuses bad knobs."""
+    qs = _statements(6)
+    with pytest.raises(TypeError, match=r"n_folds= \(moved into config=TraitConfig\(n_folds=\.\.\.\)\)"):
+        trait_scales(model, {"kindness": qs}, levels=LEVELS, n_folds=2)
+    with pytest.raises(TypeError, match=r"batch_size= \(moved into runtime=interp.Runtime\(batch_size="):
+        trait_scales(model, {"kindness": qs}, levels=LEVELS, batch_size=2)
+    with pytest.raises(TypeError, match=r"seed= \(moved into runtime=interp.Runtime\(seed="):
+        fit_scale("x", scales.acts["kindness"], [], ["low", "moderate", "high"], 4, seed=1)
+    with pytest.raises(TypeError, match=r"chat= \(moved into prompts=interp.Prompts\(texts, chat="):
+        steer_levels(model, scales, "kindness", qs, chat=False)
+    with pytest.raises(TypeError, match=r"n_boot= \(moved into config=TraitConfig\(n_boot="):
+        corpus_signature(scales, {"plain": qs}, model=model, n_boot=10)
+    with pytest.raises(TypeError, match=r"chat= \(moved into config=TraitConfig\(chat="):
+        capture_contrast(model, qs, SYCOPHANCY_PROMPTS, scales, chat=False)
+    with pytest.raises(ValueError, match="on_empty must be"):
+        TraitConfig(on_empty="skip")
+    with pytest.raises(TypeError, match="must be a BandRule"):
+        TraitConfig(rule={"min_d": 1})
 
 
 def test_affine_to_levels_is_a_hand_least_squares_line():
@@ -159,7 +182,7 @@ def test_affine_to_levels_is_a_hand_least_squares_line():
 
 def test_corpus_signature_is_the_band_level_with_bootstrap_interval(model, scales):
     corpus = _statements(8, seed=3)
-    sig = corpus_signature(scales, {"plain": corpus}, model=model, n_boot=200)
+    sig = corpus_signature(scales, {"plain": corpus}, model=model, config=TraitConfig(n_boot=200))
     from interp.capturing import capture
 
     acts = capture(model, corpus, sites=scales["kindness"].sites, positions="last",

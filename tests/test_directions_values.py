@@ -4,6 +4,8 @@ cross-lingual and partisan compositions, and the clear errors. Tiny random model
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -22,7 +24,13 @@ from interp.studies.directions.values_data import (
     statement_items,
 )
 from interp.studies.directions.values_steer import selective_steering
-from interp.studies.directions.values_study import cross_lingual_transfer, partisan_direction
+from interp.studies.directions.values_study import (
+    ValueStudyConfig,
+    cross_lingual_transfer,
+    partisan_direction,
+    value_study,
+)
+from interp.values import Runtime
 from probes.objects import Direction
 
 LETTERS = ("one", "two")  # single words of the tiny tokenizer ("A" / "B" are unknown to it)
@@ -85,7 +93,7 @@ def test_letter_ids_and_option_logprobs_by_hand(llama):
 
 def test_forced_choice_matches_plain_hf_logits(llama, dilemmas):
     items = dilemma_items(dilemmas[:5], "en", letters=LETTERS)
-    got = forced_choice(llama, items, batch_size=2)          # padded batches
+    got = forced_choice(llama, items, runtime=Runtime(batch_size=2))   # padded batches
     tok = llama.tokenizer
     ids = letter_ids(tok, LETTERS)
     for r, it in enumerate(items):
@@ -118,7 +126,7 @@ def test_steering_along_the_letter_unembedding_moves_the_choice(llama, dilemmas)
 
 def test_value_vectors_equal_a_hand_diff_of_means_and_folds_keep_dilemmas(llama, dilemmas):
     pairs = dilemma_contrast(dilemmas[:12], "en")
-    vv = value_vectors(llama, pairs, n_folds=3)
+    vv = value_vectors(llama, pairs, config=ValueStudyConfig(n_folds=3))
     tok = llama.tokenizer
     rows, outs = [], []
     # HF's last hidden state is after the final norm; resid_post of the last block is read from the block itself
@@ -146,7 +154,7 @@ def test_value_vectors_equal_a_hand_diff_of_means_and_folds_keep_dilemmas(llama,
 
 
 def test_select_layers_follows_the_stated_rule(llama, dilemmas):
-    vv = value_vectors(llama, dilemma_contrast(dilemmas[:12], "en"), n_folds=3)
+    vv = value_vectors(llama, dilemma_contrast(dilemmas[:12], "en"), config=ValueStudyConfig(n_folds=3))
     items = dilemma_items(dilemmas[12:20], "en", letters=LETTERS)
     sel = select_layers(llama, vv, items, alpha=2.0, top_k=1)
     want = (torch.nan_to_num(sel.auroc, nan=0.5) - 0.5).clamp_min(0) * sel.effect.clamp_min(0)
@@ -166,10 +174,11 @@ def test_select_layers_follows_the_stated_rule(llama, dilemmas):
 
 
 def test_selective_steering_matches_a_direct_recomputation(llama, dilemmas):
-    vv = value_vectors(llama, dilemma_contrast(dilemmas[:12], "en"), n_folds=3)
+    vv = value_vectors(llama, dilemma_contrast(dilemmas[:12], "en"), config=ValueStudyConfig(n_folds=3))
     items = dilemma_items(dilemmas[20:28], "en", letters=LETTERS)
     norms = [50.0, 60.0]
-    eff = selective_steering(llama, vv, items, [1], alphas=(0.0, 1.5), n_random=2, seed=5, norms=norms)
+    eff = selective_steering(llama, vv, items, [1], norms=norms, config=ValueStudyConfig(alphas=(0.0, 1.5), n_random=2),
+                             runtime=Runtime(seed=5))
     base = forced_choice(llama, items)
     assert eff.baseline_k == base.rate()["k"] and eff.value_k[0] == eff.baseline_k   # alpha 0 is no edit
     iv = steer_at(vv.direction, [1], 1.5, norms)
@@ -191,7 +200,8 @@ def test_selective_steering_matches_a_direct_recomputation(llama, dilemmas):
 def test_cross_lingual_and_partisan_compositions(llama, dilemmas):
     from probes.compare import cosine_by_layer
 
-    xl = cross_lingual_transfer(llama, dilemmas[:30], n_folds=3, top_k=1, n_random=1, alphas=(1.0,), letters=LETTERS)
+    cfg = ValueStudyConfig(n_folds=3, top_k=1, n_random=1, alphas=(1.0,), letters=LETTERS)
+    xl = cross_lingual_transfer(llama, dilemmas[:30], config=cfg)
     assert torch.allclose(xl.cosine, cosine_by_layer(xl.study.vectors.direction, xl.target_vectors.direction))
     assert xl.target_effect.n == len(xl.study.split["test"]) and xl.target_effect.label == "values-en->fr"
     assert not set(xl.study.split["test"]) & set(xl.study.split["fit"])
@@ -201,14 +211,14 @@ def test_cross_lingual_and_partisan_compositions(llama, dilemmas):
     assert [t.name for t in fig.data] == ["cosine (source vs target fit)", "transfer AUROC"]
     assert list(fig.data[0].y) == pytest.approx(xl.cosine.tolist())
     assert list(fig.data[1].y) == pytest.approx(xl.transfer_auroc.tolist(), nan_ok=True)
-    p = partisan_direction(llama, load_statements(), n_folds=3, top_k=1, n_random=1, alphas=(1.0,), letters=LETTERS,
-                           max_items=(8, 10))
+    p = partisan_direction(llama, load_statements(), config=replace(cfg, max_items=(8, 10)))
     assert not set(p.split["test"]) & set(p.split["fit"]) and (p.selection.n_items, p.effect.n) == (8, 10)
     assert len(p.to_frame()) == 1 and p.vectors.pole == "D"
 
 
 def test_plain_prompts_start_with_bos_on_a_model_without_template(dilemmas):
-    """Like Gemma 3 270M: no chat template, a tokenizer that adds BOS; chat=None picks plain prompts with the cue."""
+    """Like Gemma 3 270M: no chat template, a tokenizer that adds BOS; config chat=False gives plain prompts with the
+    cue; the default (chat=True, one default everywhere) gives the plain User:/Assistant: fallback with a warning."""
     from tokenizers.processors import TemplateProcessing
 
     from interp.forward import prepare
@@ -223,9 +233,11 @@ def test_plain_prompts_start_with_bos_on_a_model_without_template(dilemmas):
     item = dilemma_items(dilemmas[:1], "fr", letters=LETTERS)[0]
     _, encs = prepare(g, [item.prompt(chat=False)], chat=False)
     assert encs[0].ids[0] == tok.bos_token_id and encs[0].ids.count(tok.bos_token_id) == 1
-    auto = forced_choice(g, [item])                       # chat=None: no template, so the plain prompt and its cue
-    plain = forced_choice(g, [item], chat=False)
-    assert torch.equal(auto.logp, plain.logp) and auto.logp.shape == (1, 2)
+    plain = forced_choice(g, [item], config=ValueStudyConfig(chat=False))
+    assert plain.logp.shape == (1, 2)
+    with pytest.warns(UserWarning, match="no chat template"):
+        fallback = forced_choice(g, [item])               # the default: chat=True, the plain User:/Assistant: fallback
+    assert not torch.equal(fallback.logp, plain.logp)
 
 
 def test_clear_errors(llama, dilemmas):
@@ -236,10 +248,10 @@ def test_clear_errors(llama, dilemmas):
     with pytest.raises(ValueError, match="as many pole prompts"):
         Contrast(["a"] * 5, ["b"] * 4, ["g"] * 5)
     with pytest.raises(ValueError, match="n_folds"):
-        value_vectors(llama, dilemma_contrast(dilemmas[:4], "en"), n_folds=5)
+        value_vectors(llama, dilemma_contrast(dilemmas[:4], "en"), config=ValueStudyConfig(n_folds=5))
     with pytest.raises(ValueError, match="no 'de' text"):
         dilemmas[0].situation("de")
-    vv = value_vectors(llama, dilemma_contrast(dilemmas[:8], "en"), n_folds=2)
+    vv = value_vectors(llama, dilemma_contrast(dilemmas[:8], "en"), config=ValueStudyConfig(n_folds=2))
     items = dilemma_items(dilemmas[8:12], "en", letters=LETTERS)
     lopsided = [ChoiceItem(i.id, i.group, i.text, 0, LETTERS) for i in items]
     with pytest.raises(ValueError, match="balance the letters"):
@@ -254,6 +266,32 @@ def test_clear_errors(llama, dilemmas):
         dilemma_contrast(dilemmas[:4], "en", pole="equality")
 
 
+def test_old_keywords_name_their_new_home(llama, dilemmas):
+    """Issue 37: the value studies take config=ValueStudyConfig(...) and runtime=interp.Runtime(...); an old keyword
+    is refused with its new home, and the config refuses bad knobs."""
+    items = dilemma_items(dilemmas[:2], "en", letters=LETTERS)
+    with pytest.raises(TypeError, match=r"chat= \(moved into config=ValueStudyConfig\(chat=\.\.\.\)\)"):
+        forced_choice(llama, items, chat=False)
+    with pytest.raises(TypeError, match=r"batch_size= \(moved into runtime=interp.Runtime\(batch_size="):
+        value_vectors(llama, dilemma_contrast(dilemmas[:8], "en"), batch_size=2)
+    with pytest.raises(TypeError, match=r"n_folds= \(moved into config=ValueStudyConfig\(n_folds="):
+        value_study(llama, dilemmas, n_folds=3)
+    with pytest.raises(TypeError, match=r"seed= \(moved into runtime="):
+        partisan_direction(llama, load_statements(), seed=1)
+    with pytest.raises(TypeError, match=r"alphas= \(moved into config="):
+        cross_lingual_transfer(llama, dilemmas, alphas=(1.0,))
+    with pytest.raises(TypeError, match=r"n_random= \(moved into config="):
+        selective_steering(llama, None, items, [1], n_random=1)
+    with pytest.raises(TypeError, match=r"chat= \(moved into config="):
+        select_layers(llama, None, items, chat=True)
+    with pytest.raises(ValueError, match="summing to 1"):
+        ValueStudyConfig(fractions=(0.5, 0.5, 0.5))
+    with pytest.raises(ValueError, match="n_folds >= 2"):
+        ValueStudyConfig(n_folds=1)
+    with pytest.raises(TypeError, match="chat must be True or False"):
+        ValueStudyConfig(chat=None)
+
+
 @pytest.mark.slow
 def test_smollm2_letters_and_forced_choice_match_hf(dilemmas):
     """SmolLM2-135M-Instruct: "A" / "B" resolve to single tokens and the forced choice equals plain HF logits."""
@@ -265,7 +303,7 @@ def test_smollm2_letters_and_forced_choice_match_hf(dilemmas):
 
     smol = load_model("smollm2-base")
     items = dilemma_items(dilemmas[:4], "en")
-    got = forced_choice(smol, items, batch_size=4)
+    got = forced_choice(smol, items, runtime=Runtime(batch_size=4))
     tok, ids = smol.tokenizer, letter_ids(smol.tokenizer, ("A", "B"))
     for r, it in enumerate(items):
         text = tok.apply_chat_template([{"role": "user", "content": it.text}], tokenize=False,

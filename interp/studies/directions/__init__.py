@@ -25,7 +25,7 @@ from interp.studies.directions.biases_causal import BiasCausal, answer_table, bi
 from interp.studies.directions.biases_compare import CheckpointComparison, compare_checkpoints
 from interp.studies.directions.biases_items import BIASES, BiasItem, load_bias_items, make_items
 from interp.studies.directions.biases_overlap import BiasOverlap, bias_overlap
-from interp.studies.directions.similarity import RSAResult, category_rsa, rsa
+from interp.studies.directions.similarity import RSAResult, SimilarityConfig, category_rsa, rsa
 from interp.studies.directions.similarity_data import (
            category_matrix,
            load_categories,
@@ -34,7 +34,7 @@ from interp.studies.directions.similarity_data import (
 )
 from interp.studies.directions.similarity_language import CrossLanguageSimilarity, cross_language_similarity
 from interp.studies.directions.similarity_typicality import TypicalityResult, typicality
-from interp.studies.directions.traits import TraitScale, TraitScales, trait_scales
+from interp.studies.directions.traits import TraitConfig, TraitScale, TraitScales, trait_scales
 from interp.studies.directions.traits_analysis import capture_contrast, corpus_signature
 from interp.studies.directions.traits_band import BandRule
 from interp.studies.directions.traits_data import LEVEL_PROMPTS, SYCOPHANCY_PROMPTS, TRAITS, sycophancy_items
@@ -44,6 +44,7 @@ from interp.studies.directions.values_data import load_dilemmas, load_statements
 from interp.studies.directions.values_study import (
            CrossLingual,
            ValueStudy,
+           ValueStudyConfig,
            cross_lingual_transfer,
            partisan_direction,
            value_study,
@@ -51,7 +52,8 @@ from interp.studies.directions.values_study import (
 
 __all__ = ["BIASES", "BandRule", "BiasCausal", "BiasConfig", "BiasFamily", "BiasItem", "BiasOverlap", "CheckpointComparison",
            "CrossLanguageSimilarity", "CrossLingual", "Decomposition", "LEVEL_PROMPTS", "RSAResult", "SYCOPHANCY_PROMPTS",
-           "TRAITS", "TraitScale", "TraitScales", "TraitSteering", "TypicalityResult", "ValueStudy", "answer_table",
+           "SimilarityConfig", "TRAITS", "TraitConfig", "TraitScale", "TraitScales", "TraitSteering", "TypicalityResult", "ValueStudy", "ValueStudyConfig",
+           "answer_table",
            "bias_causal_test", "bias_directions", "bias_overlap", "capture_contrast", "category_matrix", "category_rsa",
            "compare_checkpoints", "corpus_signature", "cross_language_similarity", "cross_lingual_transfer",
            "decompose", "flip_counts", "level_sweep", "load_bias_items", "load_categories", "load_dilemmas",

@@ -23,13 +23,11 @@ import torch
 import probes
 from interp.bundle import Result
 from interp.capturing import capture
-from interp.chat import has_chat_template
 from interp.evals.metrics import auroc
-from interp.forward import prepare
 from interp.models import Model
 from interp.studies.directions.biases_items import BiasItem
 from interp.studies.directions.biases_overlap import bias_overlap
-from interp.values import Prompts, Runtime
+from interp.values import Prompts, Runtime, moved_keywords
 from probes._choice import LayerChoice, LayerRule, choose
 from probes.objects import Direction, Subspace
 from probes.subspace import mean_diff_subspace
@@ -45,7 +43,9 @@ class BiasConfig:
     is lexically separable when the bag-of-tokens probe comes within this of the best layer's AUROC;
     ``transfer_min``: the LODO AUROC (worst held-out source, at the best layer) a direction must reach to transfer;
     ``lexical_l2``: the bag-of-tokens probe's ridge (its features are sparse and outnumber the samples: with a
-    weak ridge it fits question-specific tokens and understates how visible the cue is)."""
+    weak ridge it fits question-specific tokens and understates how visible the cue is); ``chat``: the model's
+    chat template (``False``: plain prompts); ``n_random`` / ``max_items``: the causal test's random directions and
+    flipped items."""
 
     n_folds: int = 5
     seed: int = 0
@@ -57,6 +57,20 @@ class BiasConfig:
     batch_size: int = 16
     l2: float = 1e-3
     progress: bool = False
+    chat: bool = True
+    n_random: int = 3
+    max_items: int = 40
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.chat, bool):
+            raise TypeError(f"chat must be True or False, got {self.chat!r}")
+        if self.n_random < 1:
+            raise ValueError("n_random must be >= 1: the random-direction control is the comparison")
+
+
+BIAS_MOVED = {"chat": "config=BiasConfig(chat=...)", "n_random": "config=BiasConfig(n_random=...)",
+              "max_items": "config=BiasConfig(max_items=...)", "batch_size": "config=BiasConfig(batch_size=...)"}
+"""The keywords the bias studies took before ``config=``, and where each went."""
 
 
 @dataclass
@@ -163,9 +177,10 @@ class BiasFamily(Result):
         raise ValueError(f"kind must be 'auroc', 'lodo' or 'overlap', got {kind!r}")
 
 
-def lexical_features(model: Model, prompts: Sequence[str], chat: bool) -> torch.Tensor:
-    """Bag of token ids of each formatted prompt, ``log1p(count)``, as ``[n, 1, n_token_types_seen]``."""
-    _, encs = prepare(model, list(prompts), chat=chat)
+def lexical_features(model: Model, prompts: Prompts | Sequence[str]) -> torch.Tensor:
+    """Bag of token ids of each formatted prompt (``Prompts.chat`` / ``system``), ``log1p(count)``, as
+    ``[n, 1, n_token_types_seen]``."""
+    _, encs = Prompts.of(prompts).encode(model)
     vocab = sorted({t for e in encs for t in e.ids})
     col = {t: j for j, t in enumerate(vocab)}
     X = torch.zeros(len(encs), 1, len(vocab))
@@ -241,37 +256,38 @@ def _fit_bias(bias: str, X: torch.Tensor, X_lex: torch.Tensor, its: list[BiasIte
                      margin=cfg.lexical_margin, transfer_min=cfg.transfer_min)
 
 
-def capture_items(model: Model, items: Sequence[BiasItem], layers: Sequence[int], chat: bool, batch_size: int = 16,
-                  progress: bool = False) -> tuple[dict[str, torch.Tensor], list[str]]:
+def capture_items(model: Model, items: Sequence[BiasItem], layers: Sequence[int], config: BiasConfig | None = None
+                  ) -> tuple[dict[str, torch.Tensor], list[str]]:
     """Last-token ``resid_post`` of every distinct prompt (uncued prompts shared across biases run once):
     ``{prompt: [L, d]}`` and the site names."""
     prompts = list(dict.fromkeys([i.uncued for i in items] + [i.cued for i in items]))
-    acts = capture(model, Prompts(prompts, chat=chat), sites="resid_post", layers=list(layers),
+    cfg = config or BiasConfig()
+    acts = capture(model, Prompts(prompts, chat=cfg.chat), sites="resid_post", layers=list(layers),
                    positions="last",
-                   runtime=Runtime(batch_size=batch_size, progress=progress, sort_by_length=True))
+                   runtime=Runtime(batch_size=cfg.batch_size, progress=cfg.progress, sort_by_length=True))
     return dict(zip(prompts, acts.tensor, strict=True)), list(acts.sites)
 
 
+@moved_keywords(BIAS_MOVED)
 def bias_directions(model: Model, items: Sequence[BiasItem], layers: Sequence[int] | None = None,
-                    config: BiasConfig | None = None, chat: bool | None = None) -> BiasFamily:
+                    config: BiasConfig | None = None) -> BiasFamily:
     """Probe every bias in ``items`` at ``layers`` (default all) and fit its difference-of-means direction.
 
-    ``chat``: format with the chat template (default: where the model has one). Raises when a bias has a single
-    source dataset and ``config.lodo`` is on. Returns a :class:`BiasFamily`.
+    ``config.chat``: format with the chat template (default ``True``). Raises when a bias has a single source
+    dataset and ``config.lodo`` is on. Returns a :class:`BiasFamily`.
     """
     cfg = config or BiasConfig()
     by_bias = _check_items(items, cfg.lodo)
     layers = list(range(model.n_layers)) if layers is None else sorted(set(int(x) for x in layers))
-    chat = has_chat_template(model) if chat is None else chat
-    acts, sites = capture_items(model, items, layers, chat, cfg.batch_size, cfg.progress)
+    acts, sites = capture_items(model, items, layers, cfg)
     out = {}
     for bias, its in by_bias.items():
         prompts = [i.uncued for i in its] + [i.cued for i in its]
         X = torch.stack([acts[p] for p in prompts])
-        out[bias] = _fit_bias(bias, X, lexical_features(model, prompts, chat), its, sites, cfg,
+        out[bias] = _fit_bias(bias, X, lexical_features(model, Prompts(prompts, chat=cfg.chat)), its, sites, cfg,
                              model.name)
     return BiasFamily(model_id=model.name, sites=sites, probes=out, config=cfg)
 
 
-__all__ = ["bias_directions", "BiasConfig", "BiasFamily", "BiasProbe", "capture_items", "choose_bias_layer",
+__all__ = ["BIAS_MOVED", "bias_directions", "BiasConfig", "BiasFamily", "BiasProbe", "capture_items", "choose_bias_layer",
            "lexical_features"]

@@ -16,24 +16,27 @@ import torch
 
 import steering
 from interp.bundle import Result
-from interp.chat import has_chat_template
 from interp.evals.choice import chosen, letter_ids
 from interp.evals.rates import fisher_greater, rate
 from interp.models import Model
 from interp.readout import logits
-from interp.studies.directions.biases import BiasFamily
+from interp.studies.directions.biases import BIAS_MOVED, BiasConfig, BiasFamily
 from interp.studies.directions.biases_items import BiasItem
+from interp.values import Prompts, moved_keywords
 
 if TYPE_CHECKING:
     import pandas as pd
 
 
-def choose_options(model: Model, prompts: Sequence[str], letters: Sequence[str], chat: bool = True,
+@moved_keywords({"chat": "prompts=interp.Prompts(texts, chat=...)"})
+def choose_options(model: Model, prompts: Prompts | Sequence[str], letters: Sequence[str],
                    batch_size: int = 16) -> torch.Tensor:
-    """The option each prompt's next-token logits prefer: ``[n]`` indices into ``letters`` (each option scored over
-    its single-token spellings, :func:`evals.choice.chosen`). Runs inside any ``steering.apply`` block around it."""
+    """The option each prompt's next-token logits prefer (formatted as ``Prompts.chat`` / ``system`` say): ``[n]``
+    indices into ``letters`` (each option scored over its single-token spellings, :func:`evals.choice.chosen`).
+    Runs inside any ``steering.apply`` block around it."""
     ids = letter_ids(model.tokenizer, letters)
-    return chosen(logits(model, list(prompts), chat=chat, batch_size=batch_size), ids)
+    p = Prompts.of(prompts)
+    return chosen(logits(model, list(p.texts), chat=p.chat, system=p.system, batch_size=batch_size), ids)
 
 
 @dataclass
@@ -96,18 +99,20 @@ class BiasCausal(Result):
                              title=title or f"recovery of the uncued answer, direction vs random ({self.model_id})")
 
 
-def answer_table(model: Model, items: Sequence[BiasItem], chat: bool | None = None,
-                 batch_size: int = 16) -> dict[str, int]:
-    """The forced-choice answer (index into the labels) of every distinct uncued and cued prompt, each run once;
-    pass it to :func:`bias_causal_test` (``answers=``) to share the passes between biases."""
-    chat = has_chat_template(model) if chat is None else chat
+@moved_keywords(BIAS_MOVED)
+def answer_table(model: Model, items: Sequence[BiasItem], config: BiasConfig | None = None) -> dict[str, int]:
+    """The forced-choice answer (index into the labels) of every distinct uncued and cued prompt, each run once
+    (``config.chat``, ``config.batch_size``); pass it to :func:`bias_causal_test` (``answers=``) to share the passes
+    between biases."""
+    cfg = config or BiasConfig()
     out: dict[str, int] = {}
     by_labels: dict[tuple[str, ...], list[str]] = {}
     for i in items:
         by_labels.setdefault(i.letters, []).extend([i.uncued, i.cued])
     for letters, prompts in by_labels.items():
         prompts = list(dict.fromkeys(prompts))
-        out.update(zip(prompts, choose_options(model, prompts, letters, chat, batch_size).tolist(), strict=True))
+        got = choose_options(model, Prompts(prompts, chat=cfg.chat), letters, cfg.batch_size)
+        out.update(zip(prompts, got.tolist(), strict=True))
     return out
 
 
@@ -125,14 +130,13 @@ def flip_counts(items: Sequence[BiasItem], answers: dict[str, int]) -> dict[str,
     return out
 
 
-def _flipped(model: Model, its: list[BiasItem], chat: bool, batch_size: int,
-             answers: dict[str, int] | None) -> tuple[list[BiasItem], torch.Tensor]:
+def _flipped(model: Model, its: list[BiasItem], cfg: BiasConfig, answers: dict[str, int] | None) -> tuple[list[BiasItem], torch.Tensor]:
     """Items whose cued answer is the cued option and differs from the uncued answer, with their uncued answers."""
     letters = its[0].letters
     if any(i.letters != letters for i in its):
         raise ValueError("the items of one bias must share their option labels")
     if answers is None or any(p not in answers for i in its for p in (i.uncued, i.cued)):
-        answers = answer_table(model, its, chat, batch_size)
+        answers = answer_table(model, its, cfg)
     un = torch.tensor([answers[i.uncued] for i in its])
     cu = torch.tensor([answers[i.cued] for i in its])
     cued = torch.tensor([letters.index(i.cued_option) for i in its])
@@ -146,11 +150,12 @@ def _intervention(fam: BiasFamily, bias: str, band: list[int], alpha: float, nor
                               norms=norms)
 
 
+@moved_keywords(BIAS_MOVED)
 def bias_causal_test(model: Model, family: BiasFamily, items: Sequence[BiasItem], bias: str,
-                     band: Sequence[int] | None = None, alpha: float = 0.5, n_random: int = 3, max_items: int = 40,
-                     chat: bool | None = None, batch_size: int = 16,
-                     answers: dict[str, int] | None = None) -> BiasCausal:
-    """Steer against ``bias``'s direction on the items the cue flips (at most ``max_items``) and measure recovery.
+                     band: Sequence[int] | None = None, alpha: float = 0.5, answers: dict[str, int] | None = None,
+                     config: BiasConfig | None = None) -> BiasCausal:
+    """Steer against ``bias``'s direction on the items the cue flips (at most ``config.max_items``) and measure
+    recovery against ``config.n_random`` random directions (``config.chat``, ``config.batch_size``).
 
     ``band``: layers to steer (default the three captured layers around the bias's chosen layer); ``alpha``: the
     fraction of the mean residual norm (measured on the flipped cued prompts at ``band``) subtracted per layer;
@@ -158,12 +163,11 @@ def bias_causal_test(model: Model, family: BiasFamily, items: Sequence[BiasItem]
     """
     if bias not in family.probes:
         raise ValueError(f"bias {bias!r} is not in the family (it has {family.biases})")
-    if n_random < 1:
-        raise ValueError("n_random must be >= 1: the random-direction control is the comparison")
+    cfg = config or BiasConfig()
+    n_random, max_items, chat, batch_size = cfg.n_random, cfg.max_items, cfg.chat, cfg.batch_size
     its = [i for i in items if i.bias == bias]
     if not its:
         raise ValueError(f"no items of bias {bias!r}")
-    chat = has_chat_template(model) if chat is None else chat
     layers = family.direction(bias).layers
     j = family.probes[bias].best
     band = list(band) if band is not None else [int(x) for x in layers[max(0, j - 1):j + 2]]
@@ -171,23 +175,23 @@ def bias_causal_test(model: Model, family: BiasFamily, items: Sequence[BiasItem]
     if missing or not band:
         raise ValueError(f"band layers {missing or band} were not captured (the family has {layers}); steer at "
                          f"captured layers")
-    flipped, ref = _flipped(model, its, chat, batch_size, answers)
+    flipped, ref = _flipped(model, its, cfg, answers)
     flipped, ref = flipped[:max_items], ref[:max_items]
     res = BiasCausal(bias=bias, band=band, alpha=float(alpha), n_items=len(its), n_flipped=len(flipped),
                      flipped_ids=[i.id for i in flipped], model_id=model.name)
     if not flipped:
         return res
-    prompts, letters = [i.cued for i in flipped], flipped[0].letters
-    norms = steering.residual_norms(model, prompts[:16], layers=band, chat=chat)
+    prompts, letters = Prompts([i.cued for i in flipped], chat=chat), flipped[0].letters
+    norms = steering.residual_norms(model, list(prompts.texts[:16]), layers=band, chat=chat)
     iv = _intervention(family, bias, band, alpha, norms)
     res.added_norms = iv.added_norms(model)
     cued = torch.tensor([letters.index(i.cued_option) for i in flipped])
     with steering.apply(model, iv):
-        out = choose_options(model, prompts, letters, chat, batch_size)
+        out = choose_options(model, prompts, letters, batch_size)
     res.recovered, res.still_cued = (out == ref).tolist(), (out == cued).tolist()
     for seed in range(n_random):
         with steering.apply(model, iv.random_like(model, seed=seed)):
-            res.random_recovered.append((choose_options(model, prompts, letters, chat, batch_size) == ref).tolist())
+            res.random_recovered.append((choose_options(model, prompts, letters, batch_size) == ref).tolist())
     return res
 
 

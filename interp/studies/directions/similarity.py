@@ -22,13 +22,41 @@ import torch
 
 from interp.bundle import Result
 from interp.models import Model
+from interp.studies.directions.moved import moved_into
 from interp.studies.directions.similarity_data import category_matrix, item_activations
+from interp.values import Runtime, moved_keywords
 from interp.viz.directions_similarity import rdm_heatmap, rsa_by_layer
 from probes.layers import LayerRule, choose
 from probes.similarity import METHODS, METRICS, check_target, mantel, noise_ceiling, p_greater, rdm
 
 BEST_LAYER = LayerRule(("r",), tol=0.0, tie="lowest")
 TEMPLATE = "The word: {item}"
+
+
+@dataclass(frozen=True)
+class SimilarityConfig:
+    """The similarity studies' tuning knobs: the RDM / distance ``metric`` (``None``: the study's own default,
+    ``"correlation"`` for RSA, ``"cosine"`` for typicality), the RSA ``method``, ``n_perm`` permutations,
+    ``n_boot`` bootstrap resamples (typicality) and the item ``template`` (plain text, no chat template)."""
+
+    metric: str | None = None
+    method: str = "spearman"
+    n_perm: int = 1000
+    n_boot: int = 1000
+    template: str = TEMPLATE
+
+    def __post_init__(self) -> None:
+        if (self.metric is not None and self.metric not in METRICS) or self.method not in METHODS:
+            raise ValueError(f"metric must be one of {list(METRICS)} (or None) and method one of {list(METHODS)}, "
+                             f"got {self.metric!r}, {self.method!r}")
+        if self.n_perm < 1 or self.n_boot < 1:
+            raise ValueError(f"need n_perm >= 1 and n_boot >= 1, got {self.n_perm}, {self.n_boot}")
+        if "{item}" not in self.template:
+            raise ValueError(f"template must contain '{{item}}', got {self.template!r}")
+
+
+SIMILARITY_MOVED = moved_into(SimilarityConfig)
+"""The keywords the similarity studies took before ``config=`` / ``runtime=``, and where each went."""
 
 
 def check_items(items: Sequence[str], categories: Sequence[Any] | None = None, minimum: int = 3) -> list[str]:
@@ -121,17 +149,20 @@ def rsa(X: torch.Tensor, target: Any, layers: Sequence[int] | None = None, items
                      p_fwe=fwe, null=test.null, rdms=D, target=mean_t, method=method, metric=metric, ceiling=ceiling)
 
 
+@moved_keywords(SIMILARITY_MOVED)
 def category_rsa(model: Model, items: Sequence[str], categories: Sequence[Any], target: Any = None,
-                 layers: Sequence[int] | None = None, metric: str = "correlation", method: str = "spearman",
-                 n_perm: int = 1000, seed: int = 0, template: str = TEMPLATE, positions: Any = "last",
-                 batch_size: int = 16) -> RSAResult:
+                 layers: Sequence[int] | None = None, positions: Any = "last", *,
+                 config: SimilarityConfig | None = None, runtime: Runtime | None = None) -> RSAResult:
     """RSA of ``model``'s residual stream (after each block in ``layers``) over ``items`` against ``target``
-    (default: :func:`category_matrix` of ``categories``, same category 0, different 1)."""
+    (default: :func:`category_matrix` of ``categories``, same category 0, different 1); permutations seeded by
+    ``runtime.seed``."""
+    cfg, run = config or SimilarityConfig(), Runtime.of(runtime)
+    metric, template, batch_size = cfg.metric or "correlation", cfg.template, run.batch_size
     items = check_items(items, categories)
     target = category_matrix(categories) if target is None else target
     check_target(target, len(items))                 # fail before the forward passes
     X, layer_list = item_activations(model, format_items(items, template), layers, positions, batch_size)
-    return rsa(X, target, layer_list, items, metric=metric, method=method, n_perm=n_perm, seed=seed)
+    return rsa(X, target, layer_list, items, metric=metric, method=cfg.method, n_perm=cfg.n_perm, seed=run.seed)
 
 
-__all__ = ["category_rsa", "check_items", "format_items", "rsa", "RSAResult", "TEMPLATE"]
+__all__ = ["SIMILARITY_MOVED", "SimilarityConfig", "category_rsa", "check_items", "format_items", "rsa", "RSAResult", "TEMPLATE"]

@@ -20,8 +20,9 @@ from interp.bundle import Result
 from interp.evals.bootstrap import percentile_interval, resample_ids
 from interp.evals.metrics import spearman
 from interp.models import Model
-from interp.studies.directions.similarity import TEMPLATE, check_items, format_items
+from interp.studies.directions.similarity import SIMILARITY_MOVED, SimilarityConfig, check_items, format_items
 from interp.studies.directions.similarity_data import item_activations
+from interp.values import Runtime, moved_keywords
 from interp.viz.directions_similarity import typicality_by_layer
 from probes.similarity import group_ids, group_permutations, p_greater, prototype_distance
 
@@ -153,12 +154,15 @@ def _rho_boot(close: torch.Tensor, rating: torch.Tensor, boots: torch.Tensor) ->
     return spearman(close[:, boots].transpose(0, 1), rating[boots][:, None, :].expand(-1, close.shape[0], -1)).double()
 
 
+@moved_keywords(SIMILARITY_MOVED)
 def typicality(model: Model, items: Sequence[str], categories: Sequence[Any], ratings: Sequence[float],
-               layers: Sequence[int] | None = None, metric: str = "cosine", n_perm: int = 1000, n_boot: int = 1000,
-               seed: int = 0, template: str = TEMPLATE, positions: Any = "last", batch_size: int = 16
-               ) -> TypicalityResult:
+               layers: Sequence[int] | None = None, positions: Any = "last", *,
+               config: SimilarityConfig | None = None, runtime: Runtime | None = None) -> TypicalityResult:
     """The typicality gradient of ``model``'s residual stream after each block: leave-one-out distance of each item to
-    its category's centroid vs ``ratings`` (higher = more typical), per category and pooled, with controls."""
+    its category's centroid vs ``ratings`` (higher = more typical), per category and pooled, with controls
+    (``config.n_perm`` / ``n_boot``, seeded by ``runtime.seed``)."""
+    cfg, run = config or SimilarityConfig(), Runtime.of(runtime)
+    metric, template, batch_size = cfg.metric or "cosine", cfg.template, run.batch_size
     items = check_items(items, categories)
     if len(ratings) != len(items):
         raise ValueError(f"{len(ratings)} ratings for {len(items)} items: give one rating per item")
@@ -168,8 +172,8 @@ def typicality(model: Model, items: Sequence[str], categories: Sequence[Any], ra
                          f"prototype and a rank correlation need >= 3 per category")
     X, layer_list = item_activations(model, format_items(items, template), layers, positions, batch_size)
     distance = prototype_distance(X, categories, metric=metric)
-    return typicality_stats(distance, categories, ratings, layer_list, n_perm=n_perm, n_boot=n_boot, seed=seed,
-                            metric=metric)
+    return typicality_stats(distance, categories, ratings, layer_list, n_perm=cfg.n_perm, n_boot=cfg.n_boot,
+                            seed=run.seed, metric=metric)
 
 
 __all__ = ["typicality", "typicality_stats", "TypicalityResult"]

@@ -23,9 +23,10 @@ from interp.bundle import Result
 from interp.capturing import capture
 from interp.chat import has_chat_template
 from interp.models import Model
+from interp.studies.directions.moved import moved_into
 from interp.studies.directions.traits_band import BandRule, choose_band
 from interp.studies.directions.traits_data import LEVEL_PROMPTS
-from interp.values import Prompts, Runtime
+from interp.values import Prompts, Runtime, moved_keywords
 from probes import cross_validate, graded_direction
 from probes.folds import make_folds
 from probes.graded import GradedDirection
@@ -187,9 +188,44 @@ def _check_inputs(statements_by_trait: Mapping[str, Sequence[str]], levels: Mapp
                              f"(one per held-out fold, n_folds={n_folds}); give more statements or fewer n_folds")
 
 
-def fit_scale(trait: str, acts: Activations, groups: list[int], order: list[str], rule: BandRule, n_layers: int,
-              n_folds: int = 5, seed: int = 0, l2: float = 1e-2, on_empty: str = "raise") -> TraitScale:
+@dataclass(frozen=True)
+class TraitConfig:
+    """The trait studies' tuning knobs: the band ``rule``, ``n_folds`` held-out folds, the AUROC probe's ``l2``,
+    ``on_empty`` (``"raise"`` refuses a trait no layer passes, ``"report"`` keeps it with an empty band), ``chat``
+    (the model's chat template with the level prompt as system prompt; ``False``: the level prompt prepended to
+    the plain text), ``n_random`` random controls of :func:`~interp.studies.directions.traits_steer.steer_levels`
+    and ``n_boot`` bootstrap resamples of a corpus signature."""
+
+    rule: BandRule = BandRule()
+    n_folds: int = 5
+    l2: float = 1e-2
+    on_empty: str = "raise"
+    chat: bool = True
+    n_random: int = 1
+    n_boot: int = 1000
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.rule, BandRule):
+            raise TypeError(f"rule must be a BandRule, got {type(self.rule).__name__}")
+        if self.on_empty not in ("raise", "report"):
+            raise ValueError(f"on_empty must be 'raise' or 'report', got {self.on_empty!r}")
+        if self.n_folds < 2 or self.l2 < 0 or self.n_random < 0 or self.n_boot < 1:
+            raise ValueError(f"need n_folds >= 2, l2 >= 0, n_random >= 0 and n_boot >= 1, got n_folds={self.n_folds}, "
+                             f"l2={self.l2}, n_random={self.n_random}, n_boot={self.n_boot}")
+        if not isinstance(self.chat, bool):
+            raise TypeError(f"chat must be True or False, got {self.chat!r}")
+
+
+TRAIT_MOVED = moved_into(TraitConfig)
+"""The keywords the trait studies took before ``config=`` / ``runtime=``, and where each went."""
+
+
+@moved_keywords(TRAIT_MOVED)
+def fit_scale(trait: str, acts: Activations, groups: list[int], order: list[str], n_layers: int, *,
+              config: TraitConfig | None = None, runtime: Runtime | None = None) -> TraitScale:
     """One trait's scale from captured level activations (labels: level names, ``groups``: question index)."""
+    cfg, seed = config or TraitConfig(), Runtime.of(runtime).seed
+    rule, n_folds, l2, on_empty = cfg.rule, cfg.n_folds, cfg.l2, cfg.on_empty
     g = graded_direction(acts, order=order, groups=groups, n_folds=n_folds, seed=seed, warn=False)
     slope, intercept = affine_to_levels(g.level_means)
     band, note = choose_band(g, rule, n_layers, trait, on_empty)
@@ -204,31 +240,31 @@ def fit_scale(trait: str, acts: Activations, groups: list[int], order: list[str]
                       band=band, heldout_error=err, auroc=scores, band_note=note)
 
 
+@moved_keywords(TRAIT_MOVED)
 def trait_scales(model: Model, statements_by_trait: Mapping[str, Sequence[str]], *,
                  levels: Mapping[str, Mapping[str, str]] = LEVEL_PROMPTS, layers: Sequence[int] | None = None,
-                 site: str = "resid_post", positions: Any = "last", rule: BandRule = BandRule(), n_folds: int = 5,
-                 seed: int = 0, l2: float = 1e-2, batch_size: int = 16, chat: bool = True,
-                 on_empty: str = "raise") -> TraitScales:
+                 site: str = "resid_post", positions: Any = "last", config: TraitConfig | None = None,
+                 runtime: Runtime | None = None) -> TraitScales:
     """Calibrated scales for each trait in ``statements_by_trait`` (``{trait: statements}``).
 
     Every statement is captured under each of the trait's level system prompts (``levels[trait]``: ordered
     ``{level: system prompt}``, low -> high; without a chat template the prompt is prepended to the text). The
-    direction is :func:`probes.graded_direction` (trend, groups = the statement, ``n_folds`` held-out folds);
-    the band follows ``rule`` (see :class:`BandRule`; ``on_empty="raise"`` refuses a trait no layer passes,
-    ``"report"`` keeps it with an empty band and the reason); AUROC of highest vs lowest level is a logistic
-    probe through :func:`probes.cross_validate` (``l2``) on the same question groups.
+    direction is :func:`probes.graded_direction` (trend, groups = the statement, ``config.n_folds`` held-out folds);
+    the band follows ``config.rule`` (see :class:`BandRule` and ``config.on_empty``); AUROC of highest vs lowest
+    level is a logistic probe through :func:`probes.cross_validate` (``config.l2``) on the same question groups.
     """
-    _check_inputs(statements_by_trait, levels, n_folds)
+    cfg, run = config or TraitConfig(), Runtime.of(runtime)
+    _check_inputs(statements_by_trait, levels, cfg.n_folds)
     scales, acts, groups = {}, {}, {}
     for trait, qs in statements_by_trait.items():
         qs = list(qs)
         order = list(levels[trait])
-        acts[trait] = _capture_trait(model, trait, qs, levels[trait], site, layers, positions, batch_size, chat)
+        acts[trait] = _capture_trait(model, trait, qs, levels[trait], site, layers, positions, run.batch_size,
+                                     cfg.chat)
         groups[trait] = list(range(len(qs))) * len(order)
-        scales[trait] = fit_scale(trait, acts[trait], groups[trait], order, rule, model.n_layers, n_folds, seed,
-                                  l2, on_empty)
-    return TraitScales(scales=scales, rule=rule, model_id=model.name, site=site, positions=str(positions),
+        scales[trait] = fit_scale(trait, acts[trait], groups[trait], order, model.n_layers, config=cfg, runtime=run)
+    return TraitScales(scales=scales, rule=cfg.rule, model_id=model.name, site=site, positions=str(positions),
                        acts=acts, groups=groups)
 
 
-__all__ = ["TraitScale", "TraitScales", "affine_to_levels", "fit_scale", "trait_scales"]
+__all__ = ["TRAIT_MOVED", "TraitConfig", "TraitScale", "TraitScales", "affine_to_levels", "fit_scale", "trait_scales"]

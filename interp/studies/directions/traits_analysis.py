@@ -19,8 +19,8 @@ from interp.activations import Activations
 from interp.bundle import Result
 from interp.evals.bootstrap import percentile_interval, resample_ids
 from interp.models import Model
-from interp.studies.directions.traits import TraitScales, _capture_trait
-from interp.values import Prompts, Runtime
+from interp.studies.directions.traits import TRAIT_MOVED, TraitConfig, TraitScales, _capture_trait
+from interp.values import Prompts, Runtime, moved_keywords
 from probes import random_directions
 
 if TYPE_CHECKING:
@@ -58,7 +58,7 @@ class TraitSignature(Result):
                              title=f"Corpus signatures on the trait scales ({self.model_id}; 95% bootstrap)")
 
 
-def _capture_like(scales: TraitScales, model: Model | None, texts: Any, chat: bool, batch_size: int) -> Activations:
+def _capture_like(scales: TraitScales, model: Model | None, texts: Any, batch_size: int) -> Activations:
     if isinstance(texts, Activations):
         return texts
     if model is None:
@@ -66,7 +66,7 @@ def _capture_like(scales: TraitScales, model: Model | None, texts: Any, chat: bo
     from interp.capturing import capture
 
     sites = next(iter(scales.scales.values())).sites
-    return capture(model, Prompts(list(texts), chat=chat), sites=sites, positions=scales.positions,
+    return capture(model, Prompts.of(texts), sites=sites, positions=scales.positions,
                    runtime=Runtime(batch_size=batch_size, progress=False))
 
 
@@ -79,12 +79,15 @@ def _random_reading(scales: TraitScales, trait: str, X: Any, seed: int) -> torch
     return ((r.project(X).double() - centre) * s.slope + mid)[:, s.band].mean(1)
 
 
-def corpus_signature(scales: TraitScales, corpora: Mapping[str, Sequence[str] | Activations], *,
-                     model: Model | None = None, chat: bool = True, n_boot: int = 1000, seed: int = 0,
-                     batch_size: int = 16) -> TraitSignature:
-    """Each corpus (texts captured like the scales' items but with no system prompt, or Activations at the same
-    sites) read in level units on every trait that has a band; intervals from ``n_boot`` bootstrap resamples of
-    its texts."""
+@moved_keywords({**TRAIT_MOVED, "chat": "corpora={name: interp.Prompts(texts, chat=...)}"})
+def corpus_signature(scales: TraitScales, corpora: Mapping[str, Prompts | Sequence[str] | Activations], *,
+                     model: Model | None = None, config: TraitConfig | None = None,
+                     runtime: Runtime | None = None) -> TraitSignature:
+    """Each corpus (texts or :class:`interp.Prompts` captured like the scales' items but with no system prompt, or
+    Activations at the same sites) read in level units on every trait that has a band; intervals from
+    ``config.n_boot`` bootstrap resamples of its texts (seed ``runtime.seed``)."""
+    n_boot, run = (config or TraitConfig()).n_boot, Runtime.of(runtime)
+    seed, batch_size = run.seed, run.batch_size
     if not corpora:
         raise ValueError("corpora is empty; give {name: texts}")
     traits = [t for t in scales.traits if scales[t].band]
@@ -93,7 +96,7 @@ def corpus_signature(scales: TraitScales, corpora: Mapping[str, Sequence[str] | 
     g = torch.Generator().manual_seed(seed)
     rows = []
     for texts in corpora.values():
-        X = _capture_like(scales, model, texts, chat, batch_size)
+        X = _capture_like(scales, model, texts, batch_size)
         lv = torch.stack([scales[t].level(X) for t in traits], 1).double()               # [n, T]
         idx = resample_ids(len(lv), n_boot, g)
         boot = lv[idx].mean(1)                                                           # [B, T]
@@ -104,8 +107,9 @@ def corpus_signature(scales: TraitScales, corpora: Mapping[str, Sequence[str] | 
                           torch.stack([r[3] for r in rows]).float(), [r[4] for r in rows], n_boot, scales.model_id)
 
 
-def capture_contrast(model: Model, items: Sequence[str], prompts: Mapping[str, str], scales: TraitScales,
-                     chat: bool = True, batch_size: int = 16) -> Activations:
+@moved_keywords(TRAIT_MOVED)
+def capture_contrast(model: Model, items: Sequence[str], prompts: Mapping[str, str], scales: TraitScales, *,
+                     config: TraitConfig | None = None, runtime: Runtime | None = None) -> Activations:
     """The items under each of two system prompts (``{negative: ..., positive: ...}``, in that order), captured at
     the scales' sites and positions; labels are the prompt names, prompt ids ``contrast:<name>:<i>``."""
     if len(prompts) != 2:
@@ -115,7 +119,7 @@ def capture_contrast(model: Model, items: Sequence[str], prompts: Mapping[str, s
     first = next(iter(scales.scales.values()))
     layers = [int(x) for x in first.graded.direction.layers]
     return _capture_trait(model, "contrast", list(items), prompts, scales.site, layers, scales.positions,
-                          batch_size, chat)
+                          Runtime.of(runtime).batch_size, (config or TraitConfig()).chat)
 
 
 __all__ = ["TraitSignature", "capture_contrast", "corpus_signature"]

@@ -19,8 +19,8 @@ import steering
 from interp.bundle import Result
 from interp.capturing import capture
 from interp.models import Model
-from interp.studies.directions.traits import TraitScales
-from interp.values import Prompts, Runtime
+from interp.studies.directions.traits import TRAIT_MOVED, TraitConfig, TraitScales
+from interp.values import Prompts, Runtime, moved_keywords
 from steering.sweep import AlphaSweep
 
 if TYPE_CHECKING:
@@ -38,11 +38,15 @@ def level_vector(scales: TraitScales, trait: str, k: float = 1.0) -> steering.Ad
     return steering.AddVector(vecs, layers=layers, alpha=float(k), sites=scales.site)
 
 
-def residual_fraction(model: Model, scales: TraitScales, trait: str, prompts: Sequence[str], chat: bool = True
+@moved_keywords(TRAIT_MOVED)
+def residual_fraction(model: Model, scales: TraitScales, trait: str, prompts: Prompts | Sequence[str]
                       ) -> dict[int, float]:
-    """``{layer: fraction of the mean residual norm}`` that one level unit adds at each band layer."""
+    """``{layer: fraction of the mean residual norm}`` that one level unit adds at each band layer (norms of
+    ``prompts``, formatted as they say: ``Prompts.chat`` / ``system``)."""
     iv = level_vector(scales, trait, 1.0)
-    norms = steering.residual_norms(model, list(prompts), layers=iv.layers, site=scales.site, chat=chat)
+    p = Prompts.of(prompts)
+    norms = steering.residual_norms(model, list(p.texts), layers=iv.layers, site=scales.site, chat=p.chat,
+                                    system=p.system)
     return {layer: v / norms.at(layer) for layer, v in iv.added_norms(model).items()}
 
 
@@ -76,38 +80,41 @@ class TraitSteering(Result):
                            title=f"Steering {self.trait} by k level units over layers {self.band} ({self.model_id})")
 
 
-def _read(model: Model, scales: TraitScales, trait: str, prompts: list[str], ivs: tuple, chat: bool) -> float:
+def _read(model: Model, scales: TraitScales, trait: str, prompts: Prompts, ivs: tuple) -> float:
     """Mean band level of the prompts' activations with ``ivs`` attached."""
     sites = scales[trait].sites
     with steering.apply(model, *ivs):
-        acts = capture(model, Prompts(prompts, chat=chat), sites=sites, positions=scales.positions,
+        acts = capture(model, prompts, sites=sites, positions=scales.positions,
                        runtime=Runtime(progress=False))
     return float(scales[trait].level(acts).mean())
 
 
-def steer_levels(model: Model, scales: TraitScales, trait: str, prompts: Sequence[str],
-                 ks: Sequence[float] = (-2.0, 0.0, 2.0), *, max_new_tokens: int = 40, n_random: int = 1, seed: int = 0,
-                 chat: bool = True, batch_size: int = 16) -> TraitSteering:
+@moved_keywords({**TRAIT_MOVED, "chat": "prompts=interp.Prompts(texts, chat=...)"})
+def steer_levels(model: Model, scales: TraitScales, trait: str, prompts: Prompts | Sequence[str],
+                 ks: Sequence[float] = (-2.0, 0.0, 2.0), *, max_new_tokens: int = 40,
+                 config: TraitConfig | None = None, runtime: Runtime | None = None) -> TraitSteering:
     """Greedy generations of ``prompts`` with ``k`` level units of ``trait`` added over its band, for each ``k``,
-    and the level read out under each edit against ``n_random`` same-strength random directions."""
+    and the level read out under each edit against ``config.n_random`` same-strength random directions (seeds
+    ``runtime.seed + j``)."""
     if isinstance(prompts, str) or not prompts:
         raise ValueError("prompts must be a non-empty list of strings")
-    prompts = list(prompts)
+    p = Prompts.of(prompts)
+    n_random, run = (config or TraitConfig()).n_random, Runtime.of(runtime)
     ks = [float(k) for k in ks]
     texts, read, rnd = {}, [], [[] for _ in range(n_random)]
     for k in ks:
         iv = level_vector(scales, trait, k)
-        gens = steering.generate(model, Prompts(prompts, chat=chat), iv, max_new_tokens=max_new_tokens,
-                                 runtime=Runtime(batch_size=batch_size, progress=False))
+        gens = steering.generate(model, p, iv, max_new_tokens=max_new_tokens,
+                                 runtime=Runtime(batch_size=run.batch_size, progress=False))
         texts[k] = list(gens.texts)
-        read.append(_read(model, scales, trait, prompts, (iv,), chat))
+        read.append(_read(model, scales, trait, p, (iv,)))
         for j in range(n_random):
-            rnd[j].append(_read(model, scales, trait, prompts, (iv.random_like(model, seed=seed + j),), chat))
+            rnd[j].append(_read(model, scales, trait, p, (iv.random_like(model, seed=run.seed + j),)))
     s = scales[trait]
     return TraitSteering(trait, ks, texts, torch.tensor(read), torch.tensor(rnd).reshape(n_random, len(ks)),
-                         _read(model, scales, trait, prompts, (), chat),
+                         _read(model, scales, trait, p, ()),
                          [int(s.graded.direction.layers[j]) for j in s.band],
-                         residual_fraction(model, scales, trait, prompts, chat), model.name, prompts)
+                         residual_fraction(model, scales, trait, p), model.name, list(p.texts))
 
 
 def level_sweep(model: Model, scales: TraitScales, trait: str, prompts: Sequence[str], ks: Sequence[float],

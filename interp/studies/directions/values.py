@@ -20,9 +20,10 @@ from interp.bundle import Result
 from interp.capturing import capture
 from interp.models import Model
 from interp.sites import parse_site
-from interp.studies.directions.values_choice import check_items, forced_choice, resolve_chat
+from interp.studies.directions.moved import moved_into
+from interp.studies.directions.values_choice import CHAT_MOVED, ValueStudyConfig, check_items, forced_choice
 from interp.studies.directions.values_data import ChoiceItem, Contrast
-from interp.values import Prompts, Runtime
+from interp.values import Prompts, Runtime, moved_keywords
 from probes.directions import diff_of_means
 from probes.layers import LayerRule, choose
 from probes.objects import Direction
@@ -77,22 +78,24 @@ class ValueVectors(Result):
                                    f"{self.pole} direction: held-out AUROC by layer ({self.n_pairs} pairs)")
 
 
-def value_vectors(model: Model, pairs: Contrast, *, site: str = "resid_post", positions: str = "last",
-                  layers: Sequence[int] | None = None, chat: bool | None = None, n_folds: int = 5, seed: int = 0,
-                  batch_size: int = 16) -> ValueVectors:
-    """Capture both sides of ``pairs`` at ``site`` (every layer, or ``layers``), fit the diff of means toward the
-    pole per layer, and score it held out by ``probes.cross_validate`` with ``groups`` = the pairs' groups."""
+@moved_keywords(moved_into(ValueStudyConfig, ["site", "positions", "n_folds", "chat"]))
+def value_vectors(model: Model, pairs: Contrast, *, layers: Sequence[int] | None = None,
+                  config: ValueStudyConfig | None = None, runtime: Runtime | None = None) -> ValueVectors:
+    """Capture both sides of ``pairs`` at ``config.site`` / ``positions`` (every layer, or ``layers``), fit the diff
+    of means toward the pole per layer, and score it held out (``config.n_folds``, seed ``runtime.seed``) by
+    ``probes.cross_validate`` with ``groups`` = the pairs' groups."""
+    cfg, run = config or ValueStudyConfig(), Runtime.of(runtime)
+    site, positions, n_folds, chat = cfg.site, cfg.positions, cfg.n_folds, cfg.chat
     if not isinstance(pairs, Contrast):
         raise TypeError("pairs must be a values_data.Contrast (pole prompts, other-side prompts, groups)")
     n_groups = len(set(pairs.groups))
     if n_groups < n_folds:
         raise ValueError(f"{n_groups} groups cannot fill {n_folds} held-out folds; pass n_folds <= {n_groups}")
-    chat = resolve_chat(model, chat)
     acts = capture(model, Prompts(pairs.prompts, labels=pairs.labels, chat=chat), sites=site,
                    positions=positions,
-                   layers=layers, runtime=Runtime(batch_size=batch_size, progress=False))
+                   layers=layers, runtime=Runtime(batch_size=run.batch_size, progress=False))
     direction = diff_of_means(acts, positive=1)
-    scores = cross_validate(acts, method="mean_diff", groups=pairs.all_groups, n_folds=n_folds, seed=seed,
+    scores = cross_validate(acts, method="mean_diff", groups=pairs.all_groups, n_folds=n_folds, seed=run.seed,
                             positive=1, progress=False)
     return ValueVectors(direction, scores, site, positions, len(pairs.positive), pairs.pole, chat, acts)
 
@@ -159,16 +162,18 @@ def steer_at(direction: Direction, layers: Sequence[int], alpha: float, norms: A
                      unit="residual", norms=norms)
 
 
-def item_norms(model: Model, direction: Direction, items: Sequence[ChoiceItem], chat: bool | None) -> ResidualNorms:
+def item_norms(model: Model, direction: Direction, items: Sequence[ChoiceItem],
+               config: ValueStudyConfig | None = None) -> ResidualNorms:
     """Mean residual norms at the direction's site on the items' own prompts (the steering unit)."""
-    c = resolve_chat(model, chat)
+    c = (config or ValueStudyConfig()).chat
     return residual_norms(model, [i.prompt(c) for i in items], site=parse_site(direction.sites[0]).kind,
                           layers=[int(x) for x in direction.layers], chat=c)
 
 
+@moved_keywords(CHAT_MOVED)
 def select_layers(model: Model, vectors: ValueVectors | Direction, items: Sequence[ChoiceItem], *,
-                  alpha: float = 0.5, top_k: int = 3, norms: Any = None, auroc: Any = None, chat: bool | None = None,
-                  batch_size: int = 16) -> LayerSelection:
+                  alpha: float = 0.5, top_k: int = 3, norms: Any = None, auroc: Any = None,
+                  config: ValueStudyConfig | None = None, runtime: Runtime | None = None) -> LayerSelection:
     """Steer each layer alone by +-``alpha`` (residual units) on calibration ``items`` and choose the ``top_k``
     layers by held-out separation x effect (the stated :data:`RULE`, recorded in the result)."""
     direction, sep = _unpack(vectors, auroc)
@@ -177,13 +182,13 @@ def select_layers(model: Model, vectors: ValueVectors | Direction, items: Sequen
         raise ValueError(f"need alpha > 0 and top_k >= 1, got alpha={alpha}, top_k={top_k}")
     if sep.numel() != direction.n_layers:
         raise ValueError(f"{sep.numel()} separation values for {direction.n_layers} layers")
-    norms = item_norms(model, direction, items, chat) if norms is None else norms
+    norms = item_norms(model, direction, items, config) if norms is None else norms
     layers = [int(x) for x in direction.layers]
-    base = forced_choice(model, items, chat=chat, batch_size=batch_size)
+    base = forced_choice(model, items, config=config, runtime=runtime)
     eff, plus, minus = [], [], []
     for la in layers:
-        up = forced_choice(model, items, steer_at(direction, [la], alpha, norms), chat=chat, batch_size=batch_size)
-        down = forced_choice(model, items, steer_at(direction, [la], -alpha, norms), chat=chat, batch_size=batch_size)
+        up = forced_choice(model, items, steer_at(direction, [la], alpha, norms), config=config, runtime=runtime)
+        down = forced_choice(model, items, steer_at(direction, [la], -alpha, norms), config=config, runtime=runtime)
         eff.append(float(up.p_pole.mean() - down.p_pole.mean()) / 2)
         plus.append(up.rate()["rate"])
         minus.append(down.rate()["rate"])

@@ -15,12 +15,13 @@ from typing import Any
 
 import torch
 
-from interp.chat import has_chat_template
 from interp.evals.choice import letter_ids, option_logprobs
 from interp.evals.rates import rate
 from interp.forward import batches, prepare
 from interp.models import Model
+from interp.studies.directions.moved import moved_into
 from interp.studies.directions.values_data import ChoiceItem
+from interp.values import Runtime, moved_keywords
 from steering.sweep import logits_under
 
 
@@ -48,9 +49,50 @@ class ChoiceRates:
         return rate(self.chose_pole.tolist())
 
 
-def resolve_chat(model: Model, chat: bool | None) -> bool:
-    """``chat=None``: use the chat template when the tokenizer has one (Gemma 3 270M has none: plain prompts)."""
-    return has_chat_template(model) if chat is None else bool(chat)
+ALPHAS = (-1.0, -0.5, 0.5, 1.0)
+LETTERS = ("A", "B")
+
+
+@dataclass(frozen=True)
+class ValueStudyConfig:
+    """The value studies' tuning knobs: the capture ``site`` / ``positions``, the split ``fractions`` (fit,
+    calibration, test), ``n_folds`` of the held-out fit, the layer rule's ``select_alpha`` / ``top_k``, the steering
+    ``alphas`` and ``n_random`` controls, option ``letters``, ``max_items`` (calibration, test; ``None``: all) and
+    ``chat`` (the model's chat template; ``False``: plain prompts ending in the item's cue)."""
+
+    site: str = "resid_post"
+    positions: str = "last"
+    fractions: tuple[float, ...] = (0.5, 0.2, 0.3)
+    n_folds: int = 5
+    select_alpha: float = 0.5
+    top_k: int = 3
+    alphas: tuple[float, ...] = ALPHAS
+    n_random: int = 3
+    letters: tuple[str, str] = LETTERS
+    max_items: tuple[int | None, int | None] = (None, None)
+    chat: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("fractions", "alphas", "letters", "max_items"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
+        if len(self.fractions) != 3 or any(f < 0 for f in self.fractions) or abs(sum(self.fractions) - 1) > 1e-6:
+            raise ValueError(f"fractions must be three non-negative parts (fit, calibration, test) summing to 1, "
+                             f"got {self.fractions}")
+        if self.n_folds < 2 or self.top_k < 1 or self.n_random < 0 or self.select_alpha <= 0:
+            raise ValueError(f"need n_folds >= 2, top_k >= 1, n_random >= 0 and select_alpha > 0, got n_folds="
+                             f"{self.n_folds}, top_k={self.top_k}, n_random={self.n_random}, "
+                             f"select_alpha={self.select_alpha}")
+        if len(self.letters) != 2 or len(self.max_items) != 2 or not self.alphas:
+            raise ValueError(f"need two letters, max_items as (calibration, test) and at least one alpha, got "
+                             f"letters={self.letters}, max_items={self.max_items}, alphas={self.alphas}")
+        if not isinstance(self.chat, bool):
+            raise TypeError(f"chat must be True or False, got {self.chat!r}")
+
+
+VALUE_MOVED = moved_into(ValueStudyConfig)
+"""The keywords the value studies took before ``config=`` / ``runtime=``, and where each went."""
+CHAT_MOVED = moved_into(ValueStudyConfig, ["chat"])
+"""The same for the measures that take only ``chat`` from the config (:func:`forced_choice`, ``select_layers``)."""
 
 
 def check_items(model: Model, items: Sequence[ChoiceItem], balanced: bool = False) -> list[list[int]]:
@@ -71,12 +113,14 @@ def check_items(model: Model, items: Sequence[ChoiceItem], balanced: bool = Fals
     return letter_ids(model.tokenizer, items[0].letters)
 
 
-def forced_choice(model: Model, items: Sequence[ChoiceItem], *interventions: Any, chat: bool | None = None,
-                  batch_size: int = 16) -> ChoiceRates:
+@moved_keywords(CHAT_MOVED)
+def forced_choice(model: Model, items: Sequence[ChoiceItem], *interventions: Any,
+                  config: ValueStudyConfig | None = None, runtime: Runtime | None = None) -> ChoiceRates:
     """The option chosen in each item from the next-token logits at its last prompt token, with
-    ``interventions`` applied (``steering.apply``) to the whole prompt."""
+    ``interventions`` applied (``steering.apply``) to the whole prompt; ``config.chat``: the chat template."""
     ids = check_items(model, items)
-    logits = choice_logits(model, items, interventions, resolve_chat(model, chat), batch_size)
+    cfg, run = config or ValueStudyConfig(), Runtime.of(runtime)
+    logits = choice_logits(model, items, interventions, cfg.chat, run.batch_size)
     return ChoiceRates(option_logprobs(logits, ids), torch.tensor([i.pole_index for i in items]),
                        [i.id for i in items])
 
@@ -106,4 +150,4 @@ class PoleMetric:
         return float(r.chose_pole.float().mean())
 
 
-__all__ = ["ChoiceRates", "PoleMetric", "check_items", "choice_logits", "forced_choice", "resolve_chat"]
+__all__ = ["CHAT_MOVED", "ChoiceRates", "PoleMetric", "VALUE_MOVED", "ValueStudyConfig", "check_items", "choice_logits", "forced_choice"]

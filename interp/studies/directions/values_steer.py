@@ -18,9 +18,11 @@ from interp.bundle import Result
 from interp.evals.rates import Rate, fisher_greater, wilson
 from interp.models import Model
 from interp.sites import parse_site
+from interp.studies.directions.moved import moved_into
 from interp.studies.directions.values import ValueVectors, item_norms, steer_at
-from interp.studies.directions.values_choice import PoleMetric, check_items, resolve_chat
+from interp.studies.directions.values_choice import PoleMetric, ValueStudyConfig, check_items
 from interp.studies.directions.values_data import ChoiceItem
+from interp.values import Runtime, moved_keywords
 from probes.objects import Direction
 from steering.sweep import alpha_sweep
 
@@ -118,12 +120,15 @@ def _direction(vectors: ValueVectors | Direction) -> Direction:
     raise TypeError(f"vectors must be ValueVectors or a probes Direction, got {type(vectors).__name__}")
 
 
+@moved_keywords(moved_into(ValueStudyConfig, ["alphas", "n_random", "chat"]))
 def selective_steering(model: Model, vectors: ValueVectors | Direction, items: Sequence[ChoiceItem],
-                       layers: Sequence[int], *, alphas: Sequence[float] = (-1.0, -0.5, 0.5, 1.0), n_random: int = 3,
-                       seed: int = 0, norms: Any = None, chat: bool | None = None, batch_size: int = 16,
-                       label: str = "") -> SteeringEffect:
-    """Forced-choice pole rate on ``items`` vs ``alphas`` (residual-norm units) when the direction is added at
-    ``layers`` only, against ``n_random`` same-norm random vectors at the same layers (``steering.alpha_sweep``)."""
+                       layers: Sequence[int], *, norms: Any = None, label: str = "",
+                       config: ValueStudyConfig | None = None, runtime: Runtime | None = None) -> SteeringEffect:
+    """Forced-choice pole rate on ``items`` vs ``config.alphas`` (residual-norm units) when the direction is added
+    at ``layers`` only, against ``config.n_random`` same-norm random vectors (seeds from ``runtime.seed``) at the
+    same layers (``steering.alpha_sweep``)."""
+    cfg, run = config or ValueStudyConfig(), Runtime.of(runtime)
+    alphas, n_random, seed, batch_size = cfg.alphas, cfg.n_random, run.seed, run.batch_size
     direction = _direction(vectors)
     ids = check_items(model, items, balanced=True)
     layers = sorted({int(x) for x in layers})
@@ -132,8 +137,8 @@ def selective_steering(model: Model, vectors: ValueVectors | Direction, items: S
     have = {int(x) for x in direction.layers}
     if not set(layers) <= have:
         raise ValueError(f"the direction has no vector at layers {sorted(set(layers) - have)}; it covers {sorted(have)}")
-    c = resolve_chat(model, chat)
-    norms = item_norms(model, direction, items, c) if norms is None else norms
+    c = cfg.chat
+    norms = item_norms(model, direction, items, cfg) if norms is None else norms
     metric = PoleMetric(ids, items)
     sweep = alpha_sweep(model, [i.prompt(c) for i in items], lambda a: steer_at(direction, layers, a, norms), alphas,
                         metric, on="logits", n_random=n_random, seed=seed, batch_size=batch_size, chat=c,

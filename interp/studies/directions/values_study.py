@@ -4,7 +4,8 @@ fit the direction on one part, choose layers on a calibration part, steer the he
     study = value_study(model, load_dilemmas())                         # English liberty-vs-welfare vector
     study.effect.comparison(); study.plot()
     party = partisan_direction(model, load_statements())                # Democratic-vs-Republican direction
-    xl = cross_lingual_transfer(load_model("gemma3-270m"), load_dilemmas(), source="en", target="fr")
+    xl = cross_lingual_transfer(load_model("gemma3-270m"), load_dilemmas(), source="en", target="fr",
+                                config=ValueStudyConfig(chat=False))        # a base model: plain prompts
     xl.to_frame(); xl.plot()
 """
 
@@ -19,7 +20,13 @@ import torch
 from interp.bundle import Result
 from interp.models import Model
 from interp.studies.directions.values import LayerSelection, ValueVectors, select_layers, value_vectors
-from interp.studies.directions.values_choice import check_items
+from interp.studies.directions.values_choice import (
+    ALPHAS,
+    LETTERS,
+    VALUE_MOVED,
+    ValueStudyConfig,
+    check_items,
+)
 from interp.studies.directions.values_data import (
     Dilemma,
     Statement,
@@ -30,14 +37,12 @@ from interp.studies.directions.values_data import (
     statement_items,
 )
 from interp.studies.directions.values_steer import SteeringEffect, selective_steering
+from interp.values import Runtime, moved_keywords
 from probes.compare import cosine_by_layer
 from probes.validation import evaluate_direction
 
 if TYPE_CHECKING:
     import pandas as pd
-
-ALPHAS = (-1.0, -0.5, 0.5, 1.0)
-
 
 @dataclass
 class ValueStudy(Result):
@@ -65,59 +70,42 @@ def _parts(groups: Sequence[str], fractions: Sequence[float], seed: int) -> dict
 
 
 def _run(model: Model, pairs: Any, calib: list, test: list, split: dict[str, list[str]], label: str,
-         kw: dict[str, Any]) -> ValueStudy:
-    calib, test = calib[:kw["max_items"][0]], test[:kw["max_items"][1]]   # items alternate letters: a prefix stays balanced
+         layers: Any, cfg: ValueStudyConfig, run: Runtime) -> ValueStudy:
+    calib, test = calib[:cfg.max_items[0]], test[:cfg.max_items[1]]   # items alternate letters: a prefix stays balanced
     check_items(model, calib, balanced=True)       # letters and balance checked before anything runs
     check_items(model, test, balanced=True)
-    vv = value_vectors(model, pairs, site=kw["site"], positions=kw["positions"], chat=kw["chat"],
-                       n_folds=kw["n_folds"], layers=kw["layers"], batch_size=kw["batch_size"])
-    sel = select_layers(model, vv, calib, alpha=kw["select_alpha"], top_k=kw["top_k"], chat=kw["chat"],
-                        batch_size=kw["batch_size"])
-    eff = selective_steering(model, vv, test, sel.chosen, alphas=kw["alphas"], n_random=kw["n_random"],
-                             seed=kw["seed"], chat=kw["chat"], batch_size=kw["batch_size"], label=label)
+    vv = value_vectors(model, pairs, layers=layers, config=cfg, runtime=run)
+    sel = select_layers(model, vv, calib, alpha=cfg.select_alpha, top_k=cfg.top_k, config=cfg, runtime=run)
+    eff = selective_steering(model, vv, test, sel.chosen, label=label, config=cfg, runtime=run)
     return ValueStudy(vv, sel, eff, split)
 
 
-def _kw(site: str, positions: str, chat: bool | None, n_folds: int, layers: Any, batch_size: int, select_alpha: float,
-        top_k: int, alphas: Sequence[float], n_random: int, seed: int, max_items: Any = (None, None)
-        ) -> dict[str, Any]:
-    return dict(site=site, positions=positions, chat=chat, n_folds=n_folds, layers=layers, batch_size=batch_size,
-                select_alpha=select_alpha, top_k=top_k, alphas=tuple(alphas), n_random=n_random, seed=seed,
-                max_items=tuple(max_items))
-
-
-LETTERS = ("A", "B")
-
-
+@moved_keywords(VALUE_MOVED)
 def value_study(model: Model, dilemmas: Sequence[Dilemma], *, lang: str = "en", pole: str | None = None,
-                fractions: Sequence[float] = (0.5, 0.2, 0.3), seed: int = 0, site: str = "resid_post",
-                positions: str = "last", chat: bool | None = None, n_folds: int = 5, layers: Any = None,
-                select_alpha: float = 0.5, top_k: int = 3, alphas: Sequence[float] = ALPHAS, n_random: int = 3,
-                batch_size: int = 16, letters: tuple[str, str] = LETTERS, max_items: Any = (None, None)) -> ValueStudy:
-    """Value vector of ``dilemmas`` in ``lang``: fit / calibration / held-out test by dilemma (``fractions``);
-    ``max_items``: at most this many (calibration, test) items (``None``: all)."""
-    split = _parts([d.id for d in dilemmas], fractions, seed)
+                layers: Any = None, config: ValueStudyConfig | None = None,
+                runtime: Runtime | None = None) -> ValueStudy:
+    """Value vector of ``dilemmas`` in ``lang``: fit / calibration / held-out test by dilemma (``config.fractions``,
+    split seed ``runtime.seed``); ``config.max_items``: at most this many (calibration, test) items."""
+    cfg, run = config or ValueStudyConfig(), Runtime.of(runtime)
+    split = _parts([d.id for d in dilemmas], cfg.fractions, run.seed)
     part = {k: [d for d in dilemmas if d.id in set(v)] for k, v in split.items()}
-    kw = _kw(site, positions, chat, n_folds, layers, batch_size, select_alpha, top_k, alphas, n_random, seed, max_items)
-    return _run(model, dilemma_contrast(part["fit"], lang, pole), dilemma_items(part["calibration"], lang, pole, letters),
-                dilemma_items(part["test"], lang, pole, letters), split, f"values-{lang}", kw)
+    return _run(model, dilemma_contrast(part["fit"], lang, pole), dilemma_items(part["calibration"], lang, pole,
+                cfg.letters), dilemma_items(part["test"], lang, pole, cfg.letters), split, f"values-{lang}", layers,
+                cfg, run)
 
 
-def partisan_direction(model: Model, statements: Sequence[Statement], *, pole: str = "D",
-                       fractions: Sequence[float] = (0.5, 0.2, 0.3), seed: int = 0, site: str = "resid_post",
-                       positions: str = "last", chat: bool | None = None, n_folds: int = 5, layers: Any = None,
-                       select_alpha: float = 0.5, top_k: int = 3, alphas: Sequence[float] = ALPHAS,
-                       n_random: int = 3, batch_size: int = 16, letters: tuple[str, str] = LETTERS,
-                       max_items: Any = (None, None)) -> ValueStudy:
+@moved_keywords(VALUE_MOVED)
+def partisan_direction(model: Model, statements: Sequence[Statement], *, pole: str = "D", layers: Any = None,
+                       config: ValueStudyConfig | None = None, runtime: Runtime | None = None) -> ValueStudy:
     """Party direction (``pole`` party's statements minus the other's) fitted on some topics, layers chosen on
     others, steering measured on forced choices between the parties' statements on held-out topics."""
     if pole not in {s.party for s in statements}:
         raise ValueError(f"no statement of party {pole!r}; parties present: {sorted({s.party for s in statements})}")
-    split = _parts([s.topic for s in statements], fractions, seed)
+    cfg, run = config or ValueStudyConfig(), Runtime.of(runtime)
+    split = _parts([s.topic for s in statements], cfg.fractions, run.seed)
     part = {k: [s for s in statements if s.topic in set(v)] for k, v in split.items()}
-    kw = _kw(site, positions, chat, n_folds, layers, batch_size, select_alpha, top_k, alphas, n_random, seed, max_items)
-    return _run(model, statement_contrast(part["fit"], pole), statement_items(part["calibration"], pole, letters),
-                statement_items(part["test"], pole, letters), split, f"partisan-{pole}", kw)
+    return _run(model, statement_contrast(part["fit"], pole), statement_items(part["calibration"], pole, cfg.letters),
+                statement_items(part["test"], pole, cfg.letters), split, f"partisan-{pole}", layers, cfg, run)
 
 
 @dataclass
@@ -164,29 +152,25 @@ class CrossLingual(Result):
                                   title=f"{self.source} -> {self.target}: direction agreement by layer")
 
 
+@moved_keywords(VALUE_MOVED)
 def cross_lingual_transfer(model: Model, dilemmas: Sequence[Dilemma], *, source: str = "en", target: str = "fr",
-                           pole: str | None = None, fractions: Sequence[float] = (0.5, 0.2, 0.3), seed: int = 0,
-                           site: str = "resid_post", positions: str = "last", chat: bool | None = None,
-                           n_folds: int = 5, layers: Any = None, select_alpha: float = 0.5, top_k: int = 3,
-                           alphas: Sequence[float] = ALPHAS, n_random: int = 3, batch_size: int = 16,
-                           letters: tuple[str, str] = LETTERS, max_items: Any = (None, None)) -> CrossLingual:
+                           pole: str | None = None, layers: Any = None, config: ValueStudyConfig | None = None,
+                           runtime: Runtime | None = None) -> CrossLingual:
     """Fit on ``source`` pairs (choose layers on source calibration items), steer held-out ``target`` items with
     that direction vs random; fit the same dilemmas in ``target`` too for the per-layer cosine."""
     if source == target:
         raise ValueError(f"source and target are both {source!r}; give two languages")
-    study = value_study(model, dilemmas, lang=source, pole=pole, fractions=fractions, seed=seed, site=site,
-                        positions=positions, chat=chat, n_folds=n_folds, layers=layers, select_alpha=select_alpha,
-                        top_k=top_k, alphas=alphas, n_random=n_random, batch_size=batch_size, letters=letters, max_items=max_items)
+    cfg, run = config or ValueStudyConfig(), Runtime.of(runtime)
+    study = value_study(model, dilemmas, lang=source, pole=pole, layers=layers, config=cfg, runtime=run)
     fit = [d for d in dilemmas if d.id in set(study.split["fit"])]
     test = [d for d in dilemmas if d.id in set(study.split["test"])]
-    tv = value_vectors(model, dilemma_contrast(fit, target, pole), site=site, positions=positions, chat=chat,
-                       n_folds=n_folds, layers=layers, batch_size=batch_size)
+    tv = value_vectors(model, dilemma_contrast(fit, target, pole), layers=layers, config=cfg, runtime=run)
     transfer = evaluate_direction(tv.acts, direction=study.vectors.direction).auroc
-    target_items = dilemma_items(test, target, pole, letters)[:max_items[1]]
+    target_items = dilemma_items(test, target, pole, cfg.letters)[:cfg.max_items[1]]
     eff = selective_steering(model, study.vectors, target_items, study.selection.chosen,
-                             alphas=alphas, n_random=n_random, seed=seed, chat=chat, batch_size=batch_size,
-                             label=f"values-{source}->{target}")
+                             label=f"values-{source}->{target}", config=cfg, runtime=run)
     return CrossLingual(source, target, study, tv, cosine_by_layer(study.vectors.direction, tv.direction), transfer, eff)
 
 
-__all__ = ["CrossLingual", "ValueStudy", "cross_lingual_transfer", "partisan_direction", "value_study"]
+__all__ = ["ALPHAS", "LETTERS", "CrossLingual", "ValueStudy", "ValueStudyConfig", "cross_lingual_transfer",
+           "partisan_direction", "value_study"]
