@@ -4,7 +4,7 @@ Each prompt is BOS, ``t`` random tokens ``r``, then ``r`` again (``T = 1 + 2t``)
 ``induction``: attention from each second-copy token (query ``q > t``) to the token after its earlier copy
 (key ``q - t + 1``); ``duplicate_token``: to the earlier copy itself (key ``q - t``); ``previous_token``: to
 ``q - 1`` (every query but BOS); ``entropy`` of each query's attention row (nats) and ``bos``: attention to
-position 0, both over every query but BOS. Patterns come from :func:`_patterns` (HF eager attention for now).
+position 0, both over every query but BOS. Patterns come from the ``pattern`` sites (:mod:`interp.attention`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 SCORES = ("induction", "previous_token", "duplicate_token", "entropy", "bos")
-PATTERN_SOURCE = "HF eager attention (output_attentions)"
+PATTERN_SOURCE = "the pattern sites (interp.attention)"
 
 
 @dataclass
@@ -95,17 +95,22 @@ def repeated_tokens(model: Model, n_tokens: int = 50, n_prompts: int = 32, seed:
 def _patterns(model: Model, tokens: Int[torch.Tensor, "n T"], layers: Sequence[int] | None = None
               ) -> Float[torch.Tensor, "n L H T T"]:
     """Attention patterns (query rows, key columns) of unpadded ``tokens`` at ``layers`` (default all), float32 on
-    the CPU, from HF eager attention (the config's attention implementation is restored afterwards)."""
-    cfg = model.hf.config
-    old = cfg._attn_implementation
-    try:
-        cfg._attn_implementation = "eager"
-        with torch.no_grad():
-            out = model.hf(input_ids=tokens.to(model.device), output_attentions=True)
-    finally:
-        cfg._attn_implementation = old
-    keep = range(model.n_layers) if layers is None else layers
-    return torch.stack([out.attentions[la].float().cpu() for la in keep], 1)
+    the CPU, read at the ``pattern`` sites (:mod:`interp.attention`; the model's attention implementation is
+    switched only while they are hooked)."""
+    from interp.hooking import hooks
+    from interp.sites import Site
+
+    keep = list(range(model.n_layers) if layers is None else layers)
+    got: dict[int, torch.Tensor] = {}
+
+    def keeper(layer: int):
+        def fn(x: torch.Tensor, ctx: Any) -> None:
+            got[layer] = x.detach().float().cpu()
+        return fn
+
+    with hooks(model, {Site("pattern", la).name: keeper(la) for la in keep}), torch.no_grad():
+        model.hf(input_ids=tokens.to(model.device))
+    return torch.stack([got[la] for la in keep], 1)
 
 
 def scores_of(p: Float[torch.Tensor, "n L H T T"], n_tokens: int) -> dict[str, torch.Tensor]:
