@@ -87,10 +87,11 @@ RESULTS = [
     "interp.studies.refusal.evaluation:Evaluation",
     "interp.studies.refusal.evaluation:Subspaces",
     "interp.studies.refusal.result:RefusalResult",
+    "interp.readout:TokenLogprobs",
 ]
 # public dataclasses with one of the methods that are not results: fitted objects with their own bundle, and
-# per-row helpers (a batch's rows, one response's token log-probs)
-NOT_RESULTS = {"Direction", "Subspace", "INLPEraser", "RowEdits", "PromptRecord", "TokenState", "TokenLogprobs"}
+# per-row helpers (a batch's rows, a prompt's token state)
+NOT_RESULTS = {"Direction", "Subspace", "INLPEraser", "RowEdits", "PromptRecord", "TokenState"}
 # results holding an object that has its own save (a model, an SAE): they refuse save() with a clear error
 HOLDS_A_MODEL = {"BakeResult", "TrainResult", "TranscoderTraining", "DiffStudy"}
 # results whose scalar fields are their headline numbers, so Result.summary's default (scalar fields) is theirs
@@ -393,3 +394,15 @@ def test_tensor_heavy_results_summarise_their_headline_numbers(tmp_path):
     for i, r in enumerate((al, norms, rk, ds, tr, gen)):
         _check(r, tmp_path / str(i), plot=False, frame=False)
 
+
+def test_token_logprobs_is_a_result_and_an_empty_response_saves(tmp_path):
+    from interp.readout import TokenLogprobs
+
+    lp = TokenLogprobs(torch.tensor([-0.5, -2.0, -0.25]), torch.tensor([7, 9, 4]), ["a", "b", "c"], [3, 4, 5])
+    assert lp.summary() == {"n_tokens": 3, "total": -2.75, "mean": pytest.approx(-2.75 / 3), "min": -2.0,
+                            "lowest_token": "b", "lowest_position": 4}
+    _check(lp, tmp_path / "lp")
+    empty = TokenLogprobs(torch.zeros(0), torch.zeros(0, dtype=torch.long), [], [])
+    assert empty.summary() == {"n_tokens": 0, "total": 0.0, "mean": None, "min": None, "lowest_token": None,
+                               "lowest_position": None}
+    _check(empty, tmp_path / "empty", frame=False, plot=False)
