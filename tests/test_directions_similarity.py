@@ -5,6 +5,7 @@ forward, and the bad-input errors."""
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import numpy as np
 import pytest
@@ -247,6 +248,7 @@ def test_typicality_and_cross_language_run_on_a_tiny_model(tiny_models):
     assert named["retrieval (centred)"] == pytest.approx(means["retrieval"])
     assert len(cl.to_frame(pairs=False)) == 1 and (frame["chance"] == 1 / 3).all()
     cs = cl.summary()
+    json.dumps(cs, allow_nan=True)   # JSON-ready
     assert cs["best_layer"] == 1 and cs["retrieval"] == pytest.approx(means["retrieval"]) and cs["chance"] == 1 / 3
     assert cs["gap"] == pytest.approx(means["matched"] - means["mismatched"]) and cs["n_pairs"] == 2
     st = torch.zeros(len(KEYS), 3)

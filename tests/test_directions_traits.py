@@ -4,6 +4,7 @@ target whose answer is known, steering read-outs, and the sweep's KL / CE agains
 
 from __future__ import annotations
 
+import json
 import random
 
 import numpy as np
@@ -227,6 +228,7 @@ def test_steering_in_level_units(model, scales):
     assert list(steered[0].y) == pytest.approx([float(v) for v in st.read])
     assert fig.layout.xaxis.title.text == "alpha" and fig.layout.yaxis.title.text == "kindness level read out"
     ss = st.summary()
+    json.dumps(ss, allow_nan=True)   # JSON-ready
     assert ss["read"] == {k: pytest.approx(float(v)) for k, v in zip(("-1", "0", "1"), st.read)}
     assert ss["slope"] == pytest.approx(float(st.read[2] - st.read[0]) / 2)         # three evenly spaced ks
     assert ss["random_slope"] == pytest.approx(float(st.random.double().mean(0)[2] - st.random.double().mean(0)[0]) / 2)

@@ -4,6 +4,8 @@ cross-lingual and partisan compositions, and the clear errors. Tiny random model
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -144,6 +146,7 @@ def test_value_vectors_equal_a_hand_diff_of_means_and_folds_keep_dilemmas(llama,
     assert [t.name for t in fig.data] == ["held-out AUROC", "shuffled-label control"]
     assert list(fig.data[0].x) == [0, 1] and list(fig.data[0].y) == pytest.approx(df.auroc.tolist())
     vs = vv.summary()
+    json.dumps(vs, allow_nan=True)   # JSON-ready
     best = vv.scores.best_layer()
     assert vs["best_layer"] == best and vs["auroc"] == pytest.approx(float(df.auroc[best])) and vs["n_pairs"] == 12
 
@@ -190,6 +193,7 @@ def test_selective_steering_matches_a_direct_recomputation(llama, dilemmas):
     randoms = torch.tensor([list(t.y) for t in fig.data if t.name == "random vector (same norm)"], dtype=torch.float64)
     torch.testing.assert_close(randoms, eff.random_rate)
     es = eff.summary()
+    json.dumps(es, allow_nan=True)   # JSON-ready
     assert es["baseline_rate"] == eff.baseline_k / eff.n and list(es["by_alpha"]) == ["0", "1.5"]
     at = es["by_alpha"]["1.5"]
     assert at["rate"] == float(eff.value_k[1]) / eff.n and at["value_shift"] == pytest.approx(comp.value_shift[1])
@@ -211,6 +215,7 @@ def test_cross_lingual_and_partisan_compositions(llama, dilemmas):
     assert list(fig.data[0].y) == pytest.approx(xl.cosine.tolist())
     assert list(fig.data[1].y) == pytest.approx(xl.transfer_auroc.tolist(), nan_ok=True)
     xs = xl.summary()
+    json.dumps(xs, allow_nan=True)   # JSON-ready
     j = xl.layers.index(xl.study.selection.chosen[0])
     assert xs["chosen"] == xl.study.selection.chosen and xs["cosine"] == [pytest.approx(float(xl.cosine[j]))]
     assert xs["steering_target"] == xl.target_effect.summary() and xs["steering_source"] == xl.study.effect.summary()

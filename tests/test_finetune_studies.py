@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -60,6 +62,7 @@ def test_transplant_study_validates_by_generation_with_controls(study, data):
     assert set(study.to_frame("single").columns) >= {"part", "block", "into_base", "out_of_aligned"}
     assert len(study.plot().data) == 1
     s = study.summary()
+    json.dumps(s, allow_nan=True)   # JSON-ready
     best = max(study.single, key=lambda r: r["into_base"])
     assert s["best_into_base"] == {"block": f"{best['part']}:{best['block']}", "gain": best["into_base"]}
     assert s["scores"] == study.scores and s["search_best"] == study.search.best
@@ -126,6 +129,7 @@ def test_diff_study_steers_both_ways_with_controls(diff, data):
     assert list(bars.x) == [f"{r['condition']} ({r['split']})" for r in diff.rates]
     assert list(bars.y) == pytest.approx([100 * r["rate"] for r in diff.rates])
     s = diff.summary()
+    json.dumps(s, allow_nan=True)   # JSON-ready
     assert s["top"] == diff.top and s["top_scores"] == pytest.approx(diff.diff.ranking.scores[:4].tolist())
     assert s["rates"]["tuned/harmful"]["n"] == next(r["n"] for r in diff.rates if r["condition"] == "tuned")
     assert set(s["rates"]) == {f"{r['condition']}/{r['split']}" for r in diff.rates} and s["layer"] == 2

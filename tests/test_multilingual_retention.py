@@ -195,6 +195,7 @@ def test_language_geometry_identity_overlap_and_erasure():
     assert (lg.ratio["random"]["fr"] - lg.ratio["before"]["fr"]).abs().max() < 0.15
     assert len(lg.to_frame()) == 9
     s = lg.summary()
+    json.dumps(s, allow_nan=True)   # JSON-ready
     assert s["identity_accuracy"] == float(lg.identity_accuracy.max()) and s["rank"] == 2
     assert s["ratio_mean"]["leace"]["fr"] == pytest.approx(float(lg.ratio["leace"]["fr"].mean()))
     with pytest.raises(ValueError, match="source language"):
@@ -260,6 +261,7 @@ def test_pathways_patch_the_post_instruction_tokens(tiny_models):
     assert row["excess"] == pytest.approx(row["restored"] - row["control"])
     assert not refusal_pathways(model, data, batch_size=8, n_boot=0).intervals
     s = res.summary()
+    json.dumps(s, allow_nan=True)   # JSON-ready
     assert s["gap"]["fr"] == pytest.approx(gap) and len(s["top_components"]) == 3 and s["n_pairs"] == 3
 
 

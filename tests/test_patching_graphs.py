@@ -6,6 +6,8 @@ model's forward with the decoder edit (interventions)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -173,6 +175,7 @@ def test_pruning_tables_files_and_figure(graph64, tmp_path):
     fig = g.plot()
     assert len(fig.data[0].z) == g.n_layers + 1
     s = g.summary()
+    json.dumps(s, allow_nan=True)   # JSON-ready
     assert (s["n_feature_nodes"], s["n_kept"]) == (g.n_features, int(feats.sum()))
     assert s["n_edges_kept"] == int(g.edge_mask.sum()) and s["targets"] == g.target_labels
     top = int(infl[:g.n_features].argmax())
