@@ -154,5 +154,6 @@ def test_transplant_search_frame():
     s = res.summary()
     assert s["best"] == max([res.baseline] + frame["score"].tolist()) and s["gain"] == s["best"] - res.baseline
     assert len(s["chosen"]) == len(res.chosen) and s["n_steps"] == 2 and s["evaluations"] == res.evaluations
-    assert all(c.split()[0] in ("block", "final_norm") for c in s["chosen"])
+    assert s["chosen"] == [f"{p} {','.join(map(str, la))}".strip() for la, p in res.chosen]
+    assert all(c.split()[0] in ("block", "final_norm") and c == c.strip() for c in s["chosen"])
     json.dumps(s)

@@ -175,7 +175,8 @@ class TransplantSearch(Result):
         """Headline numbers: the target's and the source's scores, the best score reached, the blocks kept
         (``part`` and layers), steps taken and candidates evaluated."""
         return {"baseline": self.baseline, "source_score": self.source_score, "best": self.best,
-                "gain": self.best - self.baseline, "chosen": [f"{p} {','.join(map(str, la))}" for la, p in self.chosen],
+                "gain": self.best - self.baseline, "chosen": [f"{p} {','.join(map(str, la))}".strip()
+                                                          for la, p in self.chosen],
                 "n_steps": len(self.trajectory), "evaluations": self.evaluations}
 
     def to_frame(self) -> pd.DataFrame:
