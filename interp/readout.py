@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from jaxtyping import Float, Int
 
+from interp.bundle import Result
 from interp.forward import batches, forward, prepare
 from interp.models import Model
 
@@ -42,9 +43,10 @@ def logits(model: Model, prompts: Sequence[str], positions: str = "last", chat: 
 
 
 @dataclass
-class TokenLogprobs:
+class TokenLogprobs(Result):
     """One response scored token by token: ``logprobs [k]`` of ``token_ids [k]`` (strings in ``tokens``) at
-    ``positions`` (indices into the prompt + response token sequence, BOS included)."""
+    ``positions`` (indices into the prompt + response token sequence, BOS included); a result (plot, summary,
+    save / load)."""
 
     logprobs: Float[torch.Tensor, " k"]
     token_ids: Int[torch.Tensor, " k"]
@@ -55,6 +57,23 @@ class TokenLogprobs:
     def total(self) -> float:
         """Log-probability of the whole response (sum over its tokens)."""
         return float(self.logprobs.sum())
+
+    def summary(self) -> dict[str, Any]:
+        """Headline numbers: tokens scored, total and mean log-prob, and the least likely token with its position
+        (``None`` for an empty response)."""
+        k = len(self.tokens)
+        j = int(self.logprobs.argmin()) if k else None
+        return {"n_tokens": k, "total": self.total, "mean": self.total / k if k else None,
+                "min": None if j is None else float(self.logprobs[j]),
+                "lowest_token": None if j is None else self.tokens[j],
+                "lowest_position": None if j is None else self.positions[j]}
+
+    def plot(self, title: str | None = None) -> Any:
+        """Bars of each response token's log-prob, labelled ``position token``."""
+        from interp.viz.tokens import token_values
+
+        return token_values([f"{p} {t}" for p, t in zip(self.positions, self.tokens)], self.logprobs.tolist(),
+                            title=title or f"response log-probs (total {self.total:.3f})", y_title="log-prob")
 
     def to_frame(self) -> pd.DataFrame:
         """One row per response token: ``position``, ``token_id``, ``token``, ``logprob``."""

@@ -3,6 +3,8 @@ features ranked by summed influence, the promoting ones ablated against layer-ma
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -55,6 +57,12 @@ def test_ablation_is_tested_against_layer_matched_random_features(study, setup):
     assert rates["no ablation"]["rate"] >= 0.9
     assert 0.0 <= study.test["fisher_p_random_refuses_more"] <= 1.0
     assert study.plot().data and "top refusal features" in study.page(0)
+    s = study.summary()
+    json.dumps(s, allow_nan=True)   # JSON-ready
+    assert s["rates"]["no ablation"] == {k: rates["no ablation"][k] for k in ("rate", "k", "n")} | {
+        "ci95": list(rates["no ablation"]["ci95"])}
+    assert s["fisher_p_random_refuses_more"] == study.test["fisher_p_random_refuses_more"]
+    assert s["top"] == top and s["n_graphs"] == 4 and len(s["rates"]) == 4
 
 
 def test_rank_by_direct_chooses_the_largest_direct_writers(setup):

@@ -10,6 +10,7 @@ import torch
 from tokenizers import processors
 
 import interp
+import interp.bundle
 from interp.capturing import capture
 from interp.forward import batch_of, last_logits, prepare
 from interp.testing.tiny import tiny_model
@@ -92,7 +93,7 @@ def test_prompt_mean_leaves_out_special_tokens(tiny_models):
     assert mean.positions == "prompt_mean" and with_sp.positions == "prompt_mean+special"
 
 
-def test_logits_and_token_logprobs_match_hf(tiny_models):
+def test_logits_and_token_logprobs_match_hf(tiny_models, tmp_path):
     m = tiny_models("llama")
     P, R = ["the man said to the boy", "help"], ["the old house", "what is it"]
     last = interp.logits(m, P)
@@ -113,6 +114,16 @@ def test_logits_and_token_logprobs_match_hf(tiny_models):
         fr = s.to_frame()
         assert fr.token[0] == R[i].split()[0] and s.total == pytest.approx(float(want.sum()), abs=1e-4)
         assert fr.logprob.tolist() == pytest.approx(s.logprobs.tolist()) and fr.position.tolist() == s.positions
+        su = s.summary()        # a Result: headline numbers, a figure, and a bundle that loads back equal
+        assert su["n_tokens"] == k and su["total"] == pytest.approx(s.total) and su["mean"] == pytest.approx(s.total / k)
+        j = int(s.logprobs.argmin())
+        assert (su["lowest_token"], su["lowest_position"]) == (s.tokens[j], s.positions[j])
+        bars = s.plot().data[0]
+        assert list(bars.y) == pytest.approx(s.logprobs.tolist()) and list(bars.x) == [f"{p} {t}" for p, t in
+                                                                                       zip(s.positions, s.tokens)]
+        back = interp.bundle.load(s.save(tmp_path / f"lp{i}"))
+        assert type(back) is type(s) and back.tokens == s.tokens and back.positions == s.positions
+        assert torch.equal(back.logprobs, s.logprobs) and torch.equal(back.token_ids, s.token_ids)
 
 
 def test_last_logits_names_interp_logits_for_wrong_input(tiny_models):

@@ -4,6 +4,7 @@ overlap (principal angles against scipy) and checkpoint comparison, on tiny rand
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import numpy as np
 import pytest
@@ -206,6 +207,17 @@ def test_overlap_and_checkpoints(model, items, family):
     cmp = compare_checkpoints(family, other, items=items)                  # a family and a model to fit
     assert cmp.cosine.shape == (2, model.n_layers) and cmp.cosine.abs().max() < 0.9   # unrelated weights
     assert len(cmp.to_frame()) == 2 * model.n_layers and cmp.plot().data
+    cs = cmp.summary()
+    json.dumps(cs, allow_nan=True)   # JSON-ready
+    assert cs["cosine_mean"] == {b: pytest.approx(float(cmp.cosine[i].mean())) for i, b in enumerate(cmp.biases)}
+    assert cs["same_bias_cross"]["bandwagon"] == pytest.approx(float(cmp.cross[1, 1]))
+    assert cs["other_bias_cross_abs"] == pytest.approx(float((cmp.cross[0, 1].abs() + cmp.cross[1, 0].abs()) / 2))
+    assert cs["cosine_at_cross_site"] is None or set(cs["cosine_at_cross_site"]) == set(cmp.biases)
+    os_ = ov.summary()
+    json.dumps(os_, allow_nan=True)   # JSON-ready
+    assert os_["cosine"] == {"suggested/bandwagon": pytest.approx(float(ov.cosine[0, 1]))}
+    assert os_["smallest_angle_deg"]["suggested/bandwagon"] == pytest.approx(float(ov.angles[0, 1, 0]))
+    assert os_["max_abs_cosine"] == pytest.approx(abs(float(ov.cosine[0, 1]))) and os_["chance"] == ov.chance
     top = bias_directions(model, items, layers=[model.n_layers - 1])             # a model beside a one-layer family
     assert compare_checkpoints(top, other, items=items).sites == top.sites
     with pytest.raises(ValueError, match="the families differ"):

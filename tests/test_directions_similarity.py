@@ -4,6 +4,9 @@ forward, and the bad-input errors."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -21,6 +24,7 @@ from interp.studies.directions.similarity_data import (
     random_init,
 )
 from interp.studies.directions.similarity_language import (
+    KEYS,
     check_parallel,
     cross_language_similarity,
     language_stats,
@@ -243,6 +247,15 @@ def test_typicality_and_cross_language_run_on_a_tiny_model(tiny_models):
     assert named["matched (centred)"] == pytest.approx(means["matched"])
     assert named["retrieval (centred)"] == pytest.approx(means["retrieval"])
     assert len(cl.to_frame(pairs=False)) == 1 and (frame["chance"] == 1 / 3).all()
+    cs = cl.summary()
+    json.dumps(cs, allow_nan=True)   # JSON-ready
+    assert cs["best_layer"] == 1 and cs["retrieval"] == pytest.approx(means["retrieval"]) and cs["chance"] == 1 / 3
+    assert cs["gap"] == pytest.approx(means["matched"] - means["mismatched"]) and cs["n_pairs"] == 2
+    st = torch.zeros(len(KEYS), 3)
+    st[0], st[1] = torch.tensor([0.5, 0.9, 0.9]), torch.tensor([0.4, 0.1, 0.1])   # gap 0.1, 0.8, 0.8: a tie
+    two = dataclasses.replace(cl, layers=[0, 1, 2], stats={("en", "xx"): st, ("xx", "en"): st})
+    assert two.summary()["best_layer"] == 1 and two.summary()["gap"] == pytest.approx(0.8)   # tie: the lowest
+    assert "lowest" in two.summary()["layer_rule"]
 
 
 def test_mean_after_first_leaves_out_the_sink_token_in_padded_batches(tiny_models):

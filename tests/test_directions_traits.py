@@ -4,6 +4,7 @@ target whose answer is known, steering read-outs, and the sweep's KL / CE agains
 
 from __future__ import annotations
 
+import json
 import random
 
 import numpy as np
@@ -197,6 +198,9 @@ def test_corpus_signature_is_the_band_level_with_bootstrap_interval(model, scale
     assert [b.name for b in bars] == ["plain"] and list(bars[0].x) == sig.traits
     assert list(bars[0].y) == pytest.approx(sig.mean[0].float().tolist())
     assert list(bars[0].error_y.array) == pytest.approx((sig.hi[0] - sig.mean[0]).float().tolist(), abs=1e-6)
+    lv = sig.summary()["levels"]["plain"]["kindness"]
+    assert lv == {"level": pytest.approx(float(hand), abs=1e-4), "ci95": [float(sig.lo[0, 0]), float(sig.hi[0, 0])],
+                  "random_axis": float(sig.random[0, 0])} and sig.summary()["n"] == {"plain": 8}
 
 
 def test_decomposition_recovers_a_target_along_one_trait(scales):
@@ -246,6 +250,12 @@ def test_steering_in_level_units(model, scales):
     assert len(steered) == 1 and len(controls) == st.random.shape[0] and list(steered[0].x) == [-1.0, 0.0, 1.0]
     assert list(steered[0].y) == pytest.approx([float(v) for v in st.read])
     assert fig.layout.xaxis.title.text == "alpha" and fig.layout.yaxis.title.text == "kindness level read out"
+    ss = st.summary()
+    json.dumps(ss, allow_nan=True)   # JSON-ready
+    assert ss["read"] == {k: pytest.approx(float(v)) for k, v in zip(("-1", "0", "1"), st.read)}
+    assert ss["slope"] == pytest.approx(float(st.read[2] - st.read[0]) / 2)         # three evenly spaced ks
+    assert ss["random_slope"] == pytest.approx(float(st.random.double().mean(0)[2] - st.random.double().mean(0)[0]) / 2)
+    assert ss["baseline"] == st.baseline and ss["n_prompts"] == 3 and ss["band"] == st.band
     frac = residual_fraction(model, scales, "kindness", prompts)
     norms = steering.residual_norms(model, prompts, layers=list(frac))
     one = level_vector(scales, "kindness", 1.0).added_norms(model)

@@ -4,6 +4,7 @@ cross-lingual and partisan compositions, and the clear errors. Tiny random model
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import pytest
@@ -151,6 +152,10 @@ def test_value_vectors_equal_a_hand_diff_of_means_and_folds_keep_dilemmas(llama,
     fig = vv.plot()  # held-out AUROC and the shuffled-label control by layer
     assert [t.name for t in fig.data] == ["held-out AUROC", "shuffled-label control"]
     assert list(fig.data[0].x) == [0, 1] and list(fig.data[0].y) == pytest.approx(df.auroc.tolist())
+    vs = vv.summary()
+    json.dumps(vs, allow_nan=True)   # JSON-ready
+    best = vv.scores.best_layer()
+    assert vs["best_layer"] == best and vs["auroc"] == pytest.approx(float(df.auroc[best])) and vs["n_pairs"] == 12
 
 
 def test_select_layers_follows_the_stated_rule(llama, dilemmas):
@@ -195,6 +200,13 @@ def test_selective_steering_matches_a_direct_recomputation(llama, dilemmas):
     assert list(fig.data[-1].x) == [0.0, 1.5] and list(fig.data[-1].y) == pytest.approx(eff.value_rate.tolist())
     randoms = torch.tensor([list(t.y) for t in fig.data if t.name == "random vector (same norm)"], dtype=torch.float64)
     torch.testing.assert_close(randoms, eff.random_rate)
+    es = eff.summary()
+    json.dumps(es, allow_nan=True)   # JSON-ready
+    assert es["baseline_rate"] == eff.baseline_k / eff.n and list(es["by_alpha"]) == ["0", "1.5"]
+    at = es["by_alpha"]["1.5"]
+    assert at["rate"] == float(eff.value_k[1]) / eff.n and at["value_shift"] == pytest.approx(comp.value_shift[1])
+    assert at["ci95"][0] <= at["rate"] <= at["ci95"][1] and at["fisher_p"] == pytest.approx(comp.fisher_p[1])
+    assert es["n_random"] == 2 and es["layers"] == [1]
 
 
 def test_cross_lingual_and_partisan_compositions(llama, dilemmas):
@@ -211,6 +223,13 @@ def test_cross_lingual_and_partisan_compositions(llama, dilemmas):
     assert [t.name for t in fig.data] == ["cosine (source vs target fit)", "transfer AUROC"]
     assert list(fig.data[0].y) == pytest.approx(xl.cosine.tolist())
     assert list(fig.data[1].y) == pytest.approx(xl.transfer_auroc.tolist(), nan_ok=True)
+    xs = xl.summary()
+    json.dumps(xs, allow_nan=True)   # JSON-ready
+    j = xl.layers.index(xl.study.selection.chosen[0])
+    assert xs["chosen"] == xl.study.selection.chosen and xs["cosine"] == [pytest.approx(float(xl.cosine[j]))]
+    assert xs["steering_target"] == xl.target_effect.summary() and xs["steering_source"] == xl.study.effect.summary()
+    assert xl.study.summary()["selection"] == xl.study.selection.summary()
+    assert xl.study.summary()["vectors"]["pole"] == xl.study.vectors.pole
     p = partisan_direction(llama, load_statements(), config=replace(cfg, max_items=(8, 10)))
     assert not set(p.split["test"]) & set(p.split["fit"]) and (p.selection.n_items, p.effect.n) == (8, 10)
     assert len(p.to_frame()) == 1 and p.vectors.pole == "D"

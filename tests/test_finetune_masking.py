@@ -3,6 +3,7 @@ run against a plain ``tune.fine_tune``, the NLL cost against plain HF forwards, 
 
 from __future__ import annotations
 
+import json
 import math
 import random
 
@@ -104,6 +105,12 @@ def test_rates_fisher_metrics_and_frames(study, setup):
     assert set(study.metrics) == conds and all("mean_param" in m for m in study.metrics.values())
     assert set(study.to_frame("nll").columns) >= {"condition", "class", "n", "nll", "delta"}
     assert len(study.to_frame()) == 10 and len(study.plot().data) == 1
+    s = study.summary()
+    json.dumps(s, allow_nan=True)   # JSON-ready
+    assert s["fisher_p"] == study.fisher_p and s["q"] == study.q and len(s["rates"]) == 10
+    assert s["rates"]["top mask/harmful"] == {"rate": top["rate"], "k": top["k"], "n": 6, "ci95": list(top["ci95"])}
+    nll = study.to_frame("nll")
+    assert s["nll_delta"] == dict(zip(nll[nll["class"] == "all"].condition, nll[nll["class"] == "all"].delta))
 
 
 def test_bad_input(models, setup):

@@ -3,6 +3,7 @@ losses against a hand computation with plain HF forwards."""
 
 from __future__ import annotations
 
+import json
 import math
 import random
 
@@ -121,6 +122,11 @@ def test_every_method_trains_and_every_property_is_measured(study):
     assert ((steer["low"] <= steer["rate"]) & (steer["rate"] <= steer["high"])).all()
     for which in ("behaviour", "concentration", "cost", "steerability"):
         assert len(study.plot(which).data) >= 1
+    s = study.summary()
+    json.dumps(s, allow_nan=True)   # JSON-ready
+    assert list(s) == ["base", "sft", "reasoning_sft", "orpo"] and s["sft"]["harmful_refusal"] == sft["harmful_refusal"]
+    assert s["orpo"]["final_loss"] == study.losses["orpo"][-1] and s["orpo"]["gini"] == df["gini"].iloc[3]
+    assert s["base"]["final_loss"] is None and s["base"]["ce_vs_base"] == 0
 
 
 def test_bad_input_gets_a_clear_error():

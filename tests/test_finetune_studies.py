@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -59,6 +61,13 @@ def test_transplant_study_validates_by_generation_with_controls(study, data):
     assert len(found) == len({p for _, p in study.found}) and found
     assert set(study.to_frame("single").columns) >= {"part", "block", "into_base", "out_of_aligned"}
     assert len(study.plot().data) == 1
+    s = study.summary()
+    json.dumps(s, allow_nan=True)   # JSON-ready
+    best = max(study.single, key=lambda r: r["into_base"])
+    assert s["best_into_base"] == {"block": f"{best['part']}:{best['block']}", "gain": best["into_base"]}
+    assert s["scores"] == study.scores and s["search_best"] == study.search.best
+    assert s["rates"]["aligned/harmful"]["k"] == rows[("aligned", "harmful")]["k"] and len(s["rates"]) == len(rows)
+    assert len(s["found"]) == len(study.found)
 
 
 def test_differs_sees_which_blocks_a_fine_tune_changed(pair):
@@ -119,6 +128,11 @@ def test_diff_study_steers_both_ways_with_controls(diff, data):
     bars = diff.plot().data[0]
     assert list(bars.x) == [f"{r['condition']} ({r['split']})" for r in diff.rates]
     assert list(bars.y) == pytest.approx([100 * r["rate"] for r in diff.rates])
+    s = diff.summary()
+    json.dumps(s, allow_nan=True)   # JSON-ready
+    assert s["top"] == diff.top and s["top_scores"] == pytest.approx(diff.diff.ranking.scores[:4].tolist())
+    assert s["rates"]["tuned/harmful"]["n"] == next(r["n"] for r in diff.rates if r["condition"] == "tuned")
+    assert set(s["rates"]) == {f"{r['condition']}/{r['split']}" for r in diff.rates} and s["layer"] == 2
 
 
 def test_sae_training_rows_leave_out_each_prompts_first_token():

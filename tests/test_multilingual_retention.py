@@ -194,6 +194,10 @@ def test_language_geometry_identity_overlap_and_erasure():
     assert (lg.ratio["leace"]["fr"] - lg.ratio["before"]["fr"]).abs().max() < 0.15
     assert (lg.ratio["random"]["fr"] - lg.ratio["before"]["fr"]).abs().max() < 0.15
     assert len(lg.to_frame()) == 9
+    s = lg.summary()
+    json.dumps(s, allow_nan=True)   # JSON-ready
+    assert s["identity_accuracy"] == float(lg.identity_accuracy.max()) and s["rank"] == 2
+    assert s["ratio_mean"]["leace"]["fr"] == pytest.approx(float(lg.ratio["leace"]["fr"].mean()))
     with pytest.raises(ValueError, match="source language"):
         language_geometry(acts, [0, 1, 2], "es")
 
@@ -221,6 +225,7 @@ def test_safety_neurons_on_a_tiny_model_match_zeroed_weights(tiny_models):
         direct = float(call_metric(metric, last_logits(twin, batch))) - res.baseline["en"]
     assert res.effects[("fr", "en")] == pytest.approx(direct, abs=1e-5)
     assert len(res.to_frame()) == len(res.effects)
+    assert res.summary()["effects"]["fr on en"]["delta"] == pytest.approx(direct, abs=1e-5)
     with pytest.raises(ValueError, match="n_candidates"):
         safety_neurons(model, data, k=5, n_candidates=2)
 
@@ -255,6 +260,9 @@ def test_pathways_patch_the_post_instruction_tokens(tiny_models):
     assert row["restored_lo"] <= row["restored"] + 1e-6 and row["restored"] <= row["restored_hi"] + 1e-6
     assert row["excess"] == pytest.approx(row["restored"] - row["control"])
     assert not refusal_pathways(model, data, batch_size=8, n_boot=0).intervals
+    s = res.summary()
+    json.dumps(s, allow_nan=True)   # JSON-ready
+    assert s["gap"]["fr"] == pytest.approx(gap) and len(s["top_components"]) == 3 and s["n_pairs"] == 3
 
 
 def test_sae_features_by_language_on_a_tiny_model(tiny_models):

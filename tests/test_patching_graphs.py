@@ -6,6 +6,8 @@ model's forward with the decoder edit (interventions)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -172,6 +174,15 @@ def test_pruning_tables_files_and_figure(graph64, tmp_path):
     assert isinstance(interp.bundle.load(tmp_path / "g"), AttributionGraph)
     fig = g.plot()
     assert len(fig.data[0].z) == g.n_layers + 1
+    s = g.summary()
+    json.dumps(s, allow_nan=True)   # JSON-ready
+    assert (s["n_feature_nodes"], s["n_kept"]) == (g.n_features, int(feats.sum()))
+    assert s["n_edges_kept"] == int(g.edge_mask.sum()) and s["targets"] == g.target_labels
+    top = int(infl[:g.n_features].argmax())
+    assert s["top_features"][0] == [*g.features[top].tolist(), pytest.approx(float(infl[top]))]
+    err = float(infl[g.error_offset:g.token_offset].sum()) / float(infl[:g.target_offset].sum())
+    assert s["error_share"] == pytest.approx(err) and 0 <= s["error_share"] <= 1
+    assert s["completeness"] == g.completeness()
 
 
 def test_direction_and_logit_diff_targets_read_the_residual(llama64):

@@ -3,6 +3,8 @@ checked against the results' own numbers, with integer layer/position/head/neuro
 
 from __future__ import annotations
 
+import json
+
 import plotly.graph_objects as go
 import pytest
 import torch
@@ -105,6 +107,15 @@ def test_neuron_contrast_effect_overlap(setup):
     of = ov.to_frame()
     assert list(of.columns) == ["condition", "layer", "neuron", "common", "unique"]
     assert len(of) == sum(len(s) for s in ov.sets.values()) and of["common"].sum() == 2 * len(ov.common)
+    s = ov.summary()
+    sa, sb = set(chosen), set(chosen[:2] + [(10, 0)])
+    assert s["sizes"] == {"a": len(sa), "b": len(sb)} and s["n_common"] == len(sa & sb)
+    assert s["jaccard"] == {"a/b": pytest.approx(len(sa & sb) / len(sa | sb))}
+    assert s["n_unique"] == {"a": len(sa - sb), "b": len(sb - sa)}
+    cs = con.summary()
+    assert cs["n_neurons"] == 2 * m.d_mlp and cs["max_abs_effect"] == pytest.approx(float(con.effect.abs().max()))
+    assert cs["top"][0] == list(con.top(1)[0]) and len(cs["top"]) == 5
+    json.dumps([s, cs])
 
 
 def test_mask_result_frame():
@@ -117,6 +128,11 @@ def test_mask_result_frame():
     assert len(res.history_frame()) == 5
     top = res.ranking(4)
     assert list(res.plot(k=4).data[0].y) == pytest.approx([s for _, _, s in top])
+    s = res.summary()
+    assert s["top"] == [list(t) for t in res.ranking(5)] and s["n_selected"] == len(res.selected())
+    assert s["n_components"] == res.scores.numel() and s["n_steps"] == 5
+    assert (s["baseline"], s["selected_metric"]) == (res.baseline, res.selected_metric)
+    json.dumps(s)
 
 
 def test_transplant_search_frame():
@@ -135,3 +151,9 @@ def test_transplant_search_frame():
     assert len(frame) == len(res.trajectory) == 2
     assert frame["score"].tolist() == [t["score"] for t in res.trajectory]
     assert list(res.plot().data[0].y) == [res.baseline] + frame["score"].tolist()
+    s = res.summary()
+    assert s["best"] == max([res.baseline] + frame["score"].tolist()) and s["gain"] == s["best"] - res.baseline
+    assert len(s["chosen"]) == len(res.chosen) and s["n_steps"] == 2 and s["evaluations"] == res.evaluations
+    assert s["chosen"] == [f"{p} {','.join(map(str, la))}".strip() for la, p in res.chosen]
+    assert all(c.split()[0] in ("block", "final_norm") and c == c.strip() for c in s["chosen"])
+    json.dumps(s)

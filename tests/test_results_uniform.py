@@ -87,23 +87,16 @@ RESULTS = [
     "interp.studies.refusal.evaluation:Evaluation",
     "interp.studies.refusal.evaluation:Subspaces",
     "interp.studies.refusal.result:RefusalResult",
+    "interp.readout:TokenLogprobs",
 ]
 # public dataclasses with one of the methods that are not results: fitted objects with their own bundle, and
-# per-row helpers (a batch's rows, one response's token log-probs)
-NOT_RESULTS = {"Direction", "Subspace", "INLPEraser", "RowEdits", "PromptRecord", "TokenState", "TokenLogprobs"}
+# per-row helpers (a batch's rows, a prompt's token state)
+NOT_RESULTS = {"Direction", "Subspace", "INLPEraser", "RowEdits", "PromptRecord", "TokenState"}
 # results holding an object that has its own save (a model, an SAE): they refuse save() with a clear error
 HOLDS_A_MODEL = {"BakeResult", "TrainResult", "TranscoderTraining", "DiffStudy"}
 # results whose scalar fields are their headline numbers, so Result.summary's default (scalar fields) is theirs
 TRIVIALLY_SCALAR: dict[str, str] = {
     "CELossRecovered": "its fields are the CE per condition and the two recovered fractions, all scalars",
-}
-# results still on the default summary although they hold headline numbers in tensors or sub-results: issue 37
-# part 2 left them; a summary written for one must take it off this list (the test below fails until it does)
-SUMMARY_PENDING: set[str] = {
-    "MaskResult", "NeuronContrast", "NeuronOverlap", "TransplantSearch", "AttributionGraph", "RefusalCircuit",
-    "CheckpointComparison", "BiasOverlap", "CrossLanguageSimilarity", "TraitSignature", "TraitSteering",
-    "ValueVectors", "SteeringEffect", "ValueStudy", "CrossLingual", "DiffStudy", "MaskingStudy", "MethodsStudy",
-    "TransplantStudy", "LanguageGeometry", "SafetyNeurons", "Pathways",
 }
 
 
@@ -150,8 +143,8 @@ def test_result_overrides_summary_or_says_why_not(name):
     (an effect with its interval, the chosen layer, the control) writes its own."""
     cls, short = _cls(name), name.split(":")[1]
     own = next(k for k in cls.__mro__ if "summary" in vars(k))
-    if short in TRIVIALLY_SCALAR or short in SUMMARY_PENDING:
-        assert own is Result, f"{name} writes its own summary: take it off TRIVIALLY_SCALAR / SUMMARY_PENDING"
+    if short in TRIVIALLY_SCALAR:
+        assert own is Result, f"{name} writes its own summary: take it off TRIVIALLY_SCALAR"
     else:
         assert own is not Result, (f"{name} uses the default summary (scalar fields only): give it a summary() of "
                                    f"its headline numbers, or list it in TRIVIALLY_SCALAR with the reason")
@@ -248,6 +241,10 @@ def test_multilingual_geometry_keeps_its_keys(tmp_path):
     assert list(lines["identity accuracy"].y) == [0.5, 0.75] and list(lines["overlap"].y) == [0.25, 0.375]
     assert list(lines["fr before"].y) == [1.5, 1.75] and list(lines["en before"].x) == ["0", "1"]
     assert fig.layout.yaxis.title.text == "accuracy" and fig.layout.xaxis3.title.text == "layer"
+    s = geo.summary()
+    assert (s["identity_layer"], s["identity_accuracy"]) == (1, 0.75) and s["identity_ci95"] == pytest.approx([0.65, 0.85])
+    assert (s["overlap_layer"], s["overlap"], s["random_overlap"]) == (1, 0.375, 0.1) and s["chance"] == 0.5
+    assert s["ratio_mean"] == {"before": {"en": 0.625, "fr": 1.625}} and s["auroc_mean"]["before"]["fr"] == 0.625
 
 
 def test_a_result_holding_a_model_refuses_to_save_and_says_why(tmp_path):
@@ -288,6 +285,12 @@ def test_multilingual_neurons_pathways_and_updates_plot_their_numbers(tmp_path):
     bars, rand = sn.plot().data
     assert list(bars.x) == ["en on en", "common on fr"] and list(bars.y) == [-1.5, -0.25]
     assert list(rand.y) == pytest.approx([0.0, -1 / 30]) and rand.error_y.array[0] == pytest.approx(0.095)
+    s = sn.summary()
+    assert s["effects"]["en on en"] == {"size": 2, "delta": -1.5, "random_mean": pytest.approx(0.0), "beats_random": True}
+    assert s["effects"]["common on fr"] == {"size": 1, "delta": -0.25, "random_mean": pytest.approx(-1 / 30),
+                                            "beats_random": True}   # below the lowest random draw, -0.2
+    assert s["overlap"] == {"sizes": {"en": 2, "fr": 2}, "jaccard": {"en/fr": pytest.approx(1 / 3)}, "n_common": 1,
+                            "n_unique": {"en": 1, "fr": 1}} and s["n_random"] == 3
     g = torch.Generator().manual_seed(1)
     pw = Pathways(langs=["fr"], layers=[0, 1], restored={"fr": torch.rand(2, 3, generator=g)},
                   control={"fr": torch.rand(2, 3, generator=g)}, source_score={"fr": 3.0}, target_score={"fr": 1.0},
@@ -297,6 +300,11 @@ def test_multilingual_neurons_pathways_and_updates_plot_their_numbers(tmp_path):
     assert len(fig.data) == 2 * len(SITES) and [a.text for a in fig.layout.annotations] == list(SITES)
     mlp = [t for t in fig.data if t.name == "fr restored"][2]
     assert list(mlp.y) == pytest.approx(pw.restored["fr"][:, 2].tolist()) and list(mlp.x) == ["0", "1"]
+    s = pw.summary()
+    i = int(pw.restored["fr"][:, 2].argmax())
+    assert s["best_by_site"]["fr"][SITES[2]] == {"layer": i, "restored": float(pw.restored["fr"][i, 2]),
+                                                  "control": float(pw.control["fr"][i, 2])}
+    assert s["gap"] == {"fr": 2.0} and s["top_components"] == [f"L{la} {p}" for la, p in pw.top_components(3)]
     rows = [{"condition": c, "lang": la, "set": w, **Rate(k if w == "harmful" else 0, 4).columns()}
             for c, k in (("before", 3), ("found", 1)) for w in ("harmful", "harmless") for la in ("en", "fr")]
     up = RestrictedUpdate(kind="neuron", config=UpdateConfig(), langs=["en", "fr"], train_langs=["fr"],
@@ -385,3 +393,16 @@ def test_tensor_heavy_results_summarise_their_headline_numbers(tmp_path):
     assert gen.summary() == {"n_prompts": 2, "mean_new_tokens": 1.0, "max_new_tokens": 2, "n_empty": 1}
     for i, r in enumerate((al, norms, rk, ds, tr, gen)):
         _check(r, tmp_path / str(i), plot=False, frame=False)
+
+
+def test_token_logprobs_is_a_result_and_an_empty_response_saves(tmp_path):
+    from interp.readout import TokenLogprobs
+
+    lp = TokenLogprobs(torch.tensor([-0.5, -2.0, -0.25]), torch.tensor([7, 9, 4]), ["a", "b", "c"], [3, 4, 5])
+    assert lp.summary() == {"n_tokens": 3, "total": -2.75, "mean": pytest.approx(-2.75 / 3), "min": -2.0,
+                            "lowest_token": "b", "lowest_position": 4}
+    _check(lp, tmp_path / "lp")
+    empty = TokenLogprobs(torch.zeros(0), torch.zeros(0, dtype=torch.long), [], [])
+    assert empty.summary() == {"n_tokens": 0, "total": 0.0, "mean": None, "min": None, "lowest_token": None,
+                               "lowest_position": None}
+    _check(empty, tmp_path / "empty", frame=False, plot=False)

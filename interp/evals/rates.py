@@ -86,4 +86,11 @@ def fisher_greater(k1: int, n1: int, k2: int, n2: int) -> float:
     return min(1.0, sum(math.comb(n1, j) * math.comb(n2, total_k - j) for j in range(k1, top + 1)) / denom)
 
 
-__all__ = ["Rate", "fisher_greater", "rate", "wilson"]
+def rate_cells(rows: Sequence[dict[str, Any]], by: Sequence[str] = ("condition",)) -> dict[str, dict[str, Any]]:
+    """A results table's rate rows (each with ``rate, k, n, ci95``) keyed by their ``by`` columns joined with
+    ``/``: the rates of a result's summary, JSON-ready."""
+    return {"/".join(str(r[b]) for b in by): {"rate": r["rate"], "k": r["k"], "n": r["n"],
+                                             "ci95": [float(x) for x in r["ci95"]]} for r in rows}
+
+
+__all__ = ["Rate", "fisher_greater", "rate", "rate_cells", "wilson"]

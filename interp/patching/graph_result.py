@@ -285,6 +285,21 @@ class AttributionGraph(Result):
         b = read_object(Path(path), KIND)
         return cls(**{k: b.tensors[k] for k in cls._TENSORS}, **{k: b.fields[k] for k in cls._FIELDS})
 
+    def summary(self) -> dict[str, Any]:
+        """Headline numbers: targets, feature nodes (of active, kept at the thresholds), kept edges, the error
+        nodes' share of the influence on the targets, completeness, and the five most influential features
+        ``[layer, position, feature, influence]``."""
+        infl = self.node_influence
+        total = float(infl[:self.target_offset].sum())
+        top = infl[:self.n_features].argsort(descending=True)[:5].tolist()
+        return {"targets": list(self.target_labels), "n_positions": self.n_positions,
+                "n_feature_nodes": self.n_features, "n_active": self.n_active,
+                "n_kept": int(self.node_mask[:self.n_features].sum()), "n_edges_kept": int(self.edge_mask.sum()),
+                "node_threshold": self.node_threshold, "edge_threshold": self.edge_threshold,
+                "error_share": float(infl[self.error_offset:self.token_offset].sum()) / total if total else None,
+                "completeness": self.completeness(),
+                "top_features": [[*map(int, self.features[i].tolist()), float(infl[i])] for i in top]}
+
     def __repr__(self) -> str:
         kept = int(self.node_mask[:self.n_features].sum())
         return (f"AttributionGraph({self.n_features} feature nodes of {self.n_active} active, {kept} kept; "

@@ -61,6 +61,14 @@ class MaskResult(Result):
                 for r, (la, c, s) in enumerate(self.ranking())]
         return pd.DataFrame(rows).sort_values(["layer", unit], ignore_index=True)
 
+    def summary(self) -> dict[str, Any]:
+        """Headline numbers: the metric before masking and with the selected components ablated, how many are
+        selected (score > 0.5) of how many, and the five highest-scoring ``[layer, index, score]``."""
+        return {"over": self.over, "objective": self.objective, "metric": self.metric, "baseline": self.baseline,
+                "selected_metric": self.selected_metric, "n_selected": len(self.selected()),
+                "n_components": self.scores.numel(), "n_steps": len(self.history),
+                "top": [list(r) for r in self.ranking(5)]}
+
     def history_frame(self) -> Any:
         """One row per optimisation step: ``step``, ``metric``, ``loss``, ``n_active``."""
         import pandas as pd

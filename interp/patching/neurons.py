@@ -107,6 +107,13 @@ class NeuronContrast(Result):
         D = self.mean_a.shape[1]
         return [(self.layers[i // D], i % D, float(v[i])) for i in key.argsort(descending=True)[:k].tolist()]
 
+    def summary(self) -> dict[str, Any]:
+        """Headline numbers: the neurons compared, the largest |effect size| (and mean |effect|), and the five
+        neurons ``[layer, index, effect]`` with the largest |effect|."""
+        e = self.effect
+        return {"layers": list(self.layers), "n_neurons": e.numel(), "max_abs_effect": float(e.abs().max()),
+                "mean_abs_effect": float(e.abs().mean()), "top": [list(t) for t in self.top(5)]}
+
     def select(self, k: int = 20, by: str = "effect", sign: str = "abs") -> set[Neuron]:
         return {(la, i) for la, i, _ in self.top(k, by, sign)}
 
@@ -267,6 +274,15 @@ class NeuronOverlap(Result):
         rows = [{"condition": k, "layer": la, "neuron": i, "common": (la, i) in self.common,
                  "unique": (la, i) in self.unique[k]} for k in self.names for la, i in sorted(self.sets[k])]
         return pd.DataFrame(rows, columns=["condition", "layer", "neuron", "common", "unique"])
+
+    def summary(self) -> dict[str, Any]:
+        """Headline numbers: each set's size, the Jaccard index of each pair, the neurons common to all and
+        the number unique to each."""
+        n = len(self.names)
+        return {"sizes": {k: len(self.sets[k]) for k in self.names},
+                "jaccard": {f"{self.names[i]}/{self.names[j]}": float(self.jaccard[i, j])
+                            for i in range(n) for j in range(i + 1, n)},
+                "n_common": len(self.common), "n_unique": {k: len(self.unique[k]) for k in self.names}}
 
     def plot(self, title: str | None = None) -> Any:
         """Jaccard overlap of the sets, annotated with intersection sizes."""

@@ -171,6 +171,14 @@ class TransplantSearch(Result):
     def best(self) -> float:
         return max([self.baseline] + [t["score"] for t in self.trajectory])
 
+    def summary(self) -> dict[str, Any]:
+        """Headline numbers: the target's and the source's scores, the best score reached, the blocks kept
+        (``part`` and layers), steps taken and candidates evaluated."""
+        return {"baseline": self.baseline, "source_score": self.source_score, "best": self.best,
+                "gain": self.best - self.baseline, "chosen": [f"{p} {','.join(map(str, la))}".strip()
+                                                          for la, p in self.chosen],
+                "n_steps": len(self.trajectory), "evaluations": self.evaluations}
+
     def to_frame(self) -> pd.DataFrame:
         """One row per greedy step: ``step``, ``part``, ``first_layer`` / ``last_layer`` (nullable ints; none
         for global parts), ``layers`` (as text), ``score``, ``gain`` and ``tried`` (candidates scored)."""

@@ -68,4 +68,13 @@ def concentration_curve(shares: Sequence[float], marks: dict[str, float] | None 
     return fig
 
 
-__all__ = ["concentration_curve", "heat_text", "token_html"]
+def token_values(labels: Sequence[str], values: Sequence[float], title: str = "per token",
+                 y_title: str = "value") -> Any:
+    """One bar per token (``labels`` on the x axis, in order), e.g. a response's per-token log-probs."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure([go.Bar(x=list(labels), y=[float(v) for v in values])])
+    return fig.update_layout(title=title, xaxis_title="token", yaxis_title=y_title, template="plotly_white")
+
+
+__all__ = ["concentration_curve", "heat_text", "token_html", "token_values"]

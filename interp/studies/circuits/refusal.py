@@ -27,7 +27,7 @@ import torch
 from interp.bundle import Result
 from interp.evals.controls import matched_random
 from interp.evals.judge import Judge
-from interp.evals.rates import fisher_greater
+from interp.evals.rates import fisher_greater, rate_cells
 from interp.models import Model
 from interp.patching import ReplacementModel, attribution_graph
 from interp.patching.graph_result import AttributionGraph
@@ -58,6 +58,12 @@ class RefusalCircuit(Result):
     @property
     def top(self) -> list[Feature]:
         return [(r["layer"], r["feature"]) for r in self.features if r["chosen"]]
+
+    def summary(self) -> dict[str, Any]:
+        """Headline numbers: refusal (rate, k, n, 95% interval) with nothing, the top features and random
+        features ablated, Fisher's p, the top features and the number of prompts graphed."""
+        return {"rates": rate_cells(self.rates), **self.test, "top": [f"L{la}f{f}" for la, f in self.top],
+                "n_ranked": len(self.features), "n_graphs": len(self.graphs)}
 
     def to_frame(self, which: str = "features") -> pd.DataFrame:
         """``which='features'`` (the ranking) or ``'rates'`` (the ablation test)."""

@@ -40,6 +40,19 @@ class CheckpointComparison(Result):
     b: BiasFamily
     chance: float
 
+    def summary(self) -> dict[str, Any]:
+        """Headline numbers: per bias, the cosine between the checkpoints' directions (mean over layers and at
+        ``cross_site``), the mean |cosine| of different biases across checkpoints there, and chance."""
+        j = self.sites.index(self.cross_site) if self.cross_site in self.sites else None
+        B = len(self.biases)
+        off = self.cross[~torch.eye(B, dtype=torch.bool)]
+        return {"checkpoints": list(self.names), "cross_site": self.cross_site, "chance": self.chance,
+                "cosine_mean": {b: float(self.cosine[i].mean()) for i, b in enumerate(self.biases)},
+                "cosine_at_cross_site": None if j is None else {b: float(self.cosine[i, j])
+                                                               for i, b in enumerate(self.biases)},
+                "same_bias_cross": {b: float(self.cross[i, i]) for i, b in enumerate(self.biases)},
+                "other_bias_cross_abs": float(off.abs().mean()) if off.numel() else None}
+
     def to_frame(self) -> pd.DataFrame:
         """One row per (bias, site): the cosine between checkpoints and each checkpoint's held-out AUROC there."""
         import pandas as pd

@@ -32,6 +32,18 @@ class BiasOverlap(Result):
     angles: torch.Tensor | None
     chance: float
 
+    def summary(self) -> dict[str, Any]:
+        """Headline numbers: each pair's cosine (and smallest principal angle, degrees), the largest |cosine|
+        between two different biases, and chance."""
+        pairs = [(a, b) for a in range(len(self.biases)) for b in range(a + 1, len(self.biases))]
+        name = {p: f"{self.biases[p[0]]}/{self.biases[p[1]]}" for p in pairs}
+        out = {"site": self.site, "chance": self.chance,
+               "cosine": {name[p]: float(self.cosine[p]) for p in pairs},
+               "max_abs_cosine": max((abs(float(self.cosine[p])) for p in pairs), default=None)}
+        if self.angles is not None:
+            out["smallest_angle_deg"] = {name[p]: float(self.angles[p][0]) for p in pairs}
+        return out
+
     def to_frame(self) -> pd.DataFrame:
         import pandas as pd
 

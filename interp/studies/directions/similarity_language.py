@@ -24,10 +24,12 @@ from interp.evals.rates import wilson
 from interp.models import Model
 from interp.studies.directions.similarity_data import MEAN_AFTER_FIRST, item_activations
 from interp.viz.directions_similarity import cross_language_by_layer
+from probes.layers import LayerRule, choose
 from probes.similarity import pair_cosines, pairing_stats, permutations
 
 KEYS = ("matched", "mismatched", "retrieval", "raw_matched", "raw_mismatched", "raw_retrieval",
         "shuffled_matched", "shuffled_retrieval")
+BEST_GAP = LayerRule(("gap",), tol=0.0, tie="lowest")   # the summary's layer: the largest matched - mismatched gap
 
 
 def check_parallel(parallel: Mapping[str, Sequence[str]]) -> dict[str, list[str]]:
@@ -75,6 +77,15 @@ class CrossLanguageSimilarity(Result):
         """Each statistic ``[L]`` averaged over the ordered language pairs."""
         s = torch.stack(list(self.stats.values())).mean(0)
         return {k: s[i] for i, k in enumerate(KEYS)}
+
+    def summary(self) -> dict[str, Any]:
+        """Headline numbers, averaged over the language pairs, at the layer with the largest matched - mismatched
+        gap (:data:`BEST_GAP`): the cosines, retrieval (chance ``1/n``) and its shuffled and raw controls."""
+        m = self.mean_over_pairs()
+        c = choose(BEST_GAP, {"gap": m["matched"] - m["mismatched"]}, self.layers)
+        at = {k: float(m[k][c.index]) for k in KEYS}
+        return {"best_layer": self.layers[c.index], "gap": at["matched"] - at["mismatched"], **at,
+                "chance": 1 / self.n, "n": self.n, "n_pairs": len(self.stats), "layer_rule": c.rule}
 
     def to_frame(self, pairs: bool = True) -> pd.DataFrame:
         """One row per (layer, source, target), or with ``pairs=False`` per layer averaged over pairs (``source`` and

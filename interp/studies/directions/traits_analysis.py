@@ -43,6 +43,14 @@ class TraitSignature(Result):
     n_boot: int
     model_id: str = ""
 
+    def summary(self) -> dict[str, Any]:
+        """Headline numbers: per corpus and trait, the mean level with its 95% bootstrap interval and the random
+        axis's reading; texts per corpus."""
+        return {"levels": {c: {t: {"level": float(self.mean[i, j]), "ci95": [float(self.lo[i, j]), float(self.hi[i, j])],
+                                   "random_axis": float(self.random[i, j])} for j, t in enumerate(self.traits)}
+                           for i, c in enumerate(self.corpora)},
+                "n": dict(zip(self.corpora, self.n)), "n_boot": self.n_boot, "model_id": self.model_id}
+
     def to_frame(self) -> pd.DataFrame:
         import pandas as pd
 

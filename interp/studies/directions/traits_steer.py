@@ -67,6 +67,21 @@ class TraitSteering(Result):
     model_id: str = ""
     prompts: list[str] = field(default_factory=list)
 
+    def summary(self) -> dict[str, Any]:
+        """Headline numbers: the level read out at each ``k`` against the mean of the random directions', the
+        unsteered reading, the slope (level read per level unit added) of each, and the band."""
+        ks = torch.tensor(self.ks, dtype=torch.float64)
+        rand = self.random.double().mean(0) if self.random.numel() else None
+
+        def slope(y: torch.Tensor) -> float | None:
+            kc = ks - ks.mean()
+            return float((kc * (y.double() - y.double().mean())).sum() / (kc ** 2).sum()) if len(ks) > 1 else None
+        return {"trait": self.trait, "baseline": self.baseline,
+                "read": {f"{k:g}": float(self.read[i]) for i, k in enumerate(self.ks)},
+                "random": None if rand is None else {f"{k:g}": float(rand[i]) for i, k in enumerate(self.ks)},
+                "slope": slope(self.read), "random_slope": None if rand is None else slope(rand),
+                "band": list(self.band), "n_prompts": len(self.prompts), "n_random": int(self.random.shape[0])}
+
     def to_frame(self) -> pd.DataFrame:
         import pandas as pd
 

@@ -63,6 +63,12 @@ class ValueVectors(Result):
         """Mean held-out AUROC per layer ``[n_layers]``."""
         return self.scores.mean("auroc")
 
+    def summary(self) -> dict[str, Any]:
+        """Headline numbers: the held-out scores' best layer with its AUROC, d and shuffled-label control
+        (:meth:`ProbeScores.summary`), the pole, site, positions and pairs."""
+        return {"pole": self.pole, "site": self.site, "positions": self.positions, "n_pairs": self.n_pairs,
+                **self.scores.summary()}
+
     def to_frame(self) -> pd.DataFrame:
         """One row per layer: held-out AUROC, d, accuracy (with the shuffled-label control), and the raw norm."""
         df = self.scores.by_site()

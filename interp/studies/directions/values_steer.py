@@ -65,6 +65,18 @@ class SteeringEffect(Result):
     def baseline_rate(self) -> float:
         return self.baseline_k / self.n
 
+    def summary(self) -> dict[str, Any]:
+        """Headline numbers: the baseline pole rate (95% interval) and, per alpha, the value vector's rate with
+        its interval, its shift, the random vectors' mean shift, whether it exceeds every random one and
+        Fisher's p; ``n`` items, the layers and the random seeds."""
+        comp = self.comparison().to_dict("records")
+        per = {f"{r['alpha']:g}": {"rate": float(self.value_rate[i]), "ci95": list(wilson(int(self.value_k[i]), self.n)),
+                                  **{k: r[k] for k in ("value_shift", "random_shift_mean", "value_exceeds_random",
+                                                       "fisher_p")}} for i, r in enumerate(comp)}
+        return {"label": self.label, "layers": list(self.layers), "n": self.n, "n_random": len(self.seeds),
+                "baseline_rate": self.baseline_rate, "baseline_ci95": list(wilson(self.baseline_k, self.n)),
+                "by_alpha": per}
+
     def to_frame(self) -> pd.DataFrame:
         """Long table: one row per (condition, seed, alpha) with the rate, its count and Wilson interval."""
         import pandas as pd

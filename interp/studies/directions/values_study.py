@@ -54,6 +54,12 @@ class ValueStudy(Result):
     effect: SteeringEffect
     split: dict[str, list[str]] = field(default_factory=dict)
 
+    def summary(self) -> dict[str, Any]:
+        """Headline numbers: the direction's held-out separation, the chosen layers (and their rule) and the
+        held-out steering against random vectors (each part's own summary), with the groups per split."""
+        return {"vectors": self.vectors.summary(), "selection": self.selection.summary(),
+                "steering": self.effect.summary(), "n_groups": {k: len(v) for k, v in self.split.items()}}
+
     def to_frame(self) -> pd.DataFrame:
         """The held-out comparison with random vectors, one row per alpha, with the chosen layers."""
         df = self.effect.comparison()
@@ -125,6 +131,18 @@ class CrossLingual(Result):
     @property
     def layers(self) -> list[int]:
         return self.study.vectors.layers
+
+    def summary(self) -> dict[str, Any]:
+        """Headline numbers at the source's chosen layers: the cosine of the two languages' directions and the
+        transfer AUROC, each language's held-out AUROC there, and steering in the source and in the target."""
+        at = [self.layers.index(la) for la in self.study.selection.chosen]
+
+        def pick(t: torch.Tensor) -> list[float]:
+            return [float(t[j]) for j in at]
+        return {"source": self.source, "target": self.target, "chosen": list(self.study.selection.chosen),
+                "cosine": pick(self.cosine), "transfer_auroc": pick(self.transfer_auroc),
+                "auroc_source": pick(self.study.vectors.auroc), "auroc_target": pick(self.target_vectors.auroc),
+                "steering_source": self.study.effect.summary(), "steering_target": self.target_effect.summary()}
 
     def to_frame(self) -> pd.DataFrame:
         """Per layer: cosine of the two languages' directions, held-out AUROC in each, transfer AUROC."""

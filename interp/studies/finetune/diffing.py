@@ -21,6 +21,7 @@ from interp.bundle import Result
 from interp.capturing import capture
 from interp.evals.controls import matched_random
 from interp.evals.judge import Judge
+from interp.evals.rates import rate_cells
 from interp.models import Model
 from interp.positions import without_first
 from interp.studies.kit.prompt_sets import RefusalData
@@ -54,6 +55,14 @@ class DiffStudy(Result):
     @property
     def top(self) -> list[int]:
         return self.diff.ranking.indices[: self.meta["n_steer"]].tolist()
+
+    def summary(self) -> dict[str, Any]:
+        """Headline numbers: refusal (rate, k, n, 95% interval) per condition and split, the steered latents with
+        their increase, the site and the SAE's fit."""
+        n = self.meta["n_steer"]
+        return {"rates": rate_cells(self.rates, ("condition", "split")), "top": self.top,
+                "top_scores": [float(x) for x in self.diff.ranking.scores[:n]], "site": self.meta.get("site"),
+                "layer": self.meta.get("layer"), "fit": self.meta.get("fit")}
 
     def to_frame(self, which: str = "rates") -> pd.DataFrame:
         """``which='rates'`` (the steering conditions) or ``'latents'`` (the ranking with top contexts)."""

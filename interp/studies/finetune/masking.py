@@ -21,7 +21,7 @@ import torch
 
 from interp.bundle import Result
 from interp.evals.judge import Judge
-from interp.evals.rates import fisher_greater
+from interp.evals.rates import fisher_greater, rate_cells
 from interp.models import Model
 from interp.studies.kit.runs import fresh_tune, refusal_rate, refuse_shared_adapter
 from interp.tune import TuneConfig, token_attribution
@@ -55,6 +55,14 @@ class MaskingStudy(Result):
     runs: dict[str, dict[str, Any]]
     states: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)
+
+    def summary(self) -> dict[str, Any]:
+        """Headline numbers: refusal (rate, k, n, 95% interval) per condition and split, Fisher's p that the
+        random mask refuses more than the top mask, each condition's NLL change over the base (all tokens),
+        ``q`` and the tokens masked."""
+        return {"q": self.q, "rates": rate_cells(self.rates, ("condition", "split")), "fisher_p": self.fisher_p,
+                "nll_delta": {r["condition"]: r["delta"] for r in self.nll if r["class"] == "all"},
+                "n_masked": self.meta.get("n_masked"), "n_tokens": self.meta.get("n_tokens")}
 
     def rate_of(self, condition: str, split: str = "harmful") -> dict[str, Any]:
         return next(r for r in self.rates if r["condition"] == condition and r["split"] == split)

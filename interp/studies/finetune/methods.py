@@ -92,6 +92,13 @@ class MethodsStudy(Result):
     losses: dict[str, list[float]]
     meta: dict[str, Any] = field(default_factory=dict)
 
+    def summary(self) -> dict[str, Any]:
+        """Headline numbers: each model's table row (refusal with its interval and n, CE against the base's,
+        the concentration and steerability columns) and its last training loss."""
+        return {r["model"]: {k: v for k, v in r.items() if k != "model"}
+                | {"final_loss": self.losses[r["model"]][-1] if self.losses.get(r["model"]) else None}
+                for r in self.rows}
+
     def to_frame(self, which: str = "table") -> pd.DataFrame:
         """``'table'``: one row per model; ``'layers'``: per layer; ``'steer'``: steerability; ``'groups'``."""
         import pandas as pd

@@ -25,6 +25,7 @@ from interp.bundle import Result
 from interp.evals.controls import matched_random
 from interp.evals.judge import Judge
 from interp.evals.logits import refusal_score
+from interp.evals.rates import rate_cells
 from interp.forward import prepare
 from interp.models import Model
 from interp.patching.transplants import (
@@ -58,6 +59,19 @@ class TransplantStudy(Result):
     scores: dict[str, float]
     tokens: list[str]
     meta: dict[str, Any] = field(default_factory=dict)
+
+    def summary(self) -> dict[str, Any]:
+        """Headline numbers: the base's and the aligned model's scores, the block that moves the score most each
+        way, the search's blocks and best score, and refusal (rate, k, n, 95% interval) per condition and split."""
+        into = max(self.single, key=lambda r: r["into_base"], default=None)
+        out = max(self.single, key=lambda r: r["out_of_aligned"], default=None)
+        return {"scores": dict(self.scores),
+                "best_into_base": None if into is None else {"block": f"{into['part']}:{into['block']}",
+                                                             "gain": into["into_base"]},
+                "best_out_of_aligned": None if out is None else {"block": f"{out['part']}:{out['block']}",
+                                                                 "drop": out["out_of_aligned"]},
+                "found": self.search.summary()["chosen"], "search_best": self.search.best,
+                "rates": rate_cells(self.rates, ("condition", "split"))}
 
     @property
     def found(self) -> list[Block]:

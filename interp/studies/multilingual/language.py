@@ -49,6 +49,22 @@ class LanguageGeometry(Result):
     ratio: dict[str, dict[str, torch.Tensor]]   # ratio[condition][lang]: before, leace, random
     auroc: dict[str, dict[str, torch.Tensor]]
 
+    def summary(self) -> dict[str, Any]:
+        """Headline numbers: the layer where language identity is best with its accuracy, 95% interval and chance;
+        the largest overlap of the refusal direction with the language subspace against random (``rank / d``);
+        and per condition and language the projection ratio and AUROC averaged over layers."""
+        i = int(self.identity_accuracy.nan_to_num(-1.0).argmax())
+        j = int(self.overlap.nan_to_num(-1.0).argmax())
+
+        def per(d: dict[str, dict[str, torch.Tensor]]) -> dict[str, dict[str, float]]:
+            return {c: {la: float(v.double().nanmean()) for la, v in by.items()} for c, by in d.items()}
+        return {"source": self.source, "n_langs": len(self.langs), "identity_layer": self.layers[i],
+                "identity_accuracy": float(self.identity_accuracy[i]),
+                "identity_ci95": [float(self.identity_ci[0, i]), float(self.identity_ci[1, i])], "chance": self.chance,
+                "overlap_layer": self.layers[j], "overlap": float(self.overlap[j]),
+                "random_overlap": self.random_overlap, "rank": self.rank,
+                "ratio_mean": per(self.ratio), "auroc_mean": per(self.auroc)}
+
     def to_frame(self) -> pd.DataFrame:
         """One row per (layer, language): identity accuracy, overlap, projection ratios and AUROCs per condition."""
         import pandas as pd

@@ -54,6 +54,16 @@ class SafetyNeurons(Result):
     random: dict[tuple[str, str], list[float]]
     meta: dict[str, Any] = field(default_factory=dict)
 
+    def summary(self) -> dict[str, Any]:
+        """Headline numbers: per (set, prompt language) ablation the refusal-score change against the random
+        sets' mean and whether it is below every random one; the sets' sizes and overlaps, chance and baselines."""
+        rows = self.to_frame().to_dict("records")
+        return {"k": self.k, "n_candidates": self.n_candidates, "baseline": dict(self.baseline),
+                "effects": {f"{r['neurons']} on {r['prompts']}": {x: r[x] for x in ("size", "delta", "random_mean",
+                                                                                    "beats_random")} for r in rows},
+                "overlap": self.overlap.summary(), "chance_pairwise": self.chance_pairwise,
+                "n_random": max((len(v) for v in self.random.values()), default=0)}
+
     def to_frame(self) -> pd.DataFrame:
         """One row per (neuron set, prompt language): the ablation's change of the refusal score against random sets."""
         import pandas as pd

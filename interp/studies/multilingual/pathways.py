@@ -70,6 +70,22 @@ class Pathways(Result):
         order = score.flatten().argsort(descending=True)[:n].tolist()
         return [(self.layers[i // 2], ("attn", "mlp")[i % 2]) for i in order]
 
+    def summary(self) -> dict[str, Any]:
+        """Headline numbers: the three writers restoring most beyond the control, and per language the refusal
+        gap and, per site, the layer restoring the largest share of it with that share and the control's."""
+        def best(lang: str) -> dict[str, Any]:
+            r, c = self.restored[lang].nan_to_num(float("-inf")), self.control[lang]
+            out = {}
+            for j, site in enumerate(SITES):
+                i = int(r[:, j].argmax())
+                out[site] = {"layer": self.layers[i], "restored": float(self.restored[lang][i, j]),
+                             "control": float(c[i, j])}
+            return out
+        return {"top_components": [f"L{la} {p}" for la, p in self.top_components(min(3, 2 * len(self.layers)))],
+                "gap": {la: self.source_score[la] - self.target_score[la] for la in self.langs},
+                "best_by_site": {la: best(la) for la in self.langs}, "n_pairs": self.n_pairs,
+                "n_positions": self.n_positions, "split": self.split}
+
     def to_frame(self) -> pd.DataFrame:
         """One row per language, layer and site: the shares, their difference and (when measured) 95% intervals."""
         import pandas as pd
