@@ -21,6 +21,9 @@ from interp.bundle import Result
 from .conftest import REPO
 
 RESULTS = [
+    "interp.look.dla:DLA",
+    "interp.look.heads:HeadScores",
+    "interp.patching.induction:InductionAblation",
     "interp.patching.attribution:Attribution",
     "interp.patching.attribution:AttributionCheck",
     "interp.patching.graph_edits:InterventionResult",

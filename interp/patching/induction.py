@@ -10,7 +10,7 @@ the scoring prompts.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -23,6 +23,10 @@ from interp.look.heads import HeadScores, head_scores, repeated_tokens
 from interp.models import Model
 from interp.patching.edits import HeadAblation
 from interp.values import Runtime
+
+if TYPE_CHECKING:
+    import pandas as pd
+    import plotly.graph_objects as go
 
 
 @dataclass
@@ -56,7 +60,7 @@ class InductionAblation(Result):
                 "rise_random_per_draw": rise_r.mean(1).tolist(), "difference": float(diff.mean()),
                 "ci95": [float(lo), float(hi)], "p_bootstrap": p_boot, "p_draws": p_draws}
 
-    def to_frame(self) -> Any:
+    def to_frame(self) -> pd.DataFrame:
         """One row per prompt and condition: ``prompt``, ``condition`` (clean, induction, random_{i}), ``loss``."""
         import pandas as pd
 
@@ -65,7 +69,7 @@ class InductionAblation(Result):
         return pd.DataFrame([{"prompt": j, "condition": c, "loss": float(v[j])} for c, v in rows
                              for j in range(len(v))])
 
-    def plot(self, title: str | None = None) -> Any:
+    def plot(self, title: str | None = None) -> go.Figure:
         """Bars of the mean loss rise: the induction heads beside each random draw."""
         from interp.viz.looks import dla_figure
 
