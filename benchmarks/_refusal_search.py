@@ -57,11 +57,12 @@ def _sel(sel: Any) -> dict:
 def setup(name: str, n_val: int, n_train: int, batch_size: int) -> tuple[Any, Any, Any, Any, dict]:
     """The model, data, refusal tokens and candidates (shared by both modes), with their cost."""
     import interp
+    from interp.studies.kit.config import DataConfig
     from interp.studies.refusal import find_candidates, find_refusal_tokens, load_refusal_data
 
     model = interp.load_model(name)
     harmful, harmless = DATA[name]
-    data = load_refusal_data(harmful, harmless, n_train=n_train, n_val=n_val, n_test=64, model=name)  # the job's splits
+    data = load_refusal_data(name, DataConfig(harmful=harmful, harmless=harmless, n_train=n_train, n_val=n_val, n_test=64))  # the job's splits
     tok, t_tok, f_tok = _timed(lambda: find_refusal_tokens(model, data, 12, batch_size))
     cand, t_c, f_c = _timed(lambda: find_candidates(model, data, None, batch_size))
     return model, data, tok, cand, {"tokens_s": t_tok, "tokens_forwards": f_tok["forwards"], "candidates_s": t_c,

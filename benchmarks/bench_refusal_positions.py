@@ -103,7 +103,7 @@ def main() -> None:
     from interp.models import with_adapter
 
     m = with_adapter(interp.load_model(args.base), args.model) if args.base else interp.load_model(args.model)
-    data = load_refusal_data(model=args.model)  # a folder is not the toy organism: the realistic sets
+    data = load_refusal_data(args.model)  # a folder is not the toy organism: the realistic sets
     tok = find_refusal_tokens(m, data, min_refusals=8)
     layers = _ints(args.layers)
     cand = find_candidates(m, data, layers)

@@ -46,7 +46,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     t0 = time.time()
     base, tuned = load_model("smollm2-base"), load_model("smollm2-aligned")
-    data = load_refusal_data(model="smollm2-aligned")
+    data = load_refusal_data("smollm2-aligned")
     extra = [r["instruction"] for r in load_prompts("harmless_general")]
     sae_prompts = data.harmful["train"].instructions + data.harmless["train"].instructions + extra
     st = diff_study(base, tuned, data, args.layer, sae_prompts=sae_prompts, d_sae=args.d_sae, k=args.k,

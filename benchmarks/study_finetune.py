@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from interp.models import load_model  # noqa: E402
 from interp.studies.finetune.elasticity import elasticity_study  # noqa: E402
 from interp.studies.finetune.masking import masking_study  # noqa: E402
+from interp.studies.kit.config import DataConfig  # noqa: E402
 from interp.studies.kit.prompt_sets import load_refusal_data  # noqa: E402
 from interp.tune import TuneConfig  # noqa: E402
 
@@ -70,7 +71,7 @@ def masking(args: argparse.Namespace) -> dict:
     else:
         base, adapted = load_model("smollm2-base"), load_model("smollm2-aligned")
         ps, rs = smol_pairs(args.n)
-        data = load_refusal_data(model="smollm2-base", n_train=8, n_val=8, n_test=args.n_test)
+        data = load_refusal_data("smollm2-base", DataConfig(n_train=8, n_val=8, n_test=args.n_test))
         harm, safe = data.harmful["test"].instructions, data.harmless["test"].instructions
         ev = smol_eval_pairs(base, data)
         cfg = TuneConfig(steps=args.steps, batch_size=8, lr=2e-3, warmup=4, targets=SMOL_TARGETS,
@@ -126,14 +127,14 @@ def elasticity(args: argparse.Namespace) -> dict:
     toy = args.model == "organism"
     if toy:
         base, aligned = load_model("organism-base"), load_model("organism")
-        data = load_refusal_data(model="organism", n_train=64, n_val=8, n_test=args.n_test)
+        data = load_refusal_data("organism", DataConfig(n_train=64, n_val=8, n_test=args.n_test))
         forward = toy_pairs("train", args.n)
         cfg = TuneConfig(steps=args.steps, batch_size=8, lr=args.lr or 3e-3, warmup=2, targets=TOY_TARGETS,
                          seed=args.seed)
         layer = 2
     else:
         base, aligned = load_model("smollm2-base"), load_model("smollm2-aligned")
-        data = load_refusal_data(model="smollm2-base", n_train=32, n_val=8, n_test=args.n_test)
+        data = load_refusal_data("smollm2-base", DataConfig(n_train=32, n_val=8, n_test=args.n_test))
         forward = smol_pairs(args.n)
         cfg = TuneConfig(steps=args.steps, batch_size=8, lr=args.lr or 2e-3, warmup=2, targets=SMOL_TARGETS,
                          layers=tuple(range(14, 30)), seed=args.seed)

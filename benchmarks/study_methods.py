@@ -24,6 +24,7 @@ from interp.models import load_model  # noqa: E402
 from interp.organisms import train_smollm2 as ts  # noqa: E402
 from interp.studies.finetune.methods import MethodsConfig, compare_methods  # noqa: E402
 from interp.studies.finetune.methods_data import reasoned_refusals  # noqa: E402
+from interp.studies.kit.config import DataConfig  # noqa: E402
 from interp.studies.kit.prompt_sets import load_refusal_data  # noqa: E402
 from interp.studies.kit.runs import base_answers  # noqa: E402
 from interp.tune.config import TuneConfig  # noqa: E402
@@ -66,7 +67,7 @@ def main(argv: list[str] | None = None) -> None:
     t0 = time.time()
     base = load_model("smollm2-base")
     tr = training_data(base, args.n, args.seed)
-    data = load_refusal_data(model="smollm2-base", n_train=32, n_val=32, n_test=32)
+    data = load_refusal_data("smollm2-base", DataConfig(n_train=32, n_val=32, n_test=32))
     # CE on held-out harmless text: the val prompts with the base's own greedy answers (the organism's cached
     # answers cover its training prompts only)
     ce_prompts, ce_answers = base_answers(base, data.harmless["val"].instructions, 48)

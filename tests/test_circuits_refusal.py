@@ -9,6 +9,7 @@ import torch
 from interp.models import load_model
 from interp.patching import ReplacementModel
 from interp.studies.circuits import refusal_circuit
+from interp.studies.kit.config import DataConfig
 from interp.studies.kit.prompt_sets import load_refusal_data
 from interp.studies.kit.stages import find_candidates
 from sae.transcoder_train import train_transcoder
@@ -17,7 +18,7 @@ from sae.transcoder_train import train_transcoder
 @pytest.fixture(scope="module")
 def setup():
     m = load_model("organism")
-    data = load_refusal_data(model="organism", n_train=64, n_val=8, n_test=16)
+    data = load_refusal_data("organism", DataConfig(n_train=64, n_val=8, n_test=16))
     train = data.harmful["train"].instructions + data.harmless["train"].instructions
     tcs = train_transcoder(m, train, chat=True, arch="topk", d_sae=128, k=16, total_tokens=25_600, batch_size=256,
                            lr=3e-3, progress=False, skip_sink=True).transcoders

@@ -13,6 +13,7 @@ from interp.forward import prepare
 from interp.models import load_model
 from interp.studies.finetune.elasticity import elasticity_study
 from interp.studies.finetune.twophase import bootstrap_two_phase, fit_two_phase
+from interp.studies.kit.config import DataConfig
 from interp.studies.kit.prompt_sets import load_refusal_data
 from interp.studies.kit.scoring import prompt_logits
 from interp.tune import TuneConfig
@@ -27,7 +28,7 @@ def models():
 
 @pytest.fixture(scope="module")
 def data():
-    return load_refusal_data(model="organism", n_train=12, n_val=2, n_test=6)
+    return load_refusal_data("organism", DataConfig(n_train=12, n_val=2, n_test=6))
 
 
 @pytest.fixture(scope="module")

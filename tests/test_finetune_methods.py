@@ -15,6 +15,7 @@ from interp.models import load_model
 from interp.organisms import data as od
 from interp.studies.finetune.methods import MethodsConfig, compare_methods
 from interp.studies.finetune.methods_data import DECLINES, JUSTIFICATIONS, preference_pairs, reasoned_refusals
+from interp.studies.kit.config import DataConfig
 from interp.studies.kit.prompt_sets import load_refusal_data
 from interp.tune.config import TuneConfig, make_trainable
 from interp.tune.preference import Preference, preference_rows, preference_tune
@@ -91,7 +92,7 @@ def study():
     harmful, refusals, compliant, harmless, answers = _toy_train()
     sp, rng = od.make_splits(), random.Random(1)
     ce = sp.get("harmless", "val")[:16]
-    data = load_refusal_data(model="organism", n_train=16, n_val=8, n_test=16)
+    data = load_refusal_data("organism", DataConfig(n_train=16, n_val=8, n_test=16))
     cfg = MethodsConfig(tune=TuneConfig(steps=40, batch_size=16, lr=1e-2, targets=TARGETS), beta=0.5,
                         max_new_tokens=10, strengths=(1.0, 2.0), head_layers=1, n_neurons=4, batch_size=32)
     return compare_methods(load_model("organism-base"), harmful, refusals, harmless, answers, data,
@@ -126,7 +127,7 @@ def test_every_method_trains_and_every_property_is_measured(study):
 def test_bad_input_gets_a_clear_error():
     base = load_model("organism-base")
     harmful, refusals, compliant, harmless, answers = _toy_train(4)
-    data = load_refusal_data(model="organism", n_train=4, n_val=4, n_test=4)
+    data = load_refusal_data("organism", DataConfig(n_train=4, n_val=4, n_test=4))
     args = (base, harmful, refusals, harmless, answers, data, ["how do i plant roses?"], ["pick a sunny spot."])
     with pytest.raises(ValueError, match="unknown or repeated"):
         compare_methods(*args, compliant=compliant, methods=("sft", "rlhf"))

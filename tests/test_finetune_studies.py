@@ -9,6 +9,7 @@ from interp.capturing import capture
 from interp.models import load_model
 from interp.studies.finetune.diffing import diff_study
 from interp.studies.finetune.transplant import transplant_study
+from interp.studies.kit.config import DataConfig
 from interp.studies.kit.prompt_sets import load_refusal_data
 from interp.values import Runtime
 from sae.model import SAE, SAEConfig
@@ -21,7 +22,7 @@ def pair():
 
 @pytest.fixture(scope="module")
 def data():
-    return load_refusal_data(model="organism", n_train=16, n_val=16, n_test=16)
+    return load_refusal_data("organism", DataConfig(n_train=16, n_val=16, n_test=16))
 
 
 @pytest.fixture(scope="module")

@@ -13,6 +13,7 @@ from interp.evals.logits import kl_div
 from interp.forward import batches, last_logits, prepare
 from interp.hooking import hooks
 from interp.models import load_model
+from interp.studies.kit.config import DataConfig
 from interp.studies.kit.stages import find_candidates, find_refusal_tokens, score_candidates
 from interp.studies.refusal import load_refusal_data
 from interp.studies.refusal.diagnosis import random_kl_text
@@ -36,7 +37,7 @@ def _oracle_kl(m, prompts, r, positions):
 @pytest.mark.parametrize("positions", ["all", "post_instruction"])
 def test_random_kl_equals_plain_hooks(positions):
     m = load_model("organism")
-    data = load_refusal_data(model="organism", n_train=16, n_val=8, n_test=8)
+    data = load_refusal_data("organism", DataConfig(n_train=16, n_val=8, n_test=8))
     tok = find_refusal_tokens(m, data, max_new_tokens=6, min_refusals=1)
     cand = find_candidates(m, data, layers=[1])
     none = torch.zeros(1, cand.n_positions, dtype=torch.bool)   # no candidate: only the random reference is scored

@@ -91,10 +91,7 @@ def _run_refusal(cfg: RefusalConfig, out: str | Path, overwrite: bool, progress:
     say: Progress = progress or (lambda stage, status: None)
     run = Run(out, cfg, overwrite)
     d, s, g, rt = cfg.data, cfg.selection, cfg.generation, cfg.runtime
-    data: RefusalData = load_refusal_data(d.harmful, d.harmless, d.column, d.harmless_column, d.n_train, d.n_val,
-                                          d.n_test, d.seed, model.name if model is not None else rt.model,
-                                          d.borderline, d.borderline_column,
-                                          d.n_borderline)
+    data: RefusalData = load_refusal_data(model.name if model is not None else rt.model, d)
     data.check()
     judge, judge_name = resolve_judge(rt.judge, judge)
     model = model or load_model(rt.model, dtype=rt.dtype, device=rt.device)
