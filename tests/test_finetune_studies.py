@@ -8,7 +8,7 @@ import torch
 from interp.capturing import capture
 from interp.models import load_model
 from interp.studies.finetune.diffing import diff_study
-from interp.studies.finetune.transplant import transplant_study
+from interp.studies.finetune.transplant import TransplantConfig, transplant_study
 from interp.studies.kit.config import DataConfig
 from interp.studies.kit.prompt_sets import load_refusal_data
 from interp.values import Runtime
@@ -28,7 +28,8 @@ def data():
 @pytest.fixture(scope="module")
 def study(pair, data):
     base, aligned = pair
-    return transplant_study(base, aligned, data, block_size=1, max_steps=2, n_random=1, max_new_tokens=8)
+    return transplant_study(base, aligned, data,
+                            config=TransplantConfig(block_size=1, max_steps=2, n_random=1, max_new_tokens=8))
 
 
 def test_transplant_study_scores_are_one_score(study, pair):
@@ -74,7 +75,7 @@ def test_transplant_study_bad_input(pair, data):
 
     base, aligned = pair
     with pytest.raises(ValueError, match="block_size"):
-        transplant_study(base, aligned, data, block_size=0)
+        transplant_study(base, aligned, data, config=TransplantConfig(block_size=0))
     with pytest.raises(ValueError):
         transplant_study(tiny_model("llama"), aligned, data)
     with pytest.raises(ValueError, match="refused none"):

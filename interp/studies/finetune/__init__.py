@@ -13,6 +13,6 @@ from __future__ import annotations
 from interp.studies.finetune.elasticity import elasticity_study
 from interp.studies.finetune.masking import masking_study
 from interp.studies.finetune.methods import compare_methods
-from interp.studies.finetune.transplant import TransplantStudy, transplant_study
+from interp.studies.finetune.transplant import TransplantConfig, TransplantStudy, transplant_study
 
-__all__ = ["TransplantStudy", "compare_methods", "elasticity_study", "masking_study", "transplant_study"]
+__all__ = ["TransplantConfig", "TransplantStudy", "compare_methods", "elasticity_study", "masking_study", "transplant_study"]
