@@ -7,7 +7,7 @@ import torch
 
 from interp.capturing import capture
 from interp.models import load_model
-from interp.studies.finetune.diffing import diff_study
+from interp.studies.finetune.diffing import DiffConfig, diff_study
 from interp.studies.finetune.transplant import TransplantConfig, transplant_study
 from interp.studies.kit.config import DataConfig
 from interp.studies.kit.prompt_sets import load_refusal_data
@@ -85,8 +85,9 @@ def test_transplant_study_bad_input(pair, data):
 @pytest.fixture(scope="module")
 def diff(pair, data):
     base, aligned = pair
-    return diff_study(base, aligned, data, layer=2, d_sae=128, k=8, n_steer=4, top=8, n_random=1,
-                      max_new_tokens=8, strengths=(1.0, 8.0))
+    return diff_study(base, aligned, data, layer=2,
+                      config=DiffConfig(d_sae=128, k=8, n_steer=4, top=8, n_random=1, max_new_tokens=8,
+                                        strengths=(1.0, 8.0)))
 
 
 def test_diff_study_ranks_the_change_by_hand(diff, pair, data):

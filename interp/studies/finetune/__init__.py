@@ -10,9 +10,10 @@ fine-tune.
 
 from __future__ import annotations
 
+from interp.studies.finetune.diffing import DiffConfig, diff_study
 from interp.studies.finetune.elasticity import elasticity_study
 from interp.studies.finetune.masking import masking_study
 from interp.studies.finetune.methods import compare_methods
 from interp.studies.finetune.transplant import TransplantConfig, TransplantStudy, transplant_study
 
-__all__ = ["TransplantConfig", "TransplantStudy", "compare_methods", "elasticity_study", "masking_study", "transplant_study"]
+__all__ = ["DiffConfig", "diff_study", "TransplantConfig", "TransplantStudy", "compare_methods", "elasticity_study", "masking_study", "transplant_study"]
