@@ -27,7 +27,7 @@ from benchmarks._common import PeakRSS, machine, replace_section, write_text  # 
 from interp.data import load_prompts  # noqa: E402
 from interp.models import cache_dir, load_model  # noqa: E402
 from interp.patching import ReplacementModel, attribution_graph  # noqa: E402
-from interp.studies.circuits import refusal_circuit  # noqa: E402
+from interp.studies.circuits import CircuitConfig, refusal_circuit  # noqa: E402
 from interp.studies.kit.config import DataConfig  # noqa: E402
 from interp.studies.kit.prompt_sets import load_refusal_data  # noqa: E402
 from interp.studies.kit.stages import find_candidates, find_refusal_tokens  # noqa: E402
@@ -116,9 +116,10 @@ def main() -> None:
     rm = ReplacementModel(model, tcs)
     t0 = time.time()
     diff = load_diff(args.diff)
-    res = refusal_circuit(rm, refused, r, args.layer, data.harmful["test"].instructions, n_features=args.n_features,
-                          n_random=3, max_feature_nodes=args.budget, max_positions=160, max_new_tokens=24,
-                          rank_by=args.rank_by, positions=args.positions, diff=diff)
+    res = refusal_circuit(rm, refused, r, args.layer, data.harmful["test"].instructions,
+                          config=CircuitConfig(n_features=args.n_features, n_random=3, max_feature_nodes=args.budget,
+                                               max_positions=160, max_new_tokens=24, rank_by=args.rank_by,
+                                               positions=args.positions, diff=diff))
     t_study = time.time() - t0
     print(res.to_frame().head(25).to_string(), res.to_frame("rates").to_string(), res.test, flush=True)
     write_text(args.graph_page, res.page(0))
