@@ -92,6 +92,7 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     import interp
+    from interp.studies.kit.config import SelectionConfig
     from interp.studies.refusal import (
         find_candidates,
         find_refusal_tokens,
@@ -113,7 +114,8 @@ def main() -> None:
     positions = [int(p) for p in args.positions.split(",")]
     only = torch.zeros(len(layers), cand.n_positions, dtype=torch.bool)
     only[:, [cand.n_positions + p for p in positions]] = True
-    scores = {mode: score_candidates(m, data, cand, tok, only=only, ablate_positions=mode, n_random=args.n_random)
+    scores = {mode: score_candidates(m, data, cand, tok, only=only,
+                                     config=SelectionConfig(ablate_positions=mode, n_random=args.n_random))
               for mode in ("all", "post_instruction")}
     base = scores["all"]
     judged = _judged(m, data, cand, layers, positions, args.affine) if args.judged else {}

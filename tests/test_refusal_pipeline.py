@@ -335,12 +335,11 @@ def test_subspace_rank_one_read_from_the_evaluation_equals_measuring_it(aligned_
     from interp.studies.refusal.evaluation import find_subspaces
 
     res = aligned_run
-    cfg = RefusalConfig.from_flat(model="organism")
+    cfg = RefusalConfig.from_flat(model="organism", subspace_rank=1)
     d = cfg.data
     data = load_refusal_data("organism", d)
     model = interp.load_model("organism")
-    again = find_subspaces(model, data, res.candidates, res.selection, res.tokens, rank=1,
-                           max_new_tokens=cfg.generation.max_new_tokens)
+    again = find_subspaces(model, data, res.candidates, res.selection, res.tokens, config=cfg)
     ev = res.evaluation.refusal_rate
     assert again.rates == [res.subspaces.rates[0]] == [ev["harmful/ablation"]]
     assert again.control_rates == [res.subspaces.control_rates[0]] == [ev["harmful/random ablation"]]
@@ -364,7 +363,6 @@ def test_the_evaluation_generated_one_condition_at_a_time_equals_the_stacked_run
     d = cfg.data
     data = load_refusal_data("organism", d)
     model = interp.load_model("organism")
-    one = evaluate(model, data, res.candidates, res.selection, res.tokens, cfg.generation.max_new_tokens,
-                   test=TestPrompts(model, data, stack=1))
+    one = evaluate(model, TestPrompts(model, data, stack=1), res.candidates, res.selection, res.tokens, config=cfg)
     assert one.generations == res.evaluation.generations and one.refusal_rate == res.evaluation.refusal_rate
     assert one.refusal_score == pytest.approx(res.evaluation.refusal_score, abs=1e-4)
