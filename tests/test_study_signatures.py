@@ -49,3 +49,40 @@ def test_old_keyword_names_its_new_home(fn, args, kwargs, home):
     with pytest.raises(TypeError, match="no longer takes") as e:
         fn(*args, **kwargs)
     assert home in str(e.value), str(e.value)
+
+
+def test_the_scores_key_follows_the_knobs_that_moved_into_selection_config():
+    """n_random and max_rows now live in SelectionConfig: the exact scores' key still changes with each (they change
+    the scores), not with a selection threshold; n_random re-runs the scores of the same run (run identity kept)."""
+    from interp.studies.kit.config import DataConfig, RefusalConfig
+    from interp.studies.refusal.run import _Keys
+    from interp.testing.tiny import tiny_model
+
+    m = tiny_model("llama")
+    data = load_refusal_data("organism", DataConfig(n_train=4, n_val=4, n_test=4))
+
+    def key(**flat):
+        return _Keys(RefusalConfig.from_flat(**flat), m, "weights", data, "judge").scores
+
+    assert key(n_random=2) != key() != key(max_rows=128)
+    assert key(kl_threshold=0.2) == key()
+    assert RefusalConfig.from_flat(n_random=2).run_identity() == RefusalConfig().run_identity()
+    assert RefusalConfig.from_flat(max_rows=128).run_identity() != RefusalConfig().run_identity()
+
+
+def test_the_multilingual_studies_take_seed_and_batch_size_in_runtime():
+    from interp.studies.multilingual.features import features_by_language, fit_sae
+    from interp.studies.multilingual.geometry import capture_last, geometry
+    from interp.studies.multilingual.language import language_geometry
+    from interp.studies.multilingual.neurons import language_neurons, safety_neurons
+    from interp.studies.multilingual.pathways import refusal_pathways
+    from interp.studies.multilingual.retention import judged_rates
+
+    for fn in (fit_sae, features_by_language, capture_last, geometry, language_geometry, language_neurons,
+               safety_neurons, refusal_pathways, judged_rates):
+        params = inspect.signature(fn).parameters
+        assert "runtime" in params and not {"chat", "seed", "batch_size"} & set(params), (fn.__name__, list(params))
+    with pytest.raises(TypeError, match=r"no longer takes batch_size= \(moved into runtime=interp.Runtime\(batch_size="):
+        refusal_pathways(None, None, batch_size=8)
+    with pytest.raises(TypeError, match=r"no longer takes seed= \(moved into runtime=interp.Runtime\(seed="):
+        geometry({}, [0], "en", seed=0)
