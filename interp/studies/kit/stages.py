@@ -253,10 +253,7 @@ def find_candidates(model: Model, data: RefusalData, layers: list[int] | None = 
                       [model.tokenizer.decode([t]) for t in ids[-n_pos:]], list(fit.fitted_on), fit.data_hash)
 
 
-_MOVED = moved(config="SelectionConfig", knobs=("max_rows", "ablate_positions", "n_random"))
-
-
-@moved_keywords(_MOVED)
+@moved_keywords(moved(config="SelectionConfig", knobs=("max_rows", "ablate_positions", "n_random")))
 def score_candidates(model: Model, data: RefusalData, cand: Candidates, tokens: RefusalTokens,
                      only: torch.Tensor | None = None, kl_gate: Callable[[list[float]], float] | None = None,
                      config: SelectionConfig | None = None, runtime: Runtime | None = None) -> Scores:

@@ -219,10 +219,12 @@ def _conditions(r: torch.Tensor, v: torch.Tensor, rand_u: torch.Tensor, layer: i
     }
 
 
-STAGE_MOVED = {**moved(config="RefusalConfig", knobs=()), "max_new_tokens": "config=RefusalConfig(generation=GenerationConfig(max_new_tokens=...))",
-          "rank": "config=RefusalConfig(generation=GenerationConfig(subspace_rank=...))",
-          "ablate_positions": "config=RefusalConfig(selection=SelectionConfig(ablate_positions=...))",
-          "judge": "test=TestPrompts(model, data, judge=...)", "test": "data=TestPrompts(model, data, ...)"}
+STAGE_MOVED = {**moved(config="RefusalConfig"),
+               "max_new_tokens": "config=RefusalConfig(generation=GenerationConfig(max_new_tokens=...))",
+               "rank": "config=RefusalConfig(generation=GenerationConfig(subspace_rank=...))",
+               "ablate_positions": "config=RefusalConfig(selection=SelectionConfig(ablate_positions=...))",
+               "judge": "the test prompts: TestPrompts(model, data, judge=...)",
+               "test": "data=TestPrompts(model, data, ...)"}
 
 
 def _setup(model: Model, data: RefusalData | TestPrompts, config: RefusalConfig | None, runtime: Runtime | None
@@ -230,6 +232,8 @@ def _setup(model: Model, data: RefusalData | TestPrompts, config: RefusalConfig 
     """The test prompts (``data`` wrapped when it is plain), the config, the runtime (default batch size 64) and
     where the ablation acts (``config.selection.ablate_at()``)."""
     test = data if isinstance(data, TestPrompts) else TestPrompts(model, data)
+    if test.model is not model:
+        raise ValueError("these TestPrompts belong to another model; build TestPrompts(model, data) for this one")
     cfg = config if config is not None else RefusalConfig()
     return test, cfg, runtime if runtime is not None else Runtime(batch_size=64, progress=False), cfg.selection.ablate_at()
 

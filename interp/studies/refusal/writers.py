@@ -138,7 +138,7 @@ def _from_evaluation(ev: Evaluation | None) -> dict[tuple[str, str], dict[str, A
     return out
 
 
-@moved_keywords(STAGE_MOVED)
+@moved_keywords({k: v for k, v in STAGE_MOVED.items() if k not in ("test", "rank")})
 def writer_attribution(model: Model, test: TestPrompts, r: Float[torch.Tensor, " d"], tokens: RefusalTokens,
                        evaluation: Evaluation | None = None, config: RefusalConfig | None = None,
                        runtime: Runtime | None = None) -> Writers:
