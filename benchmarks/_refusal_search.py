@@ -57,11 +57,12 @@ def _sel(sel: Any) -> dict:
 def setup(name: str, n_val: int, n_train: int, batch_size: int) -> tuple[Any, Any, Any, Any, dict]:
     """The model, data, refusal tokens and candidates (shared by both modes), with their cost."""
     import interp
+    from interp.studies.kit.config import DataConfig
     from interp.studies.refusal import find_candidates, find_refusal_tokens, load_refusal_data
 
     model = interp.load_model(name)
     harmful, harmless = DATA[name]
-    data = load_refusal_data(harmful, harmless, n_train=n_train, n_val=n_val, n_test=64, model=name)  # the job's splits
+    data = load_refusal_data(name, DataConfig(harmful=harmful, harmless=harmless, n_train=n_train, n_val=n_val, n_test=64))  # the job's splits
     tok, t_tok, f_tok = _timed(lambda: find_refusal_tokens(model, data, 12, batch_size))
     cand, t_c, f_c = _timed(lambda: find_candidates(model, data, None, batch_size))
     return model, data, tok, cand, {"tokens_s": t_tok, "tokens_forwards": f_tok["forwards"], "candidates_s": t_c,
@@ -70,10 +71,13 @@ def setup(name: str, n_val: int, n_train: int, batch_size: int) -> tuple[Any, An
 
 def exhaustive(model: Any, data: Any, tok: Any, cand: Any, batch_size: int, max_rows: int, positions: str = "all"
                ) -> tuple[Any, dict]:
+    from interp.studies.kit.config import SelectionConfig
     from interp.studies.refusal import score_candidates
+    from interp.values import Runtime
 
-    scores, t, f = _timed(lambda: score_candidates(model, data, cand, tok, batch_size, max_rows,
-                                                   ablate_positions=positions))
+    scores, t, f = _timed(lambda: score_candidates(
+        model, data, cand, tok, config=SelectionConfig(ablate_positions=positions, max_rows=max_rows),
+        runtime=Runtime(batch_size=batch_size, progress=False)))
     return scores, {"s": t, **f, "backwards": 0, "n_scored": scores.bypass.numel()}
 
 
@@ -81,8 +85,10 @@ def estimate_mode(model: Any, data: Any, tok: Any, cand: Any, batch_size: int, m
                   cfgs: dict[str, Any], positions: str = "all", probes: int | None = None) -> tuple[Any, dict]:
     """The estimate once (``probes``: its random probes per part, default the job's), then for each selection
     config its top k scored exactly and the selection."""
+    from interp.studies.kit.config import SelectionConfig
     from interp.studies.refusal import score_candidates, select_direction
     from interp.studies.refusal.estimate import PROBES, estimate_candidates, top_candidates
+    from interp.values import Runtime
 
     est, t_e, f_e = _timed(lambda: estimate_candidates(model, data, cand, tok, batch_size,
                                                        probes=PROBES if probes is None else probes,
@@ -91,8 +97,9 @@ def estimate_mode(model: Any, data: Any, tok: Any, cand: Any, batch_size: int, m
                            "backwards": est.backwards, "by_filters": {}}
     for name, cfg in cfgs.items():
         only = top_candidates(est, cand, model.n_layers, cfg, top_k)
-        sub, t_s, f_s = _timed(lambda only=only: score_candidates(model, data, cand, tok, batch_size, max_rows,
-                                                                  only=only, ablate_positions=positions))
+        sub, t_s, f_s = _timed(lambda only=only: score_candidates(
+            model, data, cand, tok, only, config=SelectionConfig(ablate_positions=positions, max_rows=max_rows),
+            runtime=Runtime(batch_size=batch_size, progress=False)))
         sel = select_direction(model.n_layers, cand, sub, cfg)
         out["by_filters"][name] = {"s": t_e + t_s, "exact_s": t_s, "forwards": f_e["forwards"] + f_s["forwards"],
                                    "rows": f_e["rows"] + f_s["rows"], "n_scored": int(only.sum()),

@@ -52,7 +52,7 @@ def main() -> None:
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     m = load_model(args.model, device=args.device)
-    data = load_refusal_data(model=args.model)
+    data = load_refusal_data(args.model)
     v = torch.randn(m.d_model, generator=torch.Generator().manual_seed(0))
     sets = {"harmful test": data.harmful["test"].instructions, "harmless test": data.harmless["test"].instructions}
     cases = [(name, "none", ()) for name in sets] + [

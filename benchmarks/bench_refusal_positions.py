@@ -92,6 +92,7 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     import interp
+    from interp.studies.kit.config import SelectionConfig
     from interp.studies.refusal import (
         find_candidates,
         find_refusal_tokens,
@@ -103,7 +104,7 @@ def main() -> None:
     from interp.models import with_adapter
 
     m = with_adapter(interp.load_model(args.base), args.model) if args.base else interp.load_model(args.model)
-    data = load_refusal_data(model=args.model)  # a folder is not the toy organism: the realistic sets
+    data = load_refusal_data(args.model)  # a folder is not the toy organism: the realistic sets
     tok = find_refusal_tokens(m, data, min_refusals=8)
     layers = _ints(args.layers)
     cand = find_candidates(m, data, layers)
@@ -113,7 +114,8 @@ def main() -> None:
     positions = [int(p) for p in args.positions.split(",")]
     only = torch.zeros(len(layers), cand.n_positions, dtype=torch.bool)
     only[:, [cand.n_positions + p for p in positions]] = True
-    scores = {mode: score_candidates(m, data, cand, tok, only=only, ablate_positions=mode, n_random=args.n_random)
+    scores = {mode: score_candidates(m, data, cand, tok, only=only,
+                                     config=SelectionConfig(ablate_positions=mode, n_random=args.n_random))
               for mode in ("all", "post_instruction")}
     base = scores["all"]
     judged = _judged(m, data, cand, layers, positions, args.affine) if args.judged else {}

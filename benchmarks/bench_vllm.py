@@ -88,7 +88,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     t_all = time.perf_counter()
     model = load_model(args.model)
-    data = load_refusal_data(model=args.model)
+    data = load_refusal_data(args.model)
     half = args.prompts // 2
     prompts = data.harmful["test"].instructions[:half] + data.harmless["test"].instructions[:args.prompts - half]
     vectors = _vectors(model.d_model)

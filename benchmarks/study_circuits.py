@@ -27,7 +27,8 @@ from benchmarks._common import PeakRSS, machine, replace_section, write_text  # 
 from interp.data import load_prompts  # noqa: E402
 from interp.models import cache_dir, load_model  # noqa: E402
 from interp.patching import ReplacementModel, attribution_graph  # noqa: E402
-from interp.studies.circuits import refusal_circuit  # noqa: E402
+from interp.studies.circuits import CircuitConfig, refusal_circuit  # noqa: E402
+from interp.studies.kit.config import DataConfig  # noqa: E402
 from interp.studies.kit.prompt_sets import load_refusal_data  # noqa: E402
 from interp.studies.kit.stages import find_candidates, find_refusal_tokens  # noqa: E402
 from sae.transcoder import Transcoder  # noqa: E402
@@ -100,7 +101,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     t_start = time.time()
     model = load_model(args.model)
-    data = load_refusal_data(model=args.model, n_train=200, n_val=64, n_test=args.n_eval)
+    data = load_refusal_data(args.model, DataConfig(n_train=200, n_val=64, n_test=args.n_eval))
     extra = [r["instruction"] for r in load_prompts("harmless_general")]
     train = data.harmful["train"].instructions + data.harmless["train"].instructions + extra
     folder = Path(args.cache) if args.cache else cache_dir() / "transcoders" / args.model / f"d{args.d_sae}_k{args.k}"
@@ -108,16 +109,17 @@ def main() -> None:
     held = data.harmless["val"].instructions[:16] + data.harmful["val"].instructions[:16]
     q = evaluate_transcoders(model, tcs, held, chat=True, skip_sink=True)
     print(q.to_frame().to_string(), q.summary(), flush=True)
-    small = load_refusal_data(model=args.model, n_train=64, n_val=64, n_test=args.n_eval)
+    small = load_refusal_data(args.model, DataConfig(n_train=64, n_val=64, n_test=args.n_eval))
     r = find_candidates(model, small, layers=[args.layer]).raw[0, -1]
     tok = find_refusal_tokens(model, small)
     refused = [p for p, f in zip(small.harmful["train"].instructions, tok.harmful_refused) if f][: args.n_graph]
     rm = ReplacementModel(model, tcs)
     t0 = time.time()
     diff = load_diff(args.diff)
-    res = refusal_circuit(rm, refused, r, args.layer, data.harmful["test"].instructions, n_features=args.n_features,
-                          n_random=3, max_feature_nodes=args.budget, max_positions=160, max_new_tokens=24,
-                          rank_by=args.rank_by, positions=args.positions, diff=diff)
+    res = refusal_circuit(rm, refused, r, args.layer, data.harmful["test"].instructions,
+                          config=CircuitConfig(n_features=args.n_features, n_random=3, max_feature_nodes=args.budget,
+                                               max_positions=160, max_new_tokens=24, rank_by=args.rank_by,
+                                               positions=args.positions, diff=diff))
     t_study = time.time() - t0
     print(res.to_frame().head(25).to_string(), res.to_frame("rates").to_string(), res.test, flush=True)
     write_text(args.graph_page, res.page(0))

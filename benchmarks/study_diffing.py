@@ -24,9 +24,13 @@ from benchmarks._common import machine, replace_section  # noqa: E402
 from interp.data import load_prompts  # noqa: E402
 from interp.evals.rates import fisher_greater  # noqa: E402
 from interp.models import cache_dir, load_model  # noqa: E402
-from interp.studies.finetune.diffing import diff_study  # noqa: E402
+from interp.studies.finetune.diffing import (
+    DiffConfig,
+    diff_study,  # noqa: E402
+)
 from interp.studies.kit.prompt_sets import load_refusal_data  # noqa: E402
 from interp.studies.kit.stages import find_candidates  # noqa: E402
+from interp.values import Runtime
 
 RESULTS = Path(__file__).resolve().parent / "RESULTS_finetune.md"
 HEADING = "### SAE model diffing on smollm2-aligned"
@@ -46,11 +50,12 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     t0 = time.time()
     base, tuned = load_model("smollm2-base"), load_model("smollm2-aligned")
-    data = load_refusal_data(model="smollm2-aligned")
+    data = load_refusal_data("smollm2-aligned")
     extra = [r["instruction"] for r in load_prompts("harmless_general")]
     sae_prompts = data.harmful["train"].instructions + data.harmless["train"].instructions + extra
-    st = diff_study(base, tuned, data, args.layer, sae_prompts=sae_prompts, d_sae=args.d_sae, k=args.k,
-                    n_steer=args.n_steer, n_random=args.n_random, seed=0)
+    st = diff_study(base, tuned, data, args.layer, sae=sae_prompts,
+                    config=DiffConfig(d_sae=args.d_sae, k=args.k, n_steer=args.n_steer, n_random=args.n_random),
+                    runtime=Runtime(seed=0))
     r = find_candidates(tuned, data, layers=[args.layer + 1]).raw[0, -1]
     r = r / r.norm()
     save = Path(args.save) if args.save else cache_dir() / "diffing" / "smollm2-aligned" / f"L{args.layer}"

@@ -24,10 +24,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from interp.models import load_model  # noqa: E402
-from interp.studies.finetune.elasticity import elasticity_study  # noqa: E402
-from interp.studies.finetune.masking import masking_study  # noqa: E402
+from interp.studies.finetune.elasticity import ElasticityConfig, elasticity_study  # noqa: E402
+from interp.studies.finetune.masking import MaskingConfig, masking_study  # noqa: E402
+from interp.studies.kit.config import DataConfig  # noqa: E402
 from interp.studies.kit.prompt_sets import load_refusal_data  # noqa: E402
 from interp.tune import TuneConfig  # noqa: E402
+from interp.values import Prompts, Runtime  # noqa: E402
 
 TOY_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head")
 SMOL_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -70,13 +72,14 @@ def masking(args: argparse.Namespace) -> dict:
     else:
         base, adapted = load_model("smollm2-base"), load_model("smollm2-aligned")
         ps, rs = smol_pairs(args.n)
-        data = load_refusal_data(model="smollm2-base", n_train=8, n_val=8, n_test=args.n_test)
+        data = load_refusal_data("smollm2-base", DataConfig(n_train=8, n_val=8, n_test=args.n_test))
         harm, safe = data.harmful["test"].instructions, data.harmless["test"].instructions
         ev = smol_eval_pairs(base, data)
         cfg = TuneConfig(steps=args.steps, batch_size=8, lr=2e-3, warmup=4, targets=SMOL_TARGETS,
                          layers=tuple(range(14, 30)), seed=args.seed)
-    st = masking_study(base, adapted, ps, rs, harm, safe, ev, q=args.q, config=cfg, seed=args.seed,
-                       max_new_tokens=args.max_new_tokens)
+    st = masking_study(base, adapted, Prompts(ps, responses=rs), (harm, safe), ev,
+                       config=MaskingConfig(q=args.q, tune=cfg, max_new_tokens=args.max_new_tokens),
+                       runtime=Runtime(batch_size=32, seed=args.seed))
     return {"rates": st.rates, "fisher_p_random_gt_top": st.fisher_p, "nll": st.nll, "meta": st.meta,
             "concentration": st.attribution.concentration(), "losses_last": {k: v["losses"][-5:]
                                                                               for k, v in st.runs.items()}}
@@ -126,21 +129,22 @@ def elasticity(args: argparse.Namespace) -> dict:
     toy = args.model == "organism"
     if toy:
         base, aligned = load_model("organism-base"), load_model("organism")
-        data = load_refusal_data(model="organism", n_train=64, n_val=8, n_test=args.n_test)
+        data = load_refusal_data("organism", DataConfig(n_train=64, n_val=8, n_test=args.n_test))
         forward = toy_pairs("train", args.n)
         cfg = TuneConfig(steps=args.steps, batch_size=8, lr=args.lr or 3e-3, warmup=2, targets=TOY_TARGETS,
                          seed=args.seed)
         layer = 2
     else:
         base, aligned = load_model("smollm2-base"), load_model("smollm2-aligned")
-        data = load_refusal_data(model="smollm2-base", n_train=32, n_val=8, n_test=args.n_test)
+        data = load_refusal_data("smollm2-base", DataConfig(n_train=32, n_val=8, n_test=args.n_test))
         forward = smol_pairs(args.n)
         cfg = TuneConfig(steps=args.steps, batch_size=8, lr=args.lr or 2e-3, warmup=2, targets=SMOL_TARGETS,
                          layers=tuple(range(14, 30)), seed=args.seed)
         layer = args.layer
-    st = elasticity_study(base, aligned, data, layer=layer, forward=forward, n_pairs=args.n_pairs, config=cfg,
-                          eval_every=args.eval_every, n_boot=args.n_boot, max_new_tokens=args.max_new_tokens,
-                          seed=args.seed)
+    st = elasticity_study(base, aligned, data, layer=layer, pairs={"forward": forward},
+                          config=ElasticityConfig(tune=cfg, n_pairs=args.n_pairs, eval_every=args.eval_every,
+                                                  n_boot=args.n_boot, max_new_tokens=args.max_new_tokens),
+                          runtime=Runtime(batch_size=32, seed=args.seed))
     if args.html:
         st.plot().write_html(args.html)
     return {"outcomes": st.outcomes, "fits": {f"{c}/{q}": f.record() for (c, q), f in st.fits.items()},

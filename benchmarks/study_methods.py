@@ -24,9 +24,11 @@ from interp.models import load_model  # noqa: E402
 from interp.organisms import train_smollm2 as ts  # noqa: E402
 from interp.studies.finetune.methods import MethodsConfig, compare_methods  # noqa: E402
 from interp.studies.finetune.methods_data import reasoned_refusals  # noqa: E402
+from interp.studies.kit.config import DataConfig  # noqa: E402
 from interp.studies.kit.prompt_sets import load_refusal_data  # noqa: E402
 from interp.studies.kit.runs import base_answers  # noqa: E402
 from interp.tune.config import TuneConfig  # noqa: E402
+from interp.values import Runtime  # noqa: E402
 
 HEADING = "### Post-training methods compared on SmolLM2-135M-Instruct"
 COLUMNS = ["model", "harmful_refusal", "harmless_refusal", "ce_vs_base", "direction_layer", "all_writers_effect",
@@ -66,15 +68,16 @@ def main(argv: list[str] | None = None) -> None:
     t0 = time.time()
     base = load_model("smollm2-base")
     tr = training_data(base, args.n, args.seed)
-    data = load_refusal_data(model="smollm2-base", n_train=32, n_val=32, n_test=32)
+    data = load_refusal_data("smollm2-base", DataConfig(n_train=32, n_val=32, n_test=32))
     # CE on held-out harmless text: the val prompts with the base's own greedy answers (the organism's cached
     # answers cover its training prompts only)
     ce_prompts, ce_answers = base_answers(base, data.harmless["val"].instructions, 48)
     cfg = MethodsConfig(tune=TuneConfig(steps=args.steps, rank=8, alpha=16, targets=ts.TARGETS,
-                                        layers=tuple(range(14, 30)), lr=2e-3, batch_size=8), max_new_tokens=24)
-    study = compare_methods(base, tr["harmful"], tr["refusals"], tr["harmless"], tr["answers"], data, ce_prompts,
-                            ce_answers, reasoned=tr["reasoned"],
-                            methods=("sft", "reasoning_sft", args.preference), config=cfg, seed=args.seed)
+                                        layers=tuple(range(14, 30)), lr=2e-3, batch_size=8), max_new_tokens=24,
+                        methods=("sft", "reasoning_sft", args.preference), reasoned=tr["reasoned"])
+    study = compare_methods(base, (tr["harmful"], tr["refusals"]), (tr["harmless"], tr["answers"]), data,
+                            (ce_prompts, ce_answers), config=cfg,
+                            runtime=Runtime(batch_size=32, seed=args.seed, progress=False))
     df = study.to_frame()
     table = markdown_table(df[[c for c in COLUMNS if c in df.columns]])
     print(table)

@@ -34,6 +34,7 @@ from interp.studies.multilingual import (  # noqa: E402
     safety_neurons,
     write_retention,
 )
+from interp.values import Runtime  # noqa: E402
 
 
 def sections(res, model_name: str, wall: float, args) -> list[str]:
@@ -81,7 +82,8 @@ def sections(res, model_name: str, wall: float, args) -> list[str]:
 
 def neuron_section(model, data, args) -> list[str]:
     t0 = time.time()
-    res = safety_neurons(model, data, k=args.k, n_candidates=4 * args.k, n_random=args.n_random, seed=args.seed)
+    res = safety_neurons(model, data, k=args.k, n_candidates=4 * args.k, n_random=args.n_random,
+                         runtime=Runtime(batch_size=32, seed=args.seed))
     ov = res.overlap
     pair_rows = [{"a": a, "b": b, "shared": int(ov.intersections[i, j]), "jaccard": float(ov.jaccard[i, j])}
                  for i, a in enumerate(ov.names) for j, b in enumerate(ov.names) if i < j]
@@ -120,7 +122,7 @@ def feature_section(model, data, layer: int, args) -> list[str]:
 
     t0 = time.time()
     res = features_by_language(model, data, layer, top=args.top_features, max_new_tokens=args.max_new_tokens,
-                               seed=args.seed)
+                               runtime=Runtime(batch_size=32, seed=args.seed))
     pair_rows = [{"a": a, "b": b, "shared": v} for (a, b), v in res.shared.items()]
     rows = [{k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()} for r in res.rows]
     feat = "; ".join(f"{lang}: {v} (AUROC {min(res.aurocs[lang]):.2f}-{max(res.aurocs[lang]):.2f})"

@@ -20,7 +20,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks._common import machine, markdown_table, replace_section  # noqa: E402
 from interp.models import load_model  # noqa: E402
-from interp.studies.finetune.transplant import transplant_study  # noqa: E402
+from interp.studies.finetune.transplant import TransplantConfig, transplant_study  # noqa: E402
+from interp.studies.kit.config import DataConfig  # noqa: E402
 from interp.studies.kit.prompt_sets import load_refusal_data  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "RESULTS_finetune.md"
@@ -38,9 +39,9 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     t0 = time.time()
     base, aligned = load_model("smollm2-base"), load_model("smollm2-aligned")
-    data = load_refusal_data(model="smollm2-aligned", n_val=args.n, n_test=args.n)
-    st = transplant_study(base, aligned, data, block_size=args.block_size, max_steps=args.max_steps,
-                          n_random=args.n_random, max_new_tokens=20)
+    data = load_refusal_data("smollm2-aligned", DataConfig(n_val=args.n, n_test=args.n))
+    st = transplant_study(base, aligned, data, config=TransplantConfig(block_size=args.block_size, max_steps=args.max_steps,
+                                                          n_random=args.n_random, max_new_tokens=20))
     text = report(args, st, time.time() - t0)
     print(text)
     replace_section(RESULTS, HEADING, text)

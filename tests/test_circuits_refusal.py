@@ -10,7 +10,8 @@ import torch
 
 from interp.models import load_model
 from interp.patching import ReplacementModel
-from interp.studies.circuits import refusal_circuit
+from interp.studies.circuits import CircuitConfig, refusal_circuit
+from interp.studies.kit.config import DataConfig
 from interp.studies.kit.prompt_sets import load_refusal_data
 from interp.studies.kit.stages import find_candidates
 from sae.transcoder_train import train_transcoder
@@ -19,7 +20,7 @@ from sae.transcoder_train import train_transcoder
 @pytest.fixture(scope="module")
 def setup():
     m = load_model("organism")
-    data = load_refusal_data(model="organism", n_train=64, n_val=8, n_test=16)
+    data = load_refusal_data("organism", DataConfig(n_train=64, n_val=8, n_test=16))
     train = data.harmful["train"].instructions + data.harmless["train"].instructions
     tcs = train_transcoder(m, train, chat=True, arch="topk", d_sae=128, k=16, total_tokens=25_600, batch_size=256,
                            lr=3e-3, progress=False, skip_sink=True).transcoders
@@ -31,7 +32,7 @@ def setup():
 def study(setup):
     rm, data, r = setup
     return refusal_circuit(rm, data.harmful["val"].instructions[:4], r, 2, data.harmful["test"].instructions,
-                           n_features=10, n_random=2, max_new_tokens=8)
+                           config=CircuitConfig(n_features=10, n_random=2, max_new_tokens=8))
 
 
 def test_features_are_ranked_by_influence_summed_over_the_graphs(study):
@@ -68,18 +69,18 @@ def test_ablation_is_tested_against_layer_matched_random_features(study, setup):
 def test_rank_by_direct_chooses_the_largest_direct_writers(setup):
     rm, data, r = setup
     st = refusal_circuit(rm, data.harmful["val"].instructions[:2], r, 2, data.harmful["test"].instructions[:4],
-                         n_features=5, n_random=1, max_new_tokens=4, rank_by="direct")
+                         config=CircuitConfig(n_features=5, n_random=1, max_new_tokens=4, rank_by="direct"))
     chosen = [x for x in st.features if x["chosen"]]
     assert sorted(x["direct"] for x in chosen) == sorted(x["direct"] for x in st.features)[-5:]
     with pytest.raises(ValueError, match="rank_by"):
-        refusal_circuit(rm, ["x"], r, 2, ["y"], rank_by="magic")
+        refusal_circuit(rm, ["x"], r, 2, ["y"], config=CircuitConfig(rank_by="magic"))
 
 
 def test_post_instruction_ranks_only_the_nodes_at_the_post_instruction_tokens(setup):
     rm, data, r = setup
     prompts = data.harmful["val"].instructions[:2]
-    st = refusal_circuit(rm, prompts, r, 2, data.harmful["test"].instructions[:4], n_features=3, n_random=1,
-                         max_new_tokens=4, positions="post_instruction")
+    st = refusal_circuit(rm, prompts, r, 2, data.harmful["test"].instructions[:4],
+                         config=CircuitConfig(n_features=3, n_random=1, max_new_tokens=4, positions="post_instruction"))
     post = [set(rm.batch(p).post_mask[0].nonzero().flatten().tolist()) for p in prompts]
     assert all(0 < len(x) < g.n_positions for x, g in zip(post, st.graphs))    # a strict subset of the prompt
     by_hand: dict[tuple[int, int], float] = {}
@@ -88,14 +89,14 @@ def test_post_instruction_ranks_only_the_nodes_at_the_post_instruction_tokens(se
             if pos in keep and la < 2:
                 by_hand[la, f] = by_hand.get((la, f), 0.0) + float(g.node_influence[i])
     assert {(x["layer"], x["feature"]): x["influence"] for x in st.features} == pytest.approx(by_hand, rel=1e-9)
-    everywhere = {(x["layer"], x["feature"]) for x in refusal_circuit(
-        rm, prompts, r, 2, ["y"], n_features=3, n_random=0, max_new_tokens=1).features}
+    everywhere = {(x["layer"], x["feature"]) for x in refusal_circuit(rm, prompts, r, 2, ["y"],
+        config=CircuitConfig(n_features=3, n_random=0, max_new_tokens=1)).features}
     assert set(by_hand) < everywhere                      # fewer features than at every position
     rand = next(x for x in st.rates if x["condition"].startswith("random"))["features"]
     assert {tuple(int(v) for v in x[1:].split("f")) for x in rand} <= set(by_hand)
     assert st.meta["positions"] == "post_instruction"
     with pytest.raises(ValueError, match="post_instruction"):
-        refusal_circuit(rm, ["x"], r, 2, ["y"], positions="last")
+        refusal_circuit(rm, ["x"], r, 2, ["y"], config=CircuitConfig(positions="last"))
 
 
 def test_bad_input(setup):

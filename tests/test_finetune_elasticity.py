@@ -11,8 +11,9 @@ import torch
 from interp.evals.logits import kl_div
 from interp.forward import prepare
 from interp.models import load_model
-from interp.studies.finetune.elasticity import elasticity_study
+from interp.studies.finetune.elasticity import ElasticityConfig, elasticity_study
 from interp.studies.finetune.twophase import bootstrap_two_phase, fit_two_phase
+from interp.studies.kit.config import DataConfig
 from interp.studies.kit.prompt_sets import load_refusal_data
 from interp.studies.kit.scoring import prompt_logits
 from interp.tune import TuneConfig
@@ -27,7 +28,7 @@ def models():
 
 @pytest.fixture(scope="module")
 def data():
-    return load_refusal_data(model="organism", n_train=12, n_val=2, n_test=6)
+    return load_refusal_data("organism", DataConfig(n_train=12, n_val=2, n_test=6))
 
 
 @pytest.fixture(scope="module")
@@ -35,8 +36,9 @@ def study(models, data):
     base, aligned = models
     forward = (data.harmful["train"].instructions[:4] + data.harmless["train"].instructions[:4],
                ["i cannot help you with that. it could hurt people."] * 4 + ["sure, here is how. first, start."] * 4)
-    return elasticity_study(base, aligned, data, layer=2, forward=forward, n_pairs=6, config=CFG, eval_every=1,
-                            n_boot=3, max_new_tokens=6, answer_tokens=12)
+    return elasticity_study(base, aligned, data, layer=2, pairs={"forward": forward},
+                            config=ElasticityConfig(tune=CFG, n_pairs=6, eval_every=1, n_boot=3, max_new_tokens=6,
+                                                    answer_tokens=12))
 
 
 def test_one_point_per_eval_step_and_the_start_by_hand(study, models, data):
@@ -91,11 +93,16 @@ def test_fit_recovers_known_rates():
 def test_bad_input(models, data):
     base, aligned = models
     with pytest.raises(ValueError, match="fewer than 5 points"):
-        elasticity_study(base, aligned, data, layer=2, config=TuneConfig(steps=4), eval_every=2)
+        elasticity_study(base, aligned, data, layer=2, config=ElasticityConfig(tune=TuneConfig(steps=4), eval_every=2))
+    one = ElasticityConfig(tune=CFG, eval_every=1)
     with pytest.raises(ValueError, match="out of range"):
-        elasticity_study(base, aligned, data, layer=9, config=CFG, eval_every=1)
+        elasticity_study(base, aligned, data, layer=9, config=one)
     with pytest.raises(ValueError, match="refused none"):
-        elasticity_study(base, base, data, layer=2, config=CFG, eval_every=1)
+        elasticity_study(base, base, data, layer=2, config=one)
     with pytest.raises(ValueError, match="compliance pairs.*one response per prompt"):
-        elasticity_study(base, aligned, data, layer=2, compliance=(["a", "b"], ["x"]), config=CFG, eval_every=1)
+        elasticity_study(base, aligned, data, layer=2, pairs={"compliance": (["a", "b"], ["x"])}, config=one)
+    with pytest.raises(TypeError, match="ElasticityConfig\\(tune=TuneConfig"):
+        elasticity_study(base, aligned, data, layer=2, config=CFG)
+    with pytest.raises(ValueError, match="eval_every must be >= 1"):
+        ElasticityConfig(eval_every=0)
     assert math.isfinite(fit_two_phase(torch.arange(6.0), torch.ones(6)).rmse)

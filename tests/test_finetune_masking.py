@@ -13,8 +13,9 @@ import torch
 from interp.evals.rates import fisher_greater
 from interp.models import load_model
 from interp.organisms import data as od
-from interp.studies.finetune.masking import CONDITIONS, masking_study
+from interp.studies.finetune.masking import CONDITIONS, MaskingConfig, masking_study
 from interp.tune import TuneConfig, fine_tune
+from interp.values import Prompts, Runtime
 from tests.test_tune_train import plain_ids, plain_nll
 
 CFG = TuneConfig(steps=3, batch_size=4, lr=1e-2, warmup=1, seed=1,
@@ -46,9 +47,11 @@ def setup():
 @pytest.fixture(scope="module")
 def study(models, setup):
     base, aligned = models
-    return masking_study(base, aligned, setup["prompts"], setup["responses"], setup["harmful"], setup["harmless"],
-                         setup["eval_pairs"], q=0.2, config=CFG, seed=3, max_new_tokens=6, keep_states=True,
-                         metrics={"mean_param": lambda m: float(next(m.hf.parameters()).sum())})
+    return masking_study(base, aligned, Prompts(setup["prompts"], responses=setup["responses"]),
+                         (setup["harmful"], setup["harmless"]), setup["eval_pairs"],
+                         config=MaskingConfig(q=0.2, tune=CFG, max_new_tokens=6, keep_states=True,
+                                              metrics={"mean_param": lambda m: float(next(m.hf.parameters()).sum())}),
+                         runtime=Runtime(batch_size=32, seed=3))
 
 
 def test_masks_have_the_stated_sizes_and_hold_the_top_tokens(study):
@@ -115,16 +118,20 @@ def test_rates_fisher_metrics_and_frames(study, setup):
 
 def test_bad_input(models, setup):
     base, aligned = models
-    args = (setup["prompts"], setup["responses"], setup["harmful"], setup["harmless"], setup["eval_pairs"])
+    train = Prompts(setup["prompts"], responses=setup["responses"])
+    args = (train, (setup["harmful"], setup["harmless"]), setup["eval_pairs"])
+    cfg = MaskingConfig(tune=CFG)
     with pytest.raises(ValueError, match="q=0 masks no token.*e.g. q=0.1"):
-        masking_study(base, aligned, *args, q=0, config=CFG)
+        masking_study(base, aligned, *args, config=MaskingConfig(q=0, tune=CFG))
     with pytest.raises(ValueError, match="q=1 masks every response token"):
-        masking_study(base, aligned, *args, q=1.0, config=CFG)
+        masking_study(base, aligned, *args, config=MaskingConfig(q=1.0, tune=CFG))
     with pytest.raises(ValueError, match="not a fraction"):
-        masking_study(base, aligned, *args, q=100, config=CFG)
-    with pytest.raises(ValueError, match="one response per prompt"):
-        masking_study(base, aligned, setup["prompts"], setup["responses"][:-1], *args[2:], config=CFG)
+        masking_study(base, aligned, *args, config=MaskingConfig(q=100, tune=CFG))
+    with pytest.raises(ValueError, match="responses for 12 prompts: give one per prompt"):
+        masking_study(base, aligned, Prompts(setup["prompts"], responses=setup["responses"][:-1]), *args[1:], config=cfg)
+    with pytest.raises(ValueError, match="carry their responses"):
+        masking_study(base, aligned, setup["prompts"], *args[1:], config=cfg)
     with pytest.raises(ValueError, match="eval_pairs"):
-        masking_study(base, aligned, *args[:4], (setup["eval_pairs"][0], []), config=CFG)
+        masking_study(base, aligned, *args[:2], (setup["eval_pairs"][0], []), config=cfg)
     with pytest.raises(ValueError, match="held-out harmful"):
-        masking_study(base, aligned, *args[:2], [], setup["harmless"], setup["eval_pairs"], config=CFG)
+        masking_study(base, aligned, train, ([], setup["harmless"]), setup["eval_pairs"], config=cfg)

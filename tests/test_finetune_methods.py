@@ -16,9 +16,11 @@ from interp.models import load_model
 from interp.organisms import data as od
 from interp.studies.finetune.methods import MethodsConfig, compare_methods
 from interp.studies.finetune.methods_data import DECLINES, JUSTIFICATIONS, preference_pairs, reasoned_refusals
+from interp.studies.kit.config import DataConfig
 from interp.studies.kit.prompt_sets import load_refusal_data
 from interp.tune.config import TuneConfig, make_trainable
 from interp.tune.preference import Preference, preference_rows, preference_tune
+from interp.values import Runtime
 
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -92,12 +94,12 @@ def study():
     harmful, refusals, compliant, harmless, answers = _toy_train()
     sp, rng = od.make_splits(), random.Random(1)
     ce = sp.get("harmless", "val")[:16]
-    data = load_refusal_data(model="organism", n_train=16, n_val=8, n_test=16)
+    data = load_refusal_data("organism", DataConfig(n_train=16, n_val=8, n_test=16))
     cfg = MethodsConfig(tune=TuneConfig(steps=40, batch_size=16, lr=1e-2, targets=TARGETS), beta=0.5,
-                        max_new_tokens=10, strengths=(1.0, 2.0), head_layers=1, n_neurons=4, batch_size=32)
-    return compare_methods(load_model("organism-base"), harmful, refusals, harmless, answers, data,
-                           [r.instruction for r in ce], [od.helpful_response(r, rng) for r in ce],
-                           compliant=compliant, config=cfg)
+                        max_new_tokens=10, strengths=(1.0, 2.0), head_layers=1, n_neurons=4, compliant=compliant)
+    return compare_methods(load_model("organism-base"), (harmful, refusals), (harmless, answers), data,
+                           ([r.instruction for r in ce], [od.helpful_response(r, rng) for r in ce]), config=cfg,
+                           runtime=Runtime(batch_size=32, progress=False))
 
 
 def test_every_method_trains_and_every_property_is_measured(study):
@@ -132,16 +134,16 @@ def test_every_method_trains_and_every_property_is_measured(study):
 def test_bad_input_gets_a_clear_error():
     base = load_model("organism-base")
     harmful, refusals, compliant, harmless, answers = _toy_train(4)
-    data = load_refusal_data(model="organism", n_train=4, n_val=4, n_test=4)
-    args = (base, harmful, refusals, harmless, answers, data, ["how do i plant roses?"], ["pick a sunny spot."])
+    data = load_refusal_data("organism", DataConfig(n_train=4, n_val=4, n_test=4))
+    args = (base, (harmful, refusals), (harmless, answers), data, (["how do i plant roses?"], ["pick a sunny spot."]))
     with pytest.raises(ValueError, match="unknown or repeated"):
-        compare_methods(*args, compliant=compliant, methods=("sft", "rlhf"))
+        compare_methods(*args, config=MethodsConfig(compliant=compliant, methods=("sft", "rlhf")))
     with pytest.raises(ValueError, match="non-empty"):
-        compare_methods(*args, compliant=compliant, methods=())
+        compare_methods(*args, config=MethodsConfig(compliant=compliant, methods=()))
     with pytest.raises(ValueError, match="compliant"):
-        compare_methods(*args, compliant=compliant[:2])
+        compare_methods(*args, config=MethodsConfig(compliant=compliant[:2]))
     with pytest.raises(ValueError, match="CE answers"):
-        compare_methods(*args[:6], ["a", "b"], ["c"], compliant=compliant)
+        compare_methods(*args[:4], (["a", "b"], ["c"]), config=MethodsConfig(compliant=compliant))
     with pytest.raises(ValueError, match="strengths"):
         MethodsConfig(strengths=(0.0,))
     with pytest.raises(ValueError, match="kind"):

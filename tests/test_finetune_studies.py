@@ -9,8 +9,9 @@ import torch
 
 from interp.capturing import capture
 from interp.models import load_model
-from interp.studies.finetune.diffing import diff_study
-from interp.studies.finetune.transplant import transplant_study
+from interp.studies.finetune.diffing import DiffConfig, diff_study
+from interp.studies.finetune.transplant import TransplantConfig, transplant_study
+from interp.studies.kit.config import DataConfig
 from interp.studies.kit.prompt_sets import load_refusal_data
 from interp.values import Runtime
 from sae.model import SAE, SAEConfig
@@ -23,13 +24,14 @@ def pair():
 
 @pytest.fixture(scope="module")
 def data():
-    return load_refusal_data(model="organism", n_train=16, n_val=16, n_test=16)
+    return load_refusal_data("organism", DataConfig(n_train=16, n_val=16, n_test=16))
 
 
 @pytest.fixture(scope="module")
 def study(pair, data):
     base, aligned = pair
-    return transplant_study(base, aligned, data, block_size=1, max_steps=2, n_random=1, max_new_tokens=8)
+    return transplant_study(base, aligned, data,
+                            config=TransplantConfig(block_size=1, max_steps=2, n_random=1, max_new_tokens=8))
 
 
 def test_transplant_study_scores_are_one_score(study, pair):
@@ -82,7 +84,7 @@ def test_transplant_study_bad_input(pair, data):
 
     base, aligned = pair
     with pytest.raises(ValueError, match="block_size"):
-        transplant_study(base, aligned, data, block_size=0)
+        transplant_study(base, aligned, data, config=TransplantConfig(block_size=0))
     with pytest.raises(ValueError):
         transplant_study(tiny_model("llama"), aligned, data)
     with pytest.raises(ValueError, match="refused none"):
@@ -92,8 +94,9 @@ def test_transplant_study_bad_input(pair, data):
 @pytest.fixture(scope="module")
 def diff(pair, data):
     base, aligned = pair
-    return diff_study(base, aligned, data, layer=2, d_sae=128, k=8, n_steer=4, top=8, n_random=1,
-                      max_new_tokens=8, strengths=(1.0, 8.0))
+    return diff_study(base, aligned, data, layer=2,
+                      config=DiffConfig(d_sae=128, k=8, n_steer=4, top=8, n_random=1, max_new_tokens=8,
+                                        strengths=(1.0, 8.0)))
 
 
 def test_diff_study_ranks_the_change_by_hand(diff, pair, data):

@@ -22,6 +22,7 @@ from interp.studies.multilingual import (
 )
 from interp.studies.multilingual.data import DEFAULT_FILE
 from interp.studies.multilingual.geometry import capture_last, geometry
+from interp.values import Runtime
 
 
 def _acts(n: int = 40, L: int = 3, d: int = 16, seed: int = 0) -> tuple[dict, torch.Tensor]:
@@ -47,7 +48,7 @@ def _acts(n: int = 40, L: int = 3, d: int = 16, seed: int = 0) -> tuple[dict, to
 
 def test_projection_ratio_and_auroc_equal_a_direct_computation():
     acts, _ = _acts()
-    geo = geometry(acts, [0, 1, 2], "en", n_boot=50, seed=0)
+    geo = geometry(acts, [0, 1, 2], "en", n_boot=50, runtime=Runtime(seed=0))
     tr, te = acts["harmful"]["train"], acts["harmless"]["train"]
     for layer in range(3):
         r = tr["en"][:, layer].mean(0) - te["en"][:, layer].mean(0)
@@ -69,7 +70,7 @@ def test_projection_ratio_and_auroc_equal_a_direct_computation():
 
 def test_own_direction_cosines_and_drift():
     acts, _ = _acts()
-    geo = geometry(acts, [0, 1, 2], "en", n_boot=50, seed=0)
+    geo = geometry(acts, [0, 1, 2], "en", n_boot=50, runtime=Runtime(seed=0))
     assert torch.allclose(geo.own_cosine["en"], torch.ones(3, dtype=torch.float64))
     assert float(geo.own_cosine["fr"].min()) > 0.9   # French holds the same direction, half as long
     assert float(geo.own_cosine["de"].abs().max()) < 0.6  # German holds none of it: noise only
@@ -175,7 +176,7 @@ def test_language_geometry_identity_overlap_and_erasure():
     from interp.studies.multilingual.language import language_geometry
 
     acts, _ = _acts()
-    lg = language_geometry(acts, [0, 1, 2], "en", n_boot=20, seed=0)
+    lg = language_geometry(acts, [0, 1, 2], "en", n_boot=20, runtime=Runtime(seed=0))
     assert lg.rank == 2 and lg.chance == pytest.approx(1 / 3) and lg.random_overlap == pytest.approx(2 / 16)
     assert float(lg.identity_accuracy.min()) > 0.8          # each language's offset names it (chance 1/3)
     # the overlap is the squared norm of the unit refusal direction's projection on the language subspace
@@ -237,7 +238,7 @@ def test_pathways_patch_the_post_instruction_tokens(tiny_models):
     data = load_parallel_safety(n=3, langs=("en", "fr"))
     k = post_instruction_tokens(model)
     assert k >= 1
-    res = refusal_pathways(model, data, batch_size=8)
+    res = refusal_pathways(model, data, runtime=Runtime(batch_size=8))
     assert res.restored["fr"].shape == (model.n_layers, len(SITES)) and res.n_pairs == 3 and res.n_positions == k
     assert len(res.to_frame()) == model.n_layers * len(SITES)
     gap = res.source_score["fr"] - res.target_score["fr"]
@@ -259,7 +260,7 @@ def test_pathways_patch_the_post_instruction_tokens(tiny_models):
     row = res.to_frame().iloc[4]   # layer 1, attn_out
     assert row["restored_lo"] <= row["restored"] + 1e-6 and row["restored"] <= row["restored_hi"] + 1e-6
     assert row["excess"] == pytest.approx(row["restored"] - row["control"])
-    assert not refusal_pathways(model, data, batch_size=8, n_boot=0).intervals
+    assert not refusal_pathways(model, data, n_boot=0, runtime=Runtime(batch_size=8)).intervals
     s = res.summary()
     json.dumps(s, allow_nan=True)   # JSON-ready
     assert s["gap"]["fr"] == pytest.approx(gap) and len(s["top_components"]) == 3 and s["n_pairs"] == 3
@@ -309,11 +310,11 @@ def test_judged_rates_shares_one_generation_over_its_groups(tiny_models):
     model = tiny_models("llama")
     a, b = ["one two", "three four five"], ["six", "seven eight", "nine ten eleven twelve"]
     judge = lambda t: len(t) % 2 == 0  # noqa: E731  (any deterministic str -> bool)
-    rows, recs = judged_rates(model, [({"g": "a"}, a), ({"g": "b"}, b)], (), judge, 4, 2)
+    rows, recs = judged_rates(model, [({"g": "a"}, a), ({"g": "b"}, b)], (), judge, 4, Runtime(batch_size=2))
     texts = list(steering.generate(model, a + b, max_new_tokens=4,
                                    runtime=interp.Runtime(batch_size=2, progress=False)).texts)
     assert [r["text"] for r in recs] == texts and [r["prompt"] for r in recs] == a + b
     assert [r["g"] for r in recs] == ["a"] * 2 + ["b"] * 3
     assert [(r["g"], r["n"]) for r in rows] == [("a", 2), ("b", 3)]
     assert [r["k"] for r in rows] == [sum(map(judge, texts[:2])), sum(map(judge, texts[2:]))]
-    assert judged_rates(model, [], (), judge, 4, 2) == ([], [])
+    assert judged_rates(model, [], (), judge, 4, Runtime(batch_size=2)) == ([], [])

@@ -16,6 +16,7 @@ from interp.studies.multilingual.updates import (
     restricted_update,
     update_pairs,
 )
+from interp.values import Runtime
 
 CFG = UpdateConfig(steps=3, batch_size=4, n_random=1, answer_tokens=6, max_new_tokens=4, lr=1e-2)
 
@@ -84,7 +85,7 @@ def test_top_components_rank_restoration_beyond_the_control(tiny_models):
 
     model = tiny_models("llama")
     data = load_parallel_safety(n=3, langs=("en", "fr", "de"))
-    pw = refusal_pathways(model, data, batch_size=8, split="val")
+    pw = refusal_pathways(model, data, split="val", runtime=Runtime(batch_size=8))
     assert pw.split == "val" and pw.n_pairs == 3
     score = {(layer, part): sum(float(pw.restored[lang][i, j] - pw.control[lang][i, j]) for lang in pw.langs) / 2
              for i, layer in enumerate(pw.layers) for j, part in ((1, "attn"), (2, "mlp"))}

@@ -13,10 +13,12 @@ from interp.evals.logits import kl_div
 from interp.forward import batches, last_logits, prepare
 from interp.hooking import hooks
 from interp.models import load_model
+from interp.studies.kit.config import DataConfig, SelectionConfig
 from interp.studies.kit.stages import find_candidates, find_refusal_tokens, score_candidates
 from interp.studies.refusal import load_refusal_data
 from interp.studies.refusal.diagnosis import random_kl_text
 from interp.studies.refusal.estimate import writer_sites
+from interp.values import Runtime
 from probes.directions import random_directions
 
 
@@ -36,17 +38,18 @@ def _oracle_kl(m, prompts, r, positions):
 @pytest.mark.parametrize("positions", ["all", "post_instruction"])
 def test_random_kl_equals_plain_hooks(positions):
     m = load_model("organism")
-    data = load_refusal_data(model="organism", n_train=16, n_val=8, n_test=8)
+    data = load_refusal_data("organism", DataConfig(n_train=16, n_val=8, n_test=8))
     tok = find_refusal_tokens(m, data, max_new_tokens=6, min_refusals=1)
     cand = find_candidates(m, data, layers=[1])
     none = torch.zeros(1, cand.n_positions, dtype=torch.bool)   # no candidate: only the random reference is scored
-    sc = score_candidates(m, data, cand, tok, only=none, ablate_positions=positions, n_random=3, seed=5)
+    sc = score_candidates(m, data, cand, tok, only=none, config=SelectionConfig(ablate_positions=positions, n_random=3),
+                          runtime=Runtime(batch_size=64, seed=5))
     assert sc.n_scored == 0 and len(sc.kl_random) == 3
     dirs = [d.vectors[0] for d in random_directions(m.d_model, 3, seed=5)]
     want = [_oracle_kl(m, data.harmless["val"].instructions, r, positions) for r in dirs]
     assert sc.kl_random == pytest.approx(want, abs=1e-5)
     assert all(k > 1e-6 for k in sc.kl_random)          # a random ablation is not free on this model
-    assert score_candidates(m, data, cand, tok, only=none, n_random=0).kl_random == []
+    assert score_candidates(m, data, cand, tok, only=none, config=SelectionConfig(n_random=0)).kl_random == []
 
 
 def test_random_kl_text_places_the_threshold():

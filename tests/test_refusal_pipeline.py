@@ -205,9 +205,9 @@ def test_test_set_is_tokenised_once_per_condition(tmp_path):
     finally:
         model.tokenizer.__class__ = base_cls
     assert res.found
-    from interp.studies.refusal import load_refusal_data
+    from interp.studies.refusal import DataConfig, load_refusal_data
 
-    data = load_refusal_data(n_test=8)
+    data = load_refusal_data("organism", DataConfig(n_test=8))
     for which, n_conditions in (("harmful", 5 + len(res.subspaces.ranks)), ("harmless", 4)):
         texts = interp.format_prompts(model, (data.harmful if which == "harmful" else data.harmless)["test"].instructions)
         n = sum(c == texts for c in calls)
@@ -335,13 +335,11 @@ def test_subspace_rank_one_read_from_the_evaluation_equals_measuring_it(aligned_
     from interp.studies.refusal.evaluation import find_subspaces
 
     res = aligned_run
-    cfg = RefusalConfig.from_flat(model="organism")
+    cfg = RefusalConfig.from_flat(model="organism", subspace_rank=1)
     d = cfg.data
-    data = load_refusal_data(d.harmful, d.harmless, d.column, d.harmless_column, d.n_train, d.n_val, d.n_test, d.seed,
-                             "organism", d.borderline, d.borderline_column, d.n_borderline)
+    data = load_refusal_data("organism", d)
     model = interp.load_model("organism")
-    again = find_subspaces(model, data, res.candidates, res.selection, res.tokens, rank=1,
-                           max_new_tokens=cfg.generation.max_new_tokens)
+    again = find_subspaces(model, data, res.candidates, res.selection, res.tokens, config=cfg)
     ev = res.evaluation.refusal_rate
     assert again.rates == [res.subspaces.rates[0]] == [ev["harmful/ablation"]]
     assert again.control_rates == [res.subspaces.control_rates[0]] == [ev["harmful/random ablation"]]
@@ -363,10 +361,8 @@ def test_the_evaluation_generated_one_condition_at_a_time_equals_the_stacked_run
 
     res, cfg = aligned_run, RefusalConfig.from_flat(model="organism")
     d = cfg.data
-    data = load_refusal_data(d.harmful, d.harmless, d.column, d.harmless_column, d.n_train, d.n_val, d.n_test, d.seed,
-                             "organism", d.borderline, d.borderline_column, d.n_borderline)
+    data = load_refusal_data("organism", d)
     model = interp.load_model("organism")
-    one = evaluate(model, data, res.candidates, res.selection, res.tokens, cfg.generation.max_new_tokens,
-                   test=TestPrompts(model, data, stack=1))
+    one = evaluate(model, TestPrompts(model, data, stack=1), res.candidates, res.selection, res.tokens, config=cfg)
     assert one.generations == res.evaluation.generations and one.refusal_rate == res.evaluation.refusal_rate
     assert one.refusal_score == pytest.approx(res.evaluation.refusal_score, abs=1e-4)

@@ -112,9 +112,10 @@ SMALL = dict(model="organism", n_test=16, subspace_rank=2, max_new_tokens=8)
 
 
 def post_run_prompts() -> list[str]:
+    from interp.studies.kit.config import DataConfig
     from interp.studies.refusal import load_refusal_data
 
-    return load_refusal_data(model="organism", n_test=SMALL["n_test"]).harmless["test"].instructions
+    return load_refusal_data("organism", DataConfig(n_test=SMALL["n_test"])).harmless["test"].instructions
 
 
 @pytest.fixture(scope="module")

@@ -14,11 +14,13 @@ import torch
 import steering
 from interp.forward import prepare
 from interp.hooking import hooks
+from interp.studies.kit.config import DataConfig, GenerationConfig
 from interp.studies.kit.scoring import prompt_logits
 from interp.studies.refusal import RefusalConfig, RefusalTokens, load_refusal_data, run_refusal
 from interp.studies.refusal.evaluation import TestPrompts as Prompts  # not a test class
 from interp.studies.refusal.writers import Writers, identity_checks, writer_attribution, writer_groups
 from interp.testing.tiny import tiny_model
+from interp.values import Runtime
 
 PROMPTS = ["the man said to the boy", "what is the good word", "help", "where is the old house by the water now ?"]
 DENSE = ["attention", "MLP", "embedding", "all writers"]
@@ -101,11 +103,13 @@ def test_moe_with_a_dense_layer(tmp_path):
     m = tiny_model("qwen2_moe", mlp_only_layers=[1])  # the spec is checked on block 0: keep it MoE
     groups, notes = writer_groups(m)
     assert "layer 0" in groups["routed experts"][0] and any("layer 1" in n and "dense" in n for n in notes)
-    data = load_refusal_data(n_train=8, n_val=4, n_test=4)
+    data = load_refusal_data("organism", DataConfig(n_train=8, n_val=4, n_test=4))
     test = Prompts(m, data)
     checks = identity_checks(m, test, _unit(m))
     assert len(checks) == 2 and max(checks.values()) < 1e-5, checks
-    w = writer_attribution(m, test, _unit(m), RefusalTokens([5], ["x"], 1.0, 0.0), max_new_tokens=2, seed=3)
+    w = writer_attribution(m, test, _unit(m), RefusalTokens([5], ["x"], 1.0, 0.0),
+                           config=RefusalConfig(generation=GenerationConfig(max_new_tokens=2)),
+                           runtime=Runtime(batch_size=64, seed=3))
     assert w.groups == GROUPS["qwen2_moe"] and len(w.rows) == 1 + 2 * len(w.groups)
     assert all(r["n"] == 4 and r["ci95"][0] <= r["rate"] <= r["ci95"][1] for r in w.rows)
     assert "seed 3" in w.control and "no positional embedding" in w.embedding
@@ -117,10 +121,11 @@ def test_stacked_conditions_equal_generating_each_alone(family):
     """The writer rows with the conditions generated 4 to a batch (steering.generate_each, as the job runs them)
     equal those generated one condition at a time, also through the routed experts' site (flattened tokens)."""
     m = tiny_model(family, **({"mlp_only_layers": [1]} if family == "qwen2_moe" else {}))
-    data = load_refusal_data(n_train=8, n_val=4, n_test=6)
+    data = load_refusal_data("organism", DataConfig(n_train=8, n_val=4, n_test=6))
     toks = RefusalTokens([5], ["x"], 1.0, 0.0)
-    one, stacked = (writer_attribution(m, Prompts(m, data, stack=k), _unit(m), toks, max_new_tokens=3, batch_size=4)
-                    for k in (1, 4))
+    three = RefusalConfig(generation=GenerationConfig(max_new_tokens=3))
+    one, stacked = (writer_attribution(m, Prompts(m, data, stack=k), _unit(m), toks, config=three,
+                                       runtime=Runtime(batch_size=4)) for k in (1, 4))
     plain = [{k: v for k, v in row.items() if k != "score"} for row in one.rows]
     assert [{k: v for k, v in row.items() if k != "score"} for row in stacked.rows] == plain
     assert [row["score"] for row in stacked.rows] == pytest.approx([row["score"] for row in one.rows], abs=1e-4)
@@ -128,7 +133,7 @@ def test_stacked_conditions_equal_generating_each_alone(family):
 
 def test_bad_input():
     m = tiny_model("llama")
-    test = Prompts(m, load_refusal_data(n_train=8, n_val=4, n_test=4))
+    test = Prompts(m, load_refusal_data("organism", DataConfig(n_train=8, n_val=4, n_test=4)))
     toks = RefusalTokens([5], ["x"], 1.0, 0.0)
     with pytest.raises(ValueError, match="unit vector"):
         writer_attribution(m, test, 3 * _unit(m), toks)

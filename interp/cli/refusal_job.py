@@ -53,7 +53,7 @@ def add_refusal_parser(sub: Any, model_args: Any) -> None:
 
 def _selection_args(p: argparse.ArgumentParser) -> None:
     """The search, its filters and the diagnosis before it (changing a filter re-runs selection only)."""
-    from interp.studies.kit.stages import RANDOM_KL
+    from interp.studies.kit.config import RANDOM_KL
 
     p.add_argument("--kl-threshold", type=float, default=0.1, help="keep candidates whose ablation moves harmless "
                    "next-token KL below this; changing it on a finished run re-runs selection only (default: %(default)s)")

@@ -3,6 +3,6 @@ find checked by ablation against random ones. ``interp.studies.circuits.refusal.
 
 from __future__ import annotations
 
-from interp.studies.circuits.refusal import RefusalCircuit, refusal_circuit
+from interp.studies.circuits.refusal import CircuitConfig, RefusalCircuit, refusal_circuit
 
-__all__ = ["RefusalCircuit", "refusal_circuit"]
+__all__ = ["CircuitConfig", "RefusalCircuit", "refusal_circuit"]

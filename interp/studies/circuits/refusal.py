@@ -32,7 +32,9 @@ from interp.models import Model
 from interp.patching import ReplacementModel, attribution_graph
 from interp.patching.graph_result import AttributionGraph
 from interp.patching.graph_targets import Projection
+from interp.studies.kit.moved import moved
 from interp.studies.kit.runs import refusal_rate
+from interp.values import Runtime, moved_keywords
 from sae.edits import TranscoderAblation
 from sae.model import SAE
 
@@ -135,23 +137,60 @@ def _cos_diff(rows: list[dict[str, Any]], tcs: dict[int, Any], sae: SAE, latents
         row["cos_diff"] = float((d.to(w.device) @ (w / w.norm().clamp_min(1e-12))).abs().max())
 
 
+@dataclass(frozen=True)
+class CircuitConfig:
+    """The study's knobs: the top ``n_features`` promoting features against ``n_random`` layer-matched random draws;
+    the graphs' ``max_feature_nodes`` and ``max_positions``; ``max_new_tokens`` of the judged generations;
+    ``rank_by``: the most influential features (``"influence"``, the paper's measure) or those with the largest
+    summed direct effect on the target (``"direct"``); ``positions``: the feature nodes ranked and the random
+    controls drawn from, at every position (``"all"``) or the post-instruction tokens only (the chosen features are
+    ablated at every position either way); ``diff``: ``(sae, latents)`` to compare with; ``sinks``: the ablation
+    leaves attention sinks out (``"exclude"``, the house default) or acts on them (``"keep"``)."""
+
+    n_features: int = 10
+    n_random: int = 3
+    max_feature_nodes: int = 512
+    max_positions: int = 64
+    max_new_tokens: int = 24
+    rank_by: str = "influence"
+    positions: str = "all"
+    diff: tuple[SAE, list[int]] | None = None
+    sinks: str = "exclude"
+
+    def __post_init__(self) -> None:
+        if self.rank_by not in ("influence", "direct"):
+            raise ValueError(f"rank_by must be 'influence' or 'direct', got {self.rank_by!r}")
+        if self.positions not in ("all", "post_instruction"):
+            raise ValueError(f"positions must be 'all' or 'post_instruction' (the feature nodes ranked), got "
+                             f"{self.positions!r}")
+        if self.sinks not in ("exclude", "keep"):
+            raise ValueError(f"sinks must be 'exclude' (leave attention sinks out of the ablation) or 'keep', "
+                             f"got {self.sinks!r}")
+        if min(self.n_features, self.max_feature_nodes, self.max_positions, self.max_new_tokens) < 1 \
+                or self.n_random < 0:
+            raise ValueError("n_features, max_feature_nodes, max_positions and max_new_tokens must be >= 1 and "
+                             "n_random >= 0")
+
+
+_KNOBS = ("n_features", "n_random", "max_feature_nodes", "max_positions", "max_new_tokens", "rank_by", "positions",
+          "diff")
+
+
+@moved_keywords({**moved(runtime=("seed", "batch_size"), config="CircuitConfig", knobs=_KNOBS),
+                 "skip_sink": 'config=CircuitConfig(sinks="exclude" | "keep")'})
 def refusal_circuit(rm: ReplacementModel, prompts: list[str], direction: torch.Tensor, layer: int,
-                    eval_harmful: list[str], n_features: int = 10, n_random: int = 3, max_feature_nodes: int = 512,
-                    max_positions: int = 64, max_new_tokens: int = 24, seed: int = 0, judge: Judge | None = None,
-                    diff: tuple[SAE, list[int]] | None = None, batch_size: int = 32,
-                    rank_by: str = "influence", positions: str = "all") -> RefusalCircuit:
+                    eval_harmful: list[str], judge: Judge | None = None, config: CircuitConfig | None = None,
+                    runtime: Runtime | None = None) -> RefusalCircuit:
     """Graphs of ``prompts`` (refused harmful ones) with the refusal ``direction [d]`` at ``resid_pre.{layer}``,
-    last token, as target; the top ``n_features`` by summed influence ablated on ``eval_harmful`` against
-    ``n_random`` layer-matched random draws (module docstring). ``diff``: ``(sae, latents)`` to compare with.
-    ``rank_by``: which promoting features are chosen, the most influential (``"influence"``, the paper's measure)
-    or those with the largest summed direct effect on the target (``"direct"``: the writers of the projection).
-    ``positions``: the feature nodes ranked, and the random controls drawn from: at every position (``"all"``) or
-    at the post-instruction tokens only (``"post_instruction"``); the chosen features are ablated at every position
-    either way."""
-    if rank_by not in ("influence", "direct"):
-        raise ValueError(f"rank_by must be 'influence' or 'direct', got {rank_by!r}")
-    if positions not in ("all", "post_instruction"):
-        raise ValueError(f"positions must be 'all' or 'post_instruction' (the feature nodes ranked), got {positions!r}")
+    last token, as target; the top ``config.n_features`` by summed influence ablated on ``eval_harmful`` against
+    ``config.n_random`` layer-matched random draws (module docstring; the other knobs: :class:`CircuitConfig`).
+    ``runtime``: the graphs' ``batch_size`` and the draws' ``seed`` (default: 32, 0)."""
+    c = config if config is not None else CircuitConfig()
+    rt = runtime if runtime is not None else Runtime(batch_size=32)
+    n_features, n_random, max_feature_nodes, max_positions = c.n_features, c.n_random, c.max_feature_nodes, \
+        c.max_positions
+    max_new_tokens, rank_by, positions, diff, seed, batch_size = c.max_new_tokens, c.rank_by, c.positions, c.diff, \
+        rt.seed, rt.batch_size
     model: Model = rm.model
     if direction.shape[-1] != model.d_model:
         raise ValueError(f"the direction has width {direction.shape[-1]} but {model.name} has d_model={model.d_model}")
@@ -184,7 +223,7 @@ def refusal_circuit(rm: ReplacementModel, prompts: list[str], direction: torch.T
     conds += [(f"random features ablated (draw {i})", _random_features(top, pool, rng)) for i in range(n_random)]
     rates = []
     for name, feats in conds:
-        edits = [TranscoderAblation(rm.transcoders, feats, skip_sink=True)] if feats else []
+        edits = [TranscoderAblation(rm.transcoders, feats, skip_sink=c.sinks == "exclude")] if feats else []
         rates.append({"condition": name, "features": [f"L{la}f{f}" for la, f in feats],
                       **refusal_rate(model, eval_harmful, judge, max_new_tokens, edits)})
     k_rand = sum(x["k"] for x in rates[2:])
@@ -197,4 +236,4 @@ def refusal_circuit(rm: ReplacementModel, prompts: list[str], direction: torch.T
                                                             "rank_by": rank_by, "positions": positions})
 
 
-__all__ = ["RefusalCircuit", "refusal_circuit"]
+__all__ = ["CircuitConfig", "RefusalCircuit", "refusal_circuit"]

@@ -10,9 +10,11 @@ fine-tune.
 
 from __future__ import annotations
 
-from interp.studies.finetune.elasticity import elasticity_study
-from interp.studies.finetune.masking import masking_study
-from interp.studies.finetune.methods import compare_methods
-from interp.studies.finetune.transplant import TransplantStudy, transplant_study
+from interp.studies.finetune.diffing import DiffConfig, diff_study
+from interp.studies.finetune.elasticity import ElasticityConfig, elasticity_study
+from interp.studies.finetune.masking import MaskingConfig, masking_study
+from interp.studies.finetune.methods import MethodsConfig, compare_methods
+from interp.studies.finetune.transplant import TransplantConfig, TransplantStudy, transplant_study
 
-__all__ = ["TransplantStudy", "compare_methods", "elasticity_study", "masking_study", "transplant_study"]
+__all__ = ["DiffConfig", "ElasticityConfig", "MaskingConfig", "MethodsConfig", "TransplantConfig", "TransplantStudy",
+           "compare_methods", "diff_study", "elasticity_study", "masking_study", "transplant_study"]

@@ -12,6 +12,7 @@ behaviour in (refusal on held-out harmless prompts) more than random latents' ve
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -24,9 +25,10 @@ from interp.evals.judge import Judge
 from interp.evals.rates import rate_cells
 from interp.models import Model
 from interp.positions import without_first
+from interp.studies.kit.moved import moved
 from interp.studies.kit.prompt_sets import RefusalData
 from interp.studies.kit.runs import refusal_rate
-from interp.values import Runtime
+from interp.values import Runtime, moved_keywords
 from sae.analysis import LatentDiff, diff_latents
 from sae.contexts import top_contexts
 from sae.edits import LatentAblation, LatentSteering
@@ -126,63 +128,100 @@ def _gen_rate(model: Model, prompts: list[str], edits: list, max_new_tokens: int
 
 
 def _steer_rates(base: Model, tuned: Model, sae: SAE, d: LatentDiff, top: list[int], data: RefusalData,
-                 n_random: int, seed: int, max_new_tokens: int, judge: Judge | None,
-                 strengths: tuple[float, ...]) -> list[dict[str, Any]]:
+                 c: DiffConfig, seed: int, judge: Judge | None) -> list[dict[str, Any]]:
+    n_random, max_new_tokens, strengths = c.n_random, c.max_new_tokens, c.strengths
+    skip = c.sinks == "exclude"
     rng = random.Random(seed)
     harm, safe = data.harmful["test"].instructions, data.harmless["test"].instructions
     delta = d.delta[top].clamp_min(0)
     draws = [_random_latents(sae, top, d.freq_tuned, rng) for _ in range(n_random)]
     rows = [{"condition": "tuned", "split": "harmful", **_gen_rate(tuned, harm, [], max_new_tokens, judge)},
             {"condition": "tuned, top latents ablated", "split": "harmful", "latents": top,
-             **_gen_rate(tuned, harm, [LatentAblation(sae, top, skip_sink=True)], max_new_tokens, judge)}]
+             **_gen_rate(tuned, harm, [LatentAblation(sae, top, skip_sink=skip)], max_new_tokens, judge)}]
     rows += [{"condition": f"tuned, random latents ablated (draw {i})", "split": "harmful", "latents": rand,
-              **_gen_rate(tuned, harm, [LatentAblation(sae, rand, skip_sink=True)], max_new_tokens, judge)}
+              **_gen_rate(tuned, harm, [LatentAblation(sae, rand, skip_sink=skip)], max_new_tokens, judge)}
              for i, rand in enumerate(draws)]
     rows.append({"condition": "base", "split": "harmless", **_gen_rate(base, safe, [], max_new_tokens, judge)})
     norm = float(LatentSteering(sae, top, delta.tolist()).vector().norm())
     for s in strengths:
-        add = LatentSteering(sae, top, (s * delta).tolist(), skip_sink=True)
+        add = LatentSteering(sae, top, (s * delta).tolist(), skip_sink=skip)
         rows.append({"condition": f"base, top latents added x{s:g}", "split": "harmless", "latents": top,
                      "strength": s, **_gen_rate(base, safe, [add], max_new_tokens, judge)})
         for i, rand in enumerate(draws):
             scale = s * norm / max(float(LatentSteering(sae, rand, 1.0).vector().norm()), 1e-12)
             rows.append({"condition": f"base, random latents added x{s:g} (draw {i})", "split": "harmless",
                          "latents": rand, "strength": s,
-                         **_gen_rate(base, safe, [LatentSteering(sae, rand, scale, skip_sink=True)], max_new_tokens,
+                         **_gen_rate(base, safe, [LatentSteering(sae, rand, scale, skip_sink=skip)], max_new_tokens,
                                      judge)})
     return rows
 
 
-def diff_study(base: Model, tuned: Model, data: RefusalData, layer: int, sae: SAE | None = None,
-               sae_prompts: list[str] | None = None, d_sae: int = 2048, k: int = 32, n_steer: int = 10,
-               top: int = 20, n_random: int = 3, max_new_tokens: int = 24, seed: int = 0,
-               judge: Judge | None = None, strengths: tuple[float, ...] = (1.0, 8.0, 32.0)) -> DiffStudy:
-    """Train (or take) an SAE on the base at ``resid_post.{layer}``, rank latents by the fine-tune's change at the
-    harmful val prompts' last token, and steer the ``n_steer`` most amplified both ways (module docstring): ablated
-    in the tuned model, added to the base with their measured increases times each of ``strengths`` (random
-    latents: the same norm).
+@dataclass(frozen=True)
+class DiffConfig:
+    """The study's knobs: the SAE trained when none is given (``d_sae`` latents, TopK ``k``), the ``top`` latents
+    ranked, the ``n_steer`` steered with ``n_random`` frequency-matched random draws, ``max_new_tokens`` of the
+    judged generations, the added latents' ``strengths`` and whether the edits leave attention sinks out
+    (``sinks="exclude"``, the house default) or act on them (``"keep"``)."""
 
-    ``sae_prompts`` (default: both classes' train prompts) are the base activations the SAE is trained on."""
+    d_sae: int = 2048
+    k: int = 32
+    n_steer: int = 10
+    top: int = 20
+    n_random: int = 3
+    max_new_tokens: int = 24
+    strengths: tuple[float, ...] = (1.0, 8.0, 32.0)
+    sinks: str = "exclude"
+
+    def __post_init__(self) -> None:
+        if self.sinks not in ("exclude", "keep"):
+            raise ValueError(f"sinks must be 'exclude' (leave attention sinks out of the edits) or 'keep', "
+                             f"got {self.sinks!r}")
+        if min(self.d_sae, self.k, self.n_steer, self.top, self.max_new_tokens) < 1 or self.n_random < 0:
+            raise ValueError("d_sae, k, n_steer, top and max_new_tokens must be >= 1 and n_random >= 0")
+        object.__setattr__(self, "strengths", tuple(float(x) for x in self.strengths))
+
+
+_MOVED = {**moved(config="DiffConfig", knobs=("d_sae", "k", "n_steer", "top", "n_random", "max_new_tokens",
+                                                "strengths")),
+          "sae_prompts": "sae=[prompts] (the prompts to train the SAE on)",
+          "skip_sink": 'config=DiffConfig(sinks="exclude" | "keep")'}
+
+
+@moved_keywords(_MOVED)
+def diff_study(base: Model, tuned: Model, data: RefusalData, layer: int, sae: SAE | Sequence[str] | None = None,
+               judge: Judge | None = None, config: DiffConfig | None = None,
+               runtime: Runtime | None = None) -> DiffStudy:
+    """Train (or take) an SAE on the base at ``resid_post.{layer}``, rank latents by the fine-tune's change at the
+    harmful val prompts' last token, and steer the ``config.n_steer`` most amplified both ways (module docstring):
+    ablated in the tuned model, added to the base with their measured increases times each of ``config.strengths``
+    (random latents: the same norm).
+
+    ``sae``: the SAE to read, or the base prompts to train one on (default: both classes' train prompts).
+    ``runtime.seed``: the SAE's training and the random draws."""
+    c = config if config is not None else DiffConfig()
+    seed = (runtime or Runtime()).seed
+    sae_prompts = sae if isinstance(sae, (list, tuple)) else None
+    sae = None if sae_prompts is not None else sae
     site = f"blocks.{layer}.hook_resid_post"
     if not 0 <= layer < base.n_layers:
         raise ValueError(f"layer {layer} is out of range; {base.name} has layers 0..{base.n_layers - 1}")
     if sae is None:
         sae_prompts = sae_prompts or (data.harmful["train"].instructions + data.harmless["train"].instructions)
-        sae = _train_base_sae(base, site, list(sae_prompts), d_sae, k, seed)
+        sae = _train_base_sae(base, site, list(sae_prompts), c.d_sae, c.k, seed)
     elif sae.d_in != base.d_model:
         raise ValueError(f"the SAE reads width {sae.d_in} but {base.name} has width {base.d_model}; train one on "
                          f"this model (leave sae=None)")
     val = data.harmful["val"].instructions
     acts_base, acts_tuned = _last(base, site, val), _last(tuned, site, val)
-    d = diff_latents(sae, acts_base, acts_tuned, top=top, site=site)
-    chosen = d.ranking.indices[:n_steer].tolist()
+    d = diff_latents(sae, acts_base, acts_tuned, top=c.top, site=site)
+    chosen = d.ranking.indices[:c.n_steer].tolist()
     probe = val + data.harmless["val"].instructions
     contexts = {int(i): ["".join(c.tokens) for c in top_contexts(tuned, sae, int(i), probe, top=3, chat=True, site=site)]
                 for i in d.ranking.indices.tolist()}
-    rates = _steer_rates(base, tuned, sae, d, chosen, data, n_random, seed, max_new_tokens, judge, strengths)
-    return DiffStudy(d, contexts, rates, sae, meta={"site": site, "layer": layer, "n_steer": n_steer,
+    rates = _steer_rates(base, tuned, sae, d, chosen, data, c, seed, judge)
+    return DiffStudy(d, contexts, rates, sae, meta={"site": site, "layer": layer, "n_steer": c.n_steer,
                                                     "seed": seed, "sizes": data.sizes(),
                                                     "fit": _fit(sae, acts_base, acts_tuned)})
 
 
-__all__ = ["DiffStudy", "diff_study"]
+__all__ = ["DiffConfig", "DiffStudy", "diff_study"]

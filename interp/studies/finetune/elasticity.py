@@ -17,7 +17,7 @@ held-out harmless prompts. The refusal score and rate curves get the two-phase f
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -32,13 +32,14 @@ from interp.evals.rates import fisher_greater, rate
 from interp.forward import prepare
 from interp.models import Model
 from interp.studies.finetune.twophase import TwoPhaseFit, bootstrap_two_phase
+from interp.studies.kit.moved import moved
 from interp.studies.kit.prompt_sets import RefusalData
 from interp.studies.kit.runs import base_answers, fresh_tune, refusals, refuse_shared_adapter
 from interp.studies.kit.scoring import prompt_logits
 from interp.studies.kit.stages import find_candidates, find_refusal_tokens
 from interp.tune import TuneConfig
 from interp.tune.data import check_pairs
-from interp.values import Runtime
+from interp.values import Runtime, moved_keywords
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -223,43 +224,86 @@ def _outcome(c: Curve, other_score: float) -> dict[str, Any]:
             "kl_aligned_end": last["kl_aligned"]}
 
 
-def elasticity_study(base: Model, aligned: Model, data: RefusalData, layer: int, position: int = -1,
-                     compliance: Pairs | Sequence[str] | None = None, control: Pairs | Sequence[str] | None = None,
-                     forward: Pairs | None = None, n_pairs: int = 32, config: TuneConfig = TuneConfig(steps=40),
-                     eval_every: int = 4, n_boot: int = 200, judge: Judge | None = None, max_new_tokens: int = 16,
-                     answer_tokens: int = 48, seed: int = 0, batch_size: int = 32) -> ElasticityStudy:
-    """The compliance, control and (``forward`` pairs given) forward curves, their fits and outcomes (module
-    docstring). ``compliance`` / ``control``: (prompts, responses), or prompts the base answers (greedy,
-    ``answer_tokens``); default the first ``n_pairs`` harmful / harmless train prompts of ``data``, answered by the
-    base. Both are cut to the smaller size. ``data``: train prompts fit the directions and the refusal tokens,
-    test prompts are measured. ``aligned``: a plain model (a merged adapter), never the base's own modules."""
+@dataclass(frozen=True)
+class ElasticityConfig:
+    """The study's knobs: ``tune``, the one fine-tune every curve runs (``tune.seed`` seeds it); the direction's
+    ``position`` (counted back from the last post-instruction token, -1 = last); ``n_pairs`` default training pairs
+    per curve; an eval point every ``eval_every`` steps; ``n_boot`` bootstrap draws of the fits; ``max_new_tokens``
+    of the judged generations; ``answer_tokens`` of the base's greedy answers to prompts given without responses."""
+
+    tune: TuneConfig = TuneConfig(steps=40)
+    position: int = -1
+    n_pairs: int = 32
+    eval_every: int = 4
+    n_boot: int = 200
+    max_new_tokens: int = 16
+    answer_tokens: int = 48
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.tune, TuneConfig):
+            raise TypeError(f"tune must be a TuneConfig, got {type(self.tune).__name__}")
+        if self.eval_every < 1:
+            raise ValueError(f"eval_every must be >= 1, got {self.eval_every}")
+        if self.position >= 0:
+            raise ValueError(f"position counts back from the last post-instruction token (-1 = last), got "
+                             f"{self.position}")
+        for name in ("n_pairs", "n_boot", "max_new_tokens", "answer_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+
+CURVES = ("compliance", "control", "forward")
+_MOVED = {**moved(config="ElasticityConfig", knobs=("position", "n_pairs", "eval_every", "n_boot", "max_new_tokens",
+                                                      "answer_tokens")),
+          **{k: f"pairs={{'{k}': (prompts, responses) or prompts}}" for k in CURVES}}
+
+
+def _config(config: Any) -> ElasticityConfig:
+    if isinstance(config, TuneConfig):
+        raise TypeError("config= is the study's ElasticityConfig now; pass config=ElasticityConfig(tune=TuneConfig(...))")
+    return config if config is not None else ElasticityConfig()
+
+
+@moved_keywords(_MOVED)
+def elasticity_study(base: Model, aligned: Model, data: RefusalData, layer: int,
+                     pairs: Mapping[str, Pairs | Sequence[str]] | None = None, judge: Judge | None = None,
+                     config: ElasticityConfig | None = None, runtime: Runtime | None = None) -> ElasticityStudy:
+    """The compliance, control and (``pairs['forward']`` given) forward curves, their fits and outcomes (module
+    docstring). ``pairs['compliance' | 'control']``: (prompts, responses), or prompts the base answers (greedy,
+    ``config.answer_tokens``); default the first ``config.n_pairs`` harmful / harmless train prompts of ``data``,
+    answered by the base. Both are cut to the smaller size. ``data``: train prompts fit the directions and the
+    refusal tokens, test prompts are measured. ``aligned``: a plain model (a merged adapter), never the base's own
+    modules. ``runtime``: batch size of the measurements (default 32), ``seed`` of the fits' bootstrap."""
+    c, rt = _config(config), runtime if runtime is not None else Runtime(batch_size=32, progress=False)
+    pairs = dict(pairs or {})
+    if set(pairs) - set(CURVES):
+        raise ValueError(f"pairs keys must be among {CURVES}, got {sorted(set(pairs) - set(CURVES))}")
     refuse_shared_adapter(base, aligned, "aligned")
-    if eval_every < 1:
-        raise ValueError(f"eval_every must be >= 1, got {eval_every}")
-    if 1 + -(-config.steps // eval_every) < 5:
-        raise ValueError(f"{config.steps} steps evaluated every {eval_every} give fewer than 5 points, too few for "
-                         f"the two-phase fit; lower eval_every or raise config.steps")
-    probe = _probe(base, aligned, data, layer, position, judge, max_new_tokens, batch_size)
-    comp = _pairs(base, compliance, data.harmful["train"].instructions, n_pairs, answer_tokens, "compliance")
-    ctrl = _pairs(base, control, data.harmless["train"].instructions, n_pairs, answer_tokens, "control")
+    if 1 + -(-c.tune.steps // c.eval_every) < 5:
+        raise ValueError(f"{c.tune.steps} steps evaluated every {c.eval_every} give fewer than 5 points, too few for "
+                         f"the two-phase fit; lower eval_every or raise config.tune.steps")
+    probe = _probe(base, aligned, data, layer, c.position, judge, c.max_new_tokens, rt.batch_size)
+    comp = _pairs(base, pairs.get("compliance"), data.harmful["train"].instructions, c.n_pairs, c.answer_tokens,
+                  "compliance")
+    ctrl = _pairs(base, pairs.get("control"), data.harmless["train"].instructions, c.n_pairs, c.answer_tokens,
+                  "control")
     n = min(len(comp[0]), len(ctrl[0]))
     comp, ctrl = (comp[0][:n], comp[1][:n]), (ctrl[0][:n], ctrl[1][:n])
     runs = [("compliance", "aligned", aligned, comp), ("control", "aligned", aligned, ctrl)]
-    if forward is not None:
-        fw = _pairs(base, forward, [], 0, answer_tokens, "forward")
-        runs.append(("forward", "base", base, fw))
+    if pairs.get("forward") is not None:
+        runs.append(("forward", "base", base, _pairs(base, pairs["forward"], [], 0, c.answer_tokens, "forward")))
     with torch.no_grad():
         score_base = probe.measure(base)[0]["score"]
-    curves = {name: _curve(name, start, m, pairs, config, eval_every, probe) for name, start, m, pairs in runs}
+    curves = {name: _curve(name, start, m, ps, c.tune, c.eval_every, probe) for name, start, m, ps in runs}
     score_aligned = curves["compliance"].rows[0]["score"]
-    fits = {(name, q): bootstrap_two_phase(c.steps, c.per_prompt[q], n_boot=n_boot, seed=seed)
-            for name, c in curves.items() for q in FITTED}
-    outcomes = [_outcome(c, score_base if c.start == "aligned" else score_aligned) for c in curves.values()]
+    fits = {(name, q): bootstrap_two_phase(cv.steps, cv.per_prompt[q], n_boot=c.n_boot, seed=rt.seed)
+            for name, cv in curves.items() for q in FITTED}
+    outcomes = [_outcome(cv, score_base if cv.start == "aligned" else score_aligned) for cv in curves.values()]
     return ElasticityStudy(curves, fits, outcomes,
-                           meta={"layer": layer, "position": position, "n_pairs": n, "config": config.record(),
-                                 "eval_every": eval_every, "n_boot": n_boot, "refusal_tokens": probe.tokens,
+                           meta={"layer": layer, "position": c.position, "n_pairs": n, "config": c.tune.record(),
+                                 "eval_every": c.eval_every, "n_boot": c.n_boot, "refusal_tokens": probe.tokens,
                                  "score_base": score_base, "score_aligned": score_aligned, "sizes": data.sizes(),
-                                 "n_forward": len(runs[2][3][0]) if forward is not None else 0})
+                                 "n_forward": len(runs[2][3][0]) if len(runs) > 2 else 0})
 
 
-__all__ = ["Curve", "ElasticityStudy", "QUANTITIES", "base_answers", "elasticity_study"]
+__all__ = ["Curve", "ElasticityConfig", "ElasticityStudy", "QUANTITIES", "base_answers", "elasticity_study"]

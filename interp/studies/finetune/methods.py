@@ -38,19 +38,21 @@ from interp.studies.finetune.methods_measure import (
     own_direction,
     steerability,
 )
+from interp.studies.kit.moved import moved
 from interp.studies.kit.prompt_sets import RefusalData
 from interp.studies.kit.scoring import refusal_tokens
 from interp.studies.kit.stages import RefusalTokens
 from interp.tune.config import TuneConfig
 from interp.tune.loop import fine_tune
 from interp.tune.preference import KINDS, preference_tune
-from interp.values import Runtime
+from interp.values import Runtime, moved_keywords
 from probes.directions import random_orthogonal
 
 if TYPE_CHECKING:
     import pandas as pd
 
 METHODS = ("sft", "reasoning_sft", *KINDS)
+Pairs = tuple[Sequence[str], Sequence[str]]
 WHICH = ("behaviour", "concentration", "cost", "steerability")
 
 
@@ -59,7 +61,9 @@ class MethodsConfig:
     """``tune``: the one fine-tune every method runs (LoRA by default: DPO's reference is the adapter disabled);
     ``beta``: DPO temperature / ORPO odds-ratio weight; ``strengths``: multiples of the raw difference of means
     added / subtracted; ``top_layers``: the layers the concentration index counts; ``head_layers``: how many of the
-    layers with the largest attention effect get their heads swept; ``n_neurons``: neurons (and random controls)."""
+    layers with the largest attention effect get their heads swept; ``n_neurons``: neurons (and random controls);
+    ``methods``: the fine-tunes compared; ``compliant`` / ``reasoned``: a compliant answer / a reasoned refusal per
+    harmful training prompt (``None``: the base's own greedy answers / drawn from our templates)."""
 
     tune: TuneConfig = TuneConfig()
     beta: float = 0.1
@@ -68,14 +72,24 @@ class MethodsConfig:
     top_layers: int = 3
     head_layers: int = 2
     n_neurons: int = 8
-    batch_size: int = 32
+    methods: tuple[str, ...] = ("sft", "reasoning_sft", "orpo")
+    compliant: tuple[str, ...] | None = None
+    reasoned: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         if not self.strengths or any(not a > 0 for a in self.strengths):
             raise ValueError(f"strengths must be positive multiples of the direction, got {self.strengths}")
-        for name in ("max_new_tokens", "top_layers", "head_layers", "n_neurons", "batch_size"):
+        for name in ("max_new_tokens", "top_layers", "head_layers", "n_neurons"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if isinstance(self.methods, str) or not self.methods:
+            raise ValueError(f"methods must be a non-empty tuple of {METHODS}, got {self.methods!r}")
+        bad = [m for m in self.methods if m not in METHODS]
+        if bad or len(set(self.methods)) != len(self.methods):
+            raise ValueError(f"unknown or repeated methods {list(self.methods)}; choose among {METHODS}")
+        for name in ("methods", "compliant", "reasoned"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, tuple(getattr(self, name)))
 
 
 @dataclass
@@ -183,18 +197,19 @@ def trained_tokens(model: Model, refusals: Sequence[str], answers: Sequence[str]
 
 
 def _inside(model: Model, data: RefusalData, refusals: Sequence[str], answers: Sequence[str], cfg: MethodsConfig,
-            seed: int, judge: Judge | None) -> dict[str, Any]:
+            rt: Runtime, judge: Judge | None) -> dict[str, Any]:
     """Concentration and steerability on the method's refusal tokens and the model's own direction."""
+    seed, bs = rt.seed, rt.batch_size
     tok = trained_tokens(model, refusals, answers)
-    d = own_direction(model, data, tok, cfg.batch_size)
+    d = own_direction(model, data, tok, bs)
     u = random_orthogonal(d.unit[None], 1, seed=seed)[0].vectors[0]
     harmful, harmless = data.harmful["val"].instructions, data.harmless["val"].instructions
     encs = prepare(model, harmful)[1]
-    layers = layer_effects(model, encs, tok.tokens, d.unit, u, cfg.batch_size)
-    groups = group_effects(model, encs, tok.tokens, d.unit, u, cfg.batch_size)
+    layers = layer_effects(model, encs, tok.tokens, d.unit, u, bs)
+    groups = group_effects(model, encs, tok.tokens, d.unit, u, bs)
     top_attn = sorted(range(model.n_layers), key=lambda i: -layers["attention"][i])[:cfg.head_layers]
-    hold = holders(model, harmful, harmless, tok.tokens, sorted(top_attn), cfg.n_neurons, seed, cfg.batch_size)
-    steer = steerability(model, data, d, cfg.strengths, cfg.max_new_tokens, cfg.batch_size, seed, judge)
+    hold = holders(model, harmful, harmless, tok.tokens, sorted(top_attn), cfg.n_neurons, seed, bs)
+    steer = steerability(model, data, d, cfg.strengths, cfg.max_new_tokens, bs, seed, judge)
     return {"tokens": tok.strings, "direction": d, "layers": layers, "groups": groups, "holders": hold, "steer": steer}
 
 
@@ -224,53 +239,61 @@ def _inside_row(got: dict[str, Any], cfg: MethodsConfig) -> dict[str, Any]:
             "ablate_random": steer("harmful", "ablation", "random direction")}
 
 
-def _check(methods: Sequence[str], harmful: Sequence[str], harmless: Sequence[str], ce: tuple) -> None:
-    if isinstance(methods, str) or not methods:
-        raise ValueError(f"methods must be a non-empty tuple of {METHODS}, got {methods!r}")
-    bad = [m for m in methods if m not in METHODS]
-    if bad or len(set(methods)) != len(methods):
-        raise ValueError(f"unknown or repeated methods {list(methods)}; choose among {METHODS}")
-    if not harmful or not harmless:
+def _check(harmful: Pairs, harmless: Pairs, ce: Pairs) -> None:
+    for what, pairs in (("harmful", harmful), ("harmless", harmless), ("ce", ce)):
+        if isinstance(pairs, str) or len(pairs) != 2 or isinstance(pairs[0], str):
+            raise TypeError(f"{what} must be a pair (prompts, {'refusals' if what == 'harmful' else 'answers'}) of "
+                            f"lists, got {type(pairs).__name__}")
+    if not harmful[0] or not harmless[0]:
         raise ValueError("give at least one harmful and one harmless training prompt")
     if len(ce[0]) != len(ce[1]) or not ce[0]:
         raise ValueError(f"{len(ce[1])} CE answers for {len(ce[0])} CE prompts; give one held-out answer per prompt")
 
 
-def compare_methods(base: Model, harmful_prompts: Sequence[str], refusals: Sequence[str],
-                    harmless_prompts: Sequence[str], answers: Sequence[str], data: RefusalData,
-                    ce_prompts: Sequence[str], ce_answers: Sequence[str], compliant: Sequence[str] | None = None,
-                    reasoned: Sequence[str] | None = None, methods: Sequence[str] = ("sft", "reasoning_sft", "orpo"),
-                    config: MethodsConfig = MethodsConfig(), seed: int = 0, judge: Judge | None = None,
-                    progress: bool = False) -> MethodsStudy:
-    """Fine-tune ``base`` by each of ``methods`` on the same data and measure each model (module docstring).
+_PAIRS = {"harmful_prompts": "harmful=(prompts, refusals)", "refusals": "harmful=(prompts, refusals)",
+          "harmless_prompts": "harmless=(prompts, answers)", "answers": "harmless=(prompts, answers)",
+          "ce_prompts": "ce=(prompts, answers)", "ce_answers": "ce=(prompts, answers)"}
+_MOVED = {**moved(config="MethodsConfig", knobs=("compliant", "reasoned", "methods")), **_PAIRS}
 
-    ``refusals[i]`` / ``compliant[i]``: a refusal / a compliant answer to ``harmful_prompts[i]`` (``compliant``
-    ``None``: the base's own greedy answers); ``answers[j]``: the answer to ``harmless_prompts[j]``; ``reasoned``:
-    the reasoned refusals (``None``: drawn from our templates, :func:`.methods_data.reasoned_refusals`); ``data``:
+
+@moved_keywords(_MOVED)
+def compare_methods(base: Model, harmful: Pairs, harmless: Pairs, data: RefusalData, ce: Pairs,
+                    judge: Judge | None = None, config: MethodsConfig | None = None,
+                    runtime: Runtime | None = None) -> MethodsStudy:
+    """Fine-tune ``base`` by each of ``config.methods`` on the same data and measure each model (module docstring).
+
+    ``harmful``: (prompts, refusals), ``refusals[i]`` a refusal of ``prompts[i]`` (``config.compliant[i]``: a
+    compliant answer, ``config.reasoned[i]``: a reasoned refusal); ``harmless``: (prompts, answers); ``data``:
     train prompts find each model's refusal tokens and direction, val prompts score ablations, test prompts are
-    generated on; ``ce_prompts`` / ``ce_answers``: held-out harmless text for the capability cost. ``base`` is not
-    changed (each method trains a copy)."""
-    _check(methods, harmful_prompts, harmless_prompts, (ce_prompts, ce_answers))
+    generated on; ``ce``: held-out harmless (prompts, answers) for the capability cost. ``runtime``: batch size
+    (default 32), ``seed`` of every fine-tune and random draw, ``progress`` of the fine-tunes (default off).
+    ``base`` is not changed (each method trains a copy)."""
+    config = config if config is not None else MethodsConfig()
+    rt = runtime if runtime is not None else Runtime(batch_size=32, progress=False)
+    _check(harmful, harmless, ce)
+    (harmful_prompts, refusals), (harmless_prompts, answers), (ce_prompts, ce_answers) = harmful, harmless, ce
+    compliant = config.compliant
     if compliant is None:
         compliant = list(steering.generate(base, list(harmful_prompts), max_new_tokens=4 * config.max_new_tokens,
-                                           runtime=Runtime(batch_size=config.batch_size, progress=False)).texts)
+                                           runtime=Runtime(batch_size=rt.batch_size, progress=False)).texts)
+    reasoned = config.reasoned
     train = {"harmful": list(harmful_prompts), "harmless": list(harmless_prompts), "refusals": list(refusals),
              "answers": list(answers), "compliant": list(compliant),
-             "reasoned": list(reasoned) if reasoned is not None else reasoned_refusals(len(harmful_prompts), seed)}
+             "reasoned": list(reasoned) if reasoned is not None else reasoned_refusals(len(harmful_prompts), rt.seed)}
     for key, like in (("refusals", "harmful"), ("compliant", "harmful"), ("reasoned", "harmful"), ("answers", "harmless")):
         if len(train[key]) != len(train[like]):
             raise ValueError(f"{len(train[key])} {key} for {len(train[like])} {like} prompts; give one per prompt")
-    cfg = replace(config, tune=replace(config.tune, seed=seed))
-    ce_base = capability_cost(base, list(ce_prompts), list(ce_answers), cfg.batch_size)
-    study = MethodsStudy([], {}, {}, {}, {}, {}, meta={"config": repr(cfg), "seed": seed, "sizes": data.sizes(),
+    cfg = replace(config, tune=replace(config.tune, seed=rt.seed))
+    ce_base = capability_cost(base, list(ce_prompts), list(ce_answers), rt.batch_size)
+    study = MethodsStudy([], {}, {}, {}, {}, {}, meta={"config": repr(cfg), "seed": rt.seed, "sizes": data.sizes(),
                                                        "n_train": len(train["harmful"]) + len(train["harmless"])})
-    for name in ("base", *methods):
-        model, losses = (base, []) if name == "base" else _train(base, name, train, cfg, progress)
-        beh = behaviour(model, data, cfg.max_new_tokens, cfg.batch_size, judge)
-        ce = ce_base if name == "base" else capability_cost(model, list(ce_prompts), list(ce_answers), cfg.batch_size)
-        refusals = train["reasoned"] if name == "reasoning_sft" else train["refusals"]
-        got = _inside(model, data, refusals, train["answers"], cfg, seed, judge)
-        study.rows.append(_row(name, beh, ce, ce_base) | _inside_row(got, cfg))
+    for name in ("base", *cfg.methods):
+        model, losses = (base, []) if name == "base" else _train(base, name, train, cfg, rt.progress)
+        beh = behaviour(model, data, cfg.max_new_tokens, rt.batch_size, judge)
+        ce_m = ce_base if name == "base" else capability_cost(model, list(ce_prompts), list(ce_answers), rt.batch_size)
+        refs = train["reasoned"] if name == "reasoning_sft" else train["refusals"]
+        got = _inside(model, data, refs, train["answers"], cfg, rt, judge)
+        study.rows.append(_row(name, beh, ce_m, ce_base) | _inside_row(got, cfg))
         study.losses[name] = losses
         study.layers[name], study.groups[name] = got["layers"], got["groups"]
         study.holders[name], study.steer[name] = got["holders"], got["steer"]

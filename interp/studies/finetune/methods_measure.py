@@ -31,6 +31,7 @@ from interp.studies.kit.scoring import prompt_logits
 from interp.studies.kit.stages import RefusalTokens, find_candidates, score_candidates, select_direction
 from interp.studies.kit.writer_sites import writer_groups
 from interp.tune.stats import cumulative_shares, gini
+from interp.values import Runtime
 from probes.directions import random_orthogonal
 
 
@@ -74,7 +75,7 @@ def own_direction(model: Model, data: RefusalData, tokens: RefusalTokens, batch_
     cand = find_candidates(model, data, batch_size=batch_size)
     only = torch.zeros(cand.raw.shape[:2], dtype=torch.bool)
     only[:, -1] = True
-    scores = score_candidates(model, data, cand, tokens, batch_size=batch_size, only=only)
+    scores = score_candidates(model, data, cand, tokens, only=only, runtime=Runtime(batch_size=batch_size, progress=False))
     sel = select_direction(model.n_layers, cand, scores, SelectionConfig())
     if sel.found:
         li, how = sel.layer_index, "filters"

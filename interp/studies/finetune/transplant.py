@@ -35,10 +35,12 @@ from interp.patching.transplants import (
     differs,
     greedy_transplant,
 )
+from interp.studies.kit.moved import moved
 from interp.studies.kit.prompt_sets import RefusalData
 from interp.studies.kit.runs import refusal_rate
 from interp.studies.kit.scoring import prompt_logits
 from interp.studies.kit.stages import find_refusal_tokens
+from interp.values import Runtime, moved_keywords
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -161,17 +163,41 @@ def _rates(base: Model, aligned: Model, found: list[Block], changed: list[Block]
     return rows
 
 
+@dataclass(frozen=True)
+class TransplantConfig:
+    """The study's knobs: blocks of ``block_size`` layers, at most ``max_steps`` greedy steps, ``n_random``
+    changed-block controls, ``max_new_tokens`` of the judged generations."""
+
+    block_size: int = 3
+    max_steps: int = 4
+    n_random: int = 3
+    max_new_tokens: int = 24
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1 or self.max_steps < 1:
+            raise ValueError(f"block_size and max_steps must be >= 1, got {self.block_size} and {self.max_steps}")
+        if self.n_random < 0 or self.max_new_tokens < 1:
+            raise ValueError(f"n_random must be >= 0 and max_new_tokens >= 1, got {self.n_random} and "
+                             f"{self.max_new_tokens}")
+
+
+DEFAULT_RUNTIME = Runtime(batch_size=64, progress=False)
+
+
+@moved_keywords(moved(config="TransplantConfig", knobs=("block_size", "max_steps", "n_random", "max_new_tokens")))
 def transplant_study(base: Model, aligned: Model, data: RefusalData, parts: tuple[str, ...] = ("attn", "mlp"),
-                     block_size: int = 3, max_steps: int = 4, n_random: int = 3, max_new_tokens: int = 24,
-                     seed: int = 0, judge: Judge | None = None, batch_size: int = 64,
-                     progress: bool = False) -> TransplantStudy:
+                     judge: Judge | None = None, config: TransplantConfig | None = None,
+                     runtime: Runtime | None = None) -> TransplantStudy:
     """Single blocks both ways, a greedy search and validation by generation (see the module docstring).
 
     ``data``: train prompts choose the refusal tokens (the aligned model's own refusals), val prompts score the
-    blocks, test prompts validate. ``base`` and ``aligned`` must share an architecture (a merged adapter)."""
+    blocks, test prompts validate. ``base`` and ``aligned`` must share an architecture (a merged adapter).
+    ``runtime``: batch size, the controls' ``seed`` and the search's progress bar (default: 64, 0, no bar)."""
+    c = config if config is not None else TransplantConfig()
+    rt = runtime if runtime is not None else DEFAULT_RUNTIME
+    block_size, max_steps, n_random, max_new_tokens = c.block_size, c.max_steps, c.n_random, c.max_new_tokens
+    seed, batch_size, progress = rt.seed, rt.batch_size, rt.progress
     check_compatible(base, aligned)
-    if block_size < 1 or max_steps < 1:
-        raise ValueError(f"block_size and max_steps must be >= 1, got {block_size} and {max_steps}")
     tok = find_refusal_tokens(aligned, data, judge=judge)
     if not tok.tokens:
         raise ValueError(f"the aligned model {aligned.name!r} refused none of the harmful train prompts, so there is "
@@ -194,4 +220,4 @@ def transplant_study(base: Model, aligned: Model, data: RefusalData, parts: tupl
                                  "changed": [f"{p}:{_label((b, p))}" for b, p in changed]})
 
 
-__all__ = ["TransplantStudy", "refusal_gap", "transplant_study"]
+__all__ = ["TransplantConfig", "TransplantStudy", "refusal_gap", "transplant_study"]

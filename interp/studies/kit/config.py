@@ -38,6 +38,7 @@ ABLATE_POSITIONS = ("all", "post_instruction")  # where an ablation acts (the ed
 # the job's setting adds "auto": the paper's every-token ablation first, the post-instruction one only when no
 # every-token candidate passes the filters (said in the notes); see SelectionConfig
 ABLATE_SETTINGS = ("auto",) + ABLATE_POSITIONS
+RANDOM_KL = 4     # random unit directions whose ablation KL is the level the KL filter is read against
 
 
 @dataclass
@@ -57,7 +58,9 @@ class SelectionConfig:
     below ``kl_threshold`` (the paper); ``"random"`` below the larger of ``kl_threshold`` and the highest KL of the
     seeded random unit directions ablated the same way (``Scores.kl_random``): no costlier than ablating a random
     direction, for a model on which any ablation costs about the paper's threshold (stated as a relaxed filter;
-    the estimate search then ranks by induce and bypass only, the cut being known after exact scoring)."""
+    the estimate search then ranks by induce and bypass only, the cut being known after exact scoring).
+    ``n_random``: the random unit directions of that reference (seeded by the data seed); ``max_rows``: rows
+    (prompts x candidates) per scoring forward (memory; and the conditions stacked per judged generation)."""
 
     layers: list[int] | None = None
     kl_threshold: float = 0.1
@@ -69,8 +72,12 @@ class SelectionConfig:
     top_k: int = 8
     ablate_positions: str = "auto"
     kl_reference: str = "absolute"
+    n_random: int = RANDOM_KL
+    max_rows: int = 256
 
     def __post_init__(self) -> None:
+        if self.n_random < 0 or self.max_rows < 1:
+            raise ValueError(f"n_random must be >= 0 and max_rows >= 1, got {self.n_random} and {self.max_rows}")
         if self.kl_reference not in KL_REFERENCES:
             raise ValueError(f"kl_reference must be one of {KL_REFERENCES} (the fixed KL threshold, or the larger of it "
                              f"and the KL of random directions ablated the same way), got {self.kl_reference!r}")
@@ -88,6 +95,11 @@ class SelectionConfig:
         """The ablation positions the search tries, in order (``auto``: every token, then post-instruction)."""
         return ABLATE_POSITIONS if self.ablate_positions == "auto" else (self.ablate_positions,)
 
+    def ablate_at(self) -> str:
+        """Where one stage ablates: ``ablate_positions``, or for ``"auto"`` its first mode, every token (the job
+        passes the mode its search ended in)."""
+        return self.modes()[0]
+
 
 @dataclass
 class GenerationConfig:
@@ -99,7 +111,7 @@ class GenerationConfig:
 
 @dataclass
 class RuntimeConfig:
-    """Which model and how to run it: name, dtype, device, batch sizes, whether to save the baked model, and the
+    """Which model and how to run it: name, dtype, device, batch size, whether to save the baked model, and the
     refusal judge (``None``: the anchored phrase judge; a local classifier model folder; see ``evals.judge``). and the torch
     threads for the run (``None``: torch's default)."""
 
@@ -107,7 +119,6 @@ class RuntimeConfig:
     dtype: str | None = None
     device: str | None = None
     batch_size: int = 64
-    max_rows: int = 256
     save_model: bool = False
     judge: str | None = None
     threads: int | None = None
@@ -122,7 +133,8 @@ SECTIONS = {"data": DataConfig, "selection": SelectionConfig, "generation": Gene
 RESELECT_FIELDS = ("kl_threshold", "prune_layer_fraction", "induce_threshold", "diagnosis_alpha", "kl_reference")
 DEFAULTS = {"kl_threshold": 0.1, "prune_layer_fraction": 0.2, "induce_threshold": 0.0}  # the paper's filters
 # neither makes another run: the stage keys decide what a change re-runs (search: the exact scores; threads: nothing)
-SAME_RUN_FIELDS = RESELECT_FIELDS + ("search", "top_k", "save_model", "threads", "ablate_positions")
+# (n_random: the scores' key holds it)
+SAME_RUN_FIELDS = RESELECT_FIELDS + ("search", "top_k", "save_model", "threads", "ablate_positions", "n_random")
 
 
 @dataclass

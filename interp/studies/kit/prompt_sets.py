@@ -11,6 +11,9 @@ from pathlib import Path
 
 from interp.io import content_hash
 from interp.prompts import read_prompt_file
+from interp.studies.kit.config import DataConfig
+from interp.studies.kit.moved import moved
+from interp.values import Runtime, moved_keywords
 
 
 @dataclass
@@ -108,19 +111,28 @@ def _committed(name: str, part: str, n: int) -> PromptSplit:
     return PromptSplit([r["instruction"] for r in rows], [r.get("category", "all") for r in rows]).head(n)
 
 
-def load_refusal_data(harmful: str | None = None, harmless: str | None = None, column: str | None = None,
-                      harmless_column: str | None = None, n_train: int = 64, n_val: int = 32, n_test: int = 64,
-                      seed: int = 0, model: str = "organism", borderline: str | None = None,
-                      borderline_column: str | None = None, n_borderline: int = 64) -> RefusalData:
-    """Both classes split into train / val / test, and the over-refusal set (its first ``n_borderline``).
+_DATA_KNOBS = ("harmful", "harmless", "column", "harmless_column", "n_train", "n_val", "n_test", "borderline",
+               "borderline_column", "n_borderline")
 
-    Defaults: the toy organism's synthetic sets when ``model`` is the toy organism, the realistic sets we
-    wrote (``interp/data/prompts/*_realistic.jsonl``) for any other model. ``column`` names the harmful
-    file's prompt field and ``harmless_column`` the harmless file's; each is detected from its own file
-    when ``None`` (two files rarely share a column name, e.g. AdvBench's ``goal``). ``borderline`` (a file
-    of benign look-alikes of harmful requests, all used as test prompts) defaults to our own borderline set
-    for real models and to none for the toy organism; pass ``"none"`` to leave it out.
+
+@moved_keywords(moved(runtime=("seed",), config="DataConfig", knobs=_DATA_KNOBS))
+def load_refusal_data(model: str = "organism", config: DataConfig | None = None,
+                      runtime: Runtime | None = None) -> RefusalData:
+    """Both classes split into train / val / test, and the over-refusal set (its first ``config.n_borderline``).
+
+    ``config`` (:class:`DataConfig`): files, columns and split sizes. Defaults: the toy organism's synthetic sets
+    when ``model`` is the toy organism, the realistic sets we wrote (``interp/data/prompts/*_realistic.jsonl``) for
+    any other model. ``column`` names the harmful file's prompt field and ``harmless_column`` the harmless file's;
+    each is detected from its own file when ``None`` (two files rarely share a column name, e.g. AdvBench's
+    ``goal``). ``borderline`` (a file of benign look-alikes of harmful requests, all used as test prompts) defaults
+    to our own borderline set for real models and to none for the toy organism; ``"none"`` leaves it out. The
+    split of a file is drawn with ``runtime.seed`` (default: ``config.seed``).
     """
+    c = config if config is not None else DataConfig()
+    seed = runtime.seed if runtime is not None else c.seed
+    harmful, harmless, column, harmless_column = c.harmful, c.harmless, c.column, c.harmless_column
+    n_train, n_val, n_test, borderline = c.n_train, c.n_val, c.n_test, c.borderline
+    borderline_column, n_borderline = c.borderline_column, c.n_borderline
     toy = model in TOY_MODELS
     out: dict[str, dict[str, PromptSplit]] = {}
     source = {}

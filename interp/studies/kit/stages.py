@@ -26,9 +26,10 @@ from interp.forward import prepare
 from interp.models import Model
 from interp.studies.kit import stage_views as views
 from interp.studies.kit.config import SelectionConfig
+from interp.studies.kit.moved import moved
 from interp.studies.kit.prompt_sets import RefusalData
 from interp.studies.kit.scoring import prompt_logits, refusal_tokens, score_rows
-from interp.values import Runtime
+from interp.values import Runtime, moved_keywords
 from probes.directions import diff_of_means, random_directions
 from probes.objects import Direction
 
@@ -190,7 +191,6 @@ class Selection(Result):
 
 
 PROBE = 32        # prompts per class judged first
-RANDOM_KL = 4     # random unit directions whose ablation KL is the level the KL filter is read against
 PROBE_STOP_P = 0.2  # the probe alone stops the run when it shows no sign of harmful-specific refusal
 
 
@@ -253,18 +253,22 @@ def find_candidates(model: Model, data: RefusalData, layers: list[int] | None = 
                       [model.tokenizer.decode([t]) for t in ids[-n_pos:]], list(fit.fitted_on), fit.data_hash)
 
 
-def score_candidates(model: Model, data: RefusalData, cand: Candidates, tokens: RefusalTokens, batch_size: int = 64,
-                     max_rows: int = 256, only: torch.Tensor | None = None, ablate_positions: str = "all",
-                     n_random: int = RANDOM_KL, seed: int = 0,
-                     kl_gate: Callable[[list[float]], float] | None = None) -> Scores:
+@moved_keywords(moved(config="SelectionConfig", knobs=("max_rows", "ablate_positions", "n_random")))
+def score_candidates(model: Model, data: RefusalData, cand: Candidates, tokens: RefusalTokens,
+                     only: torch.Tensor | None = None, kl_gate: Callable[[list[float]], float] | None = None,
+                     config: SelectionConfig | None = None, runtime: Runtime | None = None) -> Scores:
     """Bypass (ablate on harmful val), KL (ablate on harmless val) and induce (add on harmless val), batched;
-    and the KL of ``n_random`` random unit directions (seeded) ablated the same way on the same prompts.
+    and the KL of ``config.n_random`` random unit directions (seeded with ``runtime.seed``) ablated the same way on
+    the same prompts.
 
     ``only [layers, P]`` (bool): score just these candidates; the others are NaN (and so pass no filter).
-    ``ablate_positions``: ablate at every token, or at the post-instruction tokens only. ``kl_gate`` (the KL
+    ``config.ablate_at()``: ablate at every token, or at the post-instruction tokens only. ``kl_gate`` (the KL
     filter's threshold from the random directions' KLs, :func:`kl_cutoff`): the KL is scored first, and when no
     candidate passes it, bypass and induce are not scored (NaN; nothing here could be selected): for a caller
-    with another search to try next."""
+    with another search to try next. ``runtime``: default batch size 64, seed 0."""
+    c = config if config is not None else SelectionConfig()
+    rt = runtime if runtime is not None else Runtime(batch_size=64, progress=False)
+    batch_size, max_rows, ablate_positions, n_random, seed = rt.batch_size, c.max_rows, c.ablate_at(), c.n_random, rt.seed
     toks = tokens.tokens
     enc_h, enc_s = _val_encodings(model, data)
     base_h, base_s = prompt_logits(model, enc_h, batch_size=batch_size), prompt_logits(model, enc_s, batch_size=batch_size)

@@ -22,8 +22,9 @@ from interp.evals.controls import as_rng, matched_random
 from interp.evals.judge_languages import detect_language, is_refusal_multilingual
 from interp.evals.rates import rate
 from interp.models import Model
+from interp.studies.kit.moved import moved
 from interp.studies.multilingual.data import ParallelSafety
-from interp.values import Runtime
+from interp.values import Runtime, moved_keywords
 from sae.analysis import encode_tokens, separating_latents
 from sae.edits import LatentAblation
 from sae.model import SAE
@@ -48,10 +49,13 @@ class LanguageFeatures:
     sae_quality: dict[str, float] = field(default_factory=dict)
 
 
+@moved_keywords(moved())
 def fit_sae(model: Model, data: ParallelSafety, layer: int, expansion: int = 4, k: int = 32, epochs: int = 20,
-            seed: int = 0) -> tuple[SAE, dict[str, float]]:
+            runtime: Runtime | None = None) -> tuple[SAE, dict[str, float]]:
     """A TopK SAE on ``resid_pre.{layer}`` over every token of every language's train prompts (chat template
-    applied; padding left out), and its fraction of variance unexplained on those tokens."""
+    applied; padding left out), and its fraction of variance unexplained on those tokens (``runtime.seed``
+    seeds the training)."""
+    seed = (runtime or Runtime()).seed
     prompts = [p for kind in data.prompts for lang in data.langs for p in data.get(kind, "train", lang)]
     xs = []
     for x, batch in site_tokens(model, f"resid_pre.{layer}", prompts, batch_size=16, chat=True):
@@ -77,12 +81,16 @@ def _rate_rows(lang: str, cond: str, texts: list[str]) -> dict[str, Any]:
             "same_language": same["rate"], "same_low": same["low"], "same_high": same["high"]}
 
 
+@moved_keywords(moved())
 def features_by_language(model: Model, data: ParallelSafety, layer: int, sae: SAE | None = None, top: int = 8,
-                         max_new_tokens: int = 32, seed: int = 0) -> LanguageFeatures:
-    """The study of the module docstring (``sae`` None: :func:`fit_sae` first)."""
+                         max_new_tokens: int = 32, runtime: Runtime | None = None) -> LanguageFeatures:
+    """The study of the module docstring (``sae`` None: :func:`fit_sae` first). ``runtime``: the seed of the SAE
+    and the random latents, the batch size of the baseline generation (default 32)."""
+    rt = runtime if runtime is not None else Runtime(batch_size=32, progress=False)
+    seed = rt.seed
     quality: dict[str, float] = {}
     if sae is None:
-        sae, quality = fit_sae(model, data, layer, seed=seed)
+        sae, quality = fit_sae(model, data, layer, runtime=rt)
     site = f"blocks.{layer}.hook_resid_pre"
     feats, aurocs = {}, {}
     for lang in data.langs:
@@ -96,7 +104,7 @@ def features_by_language(model: Model, data: ParallelSafety, layer: int, sae: SA
     tests = {lang: data.get("harmful", "test", lang) for lang in data.langs}
     # the baseline has no per-language edit: one generation call for every language (shared batches)
     every = steering.generate(model, [p for ps in tests.values() for p in ps], max_new_tokens=max_new_tokens,
-                              runtime=Runtime(batch_size=32, progress=False)).texts
+                              runtime=Runtime(batch_size=rt.batch_size, progress=False)).texts
     rows, at = [], 0
     for lang, prompts in tests.items():
         active = (encode_tokens(sae, _last(model, prompts, layer)) > 0).any(0).nonzero()[:, 0]

@@ -26,16 +26,20 @@ from interp.capturing import capture
 from interp.evals.bootstrap import percentile_interval, resample_ids
 from interp.evals.metrics import auroc
 from interp.models import Model
+from interp.studies.kit.moved import moved
 from interp.studies.multilingual.data import ParallelSafety
-from interp.values import Runtime
+from interp.values import Runtime, moved_keywords
 from probes.similarity import pair_cosines, pairing_stats
 
 Acts = dict[str, dict[str, dict[str, torch.Tensor]]]  # acts[kind][split][lang] -> [n, L, d]
 
 
+@moved_keywords(moved())
 def capture_last(model: Model, data: ParallelSafety, layers: list[int], kinds: tuple[str, ...] = ("harmful", "harmless"),
-                 splits: tuple[str, ...] = ("train", "val", "test"), batch_size: int = 32) -> Acts:
-    """``resid_pre`` of ``layers`` at every prompt's last token (the end of the chat template), float64."""
+                 splits: tuple[str, ...] = ("train", "val", "test"), runtime: Runtime | None = None) -> Acts:
+    """``resid_pre`` of ``layers`` at every prompt's last token (the end of the chat template), float64
+    (``runtime``: default batch size 32)."""
+    batch_size = runtime.batch_size if runtime is not None else 32
     out: Acts = {}
     for kind in kinds:
         out[kind] = {}
@@ -139,9 +143,12 @@ def drift(test: Mapping[str, Mapping[str, torch.Tensor]], source: str) -> tuple[
     return matched, mismatched
 
 
-def geometry(acts: Acts, layers: list[int], source: str, n_boot: int = 200, n_random: int = 32, seed: int = 0
-             ) -> Geometry:
-    """The module docstring's statistics from :func:`capture_last` activations."""
+@moved_keywords(moved())
+def geometry(acts: Acts, layers: list[int], source: str, n_boot: int = 200, n_random: int = 32,
+             runtime: Runtime | None = None) -> Geometry:
+    """The module docstring's statistics from :func:`capture_last` activations (``runtime.seed``: the bootstrap's
+    and the random directions')."""
+    seed = (runtime or Runtime()).seed
     gen = torch.Generator().manual_seed(seed)
     train, test = {k: acts[k]["train"] for k in acts}, {k: acts[k]["test"] for k in acts}
     r = mean_diff(train["harmful"][source], train["harmless"][source])

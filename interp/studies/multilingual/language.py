@@ -25,7 +25,9 @@ import torch
 
 from interp.bundle import Result
 from interp.evals.rates import wilson
+from interp.studies.kit.moved import moved
 from interp.studies.multilingual.geometry import Acts, auroc_on, mean_diff, projection_ratios, unit
+from interp.values import Runtime, moved_keywords
 from probes.erasure import fit_leace
 from probes.subspace import category_subspace
 
@@ -129,10 +131,12 @@ def _random_eraser(rank: int, L: int, d: int, gen: torch.Generator):
     return erase
 
 
-def language_geometry(acts: Acts, layers: list[int], source: str, n_boot: int = 100, seed: int = 0
+@moved_keywords(moved())
+def language_geometry(acts: Acts, layers: list[int], source: str, n_boot: int = 100, runtime: Runtime | None = None
                       ) -> LanguageGeometry:
     """The module docstring's statistics from :func:`interp.studies.multilingual.geometry.capture_last` activations
-    (``harmful`` and ``harmless``, ``train`` and ``test`` splits, every language)."""
+    (``harmful`` and ``harmless``, ``train`` and ``test`` splits, every language; ``runtime.seed``: the bootstrap's)."""
+    seed = (runtime or Runtime()).seed
     langs = list(acts["harmful"]["train"])
     if source not in langs or len(langs) < 2:
         raise ValueError(f"need the source language {source!r} and at least one other; got {langs}")

@@ -31,7 +31,9 @@ from interp.patching.neurons import (
     neuron_contrast,
     random_neurons,
 )
+from interp.studies.kit.moved import moved
 from interp.studies.multilingual.data import ParallelSafety
+from interp.values import Runtime, moved_keywords
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -97,9 +99,12 @@ def _joint(model: Model, batch: Any, metric: Any, neurons: list[Neuron]) -> floa
         return float(call_metric(metric, last_logits(model, batch)))
 
 
+@moved_keywords(moved())
 def language_neurons(model: Model, data: ParallelSafety, lang: str, metric: Any, k: int, n_candidates: int,
-                     batch_size: int = 32) -> set[Neuron]:
-    """Top ``n_candidates`` by contrast effect size, then the ``k`` whose ablation lowers the refusal score most."""
+                     runtime: Runtime | None = None) -> set[Neuron]:
+    """Top ``n_candidates`` by contrast effect size, then the ``k`` whose ablation lowers the refusal score most
+    (``runtime``: default batch size 32)."""
+    batch_size = runtime.batch_size if runtime is not None else 32
     con = neuron_contrast(model, data.get("harmful", "train", lang), data.get("harmless", "train", lang),
                           batch_size=batch_size)
     cand = [(la, i) for la, i, _ in con.top(n_candidates, by="effect", sign="pos")]
@@ -109,14 +114,18 @@ def language_neurons(model: Model, data: ParallelSafety, lang: str, metric: Any,
     return {cand[i] for i in order}
 
 
+@moved_keywords(moved())
 def safety_neurons(model: Model, data: ParallelSafety, k: int = 16, n_candidates: int = 64, n_random: int = 20,
-                   seed: int = 0, batch_size: int = 32) -> SafetyNeurons:
-    """The study of the module docstring on ``model`` with the parallel prompts ``data``."""
+                   runtime: Runtime | None = None) -> SafetyNeurons:
+    """The study of the module docstring on ``model`` with the parallel prompts ``data`` (``runtime``: the random
+    neurons' seed, default batch size 32)."""
+    rt = runtime if runtime is not None else Runtime(batch_size=32, progress=False)
+    seed = rt.seed
     if not 1 <= k <= n_candidates:
         raise ValueError(f"need 1 <= k <= n_candidates, got k={k}, n_candidates={n_candidates}")
     ids = refusal_ids(model)
     metric = refusal_score(ids)
-    sets = {lang: language_neurons(model, data, lang, metric, k, n_candidates, batch_size) for lang in data.langs}
+    sets = {lang: language_neurons(model, data, lang, metric, k, n_candidates, rt) for lang in data.langs}
     overlap = intersect_neurons(sets)
     n_total = model.n_layers * int(model.d_mlp)
     named = {**sets, "common": overlap.common}

@@ -28,8 +28,10 @@ from interp.patching.activation import sweep_layers
 from interp.patching.measures import refusal_score
 from interp.patching.runs import make_pairs
 from interp.sites import WRITERS
+from interp.studies.kit.moved import moved
 from interp.studies.multilingual.data import ParallelSafety
 from interp.studies.multilingual.neurons import refusal_ids
+from interp.values import Runtime, moved_keywords
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -144,11 +146,14 @@ def _share(vals: torch.Tensor, src: torch.Tensor, tgt: torch.Tensor) -> torch.Te
     return (vals.mean(-3) - t) / torch.where(gap.abs() > 1e-9, gap, torch.full_like(gap, float("nan")))
 
 
-def refusal_pathways(model: Model, data: ParallelSafety, layers: list[int] | None = None, batch_size: int = 16,
-                     split: str = "test", n_boot: int = 1000, seed: int = 0) -> Pathways:
+@moved_keywords(moved())
+def refusal_pathways(model: Model, data: ParallelSafety, layers: list[int] | None = None, split: str = "test",
+                     n_boot: int = 1000, runtime: Runtime | None = None) -> Pathways:
     """The sweep of the module docstring for every language but the source, on the ``split`` prompts (``val`` when
     the found components are then trained and measured on ``test``), with ``n_boot`` paired bootstrap resamples of
-    the pairs for the 95% intervals (0: none)."""
+    the pairs for the 95% intervals (0: none; seeded with ``runtime.seed``; default batch size 16)."""
+    rt = runtime if runtime is not None else Runtime(batch_size=16, progress=False)
+    batch_size, seed = rt.batch_size, rt.seed
     layers = list(layers) if layers is not None else list(range(model.n_layers))
     k = post_instruction_tokens(model)
     metric = refusal_score(refusal_ids(model))

@@ -22,7 +22,7 @@ refusal (one-sided Fisher test, p < 0.05) is reported as a null.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import pandas as pd
@@ -34,10 +34,11 @@ from interp.evals.judge_languages import is_degenerate, is_refusal_multilingual
 from interp.evals.metrics import cohens_d
 from interp.evals.rates import fisher_greater, rate
 from interp.models import Model
+from interp.studies.kit.moved import moved
 from interp.studies.multilingual.data import ParallelSafety
 from interp.studies.multilingual.geometry import Geometry, capture_last, geometry, unit
 from interp.studies.multilingual.language import LanguageGeometry, language_geometry
-from interp.values import Runtime
+from interp.values import Runtime, moved_keywords
 from probes.directions import random_directions
 from probes.layers import LayerRule, choose
 
@@ -171,15 +172,16 @@ def choose_layer(acts: dict, layers: list[int], source: str) -> tuple[int, dict[
                                   "d_by_layer": {layers[i]: round(float(d[i]), 3) for i in range(len(layers))}}
 
 
+@moved_keywords(moved())
 def judged_rates(model: Model, groups: list[tuple[dict[str, Any], list[str]]], ivs: tuple,
-                 judge: Callable[[str], bool], max_new_tokens: int, batch_size: int
+                 judge: Callable[[str], bool], max_new_tokens: int, runtime: Runtime
                  ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Greedy answers to every group's prompts under the same interventions ``ivs``, in one generation call (the
     groups share batches), judged per group: one row per group (its ``labels`` + :meth:`~interp.evals.rates.Rate.columns`,
     share of degenerate answers) and one record per answer (``labels`` + prompt, text, refused, degenerate)."""
     prompts = [p for _, ps in groups for p in ps]
     texts = list(steering.generate(model, prompts, *ivs, max_new_tokens=max_new_tokens,
-                                   runtime=Runtime(batch_size=batch_size, progress=False)).texts) if prompts else []
+                                   runtime=replace(runtime, progress=False)).texts) if prompts else []
     rows, recs, at = [], [], 0
     for labels, ps in groups:
         mine, at = texts[at:at + len(ps)], at + len(ps)
@@ -225,7 +227,8 @@ def behaviour(model: Model, data: ParallelSafety, r: torch.Tensor, cfg: Retentio
     for cond in CONDITIONS:  # one generation call per condition: every language (and set) shares its batches
         groups = [({"lang": lang, "set": kind, "condition": cond}, data.get(kind, "test", lang))
                   for lang in data.langs for kind in ("harmful", "harmless") if kind == "harmful" or cond == "baseline"]
-        rows, recs = judged_rates(model, groups, ivs[cond], judge, cfg.max_new_tokens, cfg.batch_size)
+        rows, recs = judged_rates(model, groups, ivs[cond], judge, cfg.max_new_tokens,
+                                  Runtime(batch_size=cfg.batch_size, progress=False))
         rates += rows
         gens += recs
     return rates, gens
@@ -252,11 +255,11 @@ def refusal_retention(model: Model, data: ParallelSafety, config: RetentionConfi
     layers = list(config.layers) if config.layers is not None else list(range(1, model.n_layers))
     if config.layer is not None and config.layer not in layers:
         raise ValueError(f"layer {config.layer} is not among the captured layers {layers}; add it to layers")
-    acts = capture_last(model, data, layers, batch_size=config.batch_size)
+    acts = capture_last(model, data, layers, runtime=Runtime(batch_size=config.batch_size, progress=False))
     dims = massive_dims(acts, config.massive_factor)
     if dims:  # every statistic is read without them, as the ablation is done without them
         acts = {k: {sp: {lang: _zeroed(x, dims) for lang, x in by.items()} for sp, by in acts[k].items()} for k in acts}
-    geo = geometry(acts, layers, data.source, n_boot=config.n_boot, seed=config.seed)
+    geo = geometry(acts, layers, data.source, n_boot=config.n_boot, runtime=Runtime(seed=config.seed))
     if config.layer is None:
         layer, choice = choose_layer(acts, layers, data.source)
     else:
@@ -267,7 +270,7 @@ def refusal_retention(model: Model, data: ParallelSafety, config: RetentionConfi
                          f"equal there, as at layer 0's last token, an embedding); choose another layer")
     rates, gens = behaviour(model, data, r, config, judge, dims)
     choice["massive_dims_removed"] = dims
-    lang_geo = language_geometry(acts, layers, data.source, n_boot=config.n_boot, seed=config.seed)
+    lang_geo = language_geometry(acts, layers, data.source, n_boot=config.n_boot, runtime=Runtime(seed=config.seed))
     res = Retention(config, list(data.langs), data.source, layer, choice, rates, geo, lang_geo, gens)
     res.notes = _notes(res)
     return res

@@ -35,6 +35,7 @@ from interp.studies.multilingual.data import REFUSALS, ParallelSafety
 from interp.studies.multilingual.retention import judged_rates
 from interp.tune import TuneConfig
 from interp.tune.config import PARTS, component_targets
+from interp.values import Runtime
 
 KINDS = ("pathway", "neurons")
 
@@ -183,7 +184,8 @@ def _measure(model: Model, data: ParallelSafety, condition: str, config: UpdateC
              ) -> tuple[list[dict], list[dict]]:
     groups = [({"condition": condition, "lang": lang, "set": kind}, data.get(kind, "test", lang))
               for lang in data.langs for kind in ("harmful", "harmless")]
-    rates, gens = judged_rates(model, groups, (), judge, config.max_new_tokens, config.gen_batch_size)
+    rates, gens = judged_rates(model, groups, (), judge, config.max_new_tokens,
+                               Runtime(batch_size=config.gen_batch_size, progress=False))
     return rates, gens
 
 

@@ -23,10 +23,12 @@ from interp.evals.rates import rate
 from interp.forward import batches, cached_forward, forward, prepare
 from interp.models import Model
 from interp.sites import WRITERS
+from interp.studies.kit.config import RefusalConfig
+from interp.studies.kit.moved import moved
 from interp.studies.kit.prompt_sets import RefusalData
 from interp.studies.kit.scoring import ablation, prompt_logits
 from interp.studies.kit.stages import Candidates, RefusalTokens, Selection
-from interp.values import Prompts, Runtime
+from interp.values import Prompts, Runtime, moved_keywords
 from probes.directions import random_directions, random_orthogonal
 from steering.prefill import leaves_prompt_prefix
 
@@ -130,10 +132,11 @@ class Subspaces(Result):
 class TestPrompts:
     """The test prompts of one run, each class tokenised once (on first use) and shared by every condition, with one
     :class:`steering.GenerationSession` per class and batch size: the plain prompt pass each class's conditions
-    reuse is run once (exact)."""
+    reuse is run once (exact). ``judge`` judges their generations (``None``: the anchored phrase judge)."""
 
-    def __init__(self, model: Model, data: RefusalData, stack: int = 1):
+    def __init__(self, model: Model, data: RefusalData, stack: int = 1, judge: Judge | None = None):
         self.model, self.data, self.stack = model, data, stack   # stack: conditions per generation (generate_each)
+        self.judge = judge
         self._prompts: dict[str, Prompts] = {}
         self._sessions: dict[tuple[str, int], steering.GenerationSession] = {}
 
@@ -185,7 +188,7 @@ class TestPrompts:
         batch)."""
         outs = self.session(which, batch_size, model).generate_each(conditions, stack=self.stack,
                                                                     max_new_tokens=max_new_tokens)
-        flags = judge_many(judge, [t for out in outs for t in out.texts])
+        flags = judge_many(judge if judge is not None else self.judge, [t for out in outs for t in out.texts])
         n, res = len(self.prompts(which)), []
         for i, out in enumerate(outs):
             assert out.first_logits is not None
@@ -216,16 +219,40 @@ def _conditions(r: torch.Tensor, v: torch.Tensor, rand_u: torch.Tensor, layer: i
     }
 
 
-def evaluate(model: Model, data: RefusalData, cand: Candidates, sel: Selection, tokens: RefusalTokens,
-             max_new_tokens: int = 24, batch_size: int = 64, seed: int = 0, test: TestPrompts | None = None,
-             judge: Judge | None = None, ablate_positions: str = "all") -> Evaluation:
+STAGE_MOVED = {**moved(config="RefusalConfig"),
+               "max_new_tokens": "config=RefusalConfig(generation=GenerationConfig(max_new_tokens=...))",
+               "rank": "config=RefusalConfig(generation=GenerationConfig(subspace_rank=...))",
+               "ablate_positions": "config=RefusalConfig(selection=SelectionConfig(ablate_positions=...))",
+               "judge": "the test prompts: TestPrompts(model, data, judge=...)",
+               "test": "data=TestPrompts(model, data, ...)"}
+
+
+def _setup(model: Model, data: RefusalData | TestPrompts, config: RefusalConfig | None, runtime: Runtime | None
+           ) -> tuple[TestPrompts, RefusalConfig, Runtime, str]:
+    """The test prompts (``data`` wrapped when it is plain), the config, the runtime (default batch size 64) and
+    where the ablation acts (``config.selection.ablate_at()``)."""
+    test = data if isinstance(data, TestPrompts) else TestPrompts(model, data)
+    if test.model is not model:
+        raise ValueError("these TestPrompts belong to another model; build TestPrompts(model, data) for this one")
+    cfg = config if config is not None else RefusalConfig()
+    return test, cfg, runtime if runtime is not None else Runtime(batch_size=64, progress=False), cfg.selection.ablate_at()
+
+
+@moved_keywords(STAGE_MOVED)
+def evaluate(model: Model, data: RefusalData | TestPrompts, cand: Candidates, sel: Selection, tokens: RefusalTokens,
+             config: RefusalConfig | None = None, runtime: Runtime | None = None) -> Evaluation:
     """Generate, judge and score the test prompts under every condition (over-refusal on the borderline set
     too); KL / CE on harmless answers under the ablation and under the random ablation (its control); generate the
     harmful test prompts with the direction baked into the weights, and compare baked with hook logits. Weights act
     on every token alike, so under ``ablate_positions="post_instruction"`` the baked condition is
     ``"harmful/baked weights (every token)"`` and is compared with the every-token hook, not with the run's
-    post-instruction ablation (``hook_vs_baked["compared_with"]`` says which)."""
-    test = test or TestPrompts(model, data)
+    post-instruction ablation (``hook_vs_baked["compared_with"]`` says which).
+
+    ``data``: the run's prompts, or its :class:`TestPrompts` (shared by the later stages; its ``judge``);
+    ``config``: ``generation.max_new_tokens``, ``selection.ablate_at()``; ``runtime``: batch size, the seed of the
+    random controls."""
+    test, cfg, rt, ablate_positions = _setup(model, data, config, runtime)
+    data, max_new_tokens, batch_size, seed, judge = test.data, cfg.generation.max_new_tokens, rt.batch_size, rt.seed, test.judge
     direction = sel.direction(cand, model.name)
     r, v = direction.vectors[0], direction.raw[0]
     gens, refused, logits = {}, {}, {}
@@ -318,22 +345,26 @@ def _rank_one(ev: Evaluation | None) -> tuple[tuple[float, float], tuple[float, 
     return tuple((ev.refusal_rate[n], ev.refusal_score[n]) for n in names)  # type: ignore[return-value]
 
 
-def find_subspaces(model: Model, data: RefusalData, cand: Candidates, sel: Selection, tokens: RefusalTokens,
-                   rank: int = 8, max_new_tokens: int = 24, batch_size: int = 64, test: TestPrompts | None = None,
-                   seed: int = 0, judge: Judge | None = None, ablate_positions: str = "all",
-                   evaluation: Evaluation | None = None) -> Subspaces:
+@moved_keywords(STAGE_MOVED)
+def find_subspaces(model: Model, data: RefusalData | TestPrompts, cand: Candidates, sel: Selection,
+                   tokens: RefusalTokens, evaluation: Evaluation | None = None, config: RefusalConfig | None = None,
+                   runtime: Runtime | None = None) -> Subspaces:
     """Per-category mean differences at the selected site (from the candidates' train activations, no re-capture),
-    orthonormalised after the refusal direction; ablate the first k for k = 1..rank on harmful test prompts.
+    orthonormalised after the refusal direction; ablate the first k for k = 1..``config.generation.subspace_rank``
+    on harmful test prompts (``data``, ``config`` and ``runtime`` as in :func:`evaluate`).
 
-    The control ablates the first k of ``rank`` random orthonormal directions (nested, seeded with ``seed``): a
-    subspace of the same rank that should leave refusal as it is.
+    The control ablates the first k of ``rank`` random orthogonal directions (nested, seeded with ``runtime.seed``):
+    a subspace of the same rank that should leave refusal as it is.
     ``evaluation`` (the evaluation stage of the same direction, prompts and seed) already measured rank 1: its
     ablation of the refusal direction, and of the seeded random direction that spans the control's first rank.
     """
+    test, cfg, rt, ablate_positions = _setup(model, data, config, runtime)
+    data, rank, max_new_tokens, batch_size, seed = (test.data, cfg.generation.subspace_rank,
+                                                    cfg.generation.max_new_tokens, rt.batch_size, rt.seed)
+    judge = test.judge
     cats = sorted(set(data.harmful["train"].categories))
     if len(cats) < 2:
         return Subspaces(cats, [], [], [])
-    test = test or TestPrompts(model, data)
     li, pi = sel.layer_index, sel.position_index
     h, s_mean = cand.harmful_acts[:, li, pi], cand.harmless_acts[:, li, pi].mean(0)
     labels = data.harmful["train"].categories

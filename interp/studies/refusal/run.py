@@ -22,7 +22,6 @@ from interp.models import Model, load_model
 from interp.studies.kit.config import RefusalConfig, stage_key
 from interp.studies.kit.prompt_sets import RefusalData, load_refusal_data
 from interp.studies.kit.stages import (
-    RANDOM_KL,
     Candidates,
     RefusalTokens,
     Scores,
@@ -41,6 +40,7 @@ from interp.studies.refusal.evaluation import Evaluation, Subspaces, TestPrompts
 from interp.studies.refusal.outputs import finish, start_notes
 from interp.studies.refusal.result import RefusalResult
 from interp.studies.refusal.writers import Writers, writer_attribution
+from interp.values import Runtime
 
 Progress = Callable[[str, str], None]
 NOT_SAVED = ("--save-model: no model saved: the direction was selected with the post-instruction ablation, which "
@@ -91,10 +91,7 @@ def _run_refusal(cfg: RefusalConfig, out: str | Path, overwrite: bool, progress:
     say: Progress = progress or (lambda stage, status: None)
     run = Run(out, cfg, overwrite)
     d, s, g, rt = cfg.data, cfg.selection, cfg.generation, cfg.runtime
-    data: RefusalData = load_refusal_data(d.harmful, d.harmless, d.column, d.harmless_column, d.n_train, d.n_val,
-                                          d.n_test, d.seed, model.name if model is not None else rt.model,
-                                          d.borderline, d.borderline_column,
-                                          d.n_borderline)
+    data: RefusalData = load_refusal_data(model.name if model is not None else rt.model, d)
     data.check()
     judge, judge_name = resolve_judge(rt.judge, judge)
     model = model or load_model(rt.model, dtype=rt.dtype, device=rt.device)
@@ -134,15 +131,15 @@ def _run_refusal(cfg: RefusalConfig, out: str | Path, overwrite: bool, progress:
         # downstream stages and outputs see the mode used
         cfg = replace(cfg, selection=replace(s, ablate_positions=at), runtime=runtime)
         if sel.found:
-            test = TestPrompts(model, data, stack=max(1, rt.max_rows // bs))  # conditions per generation
+            test = TestPrompts(model, data, stack=max(1, s.max_rows // bs), judge=judge)  # conditions per generation
+            run_rt = Runtime(batch_size=bs, seed=d.seed, progress=False)
             res.evaluation = run.stage("evaluation", keys.evaluation(sel), Evaluation, lambda: evaluate(
-                model, data, cand, sel, res.tokens, g.max_new_tokens, bs, d.seed, test, judge, at), say)  # type: ignore[arg-type]
+                model, test, cand, sel, res.tokens, cfg, run_rt), say)  # type: ignore[arg-type]
             res.writers = run.stage("writers", keys.writers(sel), Writers, lambda: writer_attribution(
-                model, test, sel.direction(cand, model.name).vectors[0], res.tokens, g.max_new_tokens, bs, d.seed, judge, res.evaluation,
-                at), say)  # type: ignore[arg-type]
+                model, test, sel.direction(cand, model.name).vectors[0], res.tokens, res.evaluation, cfg, run_rt),
+                say)  # type: ignore[arg-type]
             res.subspaces = run.stage("subspaces", keys.subspaces(sel), Subspaces, lambda: find_subspaces(
-                model, data, cand, sel, res.tokens, g.subspace_rank, g.max_new_tokens, bs, test, d.seed, judge,
-                at, res.evaluation), say)  # type: ignore[arg-type]
+                model, test, cand, sel, res.tokens, res.evaluation, cfg, run_rt), say)  # type: ignore[arg-type]
     return finish(run, model, cfg, data, res, say)
 
 
@@ -152,7 +149,7 @@ def _search(run: Run, model: Model, data: RefusalData, cand: Candidates, res: Re
     estimate, scores and selection. Each mode's stages have folders of their own (``scores``,
     ``scores.post_instruction``), so an ``auto`` run resumes both. The first mode's estimate also computes the
     later modes' (the same passes; each equal to its own run) into ``later``, used if their stage is reached."""
-    s, rt, d, bs = cfg.selection, cfg.runtime, cfg.data, cfg.runtime.batch_size
+    s, d, bs = cfg.selection, cfg.data, cfg.runtime.batch_size
     suffix = "" if at == "all" else f".{at}"
     only = None
     if s.search == "estimate":  # attribution estimates of every candidate; only the top k are scored exactly
@@ -170,9 +167,9 @@ def _search(run: Run, model: Model, data: RefusalData, cand: Candidates, res: Re
     # a later run that needs them (new thresholds, or this mode alone) fills them in
     gate = partial(kl_threshold, s) if at != s.modes()[-1] else None
     res.scores = run.stage("scores" + suffix, keys.exact(only), Scores, lambda: score_candidates(
-        model, data, cand, res.tokens, bs, rt.max_rows, only=only, ablate_positions=at, seed=d.seed,
-        kl_gate=gate), say, complete=lambda sc: fill_skipped(  # type: ignore[arg-type]
-            model, data, cand, res.tokens, sc, bs, rt.max_rows, at, gate))
+        model, data, cand, res.tokens, only, gate, replace(s, ablate_positions=at),
+        Runtime(batch_size=bs, seed=d.seed, progress=False)), say, complete=lambda sc: fill_skipped(  # type: ignore[arg-type]
+            model, data, cand, res.tokens, sc, bs, s.max_rows, at, gate))
     res.selection = run.stage("selection" + suffix, keys.selection(model.n_layers, res.scores), Selection, lambda: select_direction(
         model.n_layers, cand, res.scores, s), say)  # type: ignore[arg-type]
     return res.selection
@@ -198,10 +195,10 @@ class _Keys:
 
     def mode(self, at: str) -> _Keys:
         """Set the keys of the stages that depend on where the ablation acts (search, evaluation) to ``at``."""
-        cfg, rt, g, data = self.cfg, self.cfg.runtime, self.cfg.generation, self.data
+        cfg, g, data = self.cfg, self.cfg.generation, self.data
         self.scores = stage_key("scores", {"tokens": self.tokens, "candidates": self.candidates,
-                                           "val": data.digest("val"), "max_rows": rt.max_rows, **self.model,
-                                           "ablate_positions": at, "random_kl": [RANDOM_KL, cfg.data.seed]})
+                                           "val": data.digest("val"), "max_rows": cfg.selection.max_rows, **self.model,
+                                           "ablate_positions": at, "random_kl": [cfg.selection.n_random, cfg.data.seed]})
         self.estimate = stage_key("estimate", {"tokens": self.tokens, "candidates": self.candidates,
                                                "val": data.digest("val"), "probes": PROBES, "seed": cfg.data.seed,
                                                **self.model, "ablate_positions": at, "bypass": "logit curvature"})

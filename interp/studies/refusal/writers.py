@@ -20,10 +20,12 @@ from interp.evals.judge import Judge
 from interp.evals.logits import refusal_score
 from interp.evals.rates import Rate, rate
 from interp.models import Model
+from interp.studies.kit.config import RefusalConfig
 from interp.studies.kit.scoring import ablation, prompt_logits
 from interp.studies.kit.stages import RefusalTokens
 from interp.studies.kit.writer_sites import embedding_note, moe_layers, writer_groups
-from interp.studies.refusal.evaluation import Evaluation, TestPrompts
+from interp.studies.refusal.evaluation import STAGE_MOVED, Evaluation, TestPrompts
+from interp.values import Runtime, moved_keywords
 from probes.directions import random_orthogonal
 
 if TYPE_CHECKING:
@@ -136,14 +138,21 @@ def _from_evaluation(ev: Evaluation | None) -> dict[tuple[str, str], dict[str, A
     return out
 
 
+@moved_keywords({k: v for k, v in STAGE_MOVED.items() if k not in ("test", "rank")})
 def writer_attribution(model: Model, test: TestPrompts, r: Float[torch.Tensor, " d"], tokens: RefusalTokens,
-                       max_new_tokens: int = 24, batch_size: int = 64, seed: int = 0, judge: Judge | None = None,
-                       evaluation: Evaluation | None = None, ablate_positions: str = "all") -> Writers:
-    """Ablate the unit refusal direction ``r [d]`` from each writer group (and, as a control, a seeded random unit
-    direction orthogonal to it) and measure refusal on the harmful test prompts; see :class:`Writers`.
+                       evaluation: Evaluation | None = None, config: RefusalConfig | None = None,
+                       runtime: Runtime | None = None) -> Writers:
+    """Ablate the unit refusal direction ``r [d]`` from each writer group (and, as a control, a random unit
+    direction orthogonal to it, seeded with ``runtime.seed``) and measure refusal on the harmful test prompts
+    (judged by ``test.judge``); see :class:`Writers`. ``config``: ``generation.max_new_tokens`` and
+    ``selection.ablate_at()``; ``runtime``: default batch size 64.
 
     ``evaluation`` (the evaluation stage of the same direction, prompts and seed) already holds the baseline and
     the all-writers ablation and its orthogonal control (the same edits): those rows are read from it."""
+    cfg = config if config is not None else RefusalConfig()
+    rt = runtime if runtime is not None else Runtime(batch_size=64, progress=False)
+    max_new_tokens, batch_size, seed, judge = cfg.generation.max_new_tokens, rt.batch_size, rt.seed, test.judge
+    ablate_positions = cfg.selection.ablate_at()
     r = torch.as_tensor(r).detach().float().cpu()
     if r.dim() != 1 or r.shape[0] != model.d_model:
         raise ValueError(f"r must be one direction of width {model.d_model} (the model's d_model), got shape "
