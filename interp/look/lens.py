@@ -29,12 +29,13 @@ CHUNK = 256  # token rows unembedded at once ([CHUNK, vocab] float32 per row of 
 
 
 def unembed(model: Model, normed: Float[torch.Tensor, "... d"]) -> Float[torch.Tensor, "... V"]:
-    """Logits from the final norm's output ``[..., d]`` -> ``[..., V]`` (float32): the unembedding with its bias and
+    """Logits from the final norm's output ``[..., d]`` -> ``[..., V]`` (float32 or wider): the unembedding with its bias and
     the final soft-capping (``final_logit_softcapping``, Gemma 2) as the model's forward applies them."""
     head = model.hf.get_output_embeddings()  # HF's own accessor (the spec's path is stale for some families)
     bias = getattr(head, "bias", None)
     x = normed.to(device=head.weight.device, dtype=head.weight.dtype)
-    logits = F.linear(x, head.weight.detach(), None if bias is None else bias.detach()).float()
+    logits = F.linear(x, head.weight.detach(), None if bias is None else bias.detach())
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # float32, or float64 for a float64 model
     cap = getattr(model.config, "final_logit_softcapping", None)
     if cap:
         logits = torch.tanh(logits / cap) * cap
@@ -166,7 +167,9 @@ def _run_grid(model: Model, flat: torch.Tensor, rows: torch.Tensor, sites: list[
     N, S1, _ = flat.shape
     V = model.config.vocab_size
     shapes = [(k,), (k,), (len(tids),), (), ()] + ([(V,)] if keep else [])
-    out = [torch.full((N, S1, *sh), float("nan")) for sh in shapes]
+    wide = torch.promote_types(model.dtype, torch.float32)
+    out = [torch.full((N, S1, *sh), float("nan"), dtype=wide if j == 5 else torch.float32)
+           for j, sh in enumerate(shapes)]
     out[0] = torch.zeros(N, S1, k, dtype=torch.long)
     with torch.inference_mode():
         for c in range(0, len(rows), CHUNK):
