@@ -5,6 +5,7 @@ beats the logit lens at every layer on held-out text; save / load; figures; bad 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,11 +17,8 @@ from interp.look.tuned_lens import TunedLens, train_tuned_lens
 from interp.readout import logits
 from interp.testing.tiny import FAMILIES, tiny_model
 
-from .conftest import shared_path
-
 QUIET = interp.Runtime(progress=False)
 PROMPTS = ["the man said", "what is the good word now, tell me"]
-TRAITS = ["agreeableness", "conscientiousness", "extraversion", "neuroticism", "openness"]
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -82,26 +80,23 @@ def test_lens_matches_transformer_lens_on_smollm2():
         assert float(diff) < 1e-4, f"lens differs from TransformerLens by {float(diff)}"
 
 
-def _statements(n_each: int) -> list[str]:
-    folder = shared_path("data", "persona")
-    out = []
-    for trait in TRAITS:
-        rows = [json.loads(line) for line in (folder / f"{trait}.jsonl").read_text().splitlines() if line.strip()]
-        out += [r["statement"] for r in rows[:n_each]]
-    return out
+def _texts(n: int) -> list[str]:
+    """The first ``n`` of the repository's own harmless instructions (real English requests, no ../shared needed)."""
+    path = Path(interp.__file__).parent / "data" / "prompts" / "harmless_realistic.jsonl"
+    return [json.loads(line)["instruction"] for line in path.read_text().splitlines() if line.strip()][:n]
 
 
 @pytest.mark.slow
 def test_tuned_lens_beats_logit_lens_at_every_layer_of_smollm2(tmp_path):
     m = interp.load_model("smollm2-135m-instruct")
-    texts = interp.Prompts(tuple(_statements(12)), chat=False)    # 60 real statements, 12 held out
-    tuned = train_tuned_lens(m, texts, steps=12, lr=2e-3, batch_tokens=32, runtime=QUIET)
+    texts = interp.Prompts(tuple(_texts(60)), chat=False)          # 60 real instructions, 12 held out
+    tuned = train_tuned_lens(m, texts, steps=20, lr=1e-3, batch_tokens=32, runtime=QUIET)
     logit_kl, tuned_kl = tuned.meta["heldout_kl_logit"], tuned.meta["heldout_kl_tuned"]
     assert len(tuned_kl) == m.n_layers - 1 and tuned.meta["heldout_tokens"] > 100
     worse = [i for i, (a, b) in enumerate(zip(logit_kl, tuned_kl)) if not b < a]
     assert not worse, f"tuned lens not better at layers {worse}: logit {logit_kl} tuned {tuned_kl}"
     # the result type through the tuned lens, both spellings, and the save / load round trip
-    prompt = ["I enjoy meeting new people"]
+    prompt = interp.Prompts(("I enjoy meeting new people",), chat=False)
     a = tuned.lens(m, prompt, runtime=QUIET)
     b = logit_lens(m, prompt, tuned.sites, lens=tuned, runtime=QUIET)
     assert isinstance(a, LogitLens) and a.lens == "tuned" and torch.equal(a.kl, b.kl)
