@@ -9,4 +9,8 @@ can use it.
 
 from __future__ import annotations
 
-__all__: list[str] = []
+from interp.look.lens import logit_lens
+from interp.look.lens_result import LogitLens
+from interp.look.tuned_lens import TunedLens, train_tuned_lens
+
+__all__: list[str] = ["LogitLens", "TunedLens", "logit_lens", "train_tuned_lens"]
