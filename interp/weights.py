@@ -76,7 +76,7 @@ def token_id(tokenizer: Any, tok: int | str, vocab: int) -> int:
                              f"(give one of those pieces, or its id)")
         tok = ids[0]
     if isinstance(tok, bool) or not 0 <= int(tok) < vocab:
-        raise ValueError(f"token id {tok!r} is outside the vocabulary (0..{vocab - 1})")
+        raise ValueError(f"token id {tok!r} is out of range: outside the vocabulary (0..{vocab - 1})")
     return int(tok)
 
 

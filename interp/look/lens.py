@@ -22,6 +22,7 @@ from interp.models import Model
 from interp.positions import Positions
 from interp.sites import Site, expand_sites, resolve_layers
 from interp.values import Prompts, Runtime
+from interp.weights import token_id, unembed_module
 
 RESIDUAL_KINDS = ("resid_pre", "resid_mid", "resid_post")
 FINAL_SITE = "ln_final.hook_out"  # the final norm's output: unembedded, it is the model's own logits
@@ -31,7 +32,7 @@ CHUNK = 256  # token rows unembedded at once ([CHUNK, vocab] float32 per row of 
 def unembed(model: Model, normed: Float[torch.Tensor, "... d"]) -> Float[torch.Tensor, "... V"]:
     """Logits from the final norm's output ``[..., d]`` -> ``[..., V]`` (float32 or wider): the unembedding with its bias and
     the final soft-capping (``final_logit_softcapping``, Gemma 2) as the model's forward applies them."""
-    head = model.hf.get_output_embeddings()  # HF's own accessor (the spec's path is stale for some families)
+    head = unembed_module(model)
     bias = getattr(head, "bias", None)
     x = normed.to(device=head.weight.device, dtype=head.weight.dtype)
     logits = F.linear(x, head.weight.detach(), None if bias is None else bias.detach())
@@ -78,20 +79,10 @@ def target_ids(model: Model, targets: Sequence[str | int] | str | int | None) ->
     tok, vocab = model.tokenizer, model.config.vocab_size
     labels, ids = [], []
     for t in items:
-        if isinstance(t, int) and not isinstance(t, bool):
-            if not 0 <= t < vocab:
-                raise ValueError(f"target id {t} is out of range; this model's vocabulary has ids 0..{vocab - 1}")
-            labels.append(tok.convert_ids_to_tokens(t) if tok is not None else str(t))
-            ids.append(t)
-            continue
-        if not isinstance(t, str):
+        if not isinstance(t, (str, int)) or isinstance(t, bool):
             raise TypeError(f"targets must be token strings or ids, got {type(t).__name__}")
-        enc = tok.encode(t, add_special_tokens=False) if tok is not None else []
-        if len(enc) != 1:
-            raise ValueError(f"target {t!r} is {len(enc)} tokens for this tokenizer; give a string that is one token "
-                             f"(often with its leading space, e.g. ' Paris') or its token id")
-        labels.append(t)
-        ids.append(enc[0])
+        ids.append(token_id(tok, t, vocab))  # one token, or the error naming its pieces
+        labels.append(t if isinstance(t, str) else tok.convert_ids_to_tokens(t) if tok is not None else str(t))
     return labels, ids
 
 
