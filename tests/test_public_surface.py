@@ -7,13 +7,15 @@ import importlib
 
 import pytest
 
-PACKAGES = ("interp", "interp.evals", "probes", "sae", "steering", "interp.patching", "interp.tune")
+PACKAGES = ("interp", "interp.evals", "probes", "sae", "steering", "interp.patching", "interp.tune", "interp.look")
 
 
 def test_about_sixty_deliberate_names():
     total = sum(len(importlib.import_module(p).__all__) for p in PACKAGES)
     # 85 before the value types (interp.Prompts, interp.Runtime, steering.Sampling, steering.GenerationSession)
-    assert total <= 90, f"{total} public names; keep __all__ to the deliberate API (the rest lives in submodules)"
+    # +6 for the exploratory looks (interp.look: logit_lens, train_tuned_lens, TunedLens, direct_logit_attribution,
+    # head_scores, pattern_figure)
+    assert total <= 96, f"{total} public names; keep __all__ to the deliberate API (the rest lives in submodules)"
 
 
 @pytest.mark.parametrize("pkg", PACKAGES)

@@ -9,8 +9,11 @@ can use it.
 
 from __future__ import annotations
 
+from interp.look.dla import direct_logit_attribution
+from interp.look.heads import head_scores, pattern_figure
 from interp.look.lens import logit_lens
-from interp.look.lens_result import LogitLens
 from interp.look.tuned_lens import TunedLens, train_tuned_lens
 
-__all__: list[str] = ["LogitLens", "TunedLens", "logit_lens", "train_tuned_lens"]
+# the results (DLA, HeadScores, LogitLens) are what these return; import them from their modules to annotate
+__all__: list[str] = ["TunedLens", "direct_logit_attribution", "head_scores", "logit_lens", "pattern_figure",
+                      "train_tuned_lens"]
