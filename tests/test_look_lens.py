@@ -122,8 +122,14 @@ def test_tuned_lens_save_load_and_other_width_refused(tmp_path):
     assert isinstance(back, TunedLens) and torch.equal(back.weight, tuned.weight)
     with pytest.raises(ValueError, match="width 64.*width 32"):
         TunedLens.load(tmp_path / "t", tiny_model("llama", n_layers=3, d_model=32))
+    # the last layer's residual is what the model reads out: the tuned lens is the identity there, so every-layer
+    # calls work without a translator for it; a layer it was not trained on is refused
+    last = logit_lens(m, PROMPTS, "resid_post.2", lens=tuned, runtime=QUIET)
+    assert torch.equal(last.kl, logit_lens(m, PROMPTS, "resid_post.2", runtime=QUIET).kl)
+    assert logit_lens(m, PROMPTS, lens=tuned, runtime=QUIET).kl.shape[1] == 4       # 3 layers + the output
+    part = train_tuned_lens(m, texts, layers=[0], steps=1, batch_tokens=8, runtime=QUIET)
     with pytest.raises(ValueError, match="no translator"):
-        logit_lens(m, PROMPTS, "resid_post.2", lens=tuned, runtime=QUIET)
+        logit_lens(m, PROMPTS, "resid_post.1", lens=part, runtime=QUIET)
 
 
 def test_untrained_tuned_lens_is_the_logit_lens():

@@ -45,6 +45,8 @@ class TunedLens(Fitted):
     def translate(self, site: str, h: Float[torch.Tensor, "... d"]) -> Float[torch.Tensor, "... d"]:
         """``h + A h + b`` with the translator of ``site``."""
         name = parse_site(site).name
+        if name == self._final_site():  # the residual the final norm reads: the identity is exact there
+            return h
         if name not in self.sites:
             raise ValueError(f"this tuned lens has no translator for {name}; it covers {self.sites}")
         i = self.sites.index(name)
@@ -54,10 +56,15 @@ class TunedLens(Fitted):
     def check(self, model: Model, sites: Sequence[str]) -> None:
         """Refuse a model of another shape (:func:`interp.bundle.check_model`) and sites without a translator."""
         check_model(self, model, "this tuned lens")
-        missing = [s for s in sites if s not in self.sites]
+        missing = [s for s in sites if s not in self.sites and s != self._final_site()]
         if missing:
             raise ValueError(f"this tuned lens has no translator for {missing}; it covers {self.sites}: pass "
                              f"sites=lens.sites or train one with train_tuned_lens(model, texts, layers=...)")
+
+    def _final_site(self) -> str | None:
+        """The last layer's ``resid_post``: what the model itself reads out, so the tuned lens is the identity there."""
+        n = self.meta.get("model", {}).get("n_layers")
+        return None if n is None else Site("resid_post", int(n) - 1).name
 
     def lens(self, model: Model, prompts: Prompts | Sequence[str], positions: Positions | str = "last",
              **kw: Any) -> LogitLens:
