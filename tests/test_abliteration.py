@@ -227,3 +227,42 @@ def test_random_like_keeps_strength(cls):
     assert abs(float(d @ r) / float(d.norm() * r.norm())) < 0.5
     assert torch.equal(torch.as_tensor(edit.random_like(m, seed=1).direction), d)
     assert _rel(_logits(m, ctrl), _logits(m, edit)) > 1e-3
+
+
+@pytest.mark.parametrize("family", ("llama", "qwen2_moe"))
+def test_full_weight_equals_directional_ablation(family):
+    """Weight 1 at every writer (embedding included) is the refusal-direction recipe's ablation everywhere."""
+    m = _model(family)
+    r = _vec(m.d_model)
+    edit = WeightedAblation(r, kernel={"embed": 1.0, "attn": 1.0, "mlp": 1.0}, writers=("embed", "attn", "mlp"))
+    assert _rel(_logits(m, edit), _logits(m, steering.DirectionalAblation(r))) < 1e-4
+
+
+@pytest.mark.parametrize("cls", (WeightedAblation, NormPreservingAblation))
+def test_generation_hooks_equal_baked(cls):
+    """Greedy generations under the hook form equal the baked copy's, token for token."""
+    m = _model("llama")
+    r = _vec(m.d_model)
+    edit = cls(r, kernel={"attn": AblationKernel(2.0, 1.0, 0.5, 2.0), "mlp": 1.5})
+    prompts = ["the water is", "write a word about the house"]
+    hooked = steering.generate(m, prompts, edit, max_new_tokens=8)
+    plain = steering.generate(m, prompts, max_new_tokens=8)
+    baked = steering.generate(edit.bake(m).model, prompts, max_new_tokens=8)
+    assert hooked.texts == baked.texts and hooked.texts != plain.texts
+
+
+def test_post_instruction_scope():
+    """The hook form takes the main job's post-instruction scope; the norm-preserving edit refuses it by name."""
+    m = _model("llama")
+    r = _vec(m.d_model)
+    prompts = ["the water is", "write a word about the house"]
+    kernel = {"attn": 2.0, "mlp": 2.0}
+    post = steering.generate(m, prompts, WeightedAblation(r, kernel=kernel, positions="post_instruction"),
+                             max_new_tokens=8)
+    every = steering.generate(m, prompts, WeightedAblation(r, kernel=kernel), max_new_tokens=8)
+    plain = steering.generate(m, prompts, max_new_tokens=8)
+    assert post.texts != plain.texts and post.texts != every.texts
+    with pytest.raises(ValueError, match="every token"):
+        NormPreservingAblation(r, positions="post_instruction")
+    with pytest.raises(ValueError, match="WeightedAblation"):
+        NormPreservingAblation(r, kernel={"embed": 1.0}, writers=("embed",))
