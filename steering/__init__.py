@@ -23,7 +23,7 @@ imported only when a CUDA kernel first runs.
 from __future__ import annotations
 
 from steering.abliteration import AblationKernel, WeightedAblation, direction_at, orthogonalize
-from steering.abliteration_norm import NormPreservingAblation
+from steering.abliteration_norm import NormPreservingAblation, WriterAblation
 from steering.applying import apply
 from steering.baking import bake
 from steering.bias import bake_addition
@@ -36,5 +36,6 @@ from steering.strength import residual_norms
 from steering.sweep import alpha_sweep
 
 __all__ = ["Ablate", "AblateSubspace", "AblationKernel", "AddVector", "Clamp", "DirectionalAblation", "GenerationSession",
-           "NormPreservingAblation", "RowEdits", "RowGroups", "Sampling", "WeightedAblation", "alpha_sweep",
+           "NormPreservingAblation", "RowEdits", "RowGroups", "Sampling", "WeightedAblation", "WriterAblation",
+           "alpha_sweep",
            "apply", "direction_at", "orthogonalize", "bake", "bake_addition", "export_gguf", "generate", "generate_and_judge", "residual_norms"]

@@ -274,7 +274,8 @@ def targets_of(model: Model, kind: str, layer: int, post_norm_ok: bool = False) 
     if kind != "embed" and spec.post_sublayer_norms and not post_norm_ok:
         raise ValueError(f"{spec.family} normalises each sublayer's output ({spec.attn_out}, {spec.mlp_out}), so a "
                          f"weight edit of the {kind} writer cannot equal the edit at {SITE_OF[kind]} (the norm rescales "
-                         f"the rest); bake writers=('embed',) only, or apply the edit with hooks")
+                         f"the rest); use steering.WriterAblation (the same edit of the writer's own output, before the norm: exact to "
+                         f"bake), bake writers=('embed',) only, or apply the edit with hooks")
     names = {"embed": ("embed", "pos_embed"), "mlp": ("experts", "shared_expert") if _moe_here(model, layer)
              else ("mlp",)}.get(kind, (kind,))
     return _targets(model, names, [layer])

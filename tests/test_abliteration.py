@@ -10,7 +10,7 @@ import torch
 import steering
 from interp.testing.tiny import tiny_model
 from steering.abliteration import AblationKernel, WeightedAblation, direction_at, orthogonalize
-from steering.abliteration_norm import NormPreservingAblation
+from steering.abliteration_norm import NormPreservingAblation, WriterAblation
 
 IDS = torch.randint(7, 200, (2, 12), generator=torch.Generator().manual_seed(0))
 DENSE = ("llama", "qwen3", "gpt2", "gpt_neox")
@@ -215,7 +215,7 @@ def test_norm_preserving_restores_weights_on_error():
     assert not any(mod._forward_hooks for mod in m.hf.modules())
 
 
-@pytest.mark.parametrize("cls", (WeightedAblation, NormPreservingAblation))
+@pytest.mark.parametrize("cls", (WeightedAblation, NormPreservingAblation, WriterAblation))
 def test_random_like_keeps_strength(cls):
     m = _model("llama")
     r = 3.0 * _vec(m.d_model)
@@ -238,7 +238,7 @@ def test_full_weight_equals_directional_ablation(family):
     assert _rel(_logits(m, edit), _logits(m, steering.DirectionalAblation(r))) < 1e-4
 
 
-@pytest.mark.parametrize("cls", (WeightedAblation, NormPreservingAblation))
+@pytest.mark.parametrize("cls", (WeightedAblation, NormPreservingAblation, WriterAblation))
 def test_generation_hooks_equal_baked(cls):
     """Greedy generations under the hook form equal the baked copy's, token for token."""
     m = _model("llama")
@@ -266,3 +266,35 @@ def test_post_instruction_scope():
         NormPreservingAblation(r, positions="post_instruction")
     with pytest.raises(ValueError, match="WeightedAblation"):
         NormPreservingAblation(r, kernel={"embed": 1.0}, writers=("embed",))
+
+
+def _ref_kernel(m):
+    return {"attn": KERNELS["attn"]} if m.spec.is_moe else KERNELS
+
+
+@pytest.mark.parametrize("family", ("llama", "gpt2", "gpt_neox", "qwen2_moe", "mixtral"))
+def test_writer_ablation_equals_weighted_ablation(family):
+    """Where no norm follows a writer, the edit of its own output is the edit at the residual site."""
+    m = _model(family)
+    r = _vec(m.d_model)
+    means = torch.randn(m.n_layers, m.d_model, generator=torch.Generator().manual_seed(9))
+    kernel = _ref_kernel(m)
+    hooked = _logits(m, WeightedAblation(r, kernel=kernel, writers=tuple(kernel), reference=means))
+    assert _rel(_logits(m, WriterAblation(r, kernel=kernel, writers=tuple(kernel), reference=means)), hooked) < 1e-5
+    every = _logits(m, WeightedAblation(r, kernel=KERNELS))          # the MLP too (the experts in a MoE)
+    assert _rel(_logits(m, WriterAblation(r, kernel=KERNELS)), every) < 1e-5
+
+
+@pytest.mark.parametrize("family", ("llama", "qwen2_moe") + POST_NORM)
+def test_writer_ablation_bake_equals_hooks(family):
+    """Exact in every family, post-sublayer norms included, with a reference level (biases added where missing)."""
+    m = _model(family)
+    r = _vec(m.d_model)
+    means = torch.randn(m.n_layers, m.d_model, generator=torch.Generator().manual_seed(9))
+    kernel = _ref_kernel(m)
+    edit = WriterAblation(r, kernel=kernel, writers=tuple(kernel), reference=means)
+    plain, hooked = _logits(m), _logits(m, edit)
+    assert _rel(hooked, _logits(m, WriterAblation(r, kernel=kernel, writers=tuple(kernel)))) > 1e-3
+    res = edit.bake(m)
+    assert _rel(_logits(res.model), hooked) < 1e-4
+    assert _rel(_logits(m), plain) == 0.0
