@@ -298,3 +298,25 @@ def test_writer_ablation_bake_equals_hooks(family):
     res = edit.bake(m)
     assert _rel(_logits(res.model), hooked) < 1e-4
     assert _rel(_logits(m), plain) == 0.0
+
+
+@pytest.mark.parametrize("cls", (WeightedAblation, WriterAblation))
+def test_reference_bake_saves_and_reloads(cls, tmp_path):
+    """A reference level baked as biases the config flags build: save_pretrained and plain transformers reload it;
+    where the config has no flag (Qwen3's MLP) the save paths refuse the model, naming the fix."""
+    from transformers import AutoModelForCausalLM
+
+    from steering.bias import check_saveable
+
+    m = _model("llama")
+    r = _vec(m.d_model)
+    edit = cls(r, kernel=KERNELS, reference=0.4)
+    baked = edit.bake(m).model
+    check_saveable(baked, "save")
+    baked.hf.save_pretrained(tmp_path / "baked")
+    again = AutoModelForCausalLM.from_pretrained(tmp_path / "baked").eval()
+    with torch.no_grad():
+        assert _rel(again(IDS).logits, _logits(m, edit)) < 1e-4
+    q = _model("qwen3")
+    with pytest.raises(ValueError, match="resid_pre 0"):
+        check_saveable(cls(_vec(q.d_model), kernel=KERNELS, reference=0.4).bake(q).model, "save")
