@@ -224,6 +224,11 @@ class WeightedAblation(_Intervention):
                 weights = {0: check_finite(kern, "embed weight")}
             else:
                 weights = layer_weights(kern, model.n_layers, f"the {kind} kernel")
+            unplaced = [layer for layer, w in weights.items() if w and layer not in layers]
+            if unplaced and isinstance(self.layers, str):
+                raise ValueError(f"the {kind} kernel weighs layers {unplaced} but the direction has none there (it "
+                                 f"covers {layers}); give a direction for every weighted layer, a kernel that is 0 "
+                                 f"there, or layers=[...] to act on fewer")
             for layer in layers:
                 w = weights.get(layer, 0.0)
                 if w == 0.0 or (kind == "embed" and layer != 0):

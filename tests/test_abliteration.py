@@ -70,6 +70,11 @@ def test_kernel_bad_input():
         WeightedAblation(_vec(m.d_model), kernel=AblationKernel(1.0, 7.0, 0.0, 2.0)).hook_fns(m)
     with pytest.raises(ValueError, match="one weight per layer"):
         WeightedAblation(_vec(m.d_model), kernel=[1.0, 0.5]).hook_fns(m)
+    partial = {2: _vec(m.d_model), 3: _vec(m.d_model, 2)}      # per-layer directions for two layers only
+    with pytest.raises(ValueError, match=r"weighs layers \[0, 1\] but the direction has none there"):
+        WeightedAblation(partial, kernel=1.0).hook_fns(m)
+    assert sorted(WeightedAblation(partial, kernel=1.0, layers=[2, 3]).hook_fns(m)) == [
+        "blocks.2.hook_attn_out", "blocks.2.hook_mlp_out", "blocks.3.hook_attn_out", "blocks.3.hook_mlp_out"]
 
 
 def test_direction_at_interpolates_and_normalises():
