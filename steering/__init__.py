@@ -7,6 +7,8 @@
     session = steering.GenerationSession(model, prompts)     # many edits, one encoding and plain prompt pass
     outs = session.generate_each([(steering.DirectionalAblation(r),), (steering.AddVector(v, layers=6),)])
     baked = steering.bake(model, r).model
+    k = steering.AblationKernel(1.0, 12.5, 0.2, 6.0)        # heretic-style: a weight kernel per writer kind
+    baked = steering.WeightedAblation(r, kernel={"attn": k, "mlp": k}, reference=harmless_mean).bake(model).model
     served = steering.bake_addition(model, steering.AddVector(v, layers=6)).model   # a bias: save_pretrained, vLLM
     steering.export_gguf(served, "steered.gguf")      # llama.cpp (steering.gguf_export.export_control_vector too)
     norms = steering.residual_norms(model, prompts)          # alpha in units of the residual norm:
@@ -20,6 +22,8 @@ imported only when a CUDA kernel first runs.
 
 from __future__ import annotations
 
+from steering.abliteration import AblationKernel, WeightedAblation, direction_at, orthogonalize
+from steering.abliteration_norm import NormPreservingAblation, WriterAblation
 from steering.applying import apply
 from steering.baking import bake
 from steering.bias import bake_addition
@@ -31,6 +35,7 @@ from steering.rows import RowEdits, RowGroups
 from steering.strength import residual_norms
 from steering.sweep import alpha_sweep
 
-__all__ = ["Ablate", "AblateSubspace", "AddVector", "Clamp", "DirectionalAblation", "GenerationSession", "RowEdits",
-           "RowGroups", "Sampling", "alpha_sweep",
-           "apply", "bake", "bake_addition", "export_gguf", "generate", "generate_and_judge", "residual_norms"]
+__all__ = ["Ablate", "AblateSubspace", "AblationKernel", "AddVector", "Clamp", "DirectionalAblation", "GenerationSession",
+           "NormPreservingAblation", "RowEdits", "RowGroups", "Sampling", "WeightedAblation", "WriterAblation",
+           "alpha_sweep",
+           "apply", "direction_at", "orthogonalize", "bake", "bake_addition", "export_gguf", "generate", "generate_and_judge", "residual_norms"]

@@ -194,29 +194,30 @@ def _effective_basis(Q: Tensor, norm: nn.Module | None, d: int) -> Tensor:
     return q.T
 
 
-def _orth_(t: Tensor, Q: Tensor, out_dim: int) -> None:
-    """In place: remove span(Q) from dimension ``out_dim`` (the residual-width one) of ``t``."""
+def _orth_(t: Tensor, Q: Tensor, out_dim: int, weight: float = 1.0) -> None:
+    """In place: remove span(Q) from dimension ``out_dim`` (the residual-width one) of ``t``; ``weight`` removes that
+    fraction of it (``x - w Q^T Q x``: the weighted ablation of :mod:`steering.abliteration`)."""
     cdt = torch.float64 if t.numel() <= (1 << 24) or t.dtype == torch.float64 else torch.float32
     Qd = Q.to(t.device, cdt)
     x = t.data.to(cdt).movedim(out_dim, -1)
-    x = x - (x @ Qd.T) @ Qd
+    x = x - weight * ((x @ Qd.T) @ Qd)
     t.data.copy_(x.movedim(-1, out_dim).to(t.dtype))
 
 
-def _edit(target: _Target, Q: Tensor) -> None:
+def _edit(target: _Target, Q: Tensor, weight: float = 1.0) -> None:
     mod, lay = target.module, target.layout
     with torch.no_grad():
         if lay in ("linear", "rows"):
-            _orth_(mod.weight, Q, 0 if lay == "linear" else mod.weight.dim() - 1)
+            _orth_(mod.weight, Q, 0 if lay == "linear" else mod.weight.dim() - 1, weight)
             if getattr(mod, "bias", None) is not None:
-                _orth_(mod.bias, Q, 0)
+                _orth_(mod.bias, Q, 0, weight)
         else:
             w = getattr(mod, target.attr)
             for e in range(w.shape[0]):  # one expert at a time bounds the float64 copy
-                _orth_(w[e], Q, 0 if lay == "experts" else 1)
+                _orth_(w[e], Q, 0 if lay == "experts" else 1, weight)
             b = getattr(mod, f"{target.attr}_bias", None)
             if isinstance(b, Tensor):
-                _orth_(b, Q, 1)
+                _orth_(b, Q, 1, weight)
 
 
 def _removed_fraction(target: _Target, edit: Any) -> float:
