@@ -15,7 +15,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
-from dataclasses import is_dataclass
+from dataclasses import is_dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +99,8 @@ def save_edit(edit: Any, path: str | os.PathLike, model: Model | None = None, ov
     if not is_dataclass(edit) or isinstance(edit, type) or result_kind(type(edit)) not in known_edits():
         raise TypeError(f"save_edit takes a dataclass edit of steering (one of {sorted(c.__name__ for c in known_edits().values())}), "
                         f"got {type(edit).__name__}; register another dataclass with steering.specs.register_edit")
+    if isinstance(getattr(edit, "layers", None), range):   # JSON has no range: the same layers as a list
+        edit = replace(edit, layers=list(edit.layers))
     js, st = _paths(path)
     check_writable(js, overwrite)
     check_writable(st, overwrite)

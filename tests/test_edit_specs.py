@@ -101,6 +101,8 @@ def test_save_refuses_overwrite_unknown_kinds_and_other_models(model, tmp_path):
     steering.save_edit(steering.Ablate(torch.ones(model.d_model), layers=0), tmp_path / "r", model=model,
                        overwrite=True)
     assert type(steering.load_edit(tmp_path / "r")) is steering.Ablate
+    steering.save_edit(steering.AddVector(torch.ones(model.d_model), layers=range(2)), tmp_path / "range")
+    assert steering.load_edit(tmp_path / "range").layers == [0, 1]
     with pytest.raises(TypeError, match="dataclass"):
         steering.save_edit(lambda m: {}, tmp_path / "f")
     spec = json.loads((tmp_path / "r.json").read_text())
@@ -178,3 +180,12 @@ def test_run_edits_reload_and_regenerate_the_run_byte_for_byte(organism_run):
         assert gen.texts == [r["response"] for r in mine], cond
         checked += 1
     assert checked >= 6
+    # the run's saved direction, used the obvious way, now does what the run did (it did not: one layer, unit vector)
+    d = Direction.load(out / "direction")
+    by_hand = {"harmful/ablation": steering.DirectionalAblation(d, positions=res.metrics["selection"]["ablate_positions"]),
+               "harmless/addition": steering.AddVector(d, layers=d.layers[0], magnitude="raw")}
+    for cond, edit in by_hand.items():
+        mine = [r for r in rows if r["condition"] == cond]
+        gen = steering.generate(model, [r["instruction"] for r in mine], edit,
+                                max_new_tokens=res.metrics["generation"]["max_new_tokens"])
+        assert gen.texts == [r["response"] for r in mine], cond

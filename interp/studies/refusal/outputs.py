@@ -1,4 +1,4 @@
-"""The refusal job's outputs from its typed stage results: notes, metrics.json, direction, generations, report."""
+"""The refusal job's outputs from its typed stage results: notes, metrics.json, direction, edit specs, generations, report."""
 
 from __future__ import annotations
 
