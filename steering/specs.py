@@ -133,6 +133,8 @@ def load_edit(path: str | os.PathLike, model: Model | None = None) -> Any:
     js, st = _paths(path)
     if not js.exists():
         raise FileNotFoundError(f"no edit spec at {js}; write one with steering.save_edit(edit, path)")
+    if not st.exists():
+        raise FileNotFoundError(f"{st} is missing: an edit spec is the pair {js.name} + {st.name}; copy both")
     spec = read_json(js)
     kind = spec.get("class")
     if kind not in known_edits():
@@ -143,7 +145,7 @@ def load_edit(path: str | os.PathLike, model: Model | None = None) -> Any:
     if model is not None and prov:
         shape = {k: prov.get(k) for k in ("n_layers", "d_model")}
         check_model(Provenance(model_id=prov.get("model", ""), meta={"model": shape}), model, f"the edit spec {js}")
-    tensors = read_safetensors(st) if st.exists() else {}
+    tensors = read_safetensors(st)
     return decode_fields(known_edits()[kind], spec["fields"], tensors)
 
 

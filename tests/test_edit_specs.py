@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import warnings
-from dataclasses import fields, is_dataclass
+from dataclasses import dataclass, fields, is_dataclass
 
 import pytest
 import torch
@@ -15,6 +15,7 @@ import interp
 import steering
 from interp.testing.tiny import tiny_model
 from probes.objects import Direction
+from steering.specs import register_edit
 
 PROMPTS = ["the man said to the boy", "how do you find water", "tell me about the house"]
 
@@ -114,6 +115,9 @@ def test_save_refuses_overwrite_unknown_kinds_and_other_models(model, tmp_path):
             steering.load_edit(tmp_path / "bad")
     with pytest.raises(FileNotFoundError, match="save_edit"):
         steering.load_edit(tmp_path / "missing")
+    (tmp_path / "bad.safetensors").unlink()
+    with pytest.raises(FileNotFoundError, match="copy both"):
+        steering.load_edit(tmp_path / "bad")
     with pytest.warns(UserWarning, match="tiny-llama"):
         steering.load_edit(tmp_path / "r", model=tiny_model("mistral"))
     with pytest.raises(ValueError, match="width 32"):
@@ -189,3 +193,19 @@ def test_run_edits_reload_and_regenerate_the_run_byte_for_byte(organism_run):
         gen = steering.generate(model, [r["instruction"] for r in mine], edit,
                                 max_new_tokens=res.metrics["generation"]["max_new_tokens"])
         assert gen.texts == [r["response"] for r in mine], cond
+
+
+@dataclass(eq=False)
+class _MyAblation(steering.Ablate):
+    """A user's own edit class (a dataclass), registered to be saved."""
+
+    note: str = ""
+
+
+def test_a_registered_edit_class_round_trips(model, tmp_path):
+    edit = _MyAblation(torch.ones(model.d_model), layers=[1], note="mine")
+    with pytest.raises(TypeError, match="register_edit"):
+        steering.save_edit(edit, tmp_path / "mine")
+    register_edit(_MyAblation)
+    steering.save_edit(edit, tmp_path / "mine", model=model)
+    _same(edit, steering.load_edit(tmp_path / "mine", model=model))
