@@ -171,7 +171,7 @@ def test_run_edits_reload_and_regenerate_the_run_byte_for_byte(organism_run):
     assert {"harmful/ablation", "harmful/random ablation", "harmless/addition", "every-token ablation"} <= set(specs)
     model = interp.load_model("organism")
     rows = [json.loads(line) for line in (out / "generations.jsonl").read_text().splitlines()]
-    checked = 0
+    how, checked = res.metrics["generation"], 0
     for cond, rel in specs.items():
         edit = steering.load_edit(out / rel, model=model)
         mine = [r for r in rows if r["condition"] == cond]
@@ -179,8 +179,8 @@ def test_run_edits_reload_and_regenerate_the_run_byte_for_byte(organism_run):
             continue  # a KL control: no generations of its own
         with warnings.catch_warnings():
             warnings.simplefilter("error")
-            gen = steering.generate(model, [r["instruction"] for r in mine], edit,
-                                    max_new_tokens=res.metrics["generation"]["max_new_tokens"])
+            gen = steering.generate(model, [r["instruction"] for r in mine], edit, max_new_tokens=how["max_new_tokens"],
+                                    runtime=interp.Runtime(batch_size=how["batch_size"], progress=False))
         assert gen.texts == [r["response"] for r in mine], cond
         checked += 1
     assert checked >= 6
@@ -190,8 +190,8 @@ def test_run_edits_reload_and_regenerate_the_run_byte_for_byte(organism_run):
                "harmless/addition": steering.AddVector(d, layers=d.layers[0], magnitude="raw")}
     for cond, edit in by_hand.items():
         mine = [r for r in rows if r["condition"] == cond]
-        gen = steering.generate(model, [r["instruction"] for r in mine], edit,
-                                max_new_tokens=res.metrics["generation"]["max_new_tokens"])
+        gen = steering.generate(model, [r["instruction"] for r in mine], edit, max_new_tokens=how["max_new_tokens"],
+                                runtime=interp.Runtime(batch_size=how["batch_size"], progress=False))
         assert gen.texts == [r["response"] for r in mine], cond
 
 

@@ -169,7 +169,8 @@ def finish(run: Run, model: Model, cfg: RefusalConfig, data: RefusalData, res: R
     write_generations(run.out / "generations.jsonl", data, res)
     res.metrics = build_metrics(cfg, model, data, res)
     res.metrics["edits"] = save_edits(run, model, cfg, data, res)   # steering.load_edit(out / path)
-    res.metrics["generation"] = {"max_new_tokens": cfg.generation.max_new_tokens, "sampling": "greedy"}
+    res.metrics["generation"] = {"max_new_tokens": cfg.generation.max_new_tokens, "sampling": "greedy",
+                                 "batch_size": cfg.runtime.batch_size}
     if res.direction is not None and cfg.runtime.save_model:
         say("save model", "start")
         res.metrics["saved_model"] = save_baked(run, model, res)
