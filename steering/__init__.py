@@ -14,6 +14,7 @@
     norms = steering.residual_norms(model, prompts)          # alpha in units of the residual norm:
     iv = steering.AddVector(d, layers=12, alpha=0.5, unit="residual", norms=norms)
     sweep = steering.alpha_sweep(model, prompts, make_iv, [0, 0.5, 1], evals.refusal_rate)
+    steering.save_edit(iv, "edits/add", model=model); iv = steering.load_edit("edits/add", model=model)   # exact
 
 The functions ``apply``, ``bake`` and ``generate`` share their names with their modules, so they are
 imported here eagerly (a lazy attribute would be shadowed by the submodule once it loads). Triton is
@@ -32,10 +33,11 @@ from steering.gguf_export import export_gguf
 from steering.interventions import Ablate, AblateSubspace, AddVector, Clamp, DirectionalAblation
 from steering.judged import generate_and_judge
 from steering.rows import RowEdits, RowGroups
+from steering.specs import load_edit, save_edit
 from steering.strength import residual_norms
 from steering.sweep import alpha_sweep
 
 __all__ = ["Ablate", "AblateSubspace", "AblationKernel", "AddVector", "Clamp", "DirectionalAblation", "GenerationSession",
            "NormPreservingAblation", "RowEdits", "RowGroups", "Sampling", "WeightedAblation", "WriterAblation",
-           "alpha_sweep",
-           "apply", "direction_at", "orthogonalize", "bake", "bake_addition", "export_gguf", "generate", "generate_and_judge", "residual_norms"]
+           "alpha_sweep", "apply", "bake", "bake_addition", "direction_at", "export_gguf", "generate",
+           "generate_and_judge", "load_edit", "orthogonalize", "residual_norms", "save_edit"]

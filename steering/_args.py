@@ -19,6 +19,7 @@ SCOPES = ("prompt", "generated", "both")
 STREAM_KINDS = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "experts_out", "shared_expert_out")
 POSITION_RULES = ("all", "post_instruction")
 ORTHO_TOL = 1e-4
+MAGNITUDES = ("raw", "unit")
 
 
 
@@ -195,3 +196,34 @@ def orthonormal(basis: torch.Tensor, name: str, orthonormalize: bool) -> torch.T
     warnings.warn(f"{name} was not orthonormal (max |Q Q^T - I| = {err:.3g}); orthonormalised it by QR "
                   f"(same span)", stacklevel=3)
     return q.T.to(basis.dtype)
+
+
+def own_kind(vector: Any) -> str:
+    """The one site kind an object's ``.sites`` share (a Direction fitted at ``resid_pre``), else ``resid_post``."""
+    kinds = {parse_site(s).kind for s in getattr(vector, "sites", None) or []}
+    return kinds.pop() if len(kinds) == 1 and kinds <= set(STREAM_KINDS) else "resid_post"
+
+
+def magnitude_table(vector: Any, vecs: Any, magnitude: str | None, unit_kind: str) -> Any:
+    """An addition's vectors (``vecs``: per_layer_vectors of ``vector``) at the stated ``magnitude``: a unit
+    Direction's raw vectors ``vectors * norms`` (``"raw"``), unit vectors (``"unit"``), or as given (``None``);
+    a Direction that knows its raw norms, added in raw units with no stated magnitude, is an error."""
+    if magnitude not in (None, *MAGNITUDES):
+        raise ValueError(f"AddVector magnitude must be one of {MAGNITUDES} or None, got {magnitude!r}")
+    norms = getattr(vector, "norms", None)
+    known = isinstance(norms, torch.Tensor) and not isinstance(vector, torch.Tensor)
+    if known and unit_kind == "raw" and magnitude is None:
+        raise ValueError("AddVector got a unit probes Direction whose raw norms are known: say which vector to add, "
+                         "magnitude='raw' (vectors * norms: the difference of means, as the refusal job adds it) or "
+                         "magnitude='unit' (the unit vector, so alpha is an absolute norm); or unit='residual' with "
+                         "norms= for a fraction of the residual norm")
+    if magnitude == "unit":
+        if isinstance(vecs, dict):
+            return {k: unit(v, "AddVector vector") for k, v in vecs.items()}
+        return vecs / vecs.norm(dim=-1, keepdim=True).clamp_min(1e-12)
+    if magnitude == "raw" and known:
+        scale = as_tensor(norms, "AddVector vector norms").reshape(-1)
+        if isinstance(vecs, dict):
+            return {k: v * scale[i] for i, (k, v) in enumerate(vecs.items())}
+        return vecs * (scale if vecs.dim() == 1 else scale[:, None])
+    return vecs

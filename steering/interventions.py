@@ -38,8 +38,10 @@ from steering._args import (
     check_positions,
     check_scope,
     label_rows,
+    magnitude_table,
     object_layers,
     orthonormal,
+    own_kind,
     per_layer_vectors,
     resolve_kinds,
     resolve_layers,
@@ -212,6 +214,10 @@ class AddVector(_Intervention):
     """``x + alpha * v`` at ``layers`` x ``sites``. Same convention as the steering-vectors library when
     ``sites='resid_post'`` (a decoder block's output) and ``positions='all'``.
 
+    ``sites`` defaults to the site kind a probes Direction was fitted at (``resid_post`` for a bare tensor).
+    ``magnitude`` is required for a unit Direction that knows its raw norms when ``unit="raw"``: ``"raw"`` adds
+    ``vectors * norms`` (the difference of means itself, as the refusal job adds it), ``"unit"`` the unit vector.
+
     ``unit`` says what ``alpha`` is measured in. ``"raw"`` (the default, as in 0.1.0): ``v`` is added as given,
     so for a unit-length probes Direction ``alpha`` is an absolute norm, tiny against residual norms of
     100+. ``"residual"``: ``alpha * norms[layer] * v / |v|``, a fraction of the mean residual norm at each
@@ -221,17 +227,20 @@ class AddVector(_Intervention):
     vector: Any
     layers: Layers
     alpha: float = 1.0
-    sites: str | Sequence[str] = "resid_post"
+    sites: str | Sequence[str] | None = None
     positions: Any = "all"
     scope: str = "both"
     condition: Condition | None = None
     unit: str = "raw"
     norms: ResidualNorms | Any = None
+    magnitude: str | None = None
 
     _field = "vector"
 
     def __post_init__(self) -> None:
-        self._vecs = per_layer_vectors(self.vector, "AddVector vector")
+        self.sites = own_kind(self.vector) if self.sites is None else self.sites
+        self._vecs = magnitude_table(self.vector, per_layer_vectors(self.vector, "AddVector vector"),
+                                     self.magnitude, self.unit)
         self.alpha = check_finite(self.alpha, "AddVector alpha")
         self._common_checks()
         _unit_checks(self, "alpha")
@@ -275,10 +284,17 @@ WRITER_SITES = WRITERS  # every writer to the residual stream, layer by layer (i
 @dataclass(eq=False)
 class DirectionalAblation(Ablate):
     """The refusal-direction recipe's "ablate everywhere": project the direction out of every layer's
-    ``resid_pre``, ``attn_out`` and ``mlp_out`` (so ``resid_mid`` and ``resid_post`` follow). Same default
+    ``resid_pre``, ``attn_out`` and ``mlp_out`` (so ``resid_mid`` and ``resid_post`` follow). A Direction fitted
+    at one layer is ablated at every layer asked (default all), as the recipe does, not at its own layer only. Same default
     sites as :class:`AblateSubspace`; ``sites="resid_post"`` gives the one-site edit of :class:`Ablate`."""
 
     sites: str | Sequence[str] = WRITER_SITES
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if isinstance(self._vecs, dict) and len(self._vecs) == 1 and not isinstance(self.direction, dict):
+            # a Direction fitted at one layer: ablated at every layer asked (default all), as the recipe does
+            self._vecs = next(iter(self._vecs.values()))
 
 
 @dataclass(eq=False)

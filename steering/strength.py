@@ -1,7 +1,7 @@
 """A unit for steering strength: the mean residual-stream norm at each layer, measured on your prompts.
 
-A probes Direction is unit length, so ``AddVector(d, alpha=8)`` adds a vector of norm 8; SmolLM2's residual
-stream has norms of 110-185 in its middle layers, so that does close to nothing. Measure the norms once,
+A probes Direction is unit length, so ``AddVector(d, alpha=8, magnitude="unit")`` adds a vector of norm 8;
+SmolLM2's residual stream has norms of 110-185 in its middle layers, so that does close to nothing. Measure the norms once,
 
     norms = steering.residual_norms(model, prompts, site="resid_post")
     iv = steering.AddVector(d, layers=range(10, 20), alpha=0.5, unit="residual", norms=norms)

@@ -30,7 +30,7 @@ def fitted():
 
 
 def _edits(direction, sae):
-    return {"add": lambda: steering.AddVector(direction, layers=[1], alpha=2.0),
+    return {"add": lambda: steering.AddVector(direction, layers=[1], alpha=2.0, magnitude="unit"),
             "ablate": lambda: steering.DirectionalAblation(direction),
             "sae": lambda: SAESplice(sae)}
 

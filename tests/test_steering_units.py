@@ -42,7 +42,7 @@ def test_bare_band_tensor_needs_layers_and_a_direction_keeps_its_own():
             with steering.apply(m, iv()):
                 pass
     base = _post(m).tensor
-    for iv in (steering.AddVector(band.raw, layers=[2, 3]), steering.AddVector(band, layers="all", alpha=1.0)):
+    for iv in (steering.AddVector(band.raw, layers=[2, 3]), steering.AddVector(band, layers="all", alpha=1.0, magnitude="unit")):
         got = _post(m, iv).tensor
         mask = _post(m).mask
         assert (got[:, :2] - base[:, :2]).abs().max() == 0  # layers 0, 1 untouched

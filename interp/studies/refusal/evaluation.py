@@ -219,6 +219,16 @@ def _conditions(r: torch.Tensor, v: torch.Tensor, rand_u: torch.Tensor, layer: i
     }
 
 
+def evaluated_edits(model: Model, direction: Any, layer: int, seed: int, borderline: bool,
+                    ablate_positions: str = "all") -> dict[str, Any]:
+    """``{condition: edit}`` of every edit :func:`evaluate` applies (one per condition), and the every-token
+    ablation (the baked edit and, in post-instruction runs, a KL control): what the run saves as edit specs."""
+    rand_u = random_directions(model.d_model, 1, seed=seed)[0].vectors[0]
+    conds = _conditions(direction.vectors[0], direction.raw[0], rand_u, layer, seed, borderline, ablate_positions)
+    return {k: ivs[0] for k, (_, ivs) in conds.items() if ivs} | {
+        KL_CONTROLS[1]: ablation(direction.vectors[0], "all")}
+
+
 STAGE_MOVED = {**moved(config="RefusalConfig"),
                "max_new_tokens": "config=RefusalConfig(generation=GenerationConfig(max_new_tokens=...))",
                "rank": "config=RefusalConfig(generation=GenerationConfig(subspace_rank=...))",

@@ -1,4 +1,4 @@
-"""The refusal job's outputs from its typed stage results: notes, metrics.json, direction, generations, report."""
+"""The refusal job's outputs from its typed stage results: notes, metrics.json, direction, edit specs, generations, report."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from interp.studies.kit.prompt_sets import RefusalData
 from interp.studies.refusal.cache import Run
 from interp.studies.refusal.diagnosis import effect_check, effect_notes, random_kl_text
 from interp.studies.refusal.estimate import search_metrics
+from interp.studies.refusal.evaluation import evaluated_edits
 from interp.studies.refusal.report import refusal_report
 from interp.studies.refusal.result import RefusalResult
 
@@ -126,6 +127,22 @@ def write_generations(path: Path, data: RefusalData, res: RefusalResult) -> None
     atomic_write(path, lambda tmp: Path(tmp).write_text("\n".join(lines) + "\n"))
 
 
+def save_edits(run: Run, model: Model, cfg: RefusalConfig, data: RefusalData, res: RefusalResult) -> dict[str, str]:
+    """Every evaluated edit as a spec in ``out/edits`` (``steering.load_edit`` rebuilds it): ``{condition: path}``."""
+    import steering
+    from steering.specs import model_record
+
+    folder = run.replace_dir("edits")
+    if res.evaluation is None or res.selection is None or res.direction is None:
+        return {}
+    edits = evaluated_edits(model, res.direction, res.selection.layer, cfg.data.seed, data.borderline is not None,
+                            cfg.selection.ablate_positions)
+    record = model_record(model)
+    names = {cond: cond.replace("/", "-").replace(" ", "_") for cond in edits}
+    return {cond: str(steering.save_edit(edit, folder / names[cond], record=record).relative_to(run.out))
+            for cond, edit in edits.items()}
+
+
 def save_baked(run: Run, model: Model, res: RefusalResult) -> str:
     """Bake the direction's ablation into the weights and save an HF model folder ``out/model``."""
     import steering
@@ -151,6 +168,9 @@ def finish(run: Run, model: Model, cfg: RefusalConfig, data: RefusalData, res: R
         run.remove_outputs("direction", "model")
     write_generations(run.out / "generations.jsonl", data, res)
     res.metrics = build_metrics(cfg, model, data, res)
+    res.metrics["edits"] = save_edits(run, model, cfg, data, res)   # steering.load_edit(out / path)
+    res.metrics["generation"] = {"max_new_tokens": cfg.generation.max_new_tokens, "sampling": "greedy",
+                                 "batch_size": cfg.runtime.batch_size}
     if res.direction is not None and cfg.runtime.save_model:
         say("save model", "start")
         res.metrics["saved_model"] = save_baked(run, model, res)
