@@ -12,6 +12,7 @@ import interp
 from interp.activations import Activations
 from interp.attention import expand_kv
 from interp.forward import last_logits
+from interp.nnsight_backend import TraceEdit
 from interp.patching.activation import Patch, chunk_hooks, patch, prepare_patching, resolve, sweep_layers
 from interp.patching.measures import logit_diff
 from interp.patching.runs import make_pairs, run_with_capture
@@ -189,3 +190,6 @@ def test_nnsight_backend_refuses_attention_sites(tiny_models, site):
     with pytest.raises(NotImplementedError, match=fix):
         with interp.hooks(a, {site: lambda x, ctx: None}):
             pass
+    u = torch.zeros(1, a.d_model)
+    with pytest.raises(ValueError, match=fix), a.editing([TraceEdit(site, u, u)]):
+        pass
