@@ -193,3 +193,30 @@ def test_nnsight_backend_refuses_attention_sites(tiny_models, site):
     u = torch.zeros(1, a.d_model)
     with pytest.raises(ValueError, match=fix), a.editing([TraceEdit(site, u, u)]):
         pass
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral"])
+def test_rot_k_patch_at_late_positions_with_prefix_reuse(tiny_models, family):
+    """rot_k inside attention spans every key (the cached prefix too): a patch at the last positions lands on the
+    same key with prefix reuse on and off, and equals patching k there (same positions, no qk-norm)."""
+    m = tiny_models(family)
+    pairs = make_pairs(m, CLEAN, CORRUPT, chat=False)
+    metric = _metric(m)
+    rot = [Patch("rot_k.1", position=-1, head=h) for h in range(m.n_kv_heads)] + [Patch("rot_k.0", position=[-2, -1])]
+    k = [Patch("k.1", position=-1, head=h) for h in range(m.n_kv_heads)] + [Patch("k.0", position=[-2, -1])]
+    got = patch(m, pairs, rot, metric)
+    torch.testing.assert_close(got, patch(m, pairs, rot, metric, reuse_prefix=False), atol=1e-5, rtol=0)
+    torch.testing.assert_close(got, patch(m, pairs, k, metric), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("kind", ["pattern", "scores", "rot_k"])
+def test_prefix_reuse_under_a_short_sliding_window(kind):
+    """A window of 4 keys, shorter than the prompts: patches at the last positions agree with prefix reuse on/off."""
+    from interp.testing.tiny import tiny_model
+
+    m = tiny_model("mistral", sliding_window=4)
+    pairs = make_pairs(m, CLEAN, CORRUPT, chat=False)
+    n = m.n_kv_heads if kind == "rot_k" else m.n_heads
+    variants = [[Patch(f"{kind}.{L}", position=-1, head=h)] for L in range(m.n_layers) for h in range(n)]
+    got = patch(m, pairs, variants, _metric(m))
+    torch.testing.assert_close(got, patch(m, pairs, variants, _metric(m), reuse_prefix=False), atol=1e-5, rtol=0)

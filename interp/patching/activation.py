@@ -94,15 +94,19 @@ def resolve(model: Model, p: Patch, n_positions: int) -> Edit:
     return Edit(site, torch.tensor(pos, dtype=torch.long), comp)
 
 
-def _hook(rows: torch.Tensor, cols: torch.Tensor, comps: torch.Tensor | None, vals: torch.Tensor):
+def _hook(rows: torch.Tensor, cols: torch.Tensor, comps: torch.Tensor | None, vals: torch.Tensor, keys: bool = False):
+    """``x[rows, cols(, comps)] = vals``; ``keys`` (rot_k): ``x`` spans the keys, a cached prefix's too, and
+    ``cols`` are absolute, so they are shifted by the columns before ``x``'s first key."""
     def fn(x: torch.Tensor, ctx: HookContext) -> torch.Tensor:
         dev = x.device
         x = x.clone()
+        tok = ctx.tokens
+        at = (cols - (tok.past + tok.seq - x.shape[1]) if keys and tok is not None else cols).to(dev)
         v = vals.to(dev, x.dtype)
         if comps is None:
-            x[rows.to(dev), cols.to(dev)] = v
+            x[rows.to(dev), at] = v
         else:
-            x[rows.to(dev), cols.to(dev), comps.to(dev)] = v
+            x[rows.to(dev), at, comps.to(dev)] = v
         return x
     return fn
 
@@ -156,7 +160,7 @@ def chunk_hooks(chunk: Sequence[Sequence[Edit]], values: dict[Site, torch.Tensor
         for e in variant:
             P = e.pos.numel()
             rows = (base + j).expand(n, P).reshape(-1)
-            cols = dst_cols[:, e.pos].reshape(-1) - offset
+            cols = dst_cols[:, e.pos].reshape(-1) - (0 if e.site.kind == "rot_k" else offset)  # rot_k: every key
             v, keys = _edit_values(e, values, dst_cols, n)
             comps = None if e.comp is None else torch.full_like(rows, e.comp)
             groups.setdefault((e.site, e.comp is not None), []).append((rows, cols, comps, v, keys))
@@ -167,7 +171,7 @@ def chunk_hooks(chunk: Sequence[Sequence[Edit]], values: dict[Site, torch.Tensor
         if site.kind in TABLES:
             out.append((site, _table_hook(rows, cols, comps, torch.cat([i[4] for i in items]), vals, site.kind)))
         else:
-            out.append((site, _hook(rows, cols, comps, vals)))
+            out.append((site, _hook(rows, cols, comps, vals, keys=site.kind == "rot_k")))
     return out
 
 
