@@ -179,9 +179,9 @@ class Activations:
         flags = [p.sinks for p in parts] if first.has_positions and all(p.sinks is not None for p in parts) else None
         if first.has_positions:
             width = max(t.shape[2] for t in tensors)
-            tensors = [_left_pad(t, width, dim=2) for t in tensors]
             masks = [_left_pad(m if m is not None else torch.ones(t.shape[0], t.shape[2], dtype=torch.bool), width, dim=1)
                      for m, t in zip(masks, tensors, strict=False)]
+            tensors = [_left_pad(t, width, dim=2) for t in tensors]
             flags = None if flags is None else [_left_pad(f, width, dim=2) for f in flags]
         labels = None
         if all(p.labels is not None for p in parts):

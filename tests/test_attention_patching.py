@@ -220,3 +220,13 @@ def test_prefix_reuse_under_a_short_sliding_window(kind):
     variants = [[Patch(f"{kind}.{L}", position=-1, head=h)] for L in range(m.n_layers) for h in range(n)]
     got = patch(m, pairs, variants, _metric(m))
     torch.testing.assert_close(got, patch(m, pairs, variants, _metric(m), reuse_prefix=False), atol=1e-5, rtol=0)
+
+
+def test_concat_without_masks_marks_the_left_padding():
+    a = Activations(tensor=torch.ones(1, 1, 2, 4), sites=["blocks.0.hook_resid_post"], positions="all", model_id="x",
+                    prompt_ids=["a"])
+    b = Activations(tensor=torch.ones(1, 1, 3, 4), sites=["blocks.0.hook_resid_post"], positions="all", model_id="x",
+                    prompt_ids=["b"])
+    both = Activations.concat([a, b])
+    assert both.mask.tolist() == [[False, True, True], [True, True, True]]
+    assert both.tensor[0, 0, 0].eq(0).all() and both.tensor[1].eq(1).all()
