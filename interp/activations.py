@@ -163,22 +163,25 @@ class Activations:
         """Stack prompt sets captured with the same sites and position rule.
 
         A prompt id in more than one part is refused (``on_duplicate="error"``): the leakage guards of fitted
-        objects key on ids. ``"suffix"`` renames the later copies ``ID#2``, ``ID#3``, ..."""
+        objects key on ids. ``"suffix"`` renames the later copies ``ID#2``, ``ID#3``, ... Scores / pattern captures
+        of different key widths (their longest prompts differ) are padded with zero keys on the right, as capture
+        lays out keys past a prompt's length, and their ``meta["key_lengths"]`` are joined."""
         if not parts:
             raise ValueError("concat needs at least one Activations")
         ids = _joined_ids([list(p.prompt_ids or []) for p in parts], on_duplicate)
         first = parts[0]
-        for p in parts[1:]:
-            if p.sites != first.sites or p.positions != first.positions or p.d_model != first.d_model:
-                raise ValueError("cannot concat Activations with different sites, position rules or widths")
-        tensors = [p.tensor for p in parts]
+        if any(p.sites != first.sites or p.positions != first.positions for p in parts[1:]):
+            raise ValueError("cannot concat Activations with different sites, position rules or widths")
+        tensors, meta = _keys_padded(parts)
+        if any(t.shape[-1] != tensors[0].shape[-1] for t in tensors[1:]):
+            raise ValueError("cannot concat Activations with different sites, position rules or widths")
         masks = [p.mask for p in parts]
         flags = [p.sinks for p in parts] if first.has_positions and all(p.sinks is not None for p in parts) else None
         if first.has_positions:
             width = max(t.shape[2] for t in tensors)
-            tensors = [_left_pad(t, width, dim=2) for t in tensors]
             masks = [_left_pad(m if m is not None else torch.ones(t.shape[0], t.shape[2], dtype=torch.bool), width, dim=1)
-                     for m, t in zip(masks, [p.tensor for p in parts], strict=False)]
+                     for m, t in zip(masks, tensors, strict=False)]
+            tensors = [_left_pad(t, width, dim=2) for t in tensors]
             flags = None if flags is None else [_left_pad(f, width, dim=2) for f in flags]
         labels = None
         if all(p.labels is not None for p in parts):
@@ -191,7 +194,7 @@ class Activations:
             prompt_ids=ids,
             labels=labels,
             mask=torch.cat(masks) if first.has_positions else None,
-            meta=dict(first.meta),
+            meta=meta,
             sinks=None if flags is None else torch.cat(flags),
         )
 
@@ -262,6 +265,27 @@ def _left_pad(t: torch.Tensor, width: int, dim: int) -> torch.Tensor:
 
 
 register_kind(KIND, Activations.load)
+
+
+def _keys_padded(parts: list[Activations]) -> tuple[list[torch.Tensor], dict[str, Any]]:
+    """The parts' tensors with the key axis of scores / pattern captures (``[.., n_heads * n_keys]``) right-padded
+    with zeros to the widest, and the merged ``meta`` (``key_lengths`` joined, ``site_shapes`` widened)."""
+    meta = dict(parts[0].meta)
+    has = [isinstance(p.meta.get("key_lengths"), list) for p in parts]
+    if not any(has):
+        return [p.tensor for p in parts], meta
+    if not all(has):
+        raise ValueError("cannot concat an attention scores / pattern capture with one of other sites; capture "
+                         "them with the same sites")
+    shapes = [p.meta["site_shapes"][p.sites[0]] for p in parts]
+    heads, keys = shapes[0][0], max(s[1] for s in shapes)
+    tensors = []
+    for p, (_, k) in zip(parts, shapes, strict=True):
+        t = p.tensor.unflatten(-1, (heads, k))
+        tensors.append(torch.nn.functional.pad(t, (0, keys - k)).flatten(-2))
+    meta["key_lengths"] = [n for p in parts for n in p.meta["key_lengths"]]
+    meta["site_shapes"] = {name: [heads, keys] for name in parts[0].meta["site_shapes"]}
+    return tensors, meta
 
 
 def _rows_meta(meta: dict[str, Any], idx: list[int]) -> dict[str, Any]:

@@ -43,7 +43,7 @@ from interp.chat import Batch
 from interp.hooking import norm_parts
 from interp.models import Model
 from interp.positions import Plan
-from interp.sites import MOE_KINDS, Site, parse_site
+from interp.sites import ATTN_KINDS, MOE_KINDS, Site, parse_site
 
 SKIP = "skip"  # a TraceEdit's gate: this batch has no token to edit
 
@@ -56,7 +56,14 @@ _TAPS: dict[str, tuple[str, str, int]] = {
 UNSUPPORTED = ("through the nnsight backend; supported there: interp.capture, interp.logits, interp.token_logprobs, "
                "interp.forward.forward / last_logits without hooks, and steering.apply with steering's own "
                "interventions (AddVector, Ablate, DirectionalAblation, Clamp, AblateSubspace). For the rest, wrap the "
-               "model without backend='nnsight' (interp.from_nnsight(lm) attaches our hooks to the same modules)")
+               "model without backend='nnsight' (interp.from_nnsight(lm) attaches our hooks to the same modules); "
+               "attention sites (q, k, v, rot_q, rot_k, scores, pattern) need such a local model too: interp.load_model "
+               "/ interp.from_hf")
+ATTENTION_REFUSED = ("attention sites (q, k, v, rot_q, rot_k, scores, pattern) are not available through the nnsight "
+                     "backend: scores and pattern exist only inside the attention function, which a trace reaches as "
+                     "no module's input or output, and the sites are read by switching that function locally. Load "
+                     "the model with interp.load_model / interp.from_hf (or interp.from_nnsight(lm) without "
+                     "backend='nnsight')")
 
 
 @dataclass(eq=False)
@@ -93,6 +100,8 @@ class NNsightModel(Model):
         edits = list(edits)
         for e in edits:
             site = parse_site(e.site, self.n_layers)
+            if site.kind in ATTN_KINDS:
+                raise ValueError(f"{site.name}: {ATTENTION_REFUSED}")
             if site.kind in MOE_KINDS or site.kind not in (*_TAPS, "resid_mid"):
                 raise ValueError(f"{site.name}: editing {site.kind} is not available {UNSUPPORTED}")
         self.edits.extend(edits)
@@ -126,6 +135,8 @@ def _tap(model: NNsightModel, site: Site) -> tuple[tuple, str, tuple[str, Any]]:
     spec = model.spec
     if site.kind == "ln_final_out":
         return (model.n_layers, 1), "output", _envoy(model, spec.final_norm, None)
+    if site.kind in ATTN_KINDS:
+        raise ValueError(f"{site.name}: {ATTENTION_REFUSED}")
     if site.kind not in _TAPS:
         raise ValueError(f"{site.name}: the {site.kind} site is not available {UNSUPPORTED}")
     attr, io, rank = _TAPS[site.kind]

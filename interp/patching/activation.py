@@ -1,8 +1,9 @@
 """Exact activation patching, batched: many patched variants share one forward, stacked along the batch.
 
 A variant is a set of edits; each edit overwrites one site (residual, attention/MLP output, one head's ``z``,
-one neuron) at some aligned positions of the target run with values from the source run (or with zeros /
-means for ablations). Variants patching different layers run in the same forward, so a layer x position sweep
+one neuron, or a site inside attention: q / k / v / rot_q / rot_k per head, scores / pattern per head and query
+row) at some aligned positions of the target run with values from the source run (or with zeros / means for
+ablations). Variants patching different layers run in the same forward, so a layer x position sweep
 costs ``n_cells * n_pairs / batch_size`` forwards instead of ``n_cells``.
 """
 
@@ -12,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-from jaxtyping import Float
+from jaxtyping import Float, Int
 
 from interp.chat import Batch
 from interp.forward import KV, last_logits, prefix_cache
@@ -30,11 +31,17 @@ from interp.patching.runs import (
 )
 from interp.sites import WRITERS, Site, expand_sites, parse_site, resolve_layers
 
+HEAD_KINDS = ("attn_z", "q", "k", "v", "rot_q", "rot_k", "scores", "pattern")  # sites with a head axis
+KV_KINDS = ("k", "v", "rot_k")  # per key-value head
+TABLES = ("scores", "pattern")  # [batch, heads, query, key] in a hook
+
 
 @dataclass(frozen=True)
 class Patch:
     """What to patch: ``site`` at aligned ``position`` (an index, a list, or ``None`` for every aligned
-    position), optionally only ``head`` (site ``attn_z``) or ``neuron`` (site ``mlp_post``)."""
+    position), optionally only ``head`` (``attn_z``, ``q``, ``rot_q``, ``scores``, ``pattern``; a key-value head for
+    ``k``, ``v``, ``rot_k``) or ``neuron`` (site ``mlp_post``). For ``scores`` / ``pattern`` the positions are
+    query rows; each row's keys follow the alignment (:func:`aligned_values`)."""
 
     site: str | Site
     position: int | tuple[int, ...] | None = None
@@ -60,10 +67,13 @@ def resolve(model: Model, p: Patch, n_positions: int) -> Edit:
         raise ValueError("a Patch takes a head or a neuron, not both")
     comp = None
     if p.head is not None:
-        if site.kind != "attn_z":
-            raise ValueError(f"head={p.head} needs the site attn_z (per-head outputs), not {site.name}")
-        if not 0 <= p.head < model.n_heads:
-            raise ValueError(f"head {p.head} is out of range; this model has heads 0..{model.n_heads - 1}")
+        if site.kind not in HEAD_KINDS:
+            raise ValueError(f"head={p.head} needs a per-head site ({', '.join(HEAD_KINDS)}), not {site.name}")
+        kv = site.kind in KV_KINDS
+        n_heads = model.n_kv_heads if kv else model.n_heads
+        if not 0 <= p.head < n_heads:
+            raise ValueError(f"head {p.head} is out of range; {site.name} has {'key-value ' if kv else ''}heads "
+                             f"0..{n_heads - 1}")
         comp = int(p.head)
     if p.neuron is not None:
         if site.kind != "mlp_post":
@@ -84,17 +94,59 @@ def resolve(model: Model, p: Patch, n_positions: int) -> Edit:
     return Edit(site, torch.tensor(pos, dtype=torch.long), comp)
 
 
-def _hook(rows: torch.Tensor, cols: torch.Tensor, comps: torch.Tensor | None, vals: torch.Tensor):
+def _hook(rows: torch.Tensor, cols: torch.Tensor, comps: torch.Tensor | None, vals: torch.Tensor, keys: bool = False):
+    """``x[rows, cols(, comps)] = vals``; ``keys`` (rot_k): ``x`` spans the keys, a cached prefix's too, and
+    ``cols`` are absolute, so they are shifted by the columns before ``x``'s first key."""
     def fn(x: torch.Tensor, ctx: HookContext) -> torch.Tensor:
         dev = x.device
         x = x.clone()
+        tok = ctx.tokens
+        at = (cols - (tok.past + tok.seq - x.shape[1]) if keys and tok is not None else cols).to(dev)
         v = vals.to(dev, x.dtype)
         if comps is None:
-            x[rows.to(dev), cols.to(dev)] = v
+            x[rows.to(dev), at] = v
         else:
-            x[rows.to(dev), cols.to(dev), comps.to(dev)] = v
+            x[rows.to(dev), at, comps.to(dev)] = v
         return x
     return fn
+
+
+def _table_hook(rows: torch.Tensor, cols: torch.Tensor, comps: torch.Tensor | None, keys: torch.Tensor,
+                vals: torch.Tensor, kind: str):
+    """Replace query rows of ``scores`` / ``pattern`` ``x [b, H, T', S]``: ``vals [N, (H,) P]`` at key columns
+    ``keys [N, P]`` (absolute: a cached prefix's keys are in ``S``); other keys get 0 (pattern) or masked (scores)."""
+    def fn(x: torch.Tensor, ctx: HookContext) -> torch.Tensor:
+        dev = x.device
+        x = x.clone()
+        v, k = vals.to(dev, x.dtype), keys.to(dev)
+        fill = torch.finfo(x.dtype).min if kind == "scores" else 0.0
+        if comps is None:
+            new = torch.full((v.shape[0], x.shape[1], x.shape[3]), fill, dtype=x.dtype, device=dev)
+            x[rows.to(dev), :, cols.to(dev)] = new.scatter_(2, k[:, None, :].expand_as(v), v)
+        else:
+            new = torch.full((v.shape[0], x.shape[3]), fill, dtype=x.dtype, device=dev)
+            x[rows.to(dev), comps.to(dev), cols.to(dev)] = new.scatter_(1, k, v)
+        return x
+    return fn
+
+
+def _edit_values(e: Edit, values: dict[Site, torch.Tensor], dst_cols: torch.Tensor, n: int
+                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """An edit's source values ``[n * P', ...]`` and, for scores / pattern, their target key columns ``[n * P', P]``."""
+    P = e.pos.numel()
+    v = values[e.site][:, e.pos]                       # [n, P', *shape]
+    if e.comp is not None:
+        v = v[:, :, e.comp]
+    if e.site.kind not in TABLES:
+        return v.reshape(n * P, *v.shape[2:]), None
+    if torch.isnan(v).any():
+        raise ValueError(f"{e.site.name}: a patched query row of the source run attends keys that are not aligned "
+                         f"with the target (tokens before the alignment, or an alignment out of order), so its row "
+                         f"has no place in the target; align every position up to the patched queries (prompts of "
+                         f"equal token length, or a source no longer than the target with align='end'), or patch "
+                         f"rot_q / rot_k / attn_z instead")
+    keys = dst_cols[:, None, :].expand(n, P, dst_cols.shape[1]).reshape(n * P, -1)
+    return v.reshape(n * P, *v.shape[2:]), keys
 
 
 def chunk_hooks(chunk: Sequence[Sequence[Edit]], values: dict[Site, torch.Tensor], dst_cols: torch.Tensor,
@@ -108,20 +160,18 @@ def chunk_hooks(chunk: Sequence[Sequence[Edit]], values: dict[Site, torch.Tensor
         for e in variant:
             P = e.pos.numel()
             rows = (base + j).expand(n, P).reshape(-1)
-            cols = dst_cols[:, e.pos].reshape(-1) - offset
-            v = values[e.site][:, e.pos]                       # [n, P', *shape]
-            if e.comp is not None:
-                v = v[:, :, e.comp]
-            v = v.reshape(n * P, *v.shape[2:])
+            cols = dst_cols[:, e.pos].reshape(-1) - (0 if e.site.kind == "rot_k" else offset)  # rot_k: every key
+            v, keys = _edit_values(e, values, dst_cols, n)
             comps = None if e.comp is None else torch.full_like(rows, e.comp)
-            groups.setdefault((e.site, e.comp is not None), []).append((rows, cols, comps, v))
+            groups.setdefault((e.site, e.comp is not None), []).append((rows, cols, comps, v, keys))
     out = []
     for (site, has_comp), items in groups.items():
-        rows = torch.cat([i[0] for i in items])
-        cols = torch.cat([i[1] for i in items])
+        rows, cols, vals = (torch.cat([i[x] for i in items]) for x in (0, 1, 3))
         comps = torch.cat([i[2] for i in items]) if has_comp else None
-        vals = torch.cat([i[3] for i in items])
-        out.append((site, _hook(rows, cols, comps, vals)))
+        if site.kind in TABLES:
+            out.append((site, _table_hook(rows, cols, comps, torch.cat([i[4] for i in items]), vals, site.kind)))
+        else:
+            out.append((site, _hook(rows, cols, comps, vals, keys=site.kind == "rot_k")))
     return out
 
 
@@ -166,6 +216,29 @@ def run_variants(model: Model, batch: Batch, variants: Sequence[Sequence[Edit]],
     return out
 
 
+def aligned_values(site: Site, x: torch.Tensor, src_cols: Int[torch.Tensor, "n P"],
+                   dst_cols: Int[torch.Tensor, "n P"], src: Batch) -> torch.Tensor:
+    """A source run's ``x [n, T, ...]`` at the aligned columns ``[n, P, ...]``; ``scores`` / ``pattern``
+    (``[n, H, T, T]``) -> ``[n, P, H, P]``, queries and keys both aligned. A query row whose earlier source keys
+    are not all aligned, or whose aligned keys would land after the target's query, is NaN (refused if patched)."""
+    if site.kind not in TABLES:
+        return gather_aligned(x, src_cols)
+    n, T = x.shape[0], x.shape[-1]
+    c = src_cols.to(x.device)
+    rows = torch.arange(n, device=x.device)[:, None, None]
+    out = x.permute(0, 2, 3, 1)[rows, c[:, :, None], c[:, None, :]].permute(0, 1, 3, 2).clone()  # [n, Pq, H, Pk]
+    covered = torch.zeros(n, T, dtype=torch.bool, device=x.device)
+    covered[rows[:, :, 0], c] = True
+    start = (T - src.attention_mask.sum(1)).to(x.device)[:, None]
+    gaps = ((~covered) & (torch.arange(T, device=x.device)[None] >= start)).cumsum(1)  # unaligned keys so far
+    bad = torch.gather(gaps, 1, c) > 0  # [n, Pq]
+    d = dst_cols.to(x.device)
+    earlier = c[:, None, :] <= c[:, :, None]  # [n, Pq, Pk]: key at or before the query in the source
+    bad |= (earlier & (d[:, None, :] > d[:, :, None])).any(-1)
+    out[bad] = float("nan")
+    return out
+
+
 @dataclass
 class _Prepared:
     values: dict[Site, torch.Tensor]
@@ -182,7 +255,8 @@ def prepare_patching(model: Model, pairs: PromptPairs, sites: Sequence[Site], me
     check_pairs(pairs)
     uniq = list(dict.fromkeys(sites))
     acts, src_logits = run_with_capture(model, pairs.batch(source), uniq)
-    values = {s: gather_aligned(a, pairs.cols[source]).cpu() for s, a in acts.items()}
+    values = {s: aligned_values(s, a, pairs.cols[source], pairs.cols[target], pairs.batch(source)).cpu()
+              for s, a in acts.items()}
     with torch.no_grad():
         tgt_logits = last_logits(model, pairs.batch(target))
     return _Prepared(values, pairs.cols[target], float(call_metric(metric, tgt_logits)),
@@ -268,5 +342,6 @@ def _pos(positions: int | Sequence[int] | None) -> int | tuple[int, ...] | None:
     return tuple(int(p) for p in positions)
 
 
-__all__ = ["Patch", "Edit", "resolve", "patch", "run_variants", "chunk_hooks", "prepare_patching", "sweep_positions",
+__all__ = ["Patch", "Edit", "resolve", "patch", "run_variants", "chunk_hooks", "prepare_patching", "aligned_values",
+           "sweep_positions",
            "sweep_heads", "sweep_layers"]
