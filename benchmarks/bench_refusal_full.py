@@ -24,7 +24,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 from benchmarks._common import append_section, write_text  # noqa: E402
-from interp.studies.refusal.evaluation import KL_CONTROLS  # noqa: E402
+from interp.studies.refusal.conditions import KL_CONTROLS  # noqa: E402
 
 
 def run(model: str, threads: int | None, out: Path, ablate_positions: str = "auto", kl_reference: str = "absolute"

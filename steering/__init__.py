@@ -23,7 +23,7 @@ imported only when a CUDA kernel first runs.
 
 from __future__ import annotations
 
-from steering.abliteration import AblationKernel, WeightedAblation, direction_at, orthogonalize
+from steering.abliteration import AblationKernel, WeightedAblation, direction_at, orthogonalize  # noqa: F401  (steering.abliteration's helpers, reachable here too)
 from steering.abliteration_norm import NormPreservingAblation, WriterAblation
 from steering.applying import apply
 from steering.baking import bake
@@ -37,7 +37,7 @@ from steering.specs import load_edit, save_edit
 from steering.strength import residual_norms
 from steering.sweep import alpha_sweep
 
-__all__ = ["Ablate", "AblateSubspace", "AblationKernel", "AddVector", "Clamp", "DirectionalAblation", "GenerationSession",
+__all__ = ["Ablate", "AblateSubspace", "AddVector", "Clamp", "DirectionalAblation", "GenerationSession",
            "NormPreservingAblation", "RowEdits", "RowGroups", "Sampling", "WeightedAblation", "WriterAblation",
-           "alpha_sweep", "apply", "bake", "bake_addition", "direction_at", "export_gguf", "generate",
-           "generate_and_judge", "load_edit", "orthogonalize", "residual_norms", "save_edit"]
+           "alpha_sweep", "apply", "bake", "bake_addition", "export_gguf", "generate", "generate_and_judge",
+           "load_edit", "residual_norms", "save_edit"]

@@ -146,7 +146,7 @@ def cmd_refusal(args: argparse.Namespace) -> int:
 def summary_table(m: dict) -> Any:
     from rich.table import Table
 
-    from interp.studies.refusal.evaluation import KL_CONTROLS
+    from interp.studies.refusal.conditions import KL_CONTROLS
 
     t = Table(title="Refusal direction: summary")
     t.add_column("measure")

@@ -28,8 +28,10 @@ from interp.studies.kit.moved import moved
 from interp.studies.kit.prompt_sets import RefusalData
 from interp.studies.kit.scoring import ablation, prompt_logits
 from interp.studies.kit.stages import Candidates, RefusalTokens, Selection
+from interp.studies.refusal.conditions import KL_CONTROLS
+from interp.studies.refusal.conditions import conditions as make_conditions
 from interp.values import Prompts, Runtime, moved_keywords
-from probes.directions import random_directions, random_orthogonal
+from probes.directions import random_directions
 from steering.prefill import leaves_prompt_prefix
 
 if TYPE_CHECKING:
@@ -41,7 +43,6 @@ NOT_BAKEABLE = ("the run's ablation acts at the post-instruction and generated t
 BAKED, BAKED_EVERY_TOKEN = "harmful/baked weights", "harmful/baked weights (every token)"
 # the controls whose harmless KL / CE ``evaluate`` reports beside the direction's, as "kl_first_response_token (name)"
 # and "ce_edited (name)": the random ablation always, the every-token ablation (the baked edit) in post-instruction runs
-KL_CONTROLS = ("random ablation", "every-token ablation")
 
 
 @dataclass
@@ -196,39 +197,6 @@ class TestPrompts:
         return res
 
 
-def _conditions(r: torch.Tensor, v: torch.Tensor, rand_u: torch.Tensor, layer: int, seed: int, borderline: bool,
-                positions: str = "all") -> dict[str, tuple]:
-    orth_u = random_orthogonal(r[None], 1, seed=seed)[0].vectors[0]
-    add = {"sites": "resid_pre", "layers": layer}
-    over = {} if not borderline else {  # over-refusal on benign look-alikes, at baseline and under each edit
-        "borderline/baseline": ("borderline", ()),
-        "borderline/ablation": ("borderline", (ablation(r, positions),)),
-        "borderline/random ablation": ("borderline", (ablation(rand_u, positions),)),
-        "borderline/addition": ("borderline", (steering.AddVector(v, **add),)),
-        "borderline/random addition": ("borderline", (steering.AddVector(rand_u * v.norm(), **add),)),
-    }
-    return over | {
-        "harmful/baseline": ("harmful", ()),
-        "harmful/ablation": ("harmful", (ablation(r, positions),)),
-        "harmful/random ablation": ("harmful", (ablation(rand_u, positions),)),
-        "harmful/orthogonal ablation": ("harmful", (ablation(orth_u, positions),)),
-        "harmless/baseline": ("harmless", ()),
-        "harmless/addition": ("harmless", (steering.AddVector(v, **add),)),
-        "harmless/random addition": ("harmless", (steering.AddVector(rand_u * v.norm(), **add),)),
-        "harmless/orthogonal addition": ("harmless", (steering.AddVector(orth_u * v.norm(), **add),)),
-    }
-
-
-def evaluated_edits(model: Model, direction: Any, layer: int, seed: int, borderline: bool,
-                    ablate_positions: str = "all") -> dict[str, Any]:
-    """``{condition: edit}`` of every edit :func:`evaluate` applies (one per condition), and the every-token
-    ablation (the baked edit and, in post-instruction runs, a KL control): what the run saves as edit specs."""
-    rand_u = random_directions(model.d_model, 1, seed=seed)[0].vectors[0]
-    conds = _conditions(direction.vectors[0], direction.raw[0], rand_u, layer, seed, borderline, ablate_positions)
-    return {k: ivs[0] for k, (_, ivs) in conds.items() if ivs} | {
-        KL_CONTROLS[1]: ablation(direction.vectors[0], "all")}
-
-
 STAGE_MOVED = {**moved(config="RefusalConfig"),
                "max_new_tokens": "config=RefusalConfig(generation=GenerationConfig(max_new_tokens=...))",
                "rank": "config=RefusalConfig(generation=GenerationConfig(subspace_rank=...))",
@@ -270,7 +238,7 @@ def evaluate(model: Model, data: RefusalData | TestPrompts, cand: Candidates, se
     every_token = ablate_positions == "all"   # the run's ablation is the weight edit itself
     baked_name = BAKED if every_token else BAKED_EVERY_TOKEN
     rand_u = random_directions(model.d_model, 1, seed=seed)[0].vectors[0]
-    conditions = _conditions(r, v, rand_u, sel.layer, seed, data.borderline is not None, ablate_positions)
+    conditions = make_conditions(r, v, rand_u, sel.layer, seed, data.borderline is not None, ablate_positions)
     conditions[baked_name] = ("harmful", ())
     for which in dict.fromkeys(w for w, _ in conditions.values()):   # each prompt set's conditions stacked
         names = [k for k, (w, _) in conditions.items() if w == which and k != baked_name]

@@ -13,9 +13,9 @@ from interp.models import Model
 from interp.studies.kit.config import RefusalConfig
 from interp.studies.kit.prompt_sets import RefusalData
 from interp.studies.refusal.cache import Run
+from interp.studies.refusal.conditions import evaluated_edits
 from interp.studies.refusal.diagnosis import effect_check, effect_notes, random_kl_text
 from interp.studies.refusal.estimate import search_metrics
-from interp.studies.refusal.evaluation import evaluated_edits
 from interp.studies.refusal.report import refusal_report
 from interp.studies.refusal.result import RefusalResult
 
