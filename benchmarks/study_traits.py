@@ -21,6 +21,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+import steering  # noqa: E402
 from benchmarks._common import machine, skipped, write_text  # noqa: E402
 from interp.models import load_model  # noqa: E402
 from interp.studies.directions.traits import trait_scales  # noqa: E402
@@ -118,7 +119,7 @@ def section_signature(model, scales, corpora: dict[str, list[str]]) -> list[str]
 
 def section_steering(model, scales, trait: str, rows: list[dict], ks: list[float], prompts: list[str]) -> list[str]:
     sw = level_sweep(model, scales, trait, [r["question"] for r in rows], ks, matching_metric(model, rows),
-                     on="logits", n_random=2, progress=False)
+                     on="logits", config=steering.SweepConfig(n_random=2), runtime=Runtime(progress=False))
     out = [f"## Steering {trait} in level units over its band ({len(rows)} held-out statements)", "",
            "| k (level units) | matching logit diff | random (mean) | KL steered | KL random (mean) |",
            "|---|---|---|---|---|", f"| none | {sw.baseline:.3f} | | 0 | |"]

@@ -29,8 +29,8 @@ from steering.interventions import Ablate, AblateSubspace, AddVector, Clamp, Dir
 from steering.judged import generate_and_judge
 from steering.rows import RowEdits, RowGroups
 from steering.strength import residual_norms
-from steering.sweep import alpha_sweep
+from steering.sweep import SweepConfig, alpha_sweep
 
 __all__ = ["Ablate", "AblateSubspace", "AddVector", "Clamp", "DirectionalAblation", "GenerationSession", "RowEdits",
-           "RowGroups", "Sampling", "alpha_sweep",
+           "RowGroups", "Sampling", "SweepConfig", "alpha_sweep",
            "apply", "bake", "bake_addition", "export_gguf", "generate", "generate_and_judge", "residual_norms"]

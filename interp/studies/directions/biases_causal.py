@@ -23,6 +23,7 @@ from interp.models import Model
 from interp.readout import logits
 from interp.studies.directions.biases import BiasFamily
 from interp.studies.directions.biases_items import BiasItem
+from interp.values import Prompts
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -178,7 +179,7 @@ def bias_causal_test(model: Model, family: BiasFamily, items: Sequence[BiasItem]
     if not flipped:
         return res
     prompts, letters = [i.cued for i in flipped], flipped[0].letters
-    norms = steering.residual_norms(model, prompts[:16], layers=band, chat=chat)
+    norms = steering.residual_norms(model, Prompts(prompts[:16], chat=chat), layers=band)
     iv = _intervention(family, bias, band, alpha, norms)
     res.added_norms = iv.added_norms(model)
     cued = torch.tensor([letters.index(i.cued_option) for i in flipped])

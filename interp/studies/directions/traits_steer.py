@@ -42,7 +42,8 @@ def residual_fraction(model: Model, scales: TraitScales, trait: str, prompts: Se
                       ) -> dict[int, float]:
     """``{layer: fraction of the mean residual norm}`` that one level unit adds at each band layer."""
     iv = level_vector(scales, trait, 1.0)
-    norms = steering.residual_norms(model, list(prompts), layers=iv.layers, site=scales.site, chat=chat)
+    norms = steering.residual_norms(model, Prompts(list(prompts), chat=chat), layers=iv.layers,
+                                     site=scales.site)
     return {layer: v / norms.at(layer) for layer, v in iv.added_norms(model).items()}
 
 

@@ -153,8 +153,8 @@ def steer_at(direction: Direction, layers: Sequence[int], alpha: float, norms: A
 def item_norms(model: Model, direction: Direction, items: Sequence[ChoiceItem], chat: bool | None) -> ResidualNorms:
     """Mean residual norms at the direction's site on the items' own prompts (the steering unit)."""
     c = resolve_chat(model, chat)
-    return residual_norms(model, [i.prompt(c) for i in items], site=parse_site(direction.sites[0]).kind,
-                          layers=[int(x) for x in direction.layers], chat=c)
+    return residual_norms(model, Prompts([i.prompt(c) for i in items], chat=c),
+                          site=parse_site(direction.sites[0]).kind, layers=[int(x) for x in direction.layers])
 
 
 def select_layers(model: Model, vectors: ValueVectors | Direction, items: Sequence[ChoiceItem], *,

@@ -1,0 +1,68 @@
+"""The library functions outside the studies take the value types (issue 37): at most 8 parameters, chat and
+system from ``interp.Prompts``, batch size / seed / progress from ``interp.Runtime``, and an old keyword gets a
+TypeError naming its new home."""
+
+import inspect
+
+import pytest
+import torch
+
+import interp
+import steering
+from interp.testing.tiny import tiny_model
+
+PROMPTS = ["Tell me a story.", "How do I bake bread?", "What is two plus two?"]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model("llama")
+
+
+def _n_params(fn):
+    sig = inspect.signature(inspect.unwrap(fn))
+    return len([p for p in sig.parameters.values() if p.name not in ("self", "cls")])
+
+
+def test_steering_functions_take_at_most_eight_parameters():
+    from steering.serve import vllm_token_ids
+    for fn in (steering.alpha_sweep, steering.residual_norms, vllm_token_ids):
+        assert _n_params(fn) <= 8, fn.__name__
+    import steering.prefill as prefill
+    assert not hasattr(prefill, "run_batches")   # plumbing, off the public surface
+
+
+def test_alpha_sweep_refuses_moved_keywords(model):
+    def make(a):
+        return steering.AddVector(torch.ones(model.d_model), layers=[0], alpha=a)
+    with pytest.raises(TypeError, match=r"batch_size= \(moved into runtime=interp.Runtime\(batch_size=...\)\)"):
+        steering.alpha_sweep(model, PROMPTS, make, [1.0], lambda lg: lg.mean(), on="logits", batch_size=2)
+    with pytest.raises(TypeError, match=r"chat= \(moved into prompts=interp.Prompts\(texts, chat=...\)\)"):
+        steering.alpha_sweep(model, PROMPTS, make, [1.0], lambda lg: lg.mean(), on="logits", chat=False)
+    with pytest.raises(TypeError, match=r"n_random= \(moved into config=steering.SweepConfig\(n_random=...\)\)"):
+        steering.alpha_sweep(model, PROMPTS, make, [1.0], lambda lg: lg.mean(), on="logits", n_random=2)
+    with pytest.raises(ValueError, match="n_random must be"):
+        steering.SweepConfig(n_random=-1)
+
+
+def test_alpha_sweep_reads_chat_from_prompts_and_seed_from_runtime(model):
+    def make(a):
+        return steering.AddVector(torch.ones(model.d_model), layers=[0], alpha=a)
+
+    def metric(lg):
+        return lg[:, 3].mean()
+    run = interp.Runtime(seed=5, progress=False)
+    chat = steering.alpha_sweep(model, PROMPTS, make, [0.5], metric, on="logits", runtime=run)
+    plain = steering.alpha_sweep(model, interp.Prompts(PROMPTS, chat=False), make, [0.5], metric, on="logits",
+                                 runtime=run)
+    assert chat.seeds == [5] and chat.baseline != pytest.approx(plain.baseline)
+
+
+def test_residual_norms_refuses_moved_keywords_and_reads_positions(model):
+    with pytest.raises(TypeError, match=r"exclude_special= \(moved into positions=interp.Positions"):
+        steering.residual_norms(model, PROMPTS, exclude_special=False)
+    with pytest.raises(TypeError, match=r"batch_size= \(moved into runtime="):
+        steering.residual_norms(model, PROMPTS, batch_size=2)
+    every = steering.residual_norms(model, PROMPTS, positions=interp.Positions("all", skip_special=False))
+    some = steering.residual_norms(model, PROMPTS, runtime=interp.Runtime(batch_size=2))
+    assert every.n_tokens > some.n_tokens
