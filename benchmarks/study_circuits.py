@@ -30,6 +30,8 @@ from interp.patching import ReplacementModel, attribution_graph  # noqa: E402
 from interp.studies.circuits import refusal_circuit  # noqa: E402
 from interp.studies.kit.prompt_sets import load_refusal_data  # noqa: E402
 from interp.studies.kit.stages import find_candidates, find_refusal_tokens  # noqa: E402
+from interp.values import Runtime  # noqa: E402
+from sae.train_config import TrainConfig  # noqa: E402
 from sae.transcoder import Transcoder  # noqa: E402
 from sae.transcoder_quality import evaluate_transcoders  # noqa: E402
 from sae.transcoder_train import train_transcoder  # noqa: E402
@@ -41,8 +43,9 @@ def transcoders(model, prompts: list[str], folder: Path, d_sae: int, k: int, tok
     if (folder / "layer_0" / "meta.json").exists():
         return {i: Transcoder.load(folder / f"layer_{i}") for i in range(model.n_layers)}
     t0 = time.time()
-    tr = train_transcoder(model, prompts, chat=True, arch="topk", d_sae=d_sae, k=k, total_tokens=tokens,
-                          batch_size=512, lr=2e-3, progress=False, skip_sink=True, capture_batch_size=16)
+    tr = train_transcoder(model, prompts, cfg=TrainConfig(arch="topk", d_sae=d_sae, k=k, total_tokens=tokens,
+                                                         batch_size=512, lr=2e-3, progress=False),
+                          sinks="exclude", runtime=Runtime(batch_size=16))
     for i, tc in tr.transcoders.items():
         tc.save(folder / f"layer_{i}")
     print(f"trained {model.n_layers} transcoders in {time.time() - t0:.0f} s", flush=True)
@@ -106,7 +109,7 @@ def main() -> None:
     folder = Path(args.cache) if args.cache else cache_dir() / "transcoders" / args.model / f"d{args.d_sae}_k{args.k}"
     tcs = transcoders(model, train, folder, args.d_sae, args.k, args.tokens)
     held = data.harmless["val"].instructions[:16] + data.harmful["val"].instructions[:16]
-    q = evaluate_transcoders(model, tcs, held, chat=True, skip_sink=True)
+    q = evaluate_transcoders(model, tcs, held, sinks="exclude")
     print(q.to_frame().to_string(), q.summary(), flush=True)
     small = load_refusal_data(model=args.model, n_train=64, n_val=64, n_test=args.n_eval)
     r = find_candidates(model, small, layers=[args.layer]).raw[0, -1]

@@ -159,7 +159,7 @@ def test_sae_train_end_to_end_matches_library(files, model, tmp_path) -> None:
     m = sae.evaluate(trained, acts, site=site)
     assert res["metrics"]["fvu"] == pytest.approx(m.fvu, rel=1e-5) and res["metrics"]["l0"] == pytest.approx(m.l0)
     assert sae.evaluate(lens, acts, site=site).fvu == pytest.approx(m.fvu, rel=1e-4)
-    ce = sae.quality.ce_loss_recovered(model, trained, HARMFUL[:3], site=site, chat=True)
+    ce = sae.quality.ce_loss_recovered(model, trained, HARMFUL[:3], site=site)
     assert res["ce_loss"]["recovered_zero"] == pytest.approx(ce.recovered_zero, rel=1e-5)
     assert res["steps"] == 20 and res["d_sae"] == 64
     page = (out / "report.html").read_text()

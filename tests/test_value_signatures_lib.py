@@ -66,3 +66,28 @@ def test_residual_norms_refuses_moved_keywords_and_reads_positions(model):
     every = steering.residual_norms(model, PROMPTS, positions=interp.Positions("all", skip_special=False))
     some = steering.residual_norms(model, PROMPTS, runtime=interp.Runtime(batch_size=2))
     assert every.n_tokens > some.n_tokens
+
+
+def test_sae_functions_read_chat_from_prompts_and_refuse_old_keywords(model):
+    from sae.edits import LatentAblation, LatentSteering
+    from sae.model import SAE, SAEConfig
+    from sae.quality import ce_loss_recovered
+    from sae.transcoder_quality import evaluate_transcoders
+    from sae.transcoder_train import train_transcoder
+    s = SAE(SAEConfig(d_in=model.d_model, d_sae=16, k=4, site="blocks.0.hook_resid_post"))
+    with pytest.raises(TypeError, match=r"chat= \(moved into inputs=interp.Prompts\(texts, chat=...\)\)"):
+        ce_loss_recovered(model, s, PROMPTS, chat=False)
+    with pytest.raises(TypeError, match=r'skip_sink= \(moved into sinks="exclude"'):
+        LatentSteering(s, [1], skip_sink=True)
+    with pytest.raises(TypeError, match=r'skip_sink= \(moved into sinks="exclude"'):
+        evaluate_transcoders(model, {}, PROMPTS, skip_sink=True)
+    with pytest.raises(TypeError, match=r"arch= \(moved into cfg=sae.TrainConfig\(arch=...\)\)"):
+        train_transcoder(model, PROMPTS, arch="topk")
+    with pytest.raises(ValueError, match="sinks"):
+        LatentAblation(s, [1], sinks="drop")
+    plain = ce_loss_recovered(model, s, PROMPTS)                                   # one default: the chat format
+    chat = ce_loss_recovered(model, s, interp.Prompts(PROMPTS, chat=True))
+    raw = ce_loss_recovered(model, s, interp.Prompts(PROMPTS, chat=False))
+    assert plain.clean == chat.clean and raw.n_predictions < chat.n_predictions
+    for fn in (train_transcoder, evaluate_transcoders, ce_loss_recovered):
+        assert _n_params(fn) <= 8, fn.__name__

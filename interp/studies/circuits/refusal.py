@@ -178,7 +178,7 @@ def refusal_circuit(rm: ReplacementModel, prompts: list[str], direction: torch.T
     conds += [(f"random features ablated (draw {i})", _random_features(top, pool, rng)) for i in range(n_random)]
     rates = []
     for name, feats in conds:
-        edits = [TranscoderAblation(rm.transcoders, feats, skip_sink=True)] if feats else []
+        edits = [TranscoderAblation(rm.transcoders, feats, sinks="exclude")] if feats else []
         rates.append({"condition": name, "features": [f"L{la}f{f}" for la, f in feats],
                       **refusal_rate(model, eval_harmful, judge, max_new_tokens, edits)})
     k_rand = sum(x["k"] for x in rates[2:])
