@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks._common import PeakRSS, machine, replace_section, write_text  # noqa: E402
 from interp.data import load_prompts  # noqa: E402
 from interp.models import cache_dir, load_model  # noqa: E402
-from interp.patching import ReplacementModel, attribution_graph  # noqa: E402
+from interp.patching import GraphConfig, ReplacementModel, attribution_graph  # noqa: E402
 from interp.studies.circuits import refusal_circuit  # noqa: E402
 from interp.studies.kit.prompt_sets import load_refusal_data  # noqa: E402
 from interp.studies.kit.stages import find_candidates, find_refusal_tokens  # noqa: E402
@@ -60,7 +60,7 @@ def graph_costs(rm: ReplacementModel, r: torch.Tensor, layer: int, prompts: list
     for p in prompts:
         with PeakRSS() as mem:
             t0 = time.perf_counter()
-            g = attribution_graph(rm, p, target, max_feature_nodes=budget, max_positions=256)
+            g = attribution_graph(rm, p, target, config=GraphConfig(max_feature_nodes=budget, max_positions=256))
             dt = time.perf_counter() - t0
         rows.append({"tokens": g.n_positions, "active": g.n_active, "feature_nodes": g.n_features, "s": dt,
                      "peak_mb": mem.growth_mb, "completeness": g.completeness()})

@@ -91,3 +91,63 @@ def test_sae_functions_read_chat_from_prompts_and_refuse_old_keywords(model):
     assert plain.clean == chat.clean and raw.n_predictions < chat.n_predictions
     for fn in (train_transcoder, evaluate_transcoders, ce_loss_recovered):
         assert _n_params(fn) <= 8, fn.__name__
+
+
+def test_patching_functions_take_runs_runtime_and_prompts(model):
+    from interp.patching import (
+        greedy_transplant,
+        learn_mask,
+        logit_diff,
+        make_pairs,
+        sweep_layers,
+        sweep_positions,
+    )
+    from interp.patching.activation import run_variants
+    from interp.patching.attribution import compare_attribution
+    from interp.patching.graphs import attribution_graph
+    from interp.patching.neurons import neuron_ablation_effect
+    from interp.patching.path import path_patch_sweep
+    for fn in (sweep_layers, sweep_positions, compare_attribution, attribution_graph, learn_mask,
+               neuron_ablation_effect, path_patch_sweep, greedy_transplant):
+        assert _n_params(fn) <= 8, fn.__name__
+    assert _n_params(run_variants) <= 9        # the sweeps' plumbing: + the bar's label
+    pairs = make_pairs(model, PROMPTS[:2], PROMPTS[1:])
+    met = logit_diff(3, 4)
+    quiet = interp.Runtime(batch_size=4, progress=False)
+    with pytest.raises(TypeError, match=r"batch_size= \(moved into runtime=interp.Runtime\(batch_size=...\)\)"):
+        sweep_positions(model, pairs, met, "resid_pre", batch_size=4)
+    with pytest.raises(TypeError, match=r"target= \(moved into runs=\(source, target\)\)"):
+        sweep_layers(model, pairs, met, target="clean")
+    with pytest.raises(TypeError, match=r"chat= \(moved into prompts=interp.Prompts\(texts, chat=...\)\)"):
+        neuron_ablation_effect(model, PROMPTS, met, [(0, 1)], chat=False)
+    with pytest.raises(TypeError, match=r"steps= \(moved into config=interp.patching.MaskConfig\(steps=...\)\)"):
+        learn_mask(model, PROMPTS, met, steps=3)
+    with pytest.raises(ValueError, match="each run must be"):
+        sweep_positions(model, pairs, met, "resid_pre", runs=("clean", "noisy"), runtime=quiet)
+    same = sweep_positions(model, pairs, met, "resid_pre", runs=("corrupted", "corrupted"), runtime=quiet)
+    assert torch.allclose(same.delta, torch.zeros_like(same.delta), atol=1e-5)
+    # chat travels with the prompts: raw text gives a different batch than the template
+    chat = neuron_ablation_effect(model, PROMPTS, met, [(0, 1)], runtime=quiet)
+    raw = neuron_ablation_effect(model, interp.Prompts(PROMPTS, chat=False), met, [(0, 1)], runtime=quiet)
+    assert chat.baseline != pytest.approx(raw.baseline)
+
+
+def test_probe_and_tune_functions_take_config_values():
+    import probes
+    from interp.tune import fine_tune
+    from interp.tune.preference import preference_tune
+    from probes.logistic import solve_logistic
+    for fn in (solve_logistic, probes.erasure_cv, probes.rank_ablation, probes.cross_validate, fine_tune,
+               preference_tune):
+        assert _n_params(fn) <= 9, fn.__name__
+    g = torch.Generator().manual_seed(0)
+    X, y = torch.randn(40, 2, 8, generator=g), torch.arange(40) % 2
+    with pytest.raises(TypeError, match=r"seed= \(moved into runtime=interp.Runtime\(seed=...\)\)"):
+        probes.cross_validate(X, y, seed=1)
+    with pytest.raises(TypeError, match=r"max_iter= \(moved into config=probes.LogisticConfig\(max_iter=...\)\)"):
+        solve_logistic(X.transpose(0, 1), y, torch.ones(1, 40, dtype=torch.bool), 1e-3, max_iter=5)
+    with pytest.raises(TypeError, match=r"chat= \(moved into prompts=interp.Prompts\(texts, chat=...\)\)"):
+        fine_tune(tiny_model("llama"), PROMPTS, PROMPTS, chat=False)
+    a = probes.cross_validate(X, y, runtime=interp.Runtime(seed=3, progress=False))
+    b = probes.cross_validate(X, y, runtime=interp.Runtime(seed=3, progress=False))
+    assert torch.equal(torch.as_tensor(a.accuracy), torch.as_tensor(b.accuracy))

@@ -28,6 +28,7 @@ from interp.patching.measures import Metric, call_metric, metric_name
 from interp.patching.results import Sweep
 from interp.patching.runs import Prompts, run_with_capture
 from interp.sites import Site, resolve_layers
+from interp.values import Runtime
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -171,8 +172,8 @@ def ablation_sweep(model: Model, batch: Batch, metric: Metric, cells: Sequence[t
     allpos = torch.arange(T)
     full = {s: v.expand(n, T, *v.shape) for s, v in values.items()}
     variants = [[Edit(s, allpos, c)] for s, c in cells]
-    return run_variants(model, batch, variants, full, allpos.expand(n, T), metric, batch_size, progress=progress,
-                        desc=desc)
+    return run_variants(model, batch, variants, full, allpos.expand(n, T), metric,
+                        Runtime(batch_size=batch_size, progress=progress), desc=desc)
 
 
 def head_ablation_sweep(model: Model, prompts: Prompts, metric: Metric, mode: str = "zero",

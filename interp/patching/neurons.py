@@ -20,8 +20,9 @@ from interp.models import Model
 from interp.patching.edits import NeuronAblation, ablation_values
 from interp.patching.heads import ablation_sweep
 from interp.patching.measures import Metric, call_metric, metric_name
-from interp.patching.runs import Prompts, run_with_capture
+from interp.patching.runs import MOVED, Prompts, patch_runtime, run_with_capture
 from interp.sites import Site, parse_site, resolve_layers
+from interp.values import Runtime, moved_keywords
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -203,21 +204,24 @@ class NeuronEffect(Result):
                            self.metric or "metric", title=title or f"{self.mode}-ablating neurons")
 
 
+@moved_keywords(MOVED)
 def neuron_ablation_effect(model: Model, prompts: Prompts, metric: Metric, neurons: Iterable[Neuron],
-                           mode: str = "zero", means: torch.Tensor | None = None, chat: bool = True,
-                           batch_size: int = 64, progress: bool = True, n_control: int = 0,
-                           seed: int = 0) -> NeuronEffect:
+                           mode: str = "zero", means: torch.Tensor | None = None, n_control: int = 0,
+                           runtime: Runtime | None = None) -> NeuronEffect:
     """Ablate each neuron alone (batched variants) and all of them together; measure ``metric``.
-    ``n_control``: also ablate that many random other neurons of the same layers, one at a time, as the control
-    a chosen neuron's effect should beat; ``progress``: a bar over the forwards."""
+    ``prompts``: texts (a list: the chat template; ``interp.Prompts(texts, chat=False)``: raw) or a batch.
+    ``n_control``: also ablate that many random other neurons of the same layers (drawn with ``runtime.seed``),
+    one at a time, as the control a chosen neuron's effect should beat; ``runtime``: rows per forward (default 64)
+    and a bar over the forwards."""
+    runtime = patch_runtime(runtime)
     vals = ablation_values(model, mode, means, "mlp_post")
     nlist = _neurons(model, neurons)
-    batch = batch_of(model, prompts, chat)
+    batch = batch_of(model, prompts)
     D = _check_dense(model)
-    controls = random_neurons(nlist, D, n_control, seed)
+    controls = random_neurons(nlist, D, n_control, runtime.seed)
     values = {Site("mlp_post", la): (torch.zeros(D) if vals is None else vals[la]) for la in {la for la, _ in nlist}}
     out = ablation_sweep(model, batch, metric, [(Site("mlp_post", la), i) for la, i in nlist + controls], values,
-                         batch_size, progress, f"{mode}-ablating neurons")
+                         runtime.batch_size, runtime.progress, f"{mode}-ablating neurons")
     with torch.no_grad():
         base = float(call_metric(metric, last_logits(model, batch)))
         with ablate_neurons(model, nlist, mode, means):

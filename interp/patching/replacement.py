@@ -30,6 +30,7 @@ from interp.forward import batches, encodings, forward
 from interp.hooking import hooks, module_hooks, norm_parts
 from interp.models import Model
 from interp.sites import parse_site
+from interp.values import Prompts
 from sae.transcoder import Transcoder
 from sae.transcoder import check_transcoders as sae_checks
 
@@ -147,19 +148,21 @@ class ReplacementModel:
     def d_model(self) -> int:
         return self.model.d_model
 
-    def batch(self, prompt: str | Sequence[int] | torch.Tensor, chat: bool = True,
+    def batch(self, prompt: str | Prompts | Sequence[int] | torch.Tensor, chat: bool = True,
               max_positions: int | None = None) -> Batch:
-        """One prompt (a string, chat-formatted unless ``chat=False``, or token ids) as a batch of one."""
+        """One prompt (a string, chat-formatted unless ``chat=False``; an ``interp.Prompts`` of one, in its own
+        format; or token ids) as a batch of one."""
         if isinstance(prompt, torch.Tensor):
             prompt = prompt.reshape(-1).tolist()
-        encs = encodings(self.model, [prompt], chat=chat)
+        encs = encodings(self.model, prompt) if isinstance(prompt, Prompts) else \
+            encodings(self.model, [prompt], chat=chat)
         n = len(encs[0].ids)
         if max_positions is not None and n > max_positions:
             raise ValueError(f"the prompt has {n} tokens, over the graph budget max_positions={max_positions}; "
                              f"shorten the prompt or pass a larger max_positions=")
         return batches(self.model, encs, 1)[0]
 
-    def run(self, prompt: str | Sequence[int] | torch.Tensor | Batch, chat: bool = True,
+    def run(self, prompt: str | Prompts | Sequence[int] | torch.Tensor | Batch, chat: bool = True,
             max_positions: int | None = None) -> ReplacementRun:
         """The replacement model on one prompt, recording everything :meth:`frozen` needs."""
         batch = prompt if isinstance(prompt, Batch) else self.batch(prompt, chat, max_positions)

@@ -20,9 +20,15 @@ from interp.hooking import HookContext, module_hooks
 from interp.models import Model
 from interp.positions import columns
 from interp.sites import Site
+from interp.values import Prompts as PromptValues
+from interp.values import Runtime
 
 RUNS = ("clean", "corrupted")
-Prompts = Inputs | Batch
+Prompts = PromptValues | Inputs | Batch
+MOVED = {"source": "runs=(source, target)", "target": "runs=(source, target)",
+         "batch_size": "runtime=interp.Runtime(batch_size=...)", "progress": "runtime=interp.Runtime(progress=...)",
+         "seed": "runtime=interp.Runtime(seed=...)", "chat": "prompts=interp.Prompts(texts, chat=...)"}
+"""Keywords the patching functions took before issue 37, and where each went."""
 
 
 def lengths(batch: Batch) -> torch.Tensor:
@@ -71,6 +77,20 @@ def check_pairs(pairs: object) -> None:
 def check_run(run: str) -> None:
     if run not in RUNS:
         raise ValueError(f"run must be one of {RUNS}, got {run!r}")
+
+
+def check_runs(runs: Sequence[str]) -> tuple[str, str]:
+    """``runs = (source, target)``: activations are taken from the source run and patched into the target run
+    (``("clean", "corrupted")``: denoising; ``("corrupted", "clean")``: noising)."""
+    if isinstance(runs, str) or len(runs) != 2 or any(r not in RUNS for r in runs):
+        raise ValueError(f"runs=(source, target): each run must be one of {RUNS}, e.g. ('clean', 'corrupted'); "
+                         f"got {runs!r}")
+    return runs[0], runs[1]
+
+
+def patch_runtime(runtime: Runtime | None, progress: bool = True) -> Runtime:
+    """``runtime``, by default 64 rows per forward (variants x pairs) and a bar when ``progress``."""
+    return runtime if runtime is not None else Runtime(batch_size=64, progress=progress)
 
 
 def make_pairs(model: Model, clean: Prompts, corrupted: Prompts, align: Any = "end", chat: bool = True) -> PromptPairs:

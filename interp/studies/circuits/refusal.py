@@ -29,10 +29,11 @@ from interp.evals.controls import matched_random
 from interp.evals.judge import Judge
 from interp.evals.rates import fisher_greater
 from interp.models import Model
-from interp.patching import ReplacementModel, attribution_graph
+from interp.patching import GraphConfig, ReplacementModel, attribution_graph
 from interp.patching.graph_result import AttributionGraph
 from interp.patching.graph_targets import Projection
 from interp.studies.kit.runs import refusal_rate
+from interp.values import Runtime
 from sae.edits import TranscoderAblation
 from sae.model import SAE
 
@@ -157,8 +158,8 @@ def refusal_circuit(rm: ReplacementModel, prompts: list[str], direction: torch.T
     r = direction.detach().float() / direction.float().norm()
     site = f"blocks.{layer}.hook_resid_pre" if layer < model.n_layers else "ln_final.hook_out"
     target = Projection(r, site, -1, label=f"refusal direction @ {site}")
-    graphs = [attribution_graph(rm, p, target, max_feature_nodes=max_feature_nodes, max_positions=max_positions,
-                                batch_size=batch_size) for p in prompts]
+    graphs = [attribution_graph(rm, p, target, runtime=Runtime(batch_size, progress=False), config=GraphConfig(
+        max_feature_nodes=max_feature_nodes, max_positions=max_positions)) for p in prompts]
     keep = None if positions == "all" else _post_positions(rm, prompts, max_positions)
     rows = [x for x in _rank(graphs, r, rm.transcoders, keep) if x["layer"] < layer]  # later ones cannot write there
     if diff is not None:

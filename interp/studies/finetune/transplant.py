@@ -28,6 +28,7 @@ from interp.evals.logits import refusal_score
 from interp.forward import prepare
 from interp.models import Model
 from interp.patching.transplants import (
+    SearchConfig,
     Transplant,
     TransplantSearch,
     check_compatible,
@@ -38,6 +39,7 @@ from interp.studies.kit.prompt_sets import RefusalData
 from interp.studies.kit.runs import refusal_rate
 from interp.studies.kit.scoring import prompt_logits
 from interp.studies.kit.stages import find_refusal_tokens
+from interp.values import Runtime
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -170,8 +172,8 @@ def transplant_study(base: Model, aligned: Model, data: RefusalData, parts: tupl
     with torch.no_grad():
         s_base, s_aligned = score(base), score(aligned)
         single = _single(base, aligned, score, cands, s_base, s_aligned)
-        search = greedy_transplant(base, aligned, score, blocks=blocks, parts=parts, max_steps=max_steps,
-                                   progress=progress)
+        search = greedy_transplant(base, aligned, score, blocks=blocks, parts=parts,
+                                   config=SearchConfig(max_steps=max_steps), runtime=Runtime(progress=progress))
     changed = [c for c in cands if differs(base, aligned, c[0], [c[1]])]
     rates = _rates(base, aligned, list(search.chosen), changed, data, n_random, seed, max_new_tokens, judge)
     return TransplantStudy(single, search, rates, {"base": s_base, "aligned": s_aligned}, list(tok.strings),
