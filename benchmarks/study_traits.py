@@ -156,7 +156,7 @@ def section_statements(model, rows: dict[str, list[dict]], n: int) -> list[str]:
         acts = capture(model,
                        Prompts([r["question"] for r in pos + neg], labels=["expresses"] * len(pos) + ["denies"] * len(neg)),
                        sites="resid_post", positions="last", runtime=Runtime(progress=False))
-        sc = cross_validate(acts, positive="expresses", progress=False)
+        sc = cross_validate(acts, positive="expresses", runtime=Runtime(progress=False))
         auc = sc.auroc.mean(0)
         ref = sklearn_auroc(sc, acts, top="expresses").to(sc.auroc)
         diff, mean_diff = float((sc.auroc - ref).abs().max()), float((auc - ref.mean(0)).abs().max())

@@ -74,7 +74,8 @@ def test_probe_end_to_end_matches_library(probe_run: dict, model) -> None:
     res = json.loads((out / "result.json").read_text())
     acts = interp.capture(model, Prompts(HARMFUL + HARMLESS, labels=[1] * 8 + [0] * 8), sites="resid_post",
                           positions="last", runtime=Runtime(progress=False))
-    scores = probes.cross_validate(acts, n_folds=2, seed=0, positive=1)
+    scores = probes.cross_validate(acts, positive=1, config=probes.CVConfig(n_folds=2),
+                                   runtime=interp.Runtime(seed=0))
     assert [r["site"] for r in res["layers"]] == scores.sites
     for j, row in enumerate(res["layers"]):
         for m in ("accuracy", "auroc", "cohens_d", "control_accuracy"):

@@ -137,8 +137,9 @@ def test_probe_and_tune_functions_take_config_values():
     from interp.tune import fine_tune
     from interp.tune.preference import preference_tune
     from probes.logistic import solve_logistic
-    for fn in (solve_logistic, probes.erasure_cv, probes.rank_ablation, probes.cross_validate, fine_tune,
-               preference_tune):
+    for fn in (solve_logistic, probes.cross_validate):
+        assert _n_params(fn) <= 8, fn.__name__
+    for fn in (probes.erasure_cv, probes.transfer.rank_ablation, fine_tune, preference_tune):
         assert _n_params(fn) <= 9, fn.__name__
     g = torch.Generator().manual_seed(0)
     X, y = torch.randn(40, 2, 8, generator=g), torch.arange(40) % 2

@@ -23,6 +23,7 @@ from interp.sites import parse_site
 from interp.studies.directions.values_choice import check_items, forced_choice, resolve_chat
 from interp.studies.directions.values_data import ChoiceItem, Contrast
 from interp.values import Prompts, Runtime
+from probes.config import CVConfig
 from probes.directions import diff_of_means
 from probes.objects import Direction
 from probes.validation import ProbeScores, cross_validate
@@ -91,8 +92,8 @@ def value_vectors(model: Model, pairs: Contrast, *, site: str = "resid_post", po
                    positions=positions,
                    layers=layers, runtime=Runtime(batch_size=batch_size, progress=False))
     direction = diff_of_means(acts, positive=1)
-    scores = cross_validate(acts, method="mean_diff", groups=pairs.all_groups, n_folds=n_folds, seed=seed,
-                            positive=1, progress=False)
+    scores = cross_validate(acts, method="mean_diff", groups=pairs.all_groups, positive=1,
+                            config=CVConfig(n_folds=n_folds), runtime=Runtime(seed=seed, progress=False))
     return ValueVectors(direction, scores, site, positions, len(pairs.positive), pairs.pole, chat, acts)
 
 
