@@ -108,9 +108,7 @@ class AlphaSweep(Result):
             return alpha_curve(self.alphas, self.steered, self.random, self.baseline, metric=self.metric, title=title)
         from interp.viz.steering import alpha_cost_curve
 
-        return alpha_cost_curve(self.alphas, self.steered, self.random, self.baseline, self.kl, self.random_kl,
-                                ce=self.ce, random_ce=self.random_ce, baseline_ce=self.baseline_ce,
-                                metric=self.metric, title=title + " and its cost")
+        return alpha_cost_curve(self, title=title + " and its cost")
 
     def __repr__(self) -> str:
         pairs = ", ".join(f"{a:g}: {s:.3g} (random {r:.3g})" for a, s, r in

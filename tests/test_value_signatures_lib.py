@@ -152,3 +152,21 @@ def test_probe_and_tune_functions_take_config_values():
     a = probes.cross_validate(X, y, runtime=interp.Runtime(seed=3, progress=False))
     b = probes.cross_validate(X, y, runtime=interp.Runtime(seed=3, progress=False))
     assert torch.equal(torch.as_tensor(a.accuracy), torch.as_tensor(b.accuracy))
+
+
+def test_figures_take_grouped_series_or_the_result(model):
+    from interp.viz.refusal import writer_bars
+    from interp.viz.steering import alpha_cost_curve
+    assert _n_params(writer_bars) <= 8 and _n_params(alpha_cost_curve) <= 8
+    with pytest.raises(TypeError, match="control_rates"):     # viz imports nothing of ours: Python's own error
+        writer_bars(["a"], ([0.5], [0.4], [0.6]), control_rates=[0.5])
+    fig = writer_bars(["a", "b"], ([0.5, 0.2], [0.4, 0.1], [0.6, 0.3]), ([0.5, 0.5], None, None),
+                      baseline=(0.55, (0.5, 0.6)))
+    assert [t.name for t in fig.data] == ["refusal direction ablated", "orthogonal control ablated"]
+
+    def make(a):
+        return steering.AddVector(torch.ones(model.d_model), layers=[0], alpha=a)
+    sweep = steering.alpha_sweep(model, PROMPTS, make, [0.0, 1.0], lambda lg: lg[:, 3].mean(), on="logits",
+                                 config=steering.SweepConfig(n_random=1, cost=True),
+                                 runtime=interp.Runtime(progress=False))
+    assert len(alpha_cost_curve(sweep).data) == len(sweep.plot().data) >= 4
