@@ -170,3 +170,20 @@ def test_figures_take_grouped_series_or_the_result(model):
                                  config=steering.SweepConfig(n_random=1, cost=True),
                                  runtime=interp.Runtime(progress=False))
     assert len(alpha_cost_curve(sweep).data) == len(sweep.plot().data) >= 4
+
+
+def test_capture_batches_takes_positions_and_runtime(model):
+    from interp.capturing import capture_batches
+    from interp.forward import batches, prepare
+    from interp.sites import expand_sites
+    assert _n_params(capture_batches) <= 8
+    _, encs = prepare(model, PROMPTS)
+    bs, sites = batches(model, encs, 2), expand_sites("resid_post", model.n_layers, [0])
+    with pytest.raises(TypeError, match=r"dtype= \(moved into runtime=interp.Runtime\(dtype=...\)\)"):
+        capture_batches(model, bs, sites, "prompt_mean", dtype=torch.float64)
+    with pytest.raises(TypeError, match=r"sinks= \(moved into positions=interp.Positions\(rule, sinks=...\)\)"):
+        capture_batches(model, bs, sites, "prompt_mean", sinks="keep")
+    kept, *_ = capture_batches(model, bs, sites, interp.Positions("prompt_mean", skip_special=False),
+                               runtime=interp.Runtime(dtype=torch.float64, progress=False))
+    skipped, *_ = capture_batches(model, bs, sites, "prompt_mean")
+    assert kept.dtype == torch.float64 and skipped.dtype == torch.float32 and not torch.allclose(kept.float(), skipped)
