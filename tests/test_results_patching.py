@@ -72,7 +72,7 @@ def test_attribution_and_check_frames(setup):
 
 def test_head_outputs_frame_and_plot(setup):
     m, _, _ = setup
-    ho = head_outputs(m, CLEAN, layers=[1, 10], chat=False)
+    ho = head_outputs(m, interp.Prompts(CLEAN, chat=False), layers=[1, 10])
     frame = ho.to_frame()
     n_real = int(ho.mask.sum())
     assert list(frame.columns) == ["prompt", "layer", "position", "head", "norm", "share"]

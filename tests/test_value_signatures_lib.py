@@ -120,6 +120,8 @@ def test_patching_functions_take_runs_runtime_and_prompts(model):
         sweep_layers(model, pairs, met, target="clean")
     with pytest.raises(TypeError, match=r"chat= \(moved into prompts=interp.Prompts\(texts, chat=...\)\)"):
         neuron_ablation_effect(model, PROMPTS, met, [(0, 1)], chat=False)
+    with pytest.raises(TypeError, match=r"chat= \(moved into clean=interp.Prompts\(texts, chat=...\)"):
+        make_pairs(model, PROMPTS[:2], PROMPTS[1:], chat=False)
     with pytest.raises(TypeError, match=r"steps= \(moved into config=interp.patching.MaskConfig\(steps=...\)\)"):
         learn_mask(model, PROMPTS, met, steps=3)
     with pytest.raises(ValueError, match="each run must be"):

@@ -73,7 +73,7 @@ def make_metric(args: argparse.Namespace, tokenizer: Any) -> tuple[Any, dict[str
 def patch_job(args: argparse.Namespace, folder: JobFolder) -> dict[str, Any]:
     """Pair the prompts, run both sweeps, write result, heatmaps and page."""
     from interp import patching
-    from interp.values import Runtime
+    from interp.values import Prompts, Runtime
 
     clean = prompts_of(args.clean, args.column, "--clean")
     corrupted = prompts_of(args.corrupted, args.corrupted_column, "--corrupted")
@@ -82,7 +82,8 @@ def patch_job(args: argparse.Namespace, folder: JobFolder) -> dict[str, Any]:
                          f"same order)")
     model = load(args)
     metric, described = make_metric(args, model.tokenizer)
-    pairs = patching.make_pairs(model, clean, corrupted, align=args.align, chat=not args.raw)
+    pairs = patching.make_pairs(model, Prompts(clean, chat=not args.raw), Prompts(corrupted, chat=not args.raw),
+                                align=args.align)
     run = Runtime(batch_size=args.batch_size)
     by_pos = patching.sweep_positions(model, pairs, metric, site=args.site, runtime=run)
     by_comp = patching.sweep_layers(model, pairs, metric, sites=tuple(args.components.split(",")), runtime=run)

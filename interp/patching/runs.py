@@ -21,7 +21,7 @@ from interp.models import Model
 from interp.positions import columns
 from interp.sites import Site
 from interp.values import Prompts as PromptValues
-from interp.values import Runtime
+from interp.values import Runtime, moved_keywords
 
 RUNS = ("clean", "corrupted")
 Prompts = PromptValues | Inputs | Batch
@@ -29,6 +29,7 @@ MOVED = {"source": "runs=(source, target)", "target": "runs=(source, target)",
          "batch_size": "runtime=interp.Runtime(batch_size=...)", "progress": "runtime=interp.Runtime(progress=...)",
          "seed": "runtime=interp.Runtime(seed=...)", "chat": "prompts=interp.Prompts(texts, chat=...)"}
 """Keywords the patching functions took before issue 37, and where each went."""
+CHAT_MOVED = {"chat": MOVED["chat"]}
 
 
 def lengths(batch: Batch) -> torch.Tensor:
@@ -93,14 +94,15 @@ def patch_runtime(runtime: Runtime | None, progress: bool = True) -> Runtime:
     return runtime if runtime is not None else Runtime(batch_size=64, progress=progress)
 
 
-def make_pairs(model: Model, clean: Prompts, corrupted: Prompts, align: Any = "end", chat: bool = True) -> PromptPairs:
+@moved_keywords({"chat": "clean=interp.Prompts(texts, chat=...) and corrupted=interp.Prompts(texts, chat=...)"})
+def make_pairs(model: Model, clean: Prompts, corrupted: Prompts, align: Any = "end") -> PromptPairs:
     """Pair clean and corrupted prompts and align their positions.
 
     ``align``: ``"end"`` (default; the last ``P`` tokens, ``P`` the shortest prompt: chat suffixes line up),
     ``"start"``, a list of ``(clean_pos, corrupted_pos)`` shared by all pairs, or one such list per pair.
     Positions count from the first real token (>= 0) or from the end (< 0).
     """
-    cb, rb = batch_of(model, clean, chat), batch_of(model, corrupted, chat)
+    cb, rb = batch_of(model, clean), batch_of(model, corrupted)
     n = cb.input_ids.shape[0]
     if rb.input_ids.shape[0] != n:
         raise ValueError(f"{n} clean prompts but {rb.input_ids.shape[0]} corrupted prompts; they must be paired 1:1")

@@ -110,7 +110,7 @@ def _rank(graphs: list[AttributionGraph], direction: torch.Tensor, tcs: dict[int
 
 def _post_positions(rm: ReplacementModel, prompts: list[str], max_positions: int) -> list[set[int]]:
     """Each prompt's post-instruction token positions, as its graph numbers them."""
-    return [set(rm.batch(p, True, max_positions).post_mask[0].nonzero().flatten().tolist()) for p in prompts]
+    return [set(rm.batch(p, max_positions).post_mask[0].nonzero().flatten().tolist()) for p in prompts]
 
 
 def _random_features(top: list[Feature], pool: list[Feature], rng: random.Random) -> list[Feature]:
