@@ -28,9 +28,10 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+import interp  # noqa: E402
 from benchmarks._common import PeakRSS, machine, skipped, write_text  # noqa: E402
 from interp.models import cache_dir, load_model  # noqa: E402
-from interp.patching import ReplacementModel, attribution_graph  # noqa: E402
+from interp.patching import GraphConfig, ReplacementModel, attribution_graph  # noqa: E402
 from interp.patching.graph_targets import TopLogits  # noqa: E402
 from interp.testing.tiny import tiny_model  # noqa: E402
 from sae.circuit_tracer_io import save_circuit_tracer  # noqa: E402
@@ -78,7 +79,8 @@ def ours(rm, ids: list[int], repeats: int, tokens: list[int]):
     for _ in range(repeats):
         with PeakRSS() as mem:
             t0 = time.perf_counter()
-            g = attribution_graph(rm, ids, TopLogits(tokens=tokens), chat=False, constant_positions=1, batch_size=64)
+            g = attribution_graph(rm, ids, TopLogits(tokens=tokens), config=GraphConfig(constant_positions=1),
+                                  runtime=interp.Runtime(batch_size=64, progress=False))
             times.append(time.perf_counter() - t0)
         peak = max(peak, mem.growth_mb)
     return statistics.median(times), peak, g
@@ -117,7 +119,8 @@ def real(model_name: str, layer: int, budgets: tuple[int, ...], lengths: tuple[i
         for budget in budgets:
             with PeakRSS() as mem:
                 t0 = time.perf_counter()
-                g = attribution_graph(rm, ids, TopLogits(), chat=False, max_feature_nodes=budget, max_positions=256)
+                g = attribution_graph(rm, ids, TopLogits(),
+                                      config=GraphConfig(max_feature_nodes=budget, max_positions=256))
                 s = time.perf_counter() - t0
             rows.append({"tokens": T, "budget": budget, "active": g.n_active, "nodes": g.n_features, "s": s,
                          "peak_mb": mem.growth_mb, "completeness": g.completeness()})

@@ -28,6 +28,7 @@ from interp.patching import attribute, logit_diff, make_pairs, sweep_positions  
 from interp.patching.attribution import pearson
 from interp.testing.oracles import transformer_lens_model  # noqa: E402
 from interp.testing.tiny import tiny_model  # noqa: E402
+from interp.values import Runtime  # noqa: E402
 
 # Name-mover pairs: the clean prompt repeats one name, the corrupted one the other, so the answer flips.
 PAIRS = [("Mary", "John", "store", "drink"), ("Tom", "Anna", "park", "ball"), ("Lucy", "Mark", "lake", "book"),
@@ -78,14 +79,15 @@ def main(argv: list[str] | None = None) -> None:
     out: dict[str, torch.Tensor] = {}
 
     def ours():
-        out["ours"] = sweep_positions(m, pairs, met, "resid_pre", batch_size=args.batch_size).values
+        out["ours"] = sweep_positions(m, pairs, met, "resid_pre", runtime=Runtime(batch_size=args.batch_size)).values
 
     def ours_no_prefix():
-        out["ours_np"] = sweep_positions(m, pairs, met, "resid_pre", batch_size=args.batch_size,
-                                         reuse_prefix=False).values
+        out["ours_np"] = sweep_positions(m, pairs, met, "resid_pre", reuse_prefix=False,
+                                         runtime=Runtime(batch_size=args.batch_size)).values
 
     def ours_one_cell():
-        out["ours_1"] = sweep_positions(m, pairs, met, "resid_pre", batch_size=args.pairs, reuse_prefix=False).values
+        out["ours_1"] = sweep_positions(m, pairs, met, "resid_pre", reuse_prefix=False,
+                                        runtime=Runtime(batch_size=args.pairs)).values
 
     def tlens():
         with torch.no_grad():

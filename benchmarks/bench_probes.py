@@ -177,7 +177,8 @@ def main() -> None:
         folds = probes.folds.make_folds(y, 5, seed=0)
         t_ours, t_sk = [], []
         for _ in range(args.cv_rounds):
-            dt, cv = timed(lambda: probes.cross_validate(Xcv, y, n_folds=5, control=False, l2=args.l2, tol=args.tol))
+            dt, cv = timed(lambda: probes.cross_validate(
+                Xcv, y, tol=args.tol, config=probes.CVConfig(n_folds=5, control=False, l2=args.l2)))
             t_ours.append(dt)
             dt, cv_sk = timed(sk_cv, Xcv_np, ynp, folds, args.l2, args.tol)
             t_sk.append(dt)

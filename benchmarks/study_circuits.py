@@ -26,11 +26,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks._common import PeakRSS, machine, replace_section, write_text  # noqa: E402
 from interp.data import load_prompts  # noqa: E402
 from interp.models import cache_dir, load_model  # noqa: E402
-from interp.patching import ReplacementModel, attribution_graph  # noqa: E402
+from interp.patching import GraphConfig, ReplacementModel, attribution_graph  # noqa: E402
 from interp.studies.circuits import CircuitConfig, refusal_circuit  # noqa: E402
 from interp.studies.kit.config import DataConfig  # noqa: E402
 from interp.studies.kit.prompt_sets import load_refusal_data  # noqa: E402
 from interp.studies.kit.stages import find_candidates, find_refusal_tokens  # noqa: E402
+from interp.values import Runtime  # noqa: E402
+from sae.train_config import TrainConfig  # noqa: E402
 from sae.transcoder import Transcoder  # noqa: E402
 from sae.transcoder_quality import evaluate_transcoders  # noqa: E402
 from sae.transcoder_train import train_transcoder  # noqa: E402
@@ -42,8 +44,9 @@ def transcoders(model, prompts: list[str], folder: Path, d_sae: int, k: int, tok
     if (folder / "layer_0" / "meta.json").exists():
         return {i: Transcoder.load(folder / f"layer_{i}") for i in range(model.n_layers)}
     t0 = time.time()
-    tr = train_transcoder(model, prompts, chat=True, arch="topk", d_sae=d_sae, k=k, total_tokens=tokens,
-                          batch_size=512, lr=2e-3, progress=False, skip_sink=True, capture_batch_size=16)
+    tr = train_transcoder(model, prompts, cfg=TrainConfig(arch="topk", d_sae=d_sae, k=k, total_tokens=tokens,
+                                                         batch_size=512, lr=2e-3, progress=False),
+                          sinks="exclude", runtime=Runtime(batch_size=16))
     for i, tc in tr.transcoders.items():
         tc.save(folder / f"layer_{i}")
     print(f"trained {model.n_layers} transcoders in {time.time() - t0:.0f} s", flush=True)
@@ -58,7 +61,7 @@ def graph_costs(rm: ReplacementModel, r: torch.Tensor, layer: int, prompts: list
     for p in prompts:
         with PeakRSS() as mem:
             t0 = time.perf_counter()
-            g = attribution_graph(rm, p, target, max_feature_nodes=budget, max_positions=256)
+            g = attribution_graph(rm, p, target, config=GraphConfig(max_feature_nodes=budget, max_positions=256))
             dt = time.perf_counter() - t0
         rows.append({"tokens": g.n_positions, "active": g.n_active, "feature_nodes": g.n_features, "s": dt,
                      "peak_mb": mem.growth_mb, "completeness": g.completeness()})
@@ -107,7 +110,7 @@ def main() -> None:
     folder = Path(args.cache) if args.cache else cache_dir() / "transcoders" / args.model / f"d{args.d_sae}_k{args.k}"
     tcs = transcoders(model, train, folder, args.d_sae, args.k, args.tokens)
     held = data.harmless["val"].instructions[:16] + data.harmful["val"].instructions[:16]
-    q = evaluate_transcoders(model, tcs, held, chat=True, skip_sink=True)
+    q = evaluate_transcoders(model, tcs, held, sinks="exclude")
     print(q.to_frame().to_string(), q.summary(), flush=True)
     small = load_refusal_data(args.model, DataConfig(n_train=64, n_val=64, n_test=args.n_eval))
     r = find_candidates(model, small, layers=[args.layer]).raw[0, -1]

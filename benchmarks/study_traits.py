@@ -21,6 +21,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+import steering  # noqa: E402
 from benchmarks._common import machine, skipped, write_text  # noqa: E402
 from interp.models import load_model  # noqa: E402
 from interp.studies.directions.traits import TraitConfig, trait_scales  # noqa: E402
@@ -118,7 +119,7 @@ def section_signature(model, scales, corpora: dict[str, list[str]]) -> list[str]
 
 def section_steering(model, scales, trait: str, rows: list[dict], ks: list[float], prompts: list[str]) -> list[str]:
     sw = level_sweep(model, scales, trait, [r["question"] for r in rows], ks, matching_metric(model, rows),
-                     on="logits", n_random=2, progress=False)
+                     on="logits", config=steering.SweepConfig(n_random=2), runtime=Runtime(progress=False))
     out = [f"## Steering {trait} in level units over its band ({len(rows)} held-out statements)", "",
            "| k (level units) | matching logit diff | random (mean) | KL steered | KL random (mean) |",
            "|---|---|---|---|---|", f"| none | {sw.baseline:.3f} | | 0 | |"]
@@ -155,7 +156,7 @@ def section_statements(model, rows: dict[str, list[dict]], n: int) -> list[str]:
         acts = capture(model,
                        Prompts([r["question"] for r in pos + neg], labels=["expresses"] * len(pos) + ["denies"] * len(neg)),
                        sites="resid_post", positions="last", runtime=Runtime(progress=False))
-        sc = cross_validate(acts, positive="expresses", progress=False)
+        sc = cross_validate(acts, positive="expresses", runtime=Runtime(progress=False))
         auc = sc.auroc.mean(0)
         ref = sklearn_auroc(sc, acts, top="expresses").to(sc.auroc)
         diff, mean_diff = float((sc.auroc - ref).abs().max()), float((auc - ref.mean(0)).abs().max())

@@ -11,6 +11,7 @@ import json
 import math
 import os
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any, overload
 
 import torch
@@ -215,9 +216,8 @@ def capture(model: Model, prompts: Prompts | Sequence[str], sites: SiteSpec = "r
                     "fingerprint_parts": parts, **({} if order is None else {"order": order})}
         store = _open_store(out, manifest, overwrite, par)
 
-    acts_or_store = capture_batches(model, all_batches, site_list, pos.rule, dtype=run.dtype, store=store,
-                                    progress=run.progress, desc=f"capture {model.name}",
-                                    skip_special=pos.skip_special, parallel=par, sinks=pos.sinks, n_keys=n_keys)
+    acts_or_store = capture_batches(model, all_batches, site_list, pos, store=store,
+                                    runtime=replace(run, distributed=par), desc=f"capture {model.name}", n_keys=n_keys)
     if store is not None:
         return store
     tensor, mask, flags = _in_order(acts_or_store, order, meta, [x.name for x in site_list], pos.sinks, pos.mean)
@@ -290,15 +290,27 @@ def _unsort(tensor: torch.Tensor, mask: torch.Tensor | None, flags: torch.Tensor
     return tensor[inverse], None if mask is None else mask[inverse], None if flags is None else flags[inverse]
 
 
-def capture_batches(model: Model, all_batches: list[Batch], sites: list[Site], positions: PositionSpec,
-                    dtype: torch.dtype = torch.float32, store: ActivationStore | None = None, progress: bool = False,
-                    desc: str = "capture", skip_special: bool = True, parallel: bool = False,
-                    sinks: str = "exclude", n_keys: int | None = None) -> Any:
-    """The capture loop over prepared batches: ``(tensor, mask, sink flags, sink counts per site)`` in memory, or
-    shards written to ``store`` (with their sink flags).
+_BATCHES_MOVED = {"dtype": "runtime=interp.Runtime(dtype=...)", "progress": "runtime=interp.Runtime(progress=...)",
+                  "parallel": "runtime=interp.Runtime(distributed=...)",
+                  "skip_special": "positions=interp.Positions(rule, skip_special=...)",
+                  "sinks": "positions=interp.Positions(rule, sinks=...)"}
 
-    ``parallel``: this rank runs only its own batches (:func:`interp.distributed.owns`); a failure on any rank
+
+@moved_keywords(_BATCHES_MOVED)
+def capture_batches(model: Model, all_batches: list[Batch], sites: list[Site], positions: Positions | PositionSpec,
+                    store: ActivationStore | None = None, runtime: Runtime | None = None,
+                    desc: str = "capture", n_keys: int | None = None) -> Any:
+    """The capture loop over prepared batches: ``(tensor, mask, sink flags, sink counts per site)`` in memory, or
+    shards written to ``store`` (with their sink flags). ``positions``: the rule with its ``sinks`` and
+    ``skip_special``; ``runtime``: the ``dtype`` kept, a ``progress`` bar named ``desc`` (default off), and
+    ``distributed`` (as the caller resolved it; ``None`` counts as ``False``); ``n_keys``: the key axis of
+    scores / pattern sites (the longest prompt; :func:`interp.attention.keys_aligned`).
+
+    Distributed: this rank runs only its own batches (:func:`interp.distributed.owns`); a failure on any rank
     stops every rank; rank 0 finishes the store after all shards are written, in memory every rank gets all."""
+    pos, run = Positions.of(positions), runtime if runtime is not None else Runtime(progress=False)
+    positions, sinks, skip_special = pos.rule, pos.sinks, pos.skip_special
+    dtype, progress, parallel = run.dtype, run.progress, bool(run.distributed)
     mine = [k for k in range(len(all_batches)) if not parallel or dist.owns(k)]
     results: dict[int, tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]] = {}
     err = None

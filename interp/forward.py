@@ -82,10 +82,12 @@ def encode_ids(token_ids: Sequence[Sequence[int]] | torch.Tensor) -> list[Encode
 
 
 def encodings(model: Model, inputs: Inputs, chat: bool = True) -> list[Encoded]:
-    """Strings (through :func:`prepare`; chat-formatted unless ``chat=False``) or token ids (through
-    :func:`encode_ids`) -> encodings."""
+    """Strings (through :func:`prepare`; chat-formatted unless ``chat=False``), an :class:`interp.Prompts` (in its
+    own format; ``chat`` is not read) or token ids (through :func:`encode_ids`) -> encodings."""
     if isinstance(inputs, str):
         raise TypeError("prompts must be a list of strings (or of token-id lists), not one string; wrap it in a list")
+    if hasattr(inputs, "encode"):                     # interp.Prompts (values imports this module): its own format
+        return inputs.encode(model)[1]
     if isinstance(inputs, torch.Tensor):
         return encode_ids(inputs)
     items = list(inputs)

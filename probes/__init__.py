@@ -14,6 +14,7 @@ tensor ``X [n, n_layers, d]`` with labels ``y [n]``. Fitted objects record which
 """
 
 from probes import compare, folds, subspace  # noqa: F401  (the rest of the API, as probes.<module>.<name>)
+from probes.config import CVConfig, LogisticConfig
 from probes.directions import diff_of_means, fit_direction, random_directions
 from probes.erasure import fit_inlp, fit_leace
 from probes.graded import graded_direction
@@ -22,6 +23,6 @@ from probes.objects import Direction, Subspace
 from probes.transfer import erasure_cv, transfer_matrix
 from probes.validation import cross_validate, evaluate_direction
 
-__all__ = ["cross_validate", "diff_of_means", "Direction", "erasure_cv", "evaluate_direction",
+__all__ = ["cross_validate", "CVConfig", "LogisticConfig", "diff_of_means", "Direction", "erasure_cv", "evaluate_direction",
            "fit_direction", "fit_inlp", "fit_leace", "fit_logistic", "graded_direction", "random_directions",
            "Subspace", "transfer_matrix"]

@@ -27,8 +27,10 @@ from tqdm.auto import tqdm
 
 from interp.bundle import Fitted, from_provenance, read_object, register_kind, save_object
 from interp.coerce import check_width, layer_tensor
+from interp.values import Runtime, moved_keywords
 from probes._checks import as_data
 from probes._precond import FullPreconditioner, LowRankPreconditioner
+from probes.config import LOGISTIC_MOVED, LogisticConfig
 from probes.objects import Direction
 
 _STEPS = torch.tensor([1.0, 0.5, 0.25, 0.125, 0.0625, 0.03125, 0.0078125, 0.0])
@@ -65,19 +67,18 @@ class LogisticFit:
         return self.b - (self.mu * self.coef).sum(-1)
 
 
+@moved_keywords(LOGISTIC_MOVED)
 def solve_logistic(Xl: Float[torch.Tensor, "L n d"], y: torch.Tensor, train: torch.Tensor, l2: float,
-                   standardize: bool = True, max_iter: int = 100, tol: float = 1e-5, memory: int = 3,
-                   inner_steps: int = 3, precond: str = "auto", precond_after: int = 1, precond_rows: int | None = None,
-                   seed: int = 0, progress: bool | str = False) -> LogisticFit:
+                   config: LogisticConfig | None = None, runtime: Runtime | None = None,
+                   desc: str | None = None) -> LogisticFit:
     """Fit ``L x F`` probes: ``Xl [L, n, d]`` (layers first), ``y [n]`` or ``[F, n]`` in {0, 1} (per-fold labels,
-    e.g. shuffled controls), ``train [F, n]`` bool masks.
-
-    ``precond``: ``"full"`` (Cholesky of the covariance, from about ``precond_rows`` samples; default
-    ``2 d``), ``"lowrank"`` (top-64 eigenpairs, for widths where ``d x d`` per layer is too big), ``"none"``
-    or ``"auto"``; built only if ``precond_after`` steps have not converged. It changes the speed, never
-    the minimiser. ``progress``: a bar over the solver's iterations (a string names it), with the share of
-    probes converged.
+    e.g. shuffled controls), ``train [F, n]`` bool masks; the solver's options in ``config``. ``runtime``: the
+    seed of the low-rank preconditioner and a bar over the solver's iterations (default off; ``desc`` names it),
+    with the share of probes converged.
     """
+    cfg = config or LogisticConfig()
+    runtime = runtime if runtime is not None else Runtime(progress=False)
+    standardize, max_iter, tol, precond, seed = cfg.standardize, cfg.max_iter, cfg.tol, cfg.precond, runtime.seed
     M, n_f, yd, pos = _check_problem(y, train, l2, precond)
     L, n, d = Xl.shape
     Fo = train.shape[0]
@@ -89,14 +90,15 @@ def solve_logistic(Xl: Float[torch.Tensor, "L n d"], y: torch.Tensor, train: tor
 
     def make_precond() -> FullPreconditioner | LowRankPreconditioner | None:
         if precond == "full":
-            return FullPreconditioner(Xl, shift, sd_all[:, Fo], precond_rows or 2 * d, l2)
+            return FullPreconditioner(Xl, shift, sd_all[:, Fo], cfg.precond_rows or 2 * d, l2)
         if precond == "lowrank":
             return LowRankPreconditioner(Xl, shift, sd_all[:, Fo], sq[:, Fo] if standardize else None, 64, seed)
         return None
 
-    desc = progress if isinstance(progress, str) else f"logistic probes ({L} layers x {Fo} fits)"
-    with tqdm(total=max_iter, desc=desc, unit="step", disable=not progress, leave=False) as bar:
-        w, b, it, gmax = _descend(prob, pos, max_iter, tol, memory, inner_steps, make_precond, precond_after, bar)
+    desc = desc or f"logistic probes ({L} layers x {Fo} fits)"
+    with tqdm(total=max_iter, desc=desc, unit="step", disable=not runtime.progress, leave=False) as bar:
+        w, b, it, gmax = _descend(prob, pos, max_iter, tol, cfg.memory, cfg.inner_steps, make_precond,
+                                  cfg.precond_after, bar)
     z = prob.image(w) + b[..., None]
     return LogisticFit(w=w.to(prob.dt), b=b.to(prob.dt), mu=prob.centre.to(prob.dt), sd=sd, logits=z.to(prob.dt),
                        n_iter=it, grad_max=gmax.to(prob.dt))
@@ -370,7 +372,8 @@ def fit_logistic(X: Any, y: Any = None, *, l2: float = 1e-3, C: float | None = N
     if C is not None:
         l2 = l2_from_C(C, data.n)
     Xl = data.X.transpose(0, 1)
-    fit = solve_logistic(Xl, data.y, torch.ones(1, data.n, dtype=torch.bool), l2, standardize, max_iter, tol)
+    fit = solve_logistic(Xl, data.y, torch.ones(1, data.n, dtype=torch.bool), l2,
+                         LogisticConfig(standardize=standardize, max_iter=max_iter, tol=tol))
     return LogisticProbe(coef=fit.coef[:, 0], intercept=fit.intercept[:, 0], mean=fit.mu[:, 0], scale=fit.sd[:, 0],
                          l2=l2, sites=data.sites, classes=data.classes, method="logistic", model_id=data.model_id,
                          data_hash=data.data_hash, fitted_on=list(data.sample_ids), n_iter=fit.n_iter,

@@ -10,9 +10,11 @@ import torch
 
 from interp.bundle import Result
 from interp.evals.metrics import accuracy, auroc, cohens_d
+from interp.values import Runtime, moved_keywords
 from probes._checks import as_data, encode_labels
 from probes._choice import LayerChoice, choose_layer
 from probes._frames import layer_sorted
+from probes.config import CV_MOVED, CVConfig
 from probes.erasure import fit_inlp, fit_leace
 from probes.folds import make_folds, masks
 from probes.logistic import solve_logistic
@@ -166,15 +168,19 @@ class ErasureScores(Result):
                             title=title or f"held-out {metric} before/after {self.eraser} erasure")
 
 
+@moved_keywords(CV_MOVED)
 def erasure_cv(X: Any, y: Any = None, *, eraser: str | Callable[..., Any] = "leace", erase_labels: Any = None,
-               groups: Any = None, n_folds: int = 5, l2: float = 1e-3, seed: int = 0, positive: Any = None,
-               **eraser_kwargs: Any) -> ErasureScores:
+               groups: Any = None, positive: Any = None, config: CVConfig | None = None,
+               runtime: Runtime | None = None, **eraser_kwargs: Any) -> ErasureScores:
     """Probe accuracy/AUROC on held-out folds before and after erasing a concept fitted on the training folds.
 
     ``eraser``: ``"leace"``, ``"inlp"`` or a callable ``(X_train [n, L, d], labels_train) -> eraser`` whose
     result maps ``[m, L, d]`` tensors to erased tensors. ``erase_labels``: the concept to erase (default: ``y``),
-    so you can ask whether concept ``y`` survives erasing another one.
+    so you can ask whether concept ``y`` survives erasing another one. ``config``: ``n_folds`` and ``l2``
+    (:class:`~probes.config.CVConfig`); ``runtime.seed``: the folds' seed.
     """
+    cfg, seed = config or CVConfig(), Runtime.of(runtime).seed
+    n_folds, l2 = cfg.n_folds, cfg.l2
     data = as_data(X, y, groups=groups, positive=positive, max_classes=2)
     conc = data.y if erase_labels is None else encode_labels(erase_labels, data.n, name="erase_labels")[0]
     if isinstance(eraser, str):
@@ -248,14 +254,18 @@ class AblationScores(Result):
                           title=title or f"held-out probe after ablating top-k components at {self.sites[j]}")
 
 
+@moved_keywords(CV_MOVED)
 def rank_ablation(X: Any, y: Any = None, subspace: Subspace | Callable[[torch.Tensor], Subspace] | None = None,
-                  ranks: Any = range(1, 13), *, groups: Any = None, n_folds: int = 5, l2: float = 1e-3, seed: int = 0,
-                  allow_overlap: bool = False, positive: Any = None) -> AblationScores:
+                  ranks: Any = range(1, 13), *, groups: Any = None, positive: Any = None, allow_overlap: bool = False,
+                  config: CVConfig | None = None, runtime: Runtime | None = None) -> AblationScores:
     """What survives removing rank 1..k: held-out probe scores after projecting out the subspace's top-k.
 
     ``subspace``: a fitted :class:`Subspace` (must not have been fitted on these samples unless
     ``allow_overlap``), or a callable ``train_indices (LongTensor) -> Subspace`` fitted inside each fold.
+    ``config``: ``n_folds`` and ``l2`` (:class:`~probes.config.CVConfig`); ``runtime.seed``: the folds' seed.
     """
+    cfg, seed = config or CVConfig(), Runtime.of(runtime).seed
+    n_folds, l2 = cfg.n_folds, cfg.l2
     data = as_data(X, y, groups=groups, positive=positive, max_classes=2)
     if subspace is None:
         raise ValueError("pass subspace=... (a Subspace, or a callable fitting one from training indices)")

@@ -16,9 +16,11 @@ from tqdm.auto import tqdm
 from interp.bundle import Result
 from interp.coerce import layer_tensor
 from interp.evals.metrics import accuracy, auroc, cohens_d
+from interp.values import Runtime, moved_keywords
 from probes._checks import ProbeData, as_data
 from probes._choice import LayerChoice, choose_layer
 from probes._frames import layer_order, layer_sorted, site_layer
+from probes.config import CV_MOVED, CVConfig, LogisticConfig
 from probes.directions import fit_direction
 from probes.folds import Fold, check_folds, make_folds, masks
 from probes.logistic import l2_from_C, solve_logistic
@@ -174,9 +176,11 @@ def _score(scores: torch.Tensor, y: torch.Tensor, thr: torch.Tensor | float) -> 
 
 
 def _logistic_cv(data: ProbeData, folds: list[Fold], y_rows: torch.Tensor, l2: float, **kw: Any) -> torch.Tensor:
-    """Decision values ``[L, rows, n]`` of one batched solve; ``y_rows [rows, n]`` may repeat folds with controls."""
+    """Decision values ``[L, rows, n]`` of one batched solve; ``y_rows [rows, n]`` may repeat folds with controls.
+    ``kw``: :class:`LogisticConfig` fields, ``runtime`` and ``desc``."""
     train = masks(folds, data.n).repeat(y_rows.shape[0] // len(folds), 1)
-    fit = solve_logistic(data.X.transpose(0, 1), y_rows, train, l2, **kw)
+    runtime, desc = kw.pop("runtime", None), kw.pop("desc", None)
+    fit = solve_logistic(data.X.transpose(0, 1), y_rows, train, l2, LogisticConfig(**kw), runtime, desc)
     return fit.logits
 
 
@@ -229,9 +233,10 @@ def _cv_direction(data: ProbeData, folds: list[Fold], ctrl: torch.Tensor | None,
     return results
 
 
-def cross_validate(X: Any, y: Any = None, *, method: str = "logistic", groups: Any = None, n_folds: int = 5,
-                   control: bool = True, l2: float = 1e-3, C: float | None = None, seed: int = 0,
-                   positive: Any = None, progress: bool = True, **method_kwargs: Any) -> ProbeScores:
+@moved_keywords(CV_MOVED)
+def cross_validate(X: Any, y: Any = None, *, method: str = "logistic", groups: Any = None, positive: Any = None,
+                   config: CVConfig | None = None, runtime: Runtime | None = None,
+                   **method_kwargs: Any) -> ProbeScores:
     """Held-out accuracy, AUROC and Cohen's d of a probe/direction method at every layer.
 
     ``method``: ``logistic`` (all folds and layers in one batched solve) or a direction method
@@ -240,8 +245,12 @@ def cross_validate(X: Any, y: Any = None, *, method: str = "logistic", groups: A
     repeat with shuffled labels for selectivity (see :func:`shuffled_labels`: permuted inside each test
     fold, respecting groups, so contrastive pairs work); the control reports accuracy and AUROC, not d.
     A metric undefined in a fold (AUROC without both classes, d with fewer than two of one) is NaN there.
-    ``progress``: a bar over the solver's steps (logistic) or the folds (direction methods).
+    ``config``: folds, penalty and control (:class:`CVConfig`); ``method_kwargs``: the direction method's options,
+    or :class:`LogisticConfig` fields for ``logistic``. ``runtime``: the seed of the folds and the control, and a
+    bar over the solver's steps (logistic) or the folds (direction methods).
     """
+    cfg, runtime = config or CVConfig(), Runtime.of(runtime)
+    n_folds, control, l2, C, seed, progress = cfg.n_folds, cfg.control, cfg.l2, cfg.C, runtime.seed, runtime.progress
     data = as_data(X, y, groups=groups, positive=positive, max_classes=2)
     folds = make_folds(data.y, n_folds, data.groups, seed)
     ctrl = _control(data, folds, seed) if control else None
@@ -249,7 +258,7 @@ def cross_validate(X: Any, y: Any = None, *, method: str = "logistic", groups: A
     if method == "logistic":
         if C is not None:
             l2 = l2_from_C(C, data.n * (F - 1) // F)
-        kw = {**method_kwargs, "progress": f"cross_validate ({len(data.sites)} layers x {F} folds)" if progress else False}
+        kw = {**method_kwargs, "runtime": runtime, "desc": f"cross_validate ({len(data.sites)} layers x {F} folds)"}
         results = _cv_logistic(data, folds, ctrl, l2, kw)
     else:
         results = _cv_direction(data, folds, ctrl, method, method_kwargs, progress)

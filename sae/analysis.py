@@ -209,7 +209,7 @@ def diff_latents(sae: SAE, acts_base: torch.Tensor | Any, acts_tuned: torch.Tens
 
 
 def latent_acts_on_prompts(model: Any, sae: SAE, inputs: Inputs, latents: Sequence[int],
-                           batch_size: int = 8, chat: bool = False, site: str | None = None) -> list[dict[str, Any]]:
+                           batch_size: int = 8, site: str | None = None) -> list[dict[str, Any]]:
     """Per prompt: ``ids [T]`` (real tokens) and ``acts [T, len(latents)]`` of the chosen latents."""
     from sae.edits import check_site
     from sae.runner import site_tokens
@@ -218,7 +218,7 @@ def latent_acts_on_prompts(model: Any, sae: SAE, inputs: Inputs, latents: Sequen
     idx = torch.as_tensor(list(latents), dtype=torch.long)
     out: list[dict[str, Any]] = []
     with torch.no_grad():
-        for x, b in site_tokens(model, site, inputs, batch_size, chat):
+        for x, b in site_tokens(model, site, inputs, batch_size):
             z = sae.encode(x.to(sae.device, sae.dtype))[..., idx.to(sae.device)].float().cpu()
             for i in range(x.shape[0]):
                 m = b.attention_mask[i].bool()

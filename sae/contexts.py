@@ -9,7 +9,11 @@ from typing import Any
 
 import torch
 
+from interp.values import Prompts, moved_keywords
 from sae.model import SAE
+from sae.runner import MOVED as FORMAT_MOVED
+
+MOVED = {**FORMAT_MOVED, "before": "window=(before, after)", "after": "window=(before, after)"}
 
 
 @dataclass
@@ -31,15 +35,17 @@ def token_strings(tokenizer: Any, ids: Sequence[int]) -> list[str]:
     return [tokenizer.decode([int(i)]) for i in ids]
 
 
-def top_contexts(model: Any, sae: SAE, latent: int, inputs: Sequence[str] | torch.Tensor, top: int = 10,
-                 before: int = 12, after: int = 4, batch_size: int = 8, chat: bool = False,
-                 site: str | None = None) -> list[Context]:
-    """The ``top`` prompts where ``latent`` fires hardest (one context per prompt, at its peak token)."""
+@moved_keywords(MOVED)
+def top_contexts(model: Any, sae: SAE, latent: int, inputs: Prompts | Sequence[str] | torch.Tensor, top: int = 10,
+                 window: tuple[int, int] = (12, 4), batch_size: int = 8, site: str | None = None) -> list[Context]:
+    """The ``top`` prompts (:func:`sae.runner.sae_encodings`) where ``latent`` fires hardest (one context per
+    prompt, at its peak token, with ``window = (tokens before, tokens after)``)."""
+    before, after = window
     from sae.analysis import latent_acts_on_prompts
 
     if not 0 <= latent < sae.d_sae:
         raise ValueError(f"latent {latent} is out of range; this SAE has latents 0..{sae.d_sae - 1}")
-    per = latent_acts_on_prompts(model, sae, inputs, [latent], batch_size=batch_size, chat=chat, site=site)
+    per = latent_acts_on_prompts(model, sae, inputs, [latent], batch_size=batch_size, site=site)
     peaks = [(float(p["acts"][:, 0].max()), i, int(p["acts"][:, 0].argmax())) for i, p in enumerate(per)
              if p["acts"].numel()]
     peaks.sort(key=lambda t: -t[0])

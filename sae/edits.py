@@ -3,7 +3,7 @@
 Each object follows the project's intervention protocol (shared with ``steering``, never imported here):
 ``hook_fns(model) -> {site: fn(x, ctx)}``, used as ``with interp.hooking.hooks(model, iv.hook_fns(model)):``.
 ``positions`` limits the edit to some sequence positions (``None``: every position, including tokens
-generated later). ``skip_sink=True`` (latent steering and ablation) leaves each prompt's first real token alone:
+generated later). ``sinks="exclude"`` (latent steering and ablation) leaves each prompt's first real token alone:
 in many models it is an attention sink whose activations are orders of magnitude larger than the rest, where an
 SAE trained without it is out of distribution; it reads the pass's token state, ``ctx.tokens``, which
 ``interp.hooks`` (and so ``steering.apply``) records for every forward pass.
@@ -17,8 +17,11 @@ from typing import Any
 import torch
 
 from interp.bundle import check_model
+from interp.positions import check_sinks
 from interp.tokens import TokenState
+from interp.values import moved_keywords
 from sae.model import SAE
+from sae.runner import SINK_MOVED
 
 HookFn = Callable[[torch.Tensor, Any], "torch.Tensor | None"]
 
@@ -77,7 +80,7 @@ def _keep_sink(x: torch.Tensor, new: torch.Tensor, ctx: Any) -> torch.Tensor:
     token state ``ctx.tokens`` (an :class:`interp.tokens.TokenState`), recorded by ``interp.hooks``."""
     st: TokenState | None = getattr(ctx, "tokens", None)
     if st is None:
-        raise ValueError("skip_sink=True needs to know each row's first real token (ctx.tokens), which is recorded "
+        raise ValueError("sinks=\"exclude\" needs to know each row's first real token (ctx.tokens), which is recorded "
                          "for each forward pass of the model inside interp.hooks(model, edit.hook_fns(model)) or "
                          "steering.apply(model, edit); call the hook functions through one of those")
     if st.past > 0:   # a cached pass holds generated tokens only
@@ -156,10 +159,11 @@ class TranscoderAblation:
     """Set transcoder features to ``value`` (0: ablate) at every position, the error term kept: at
     ``mlp_module_out.L`` add ``(value - z_f) * W_dec[f]`` for each chosen feature ``f`` of layer ``L``, ``z`` encoded
     from that MLP's input in the same pass (``only_active``: only where the feature fires). ``features``: ``(layer,
-    feature)`` pairs; ``transcoders``: ``{layer: tc}`` or a list. ``skip_sink`` as for :class:`LatentSteering`."""
+    feature)`` pairs; ``transcoders``: ``{layer: tc}`` or a list. ``sinks`` as for :class:`LatentSteering`."""
 
+    @moved_keywords(SINK_MOVED)
     def __init__(self, transcoders: Any, features: Sequence[tuple[int, int]], value: float = 0.0,
-                 only_active: bool = True, skip_sink: bool = False):
+                 only_active: bool = True, sinks: str = "keep"):
         tcs = dict(transcoders) if isinstance(transcoders, dict) else {t.layer: t for t in transcoders}
         self.features = [(int(la), int(f)) for la, f in features]
         if not self.features:
@@ -169,7 +173,7 @@ class TranscoderAblation:
                 raise ValueError(f"feature {f} of layer {la}: no transcoder for layer {la} was given")
             _check_latents(tcs[la], [f])
         self.transcoders = {la: tcs[la] for la in sorted({la for la, _ in self.features})}
-        self.value, self.only_active, self.skip_sink = float(value), only_active, skip_sink
+        self.value, self.only_active, self.sinks = float(value), only_active, check_sinks(sinks)
 
     def hook_fns(self, model: Any) -> dict[str, HookFn]:
         from interp.sites import Site
@@ -189,7 +193,7 @@ class TranscoderAblation:
                 if self.only_active and self.value != 0.0:
                     target = torch.where(z > 0, target, z)
                 new = y + ((target - z) @ tc.W_dec[idx]).to(y.device, y.dtype)
-                return _keep_sink(y, new, ctx) if self.skip_sink else new
+                return _keep_sink(y, new, ctx) if self.sinks == "exclude" else new
 
             fns[Site("mlp_in", layer).name] = stash
             fns[Site("mlp_module_out", layer).name] = write
@@ -200,9 +204,10 @@ class LatentSteering:
     """Add ``alpha * W_dec[latent]`` (the decoder vector) for each latent at the SAE's site (``alpha``: one strength,
     or one per latent; the name every steering edit uses for its strength, as ``steering.AddVector``)."""
 
+    @moved_keywords(SINK_MOVED)
     def __init__(self, sae: SAE, latents: int | Sequence[int], alpha: float | Sequence[float] = 1.0,
-                 site: str | None = None, positions: Sequence[int] | slice | None = None, skip_sink: bool = False):
-        self.sae, self.site, self.positions, self.skip_sink = sae, site, positions, skip_sink
+                 site: str | None = None, positions: Sequence[int] | slice | None = None, sinks: str = "keep"):
+        self.sae, self.site, self.positions, self.sinks = sae, site, positions, check_sinks(sinks)
         self.latents = [latents] if isinstance(latents, int) else list(latents)
         _check_latents(sae, self.latents)
         alphas = [alpha] * len(self.latents) if isinstance(alpha, (int, float)) else list(alpha)
@@ -219,7 +224,7 @@ class LatentSteering:
         site = check_site(self.sae, model, self.site)
         v = self.vector()
         f = _flat(lambda x: x + v.to(x.device, x.dtype))
-        return {site: lambda x, ctx: _edit(x, f(x), ctx, self.positions, self.skip_sink)}
+        return {site: lambda x, ctx: _edit(x, f(x), ctx, self.positions, self.sinks == "exclude")}
 
 
 class LatentAblation:
@@ -227,10 +232,11 @@ class LatentAblation:
 
     Everything the SAE fails to reconstruct passes through untouched, so only the chosen latents change."""
 
+    @moved_keywords(SINK_MOVED)
     def __init__(self, sae: SAE, latents: int | Sequence[int], value: float = 0.0, site: str | None = None,
-                 positions: Sequence[int] | slice | None = None, only_active: bool = True, skip_sink: bool = False):
+                 positions: Sequence[int] | slice | None = None, only_active: bool = True, sinks: str = "keep"):
         self.sae, self.site, self.positions, self.value = sae, site, positions, float(value)
-        self.skip_sink = skip_sink
+        self.sinks = check_sinks(sinks)
         self.latents = [latents] if isinstance(latents, int) else list(latents)
         self.only_active = only_active
         _check_latents(sae, self.latents)
@@ -249,7 +255,7 @@ class LatentAblation:
             return x + delta.to(x.device, x.dtype)
 
         f = _flat(edit)
-        return {site: lambda x, ctx: _edit(x, f(x), ctx, self.positions, self.skip_sink)}
+        return {site: lambda x, ctx: _edit(x, f(x), ctx, self.positions, self.sinks == "exclude")}
 
 
 def _check_latents(sae: SAE, latents: list[int]) -> None:

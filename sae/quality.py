@@ -13,9 +13,11 @@ from jaxtyping import Float
 from interp.bundle import Result
 from interp.chat import Batch
 from interp.evals.logits import cross_entropy
-from interp.forward import Inputs, batches, encodings, forward
+from interp.forward import Inputs, batches, forward
 from interp.sites import parse_site
+from interp.values import moved_keywords
 from sae.model import SAE
+from sae.runner import MOVED, sae_encodings
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -144,24 +146,25 @@ def predicted(batch: Batch) -> torch.Tensor:
     return out
 
 
+@moved_keywords(MOVED)
 @torch.no_grad()
 def ce_loss_recovered(model: Any, sae: SAE, inputs: Inputs, site: str | None = None,
-                      batch_size: int = 8, chat: bool = False) -> CELossRecovered:
+                      batch_size: int = 8) -> CELossRecovered:
     """Splice ``sae`` into ``model`` at its site (``interp.hooks``) and compare next-token loss on ``inputs``
-    (prompts or token ids ``[n, T]``) against the clean model and zero-/mean-ablation of the site."""
+    (prompts, :func:`sae.runner.sae_encodings`, or token ids ``[n, T]``) against the clean model and zero-/mean-ablation of the site."""
     from sae.edits import SAESplice, check_site
 
     site = check_site(sae, model, site)
-    return ce_recovered(model, inputs, SAESplice(sae, site=site).hook_fns(model), [site], batch_size, chat)
+    return ce_recovered(model, inputs, SAESplice(sae, site=site).hook_fns(model), [site], batch_size)
 
 
 @torch.no_grad()
-def ce_recovered(model: Any, inputs: Inputs, splice: dict[str, Any], sites: list[str], batch_size: int = 8,
-                 chat: bool = False) -> CELossRecovered:
+def ce_recovered(model: Any, inputs: Inputs, splice: dict[str, Any], sites: list[str],
+                 batch_size: int = 8) -> CELossRecovered:
     """Next-token loss on ``inputs`` with the ``splice`` hooks (``{site: fn(x, ctx)}``) against the clean model and
     against every one of ``sites`` zero- / mean-ablated at once (the means over real tokens of the clean run)."""
     sites = [parse_site(s, model.n_layers).name for s in sites]
-    bs = batches(model, encodings(model, inputs, chat), batch_size)
+    bs = batches(model, sae_encodings(model, inputs), batch_size)
     acc: dict[str, dict[str, Any]] = {s: {"sum": None, "n": 0} for s in sites}
     cur: dict[str, Any] = {}
 

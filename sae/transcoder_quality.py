@@ -14,10 +14,12 @@ from typing import TYPE_CHECKING, Any
 
 from interp.bundle import Result
 from interp.forward import Inputs
-from interp.positions import without_first
+from interp.positions import check_sinks, without_first
 from interp.sites import Site
+from interp.values import moved_keywords
 from sae.edits import TranscoderSplice
 from sae.quality import CELossRecovered, SAEMetrics, ce_recovered, evaluate
+from sae.runner import MOVED, SINK_MOVED
 from sae.transcoder import check_transcoders
 from sae.transcoder_train import capture_pairs, pair_sites
 
@@ -58,29 +60,31 @@ class TranscoderQuality(Result):
         return self.ce.plot(title=title)
 
 
-def ce_loss_recovered_transcoders(model: Any, transcoders: Any, inputs: Inputs, batch_size: int = 8,
-                                  chat: bool = False) -> CELossRecovered:
+@moved_keywords(MOVED)
+def ce_loss_recovered_transcoders(model: Any, transcoders: Any, inputs: Inputs,
+                                  batch_size: int = 8) -> CELossRecovered:
     """Next-token loss on ``inputs`` with every MLP of ``transcoders`` (``{layer: tc}`` or one per layer) replaced
     at once, against the clean model and those MLP outputs zero- / mean-ablated (``sae`` field: the replaced run)."""
     tcs = check_transcoders(model, transcoders)
     sites = [Site("mlp_module_out", layer).name for layer in tcs]
-    return ce_recovered(model, inputs, TranscoderSplice(tcs).hook_fns(model), sites, batch_size, chat)
+    return ce_recovered(model, inputs, TranscoderSplice(tcs).hook_fns(model), sites, batch_size)
 
 
-def evaluate_transcoders(model: Any, transcoders: Any, inputs: Inputs, batch_size: int = 8, chat: bool = False,
-                         ce: bool = True, dense_threshold: float = 0.1, skip_sink: bool = False) -> TranscoderQuality:
+@moved_keywords(SINK_MOVED)
+def evaluate_transcoders(model: Any, transcoders: Any, inputs: Inputs, batch_size: int = 8, ce: bool = True,
+                         dense_threshold: float = 0.1, sinks: str = "keep") -> TranscoderQuality:
     """FVU of each MLP's output, L0 and dead latents per layer (one capture of every MLP's input and output on
-    ``inputs``), and with ``ce`` the CE loss recovered with every MLP replaced. ``skip_sink``: the per-layer figures
-    leave each prompt's first token out (as ``train_transcoder(skip_sink=True)`` trains); CE still replaces every
+    ``inputs``), and with ``ce`` the CE loss recovered with every MLP replaced. ``sinks="exclude"``: the per-layer
+    figures leave each prompt's first token out (as ``train_transcoder(sinks="exclude")`` trains); CE still replaces every
     token's MLP output, the sink's included."""
     tcs = check_transcoders(model, transcoders)
-    pairs = capture_pairs(model, inputs, list(tcs), batch_size=batch_size, chat=chat)
-    if skip_sink and pairs.mask is not None:
+    pairs = capture_pairs(model, inputs, list(tcs), batch_size=batch_size)
+    if check_sinks(sinks) == "exclude" and pairs.mask is not None:
         pairs.mask = without_first(pairs.mask)
     layers = {}
     for layer, tc in tcs.items():
         site_in, site_out = pair_sites(layer)
         layers[layer] = evaluate(tc, pairs.flat_tokens(site_in), target=pairs.flat_tokens(site_out),
                                  dense_threshold=dense_threshold)
-    res = ce_loss_recovered_transcoders(model, tcs, inputs, batch_size, chat) if ce else None
+    res = ce_loss_recovered_transcoders(model, tcs, inputs, batch_size) if ce else None
     return TranscoderQuality(layers=layers, ce=res)

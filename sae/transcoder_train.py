@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,9 +20,11 @@ import torch
 from interp.bundle import Result
 from interp.capturing import capture
 from interp.forward import Inputs
-from interp.positions import without_first
+from interp.positions import check_sinks, without_first
 from interp.sites import Site
-from interp.values import Prompts, Runtime
+from interp.values import Prompts, Runtime, moved_keywords
+from sae.runner import MOVED as FORMAT_MOVED
+from sae.runner import SINK_MOVED
 from sae.train_config import TrainConfig, TrainResult
 from sae.trainer import Trainer, train_sae
 from sae.transcoder import Transcoder, TranscoderConfig
@@ -61,14 +63,15 @@ def check_layers(model: Any, layers: int | Sequence[int] | None) -> list[int]:
     return sorted(out)
 
 
-def capture_pairs(model: Any, inputs: Inputs, layers: int | Sequence[int] | None = None, batch_size: int = 8,
-                  chat: bool = False, out: str | os.PathLike | None = None, progress: bool = False) -> Any:
+@moved_keywords(FORMAT_MOVED)
+def capture_pairs(model: Any, inputs: Prompts | Inputs, layers: int | Sequence[int] | None = None,
+                  batch_size: int = 8, out: str | os.PathLike | None = None, progress: bool = False) -> Any:
     """Every real token's MLP input and output at ``layers`` in one pass: :class:`~interp.activations.Activations`
     (or with ``out=PATH`` an :class:`~interp.store.ActivationStore`) with sites ``mlp_in.L``, ``mlp_module_out.L``.
-    ``inputs``: prompts (``chat`` applies the chat template) or token ids ``[n, T]``."""
+    ``inputs``: prompts (a list: chat template; ``interp.Prompts(texts, chat=False)``: raw text) or token ids
+    ``[n, T]``."""
     sites = [s for layer in check_layers(model, layers) for s in pair_sites(layer)]
-    texts = not isinstance(inputs, torch.Tensor) and all(isinstance(p, str) for p in inputs)
-    return capture(model, Prompts.of(inputs, chat=chat) if texts else inputs, sites=sites, positions="all", out=out,
+    return capture(model, inputs, sites=sites, positions="all", out=out,
                    runtime=Runtime(batch_size=batch_size, progress=progress))
 
 
@@ -142,28 +145,35 @@ class TranscoderTraining(Result):
         return self.results[layer].plot(x=x, title=f"transcoder, layer {layer}")
 
 
-def train_transcoder(model: Any, inputs: Inputs, layers: int | Sequence[int] | None = None,
-                     cfg: TrainConfig | None = None, skip: bool = False, capture_batch_size: int = 8, chat: bool = False,
-                     out_dir: str | os.PathLike | None = None, resume: bool = True, skip_sink: bool = False,
-                     **overrides: Any) -> TranscoderTraining:
+TRAIN_MOVED = {**FORMAT_MOVED, **SINK_MOVED,
+               "capture_batch_size": "runtime=interp.Runtime(batch_size=...) (prompts per capture pass)",
+               "resume": "fit_transcoder(pairs, layer, cfg, resume=...) per layer (train_transcoder always resumes "
+                         "from out_dir's checkpoints)",
+               **{f.name: f"cfg=sae.TrainConfig({f.name}=...)" for f in fields(TrainConfig) if f.name != "sinks"}}
+
+
+@moved_keywords(TRAIN_MOVED)
+def train_transcoder(model: Any, inputs: Prompts | Inputs, layers: int | Sequence[int] | None = None,
+                     cfg: TrainConfig | None = None, skip: bool = False, sinks: str = "keep",
+                     out_dir: str | os.PathLike | None = None, runtime: Runtime | None = None) -> TranscoderTraining:
     """Per-layer transcoders of ``model``'s MLPs at ``layers`` (``None``: all) trained on ``inputs`` (prompts, or
     token ids ``[n, T]``): one capture of every layer's MLP input and output (in memory; for more data than memory,
     :func:`capture_pairs` with ``out=`` and :func:`fit_transcoder` per layer), then one transcoder per layer.
-    ``capture_batch_size``: prompts per capture pass (``batch_size`` is the trainer's, in tokens).
-    ``out_dir``: each layer's checkpoints and result under ``OUT/layer_L``. Keyword overrides set ``TrainConfig``
-    fields, e.g. ``train_transcoder(model, ids, arch="jumprelu", k=16, total_tokens=100_000)``. ``skip_sink``: leave
-    each prompt's first token out of the data (``interp.positions.without_first``: an attention sink, where an MLP
+    ``runtime.batch_size``: prompts per capture pass (``cfg.batch_size`` is the trainer's, in tokens).
+    ``out_dir``: each layer's checkpoints and result under ``OUT/layer_L`` (resumed from there). ``cfg``: e.g.
+    ``train_transcoder(model, ids, cfg=sae.TrainConfig(arch="jumprelu", k=16, total_tokens=100_000))``.
+    ``sinks="exclude"``: leave each prompt's first token out of the data (``interp.positions.without_first``: an attention sink, where an MLP
     may write a massive activation that would dominate the loss)."""
     layers = check_layers(model, layers)
-    cfg = TrainConfig(**{**asdict(cfg or TrainConfig()), **overrides, "site": None, "target_site": None})  # per layer
-    pairs = capture_pairs(model, inputs, layers, batch_size=capture_batch_size, chat=chat)
-    if skip_sink:
+    cfg = TrainConfig(**{**asdict(cfg or TrainConfig()), "site": None, "target_site": None})  # per layer
+    pairs = capture_pairs(model, inputs, layers, batch_size=8 if runtime is None else runtime.batch_size)
+    if check_sinks(sinks) == "exclude":
         if pairs.mask is None:
-            raise ValueError("skip_sink needs per-token activations with a mask (prompts or token ids as inputs)")
+            raise ValueError('sinks="exclude" needs per-token activations with a mask (prompts or token ids as inputs)')
         pairs.mask = without_first(pairs.mask)
     results = {}
     for layer in layers:
         sub = None if out_dir is None else Path(out_dir) / f"layer_{layer}"
-        results[layer] = fit_transcoder(pairs, layer, cfg, skip=skip, out_dir=sub, resume=resume,
+        results[layer] = fit_transcoder(pairs, layer, cfg, skip=skip, out_dir=sub, resume=True,
                                         model_id=getattr(model, "name", ""))
     return TranscoderTraining(results)

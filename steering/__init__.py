@@ -35,9 +35,9 @@ from steering.judged import generate_and_judge
 from steering.rows import RowEdits, RowGroups
 from steering.specs import load_edit, save_edit
 from steering.strength import residual_norms
-from steering.sweep import alpha_sweep
+from steering.sweep import SweepConfig, alpha_sweep
 
 __all__ = ["Ablate", "AblateSubspace", "AddVector", "Clamp", "DirectionalAblation", "GenerationSession",
-           "NormPreservingAblation", "RowEdits", "RowGroups", "Sampling", "WeightedAblation", "WriterAblation",
-           "alpha_sweep", "apply", "bake", "bake_addition", "export_gguf", "generate", "generate_and_judge",
-           "load_edit", "residual_norms", "save_edit"]
+           "NormPreservingAblation", "RowEdits", "RowGroups", "Sampling", "SweepConfig", "WeightedAblation",
+           "WriterAblation", "alpha_sweep", "apply", "bake", "bake_addition", "export_gguf", "generate",
+           "generate_and_judge", "load_edit", "residual_norms", "save_edit"]

@@ -205,8 +205,7 @@ class GenerationSession:
         if engine == "vllm":
             eos = prefill.eos_ids(self.model) if sampling.stop_at_eos else set()
             rows = vllm_token_ids(self.model, encs, *interventions, max_new_tokens=max_new_tokens, stop_ids=eos,
-                                  do_sample=sampling.do_sample, temperature=sampling.temperature,
-                                  top_p=sampling.top_p, top_k=sampling.top_k, seed=self.runtime.seed, **generate_kwargs)
+                                  sampling=sampling, seed=self.runtime.seed, **generate_kwargs)
             ids = [prefill.cut_at_eos(r, eos) for r in rows]
             return Generations(list(self.prompts), texts, self._decode(ids), ids)
         return self._run(list(self.prompts), texts, encs, interventions, 1, max_new_tokens, sampling, generate_kwargs)
@@ -283,7 +282,7 @@ class GenerationSession:
                    leave=False)
         try:
             with apply(m, *interventions) as handle:
-                ids = prefill.run_batches(m, encs, bs, kw, eos, self.runtime.seed, firsts if self.first_logits else None,
+                ids = prefill._run_batches(m, encs, bs, kw, eos, self.runtime.seed, firsts if self.first_logits else None,
                                           bar, handle if interventions else None, prefix, drop, resume)
         finally:
             bar.close()

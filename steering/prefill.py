@@ -116,9 +116,9 @@ def check_prefix(model: Model, encs: list, batch_size: int, interventions: tuple
                          "and batch_size")
 
 
-def run_batches(model: Model, encs: list, batch_size: int, kw: dict[str, Any], eos: set[int], seed: int,
-            firsts: list[torch.Tensor] | None, bar: Any, handle: Any, prompt_prefix: Prefixes | None = None,
-            drop: bool = False, resume: tuple[int, Resumes] | None = None) -> list[list[int]]:
+def _run_batches(model: Model, encs: list, batch_size: int, kw: dict[str, Any], eos: set[int], seed: int,
+                 firsts: list[torch.Tensor] | None, bar: Any, handle: Any, prompt_prefix: Prefixes | None = None,
+                 drop: bool = False, resume: tuple[int, Resumes] | None = None) -> list[list[int]]:
     """HF ``generate`` batch by batch (each under its own seeded, forked RNG); the first step's logits into
     ``firsts`` when one is given; each batch's ``prompt_prefix`` entry, when given, as its starting cache.
     ``drop``: greedy decoding that drops finished rows (:func:`steering.decode.greedy_rows`) instead, where the

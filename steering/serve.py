@@ -31,6 +31,7 @@ import torch
 
 from interp.chat import Encoded
 from interp.models import Model, from_hf
+from interp.values import refuse_moved
 from steering.applying import _flat, apply
 from steering.baking import _logits, _probe_ids, bake
 from steering.bias import bake_addition, check_saveable
@@ -247,13 +248,20 @@ def served_for_vllm(model: Model, *interventions: Any) -> Model:
     return served if size is None else padded_heads(served, size)
 
 
+SAMPLING = ("do_sample", "temperature", "top_p", "top_k")
+
+
 def vllm_token_ids(model: Model, encs: Sequence[Encoded], *interventions: Any, max_new_tokens: int = 64,
-                   stop_ids: set[int] | None = None, do_sample: bool = False, temperature: float = 1.0,
-                   top_p: float = 1.0, top_k: int = 0, seed: int = 0, **llm_kwargs: Any) -> list[list[int]]:
+                   stop_ids: set[int] | None = None, sampling: Any = None, seed: int = 0,
+                   **llm_kwargs: Any) -> list[list[int]]:
     """New token ids per encoding from vLLM serving ``model`` with ``interventions`` baked in (a temporary
     :func:`save_for_serving` folder, its heads padded where vLLM's attention does not take their size:
     :func:`padded_heads`; :func:`vllm_generate`); ``llm_kwargs`` go to ``vllm.LLM`` (e.g. ``enforce_eager=True``).
-    vLLM starts worker processes: call it under ``if __name__ == "__main__":``."""
+    ``sampling``: a :class:`steering.Sampling` (``None``: greedy). vLLM starts worker processes: call it under
+    ``if __name__ == "__main__":``."""
+    refuse_moved(llm_kwargs, {k: f"sampling=steering.Sampling({k}=...)" for k in SAMPLING}, "vllm_token_ids()")
+    do_sample, temperature, top_p, top_k = (getattr(sampling, k) for k in SAMPLING) if sampling is not None else (
+        False, 1.0, 1.0, 0)
     check_vllm()
     served = served_for_vllm(model, *interventions)
     with tempfile.TemporaryDirectory(prefix="interp-serve-") as tmp:

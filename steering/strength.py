@@ -24,7 +24,8 @@ from interp.capturing import capture
 from interp.forward import prepare
 from interp.io import content_hash
 from interp.models import Model
-from interp.values import Prompts, Runtime
+from interp.positions import Positions
+from interp.values import Prompts, Runtime, moved_keywords
 from steering._args import Layers, resolve_kinds, resolve_layers
 
 if TYPE_CHECKING:
@@ -94,6 +95,12 @@ class ResidualNorms(Result):
                 f"exclude_special={self.exclude_special}, prompts {self.prompts_hash})")
 
 
+MOVED = {"exclude_special": 'positions=interp.Positions("all", skip_special=...)',
+         **{k: f"runtime=interp.Runtime({k}=...)" for k in ("batch_size", "progress")},
+         **{k: f"prompts=interp.Prompts(texts, {k}=...)" for k in ("chat", "system")}}
+"""The keywords :func:`residual_norms` took before its value types, and where each went."""
+
+
 def _keep_mask(model: Model, chunk: list[str], mask: torch.Tensor, specials: set[int], chat: bool,
                system: str | None) -> torch.Tensor:
     """``mask [n, P]`` (left padded) with the special tokens' positions turned off."""
@@ -110,19 +117,21 @@ def _keep_mask(model: Model, chunk: list[str], mask: torch.Tensor, specials: set
     return keep
 
 
-def residual_norms(model: Model, prompts: Sequence[str], layers: Layers = "all", site: str = "resid_post",
-                   positions: Any = "all", exclude_special: bool = True, batch_size: int = 16, chat: bool = True,
-                   system: str | None = None, progress: bool = False) -> ResidualNorms:
+@moved_keywords(MOVED)
+def residual_norms(model: Model, prompts: Prompts | Sequence[str], layers: Layers = "all", site: str = "resid_post",
+                   positions: Positions | Any = "all", runtime: Runtime | None = None) -> ResidualNorms:
     """Mean L2 norm of ``site`` per layer over the tokens of ``prompts`` (captured with ``interp.capture``).
 
-    ``positions="all"`` averages every real prompt token, leaving out special tokens (``exclude_special``)
-    whose attention-sink norms would otherwise dominate the mean; other rules (``"last"``,
-    ``"post_instruction"``, ints) average what ``capture`` returns for them. Prompts are captured
-    ``batch_size`` at a time, so memory stays at one batch.
+    ``positions="all"`` averages every real prompt token, leaving out special tokens
+    (``interp.Positions("all", skip_special=False)`` keeps them) whose attention-sink norms would otherwise
+    dominate the mean; other rules (``"last"``, ``"post_instruction"``, ints) average what ``capture`` returns for
+    them. Prompts (chat formatting from :class:`interp.Prompts`) are captured ``runtime.batch_size`` at a time, so
+    memory stays at one batch.
     """
-    if isinstance(prompts, str):
-        raise TypeError("prompts must be a list of strings, not a single string; wrap it in a list")
-    prompts = list(prompts)
+    given, pos = Prompts.of(prompts), Positions.of(positions)
+    run = runtime if runtime is not None else Runtime(progress=False)    # quiet unless asked
+    chat, system, prompts, positions = given.chat, given.system, list(given.texts), pos.rule
+    exclude_special, batch_size = pos.skip_special, run.batch_size
     if not prompts:
         raise ValueError("residual_norms needs at least one prompt")
     kinds = resolve_kinds(site)
@@ -133,7 +142,7 @@ def residual_norms(model: Model, prompts: Sequence[str], layers: Layers = "all",
     specials = set(tok.all_special_ids) if exclude_special and positions == "all" and tok is not None else set()
     total = torch.zeros(len(layer_list), dtype=torch.float64)
     total_sq, peak, count = torch.zeros_like(total), torch.zeros_like(total), 0
-    for start in tqdm(range(0, len(prompts), batch_size), desc="residual norms", disable=not progress, leave=False):
+    for start in tqdm(range(0, len(prompts), batch_size), desc="residual norms", disable=not run.progress, leave=False):
         chunk = prompts[start:start + batch_size]
         acts = capture(model, Prompts(chunk, chat=chat, system=system), sites=kinds[0], layers=layer_list,
                        positions=positions, runtime=Runtime(batch_size=batch_size, progress=False))
@@ -149,7 +158,8 @@ def residual_norms(model: Model, prompts: Sequence[str], layers: Layers = "all",
         peak = torch.maximum(peak, vals.amax(1)) if vals.shape[1] else peak
         count += vals.shape[1]
     if count == 0:
-        raise ValueError("no token positions left to average (all special?); pass exclude_special=False")
+        raise ValueError("no token positions left to average (all special?); pass "
+                         "positions=interp.Positions('all', skip_special=False)")
     mean = total / count
     std = (total_sq / count - mean ** 2).clamp_min(0).sqrt()
     return ResidualNorms(mean.float(), std.float(), peak.float(), layer_list, kinds[0], str(positions),

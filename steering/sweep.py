@@ -3,7 +3,8 @@ direction of the same strength.
 
     def make(alpha):
         return steering.AddVector(d, layers=range(10, 20), alpha=alpha, unit="residual", norms=norms)
-    sweep = steering.alpha_sweep(model, prompts, make, [0, 0.25, 0.5, 1], evals.refusal_rate)
+    sweep = steering.alpha_sweep(model, prompts, make, [0, 0.25, 0.5, 1], evals.refusal_rate,
+                                 config=steering.SweepConfig(n_random=2), runtime=interp.Runtime(seed=0))
     sweep.to_frame(); sweep.plot()
 
 A text metric takes the generated texts (``list[str]``, from :func:`steering.generate`); a logit metric
@@ -12,7 +13,7 @@ A text metric takes the generated texts (``list[str]``, from :func:`steering.gen
 
 Every sweep also reports what the strength costs, per alpha, for the steered edit and each random control:
 ``kl``, the mean over prompts of KL(steered || unsteered) of the next-token distributions at each prompt's last
-token (``evals.kl_div``), and, with ``reference_texts=``, ``ce``, the cross-entropy (nats / token) of those texts
+token (``evals.kl_div``), and, with ``SweepConfig(reference_texts=)``, ``ce``, the cross-entropy (nats / token) of those texts
 under the edit (``evals.cross_entropy``; ``baseline_ce`` without it). ``.plot()`` shows behaviour and cost together.
 """
 
@@ -31,10 +32,10 @@ from interp.bundle import Result
 from interp.evals.logits import cross_entropy, kl_div
 from interp.forward import batches, forward, last_logits, prepare
 from interp.models import Model
-from interp.values import Prompts, Runtime
+from interp.values import Prompts, Runtime, moved_keywords
 from steering._args import check_finite
 from steering.applying import apply
-from steering.generation import generate
+from steering.generation import Sampling, generate
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -107,9 +108,7 @@ class AlphaSweep(Result):
             return alpha_curve(self.alphas, self.steered, self.random, self.baseline, metric=self.metric, title=title)
         from interp.viz.steering import alpha_cost_curve
 
-        return alpha_cost_curve(self.alphas, self.steered, self.random, self.baseline, self.kl, self.random_kl,
-                                ce=self.ce, random_ce=self.random_ce, baseline_ce=self.baseline_ce,
-                                metric=self.metric, title=title + " and its cost")
+        return alpha_cost_curve(self, title=title + " and its cost")
 
     def __repr__(self) -> str:
         pairs = ", ".join(f"{a:g}: {s:.3g} (random {r:.3g})" for a, s, r in
@@ -145,17 +144,15 @@ def _ce_under(model: Model, text_batches: list, ivs: tuple) -> float:
     return total / count
 
 
-def _evaluator(model: Model, prompts: list[str], metric: Callable[[Any], Any], on: str, max_new_tokens: int,
-               batch_size: int, chat: bool, system: str | None, generate_kwargs: dict[str, Any]
-               ) -> tuple[Callable[[tuple], float], list]:
+def _evaluator(model: Model, texts: Prompts, metric: Callable[[Any], Any], on: str, cfg: SweepConfig,
+               batch_size: int) -> tuple[Callable[[tuple], float], list]:
     """``ivs -> metric value`` for a text or a logit metric, and the prompt batches (prepared once)."""
-    texts = Prompts(prompts, chat=chat, system=system)     # encoded once, for every generation
-    prompt_batches = batches(model, texts.encode(model)[1], batch_size)
+    prompt_batches = batches(model, texts.encode(model)[1], batch_size)   # encoded once, for every generation
 
     def run(ivs: tuple) -> float:
         if on == "text":
-            gens = generate(model, texts, *ivs, max_new_tokens=max_new_tokens,
-                            runtime=Runtime(batch_size=batch_size, progress=False), **generate_kwargs)
+            gens = generate(model, texts, *ivs, max_new_tokens=cfg.max_new_tokens, sampling=cfg.sampling,
+                            runtime=Runtime(batch_size=batch_size, progress=False))
             value = metric(list(gens.texts))
         else:
             value = metric(logits_under(model, prompt_batches, ivs))
@@ -172,8 +169,6 @@ def _coster(model: Model, prompt_batches: list, reference_texts: Sequence[str] |
     plain = logits_under(model, prompt_batches, ())
     refs = None
     if reference_texts is not None:
-        if isinstance(reference_texts, str) or not list(reference_texts):
-            raise ValueError("reference_texts must be a non-empty list of strings (plain text, no chat template)")
         refs = batches(model, prepare(model, list(reference_texts), chat=False)[1], batch_size)
 
     def cost(ivs: tuple) -> tuple[float, float]:
@@ -193,48 +188,93 @@ def _control(make_intervention: Callable[[float], Any], make_control: Callable[[
     return iv.random_like(model, seed=seed)
 
 
-def _check_sweep(on: str, prompts: Any, alphas: Sequence[float], n_random: int) -> list[float]:
+@dataclass(frozen=True)
+class SweepConfig:
+    """The knobs of :func:`alpha_sweep`: ``n_random`` same-strength random controls (``make_control(alpha, seed)``
+    builds one; default ``intervention.random_like(model, seed)``), ``max_new_tokens`` and ``sampling`` of the
+    generations (``on="text"``), and the ``cost`` measured per edit (KL; CE on ``reference_texts``, plain text)."""
+
+    n_random: int = 1
+    make_control: Callable[[float, int], Any] | None = None
+    max_new_tokens: int = 32
+    sampling: Sampling | None = None
+    cost: bool = True
+    reference_texts: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.n_random, bool) or not isinstance(self.n_random, int) or self.n_random < 0:
+            raise ValueError(f"n_random must be an int >= 0, got {self.n_random!r}")
+        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be a positive int, got {self.max_new_tokens!r}")
+        refs = self.reference_texts
+        if refs is not None:
+            if isinstance(refs, str) or not list(refs):
+                raise ValueError("reference_texts must be a non-empty list of strings (plain text, no chat template)")
+            object.__setattr__(self, "reference_texts", tuple(refs))
+
+
+MOVED = {**{k: f"runtime=interp.Runtime({k}=...)" for k in ("batch_size", "seed", "progress")},
+         **{k: f"prompts=interp.Prompts(texts, {k}=...)" for k in ("chat", "system")},
+         **{k: f"config=steering.SweepConfig({k}=...)" for k in ("n_random", "make_control", "max_new_tokens", "cost",
+                                                                 "reference_texts")},
+         **{k: f"config=steering.SweepConfig(sampling=steering.Sampling({k}=...))"
+            for k in ("do_sample", "temperature", "top_p", "top_k", "stop_at_eos")}}
+"""The keywords :func:`alpha_sweep` took before its value types, and where each went."""
+
+
+def _check_sweep(on: str, alphas: Sequence[float]) -> list[float]:
     if on not in ON:
         raise ValueError(f"on must be one of {ON}: 'text' for a metric of generated texts (e.g. "
                          f"interp.evals.refusal_rate), 'logits' for a metric of last-token logits; got {on!r}")
-    if isinstance(prompts, str):
-        raise TypeError("prompts must be a list of strings, not a single string; wrap it in a list")
     alpha_list = [check_finite(a, "alpha") for a in alphas]
     if not alpha_list:
         raise ValueError("alphas is empty; give e.g. [0, 0.25, 0.5, 1]")
-    if n_random < 0:
-        raise ValueError(f"n_random must be >= 0, got {n_random}")
     return alpha_list
 
 
-def alpha_sweep(model: Model, prompts: Sequence[str], make_intervention: Callable[[float], Any],
-                alphas: Sequence[float], metric: Callable[[Any], Any], *, on: str = "text", n_random: int = 1,
-                seed: int = 0, make_control: Callable[[float, int], Any] | None = None, max_new_tokens: int = 32,
-                batch_size: int = 16, chat: bool = True, system: str | None = None, progress: bool = True,
-                cost: bool = True, reference_texts: Sequence[str] | None = None,
-                **generate_kwargs: Any) -> AlphaSweep:
-    """``metric`` at each alpha for ``make_intervention(alpha)``, for ``n_random`` same-strength random controls
-    (``intervention.random_like(model, seed)``, or ``make_control(alpha, seed)``), and with no intervention.
+@moved_keywords(MOVED)
+def alpha_sweep(model: Model, prompts: Prompts | Sequence[str], make_intervention: Callable[[float], Any],
+                alphas: Sequence[float], metric: Callable[[Any], Any], on: str = "text",
+                config: SweepConfig | None = None, runtime: Runtime | None = None) -> AlphaSweep:
+    """``metric`` at each alpha for ``make_intervention(alpha)``, for ``config.n_random`` same-strength random
+    controls, and with no intervention.
 
-    ``on="text"``: ``metric(texts: list[str])`` over greedy generations (``max_new_tokens``; extra keyword
-    arguments go to :func:`steering.generate`); ``on="logits"``: ``metric(logits [n_prompts, vocab])``.
-    ``cost``: also measure, for every edit, the mean KL(steered || unsteered) of the prompts' next-token
-    distributions and, with ``reference_texts`` (plain text), their cross-entropy under the edit.
+    ``on="text"``: ``metric(texts: list[str])`` over generations (:func:`steering.generate`, ``config.sampling``;
+    greedy by default); ``on="logits"``: ``metric(logits [n_prompts, vocab])``. ``config.cost``: also measure, for
+    every edit, the mean KL(steered || unsteered) of the prompts' next-token distributions and, with
+    ``config.reference_texts``, their cross-entropy under the edit. ``runtime``: batch size, the first random
+    control's seed (then seed + 1, ...), progress.
     """
-    alpha_list = _check_sweep(on, prompts, alphas, n_random)
-    prompts = list(prompts)
-    run, prompt_batches = _evaluator(model, prompts, metric, on, max_new_tokens, batch_size, chat, system,
-                                     generate_kwargs)
-    coster, base_ce = _coster(model, prompt_batches, reference_texts, batch_size) if cost else (None, math.nan)
-    seeds = [seed + j for j in range(n_random)]
-    vals = torch.full((1 + n_random, len(alpha_list), 3), math.nan, dtype=torch.float64)   # value, kl, ce
-    bar = tqdm(total=1 + len(alpha_list) * (1 + n_random), desc="alpha sweep", disable=not progress, leave=False)
+    cfg, rt = config if config is not None else SweepConfig(), Runtime.of(runtime)
+    alpha_list = _check_sweep(on, alphas)
+    given = Prompts.of(prompts)
+    run, prompt_batches = _evaluator(model, given, metric, on, cfg, rt.batch_size)
+    coster, base_ce = _coster(model, prompt_batches, cfg.reference_texts, rt.batch_size) if cfg.cost else (
+        None, math.nan)
+    seeds = [rt.seed + j for j in range(cfg.n_random)]
+    vals = _run_sweep(model, make_intervention, alpha_list, cfg, seeds, run, coster, rt.progress)
+    baseline = float(vals[0, 0, 0])
+    vals = vals[:, 1:]
+    cost, has_ce = cfg.cost, cfg.cost and cfg.reference_texts is not None
+    return AlphaSweep(alpha_list, vals[0, :, 0].float(), vals[1:, :, 0].float(), baseline,
+                      getattr(metric, "__name__", type(metric).__name__), on, len(given), model.name, seeds,
+                      _describe(make_intervention(alpha_list[-1])),
+                      kl=vals[0, :, 1].float() if cost else None, random_kl=vals[1:, :, 1].float() if cost else None,
+                      ce=vals[0, :, 2].float() if has_ce else None, random_ce=vals[1:, :, 2].float() if has_ce else None,
+                      baseline_ce=base_ce if has_ce else None)
+
+
+def _run_sweep(model: Model, make_intervention: Callable[[float], Any], alpha_list: list[float], cfg: SweepConfig,
+               seeds: list[int], run: Callable[[tuple], float], coster: Any, progress: bool) -> torch.Tensor:
+    """``[1 + n_random, 1 + n_alphas, 3]`` (value, kl, ce): column 0 holds the baseline at ``[0, 0, 0]``."""
+    vals = torch.full((1 + cfg.n_random, 1 + len(alpha_list), 3), math.nan, dtype=torch.float64)
+    bar = tqdm(total=1 + len(alpha_list) * (1 + cfg.n_random), desc="alpha sweep", disable=not progress, leave=False)
     try:
-        baseline = run(())
+        vals[0, 0, 0] = run(())
         bar.update()
-        for i, a in enumerate(alpha_list):
-            for row in range(1 + n_random):
-                iv = make_intervention(a) if row == 0 else _control(make_intervention, make_control, model, a,
+        for i, a in enumerate(alpha_list, start=1):
+            for row in range(1 + cfg.n_random):
+                iv = make_intervention(a) if row == 0 else _control(make_intervention, cfg.make_control, model, a,
                                                                     seeds[row - 1])
                 vals[row, i, 0] = run((iv,))
                 if coster is not None:
@@ -242,13 +282,7 @@ def alpha_sweep(model: Model, prompts: Sequence[str], make_intervention: Callabl
                 bar.update()
     finally:
         bar.close()
-    has_ce = cost and reference_texts is not None
-    return AlphaSweep(alpha_list, vals[0, :, 0].float(), vals[1:, :, 0].float(), baseline,
-                      getattr(metric, "__name__", type(metric).__name__), on, len(prompts), model.name, seeds,
-                      _describe(make_intervention(alpha_list[-1])),
-                      kl=vals[0, :, 1].float() if cost else None, random_kl=vals[1:, :, 1].float() if cost else None,
-                      ce=vals[0, :, 2].float() if has_ce else None, random_ce=vals[1:, :, 2].float() if has_ce else None,
-                      baseline_ce=base_ce if has_ce else None)
+    return vals
 
 
 def _describe(iv: Any) -> str:
@@ -257,4 +291,4 @@ def _describe(iv: Any) -> str:
     return f"{type(iv).__name__}({', '.join(parts)})"
 
 
-__all__ = ["AlphaSweep", "alpha_sweep", "logits_under"]
+__all__ = ["AlphaSweep", "SweepConfig", "alpha_sweep", "logits_under"]

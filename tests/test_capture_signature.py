@@ -13,8 +13,9 @@ import interp
 from interp.capturing import capture_batches
 from interp.fingerprint import content_ids, fingerprint, run_parts
 from interp.forward import batches, prepare
-from interp.positions import RULES
+from interp.positions import RULES, Positions
 from interp.sites import expand_sites
+from interp.values import Runtime
 
 from .conftest import mixed_prompts
 
@@ -44,8 +45,8 @@ def _by_hand(m, texts, responses, site, rule, batch_size, dtype, chat=True, skip
     """What the old keywords computed: the same encodings, batches and capture loop, spelled out."""
     _, encs = prepare(m, texts, chat=chat, responses=responses)
     sites = expand_sites(site, m.n_layers, None)
-    return capture_batches(m, batches(m, encs, batch_size), sites, rule, dtype=dtype, skip_special=skip_special,
-                           sinks=sinks)
+    return capture_batches(m, batches(m, encs, batch_size), sites, Positions(rule, sinks, skip_special),
+                           runtime=Runtime(dtype=dtype, progress=False))
 
 
 def test_prompts_and_runtime_give_what_the_old_keywords_gave(tiny_models):

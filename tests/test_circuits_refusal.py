@@ -14,6 +14,7 @@ from interp.studies.circuits import CircuitConfig, refusal_circuit
 from interp.studies.kit.config import DataConfig
 from interp.studies.kit.prompt_sets import load_refusal_data
 from interp.studies.kit.stages import find_candidates
+from sae.train_config import TrainConfig
 from sae.transcoder_train import train_transcoder
 
 
@@ -22,8 +23,9 @@ def setup():
     m = load_model("organism")
     data = load_refusal_data("organism", DataConfig(n_train=64, n_val=8, n_test=16))
     train = data.harmful["train"].instructions + data.harmless["train"].instructions
-    tcs = train_transcoder(m, train, chat=True, arch="topk", d_sae=128, k=16, total_tokens=25_600, batch_size=256,
-                           lr=3e-3, progress=False, skip_sink=True).transcoders
+    tcs = train_transcoder(m, train, cfg=TrainConfig(arch="topk", d_sae=128, k=16, total_tokens=25_600,
+                                                       batch_size=256, lr=3e-3, progress=False),
+                           sinks="exclude").transcoders
     r = find_candidates(m, data, layers=[2]).raw[0, -1]
     return ReplacementModel(m, tcs), data, r
 

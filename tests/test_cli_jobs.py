@@ -74,7 +74,8 @@ def test_probe_end_to_end_matches_library(probe_run: dict, model) -> None:
     res = json.loads((out / "result.json").read_text())
     acts = interp.capture(model, Prompts(HARMFUL + HARMLESS, labels=[1] * 8 + [0] * 8), sites="resid_post",
                           positions="last", runtime=Runtime(progress=False))
-    scores = probes.cross_validate(acts, n_folds=2, seed=0, positive=1)
+    scores = probes.cross_validate(acts, positive=1, config=probes.CVConfig(n_folds=2),
+                                   runtime=interp.Runtime(seed=0))
     assert [r["site"] for r in res["layers"]] == scores.sites
     for j, row in enumerate(res["layers"]):
         for m in ("accuracy", "auroc", "cohens_d", "control_accuracy"):
@@ -159,7 +160,7 @@ def test_sae_train_end_to_end_matches_library(files, model, tmp_path) -> None:
     m = sae.evaluate(trained, acts, site=site)
     assert res["metrics"]["fvu"] == pytest.approx(m.fvu, rel=1e-5) and res["metrics"]["l0"] == pytest.approx(m.l0)
     assert sae.evaluate(lens, acts, site=site).fvu == pytest.approx(m.fvu, rel=1e-4)
-    ce = sae.quality.ce_loss_recovered(model, trained, HARMFUL[:3], site=site, chat=True)
+    ce = sae.quality.ce_loss_recovered(model, trained, HARMFUL[:3], site=site)
     assert res["ce_loss"]["recovered_zero"] == pytest.approx(ce.recovered_zero, rel=1e-5)
     assert res["steps"] == 20 and res["d_sae"] == 64
     page = (out / "report.html").read_text()

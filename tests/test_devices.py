@@ -105,7 +105,7 @@ def test_patching_equals_the_unsplit_model(pair):
     for a, b in [both(lambda m: patching.sweep_positions(m, patching.make_pairs(m, CLEAN, CORRUPT), met).values),
                  both(lambda m: sweep_heads(m, patching.make_pairs(m, CLEAN, CORRUPT), met).values),
                  both(lambda m: patching.attribute(m, patching.make_pairs(m, CLEAN, CORRUPT), met,
-                                                   progress=False)["attn_z"].delta),
+                                                   runtime=Runtime(progress=False))["attn_z"].delta),
                  both(lambda m: head_outputs(m, PROMPTS, layers=[1]).per_head)]:
         assert a.abs().max() > 1e-4
         torch.testing.assert_close(b, a, rtol=0, atol=1e-5)
@@ -113,7 +113,8 @@ def test_patching_equals_the_unsplit_model(pair):
     heads = [f"head.1.{h}" for h in range(plain.n_heads)]
     a, b = both(lambda m: patching.path_patch(m, patching.make_pairs(m, CLEAN, CORRUPT), met, "mlp.0", heads))
     assert abs(a - b) < 1e-5
-    a, b = both(lambda m: patching.learn_mask(m, PROMPTS, met, steps=3, progress=False).scores)
+    a, b = both(lambda m: patching.learn_mask(m, PROMPTS, met, config=patching.MaskConfig(steps=3),
+                                              runtime=Runtime(progress=False)).scores)
     torch.testing.assert_close(b, a, rtol=0, atol=1e-5)
     with patching.ablate_heads(split, [(1, 2)]):
         got = last_logits(split, batch_of(split, PROMPTS))

@@ -286,7 +286,7 @@ def test_alpha_sweep_kl_and_ce_match_plain_hf_forwards(model):
         return steering.AddVector(v, layers=[1], alpha=a, unit="residual", norms=norms)
 
     sw = steering.alpha_sweep(model, prompts, make, [0.0, 0.5], lambda lg: lg[:, 5].mean(), on="logits",
-                              n_random=1, reference_texts=refs, progress=False)
+                              config=steering.SweepConfig(reference_texts=refs), runtime=Runtime(progress=False))
     add = 0.5 * norms.at(1) * v / v.norm()
     encs = prepare(model, prompts)[1]
     kls = [kl_div(_hooked_logits(model, e.ids, 1, add)[-1], _hooked_logits(model, e.ids, 1, None)[-1]) for e in encs]
@@ -304,10 +304,9 @@ def test_alpha_sweep_kl_and_ce_match_plain_hf_forwards(model):
     df = sw.to_frame()
     assert {"kl", "ce"} <= set(df.columns) and len(sw.plot().data) == 6
     with pytest.raises(ValueError, match="reference_texts"):
-        steering.alpha_sweep(model, prompts, make, [1.0], lambda lg: lg.mean(), on="logits", reference_texts=[],
-                             progress=False)
-    plain = steering.alpha_sweep(model, prompts, make, [1.0], lambda lg: lg.mean(), on="logits", cost=False,
-                                 progress=False)
+        steering.SweepConfig(reference_texts=[])
+    plain = steering.alpha_sweep(model, prompts, make, [1.0], lambda lg: lg.mean(), on="logits",
+                                 config=steering.SweepConfig(cost=False), runtime=Runtime(progress=False))
     assert plain.kl is None and len(plain.plot().data) == 2
 
 

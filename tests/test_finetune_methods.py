@@ -19,7 +19,7 @@ from interp.studies.finetune.methods_data import DECLINES, JUSTIFICATIONS, prefe
 from interp.studies.kit.config import DataConfig
 from interp.studies.kit.prompt_sets import load_refusal_data
 from interp.tune.config import TuneConfig, make_trainable
-from interp.tune.preference import Preference, preference_rows, preference_tune
+from interp.tune.preference import Preference, PreferenceConfig, preference_rows, preference_tune
 from interp.values import Runtime
 
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -151,7 +151,7 @@ def test_bad_input_gets_a_clear_error():
     with pytest.raises(ValueError, match="one rejected"):
         Preference(preference_rows(base, ["a"], ["b"], ["c"]).chosen, [])
     with pytest.raises(ValueError, match="LoRA"):
-        preference_tune(base, ["a"], ["b"], ["c"], TuneConfig(method="full"), kind="dpo")
+        preference_tune(base, ["a"], ["b"], ["c"], PreferenceConfig(method="full", kind="dpo"))
     with pytest.raises(ValueError, match="prompts"):
         ch = preference_rows(base, ["a"], ["b"], ["c"]).chosen
         Preference(ch, preference_rows(base, ["other prompt"], ["b"], ["c"]).rejected)

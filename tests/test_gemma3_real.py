@@ -137,7 +137,7 @@ def test_per_head_outputs_sum_to_the_attention_output(gemma):
     assert (c.num_attention_heads, c.num_key_value_heads, c.head_dim, m.d_model) == (4, 1, 256, 640)
     assert (m.n_heads, m.n_kv_heads, m.d_head) == (c.num_attention_heads, c.num_key_value_heads, c.head_dim)
     assert all(m.module(m.spec.attn_proj, la).bias is None for la in range(m.n_layers))
-    ho = head_outputs(m, PROMPTS, chat=False)
+    ho = head_outputs(m, Prompts(PROMPTS, chat=False))
     n, T = len(PROMPTS), ho.mask.shape[1]
     assert ho.per_head.shape == (n, m.n_layers, T, c.num_attention_heads, m.d_model)
     assert ho.bias.abs().max() == 0

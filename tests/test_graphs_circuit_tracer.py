@@ -19,7 +19,7 @@ The mapping of conventions (both sides, no post-hoc change of values):
   :class:`~patching.graph_targets.TopLogits`. We check our default picks its tokens, then pass them explicitly
   (``TopLogits(tokens=...)``) so the rows line up in its order.
 - the first position: circuit-tracer holds position 0 (the BOS attention sink) out of the graph: no feature
-  nodes there and its error vectors zeroed. Our ``attribution_graph(..., constant_positions=1)`` does the same
+  nodes there and its error vectors zeroed. Our ``attribution_graph(..., config=GraphConfig(constant_positions=1))`` does the same
   (those MLP outputs become constants, so our bookkeeping identity still holds), so the adjacencies have the
   same shape and node order: features (layer, position, feature) sorted, errors layer-major, tokens, logits.
 
@@ -39,9 +39,10 @@ import pytest
 import torch
 
 from interp.forward import forward
-from interp.patching import ReplacementModel, attribution_graph
+from interp.patching import GraphConfig, ReplacementModel, attribution_graph
 from interp.patching.graph_targets import TopLogits
 from interp.testing.tiny import tiny_model
+from interp.values import Runtime
 from sae.circuit_tracer_io import save_circuit_tracer
 from sae.transcoder import Transcoder, TranscoderConfig
 
@@ -109,7 +110,7 @@ def both(tmp_path_factory):
 
 def test_the_oracle_runs_the_same_model(both):
     rm, theirs, meta = both
-    real = forward(rm.model, rm.batch(IDS, chat=False))[0, -1]
+    real = forward(rm.model, rm.batch(IDS))[0, -1]
     assert (theirs["logits"] - real).abs().max() < 1e-5                      # TransformerLens view == HF
     assert meta["n_selected"] == meta["n_active"] > 20                       # every feature a node, sparse enough
     assert 0.05 < meta["n_active"] / (rm.n_layers * (len(IDS) - 1) * 32) < 0.6
@@ -117,7 +118,7 @@ def test_the_oracle_runs_the_same_model(both):
 
 def test_our_top_logits_pick_its_targets(both):
     rm, theirs, _ = both
-    g = attribution_graph(rm, IDS, TopLogits(), chat=False, constant_positions=1)
+    g = attribution_graph(rm, IDS, TopLogits(), config=GraphConfig(constant_positions=1))
     want = theirs["logit_vectors"].double()
     assert g.n_targets == len(theirs["logit_ids"])
     assert (g.target_vectors - want).abs().max() < 1e-6                      # same tokens, same order, demeaned
@@ -127,8 +128,8 @@ def test_our_top_logits_pick_its_targets(both):
 def test_every_edge_equals_circuit_tracers(both):
     rm, theirs, _ = both
     A_ct = theirs["adjacency"].double()
-    g = attribution_graph(rm, IDS, TopLogits(tokens=theirs["logit_ids"].tolist()), chat=False, batch_size=16,
-                          constant_positions=1)
+    g = attribution_graph(rm, IDS, TopLogits(tokens=theirs["logit_ids"].tolist()),
+                          config=GraphConfig(constant_positions=1), runtime=Runtime(batch_size=16, progress=False))
     assert torch.equal(g.features, theirs["active_features"])                 # same nodes, same order
     assert (g.activations - theirs["activation_values"].double()).abs().max() < 1e-5
     assert torch.equal(g.input_ids, theirs["input_tokens"])

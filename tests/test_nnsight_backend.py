@@ -271,7 +271,7 @@ def test_every_path_outside_the_backend_is_refused():
     tok = a.tokenizer
     met = logit_diff(tok.convert_tokens_to_ids("the"), tok.convert_tokens_to_ids("a"))
     with pytest.raises(NotImplementedError, match=fix):  # gradients (attribution patching)
-        attribute(a, make_pairs(a, PROMPTS[:2], PROMPTS[2:]), met, sites="resid_post", progress=False)
+        attribute(a, make_pairs(a, PROMPTS[:2], PROMPTS[2:]), met, sites="resid_post", runtime=interp.Runtime(progress=False))
     sae = SAE(SAEConfig(a.d_model, 2 * a.d_model, arch="topk", k=4, site="resid_post.0"))
     with pytest.raises(NotImplementedError, match=rf"SAESplice.*{fix}"), steering.apply(a, SAESplice(sae)):
         pass

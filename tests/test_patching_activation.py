@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import interp
 from interp.forward import last_logits
 from interp.hooking import hooks
 from interp.patching import logit_diff, make_pairs, patch, sweep_layers, sweep_positions
@@ -42,13 +43,13 @@ def test_corrupted_source_changes_nothing(family):
     for site in ("resid_pre", "resid_mid", "attn_out", "mlp_out"):
         if site == "resid_mid" and m.spec.resid_mid_in is None:
             continue
-        sw = sweep_positions(m, pairs, met, site, source="corrupted")
+        sw = sweep_positions(m, pairs, met, site, runs=("corrupted", "corrupted"))
         assert torch.allclose(sw.values, torch.full_like(sw.values, sw.baseline), atol=1e-5), site
-    sh = sweep_heads(m, pairs, met, source="corrupted")
+    sh = sweep_heads(m, pairs, met, runs=("corrupted", "corrupted"))
     assert torch.allclose(sh.values, torch.full_like(sh.values, sh.baseline), atol=1e-5)
     if not m.spec.is_moe:
         v = patch(m, pairs, [Patch("mlp_post.1", neuron=3), Patch("attn_z.0", position=2, head=1)], met,
-                  source="corrupted")
+                  runs=("corrupted", "corrupted"))
         assert torch.allclose(v, torch.full_like(v, sh.baseline), atol=1e-5)
 
 
@@ -84,7 +85,7 @@ def test_batched_sweep_matches_naive_loop(family, kind):
     m, pairs, met = _setup(family)
     naive = _naive_sweep(m, pairs, met, kind)
     for bs in (pairs.n_pairs, 1000):  # one variant per forward, and every variant in one forward
-        sw = sweep_positions(m, pairs, met, kind, batch_size=bs)
+        sw = sweep_positions(m, pairs, met, kind, runtime=interp.Runtime(batch_size=bs))
         assert sw.shape == (m.n_layers, pairs.n_positions)
         assert torch.allclose(sw.values, naive, atol=1e-5), (bs, (sw.values - naive).abs().max())
     assert (naive - sw.baseline).abs().max() > 1e-4
@@ -118,7 +119,7 @@ def test_different_lengths_with_alignment():
     with torch.no_grad():
         clean_metric = float(met(last_logits(m, pairs.clean)))
     assert abs(float(v[0]) - clean_metric) < 1e-5
-    same = sweep_positions(m, pairs, met, "resid_pre", source="corrupted")
+    same = sweep_positions(m, pairs, met, "resid_pre", runs=("corrupted", "corrupted"))
     assert torch.allclose(same.values, torch.full_like(same.values, same.baseline), atol=1e-5)
     explicit = make_pairs(m, clean, corrupt, align=[(0, 0), (-1, -1)])
     T_c, T_r = pairs.clean.input_ids.shape[1], pairs.corrupted.input_ids.shape[1]
@@ -151,7 +152,7 @@ def test_bad_input():
     with pytest.raises(ValueError, match="layers 0..1"):
         sweep_positions(m, pairs, met, "resid_pre", layers=[5])
     with pytest.raises(ValueError, match="run must be"):
-        sweep_positions(m, pairs, met, source="dirty")
+        sweep_positions(m, pairs, met, runs=("dirty", "corrupted"))
     with pytest.raises(TypeError, match="PromptPairs"):
         sweep_positions(m, (CLEAN, CORRUPT), met)
 
@@ -173,8 +174,8 @@ def test_prefix_reuse_matches_full_forwards(family):
     variants = [[Edit(sites[0], torch.tensor([p]))] for p in range(P)]
     variants += [[Edit(sites[1], torch.tensor([p, P - 1]), 2), Edit(sites[2], torch.tensor([P - 1]))] for p in range(P)]
     args = (m, pairs.corrupted, variants, prep.values, prep.dst_cols, met)
-    full = run_variants(*args, batch_size=8, reuse_prefix=False)
-    reuse = run_variants(*args, batch_size=8, reuse_prefix=True)
+    full = run_variants(*args, interp.Runtime(batch_size=8), reuse_prefix=False)
+    reuse = run_variants(*args, interp.Runtime(batch_size=8), reuse_prefix=True)
     assert torch.allclose(full, reuse, atol=1e-5), (full - reuse).abs().max()
     assert (full - prep.baseline).abs().max() > 1e-5
     # full-attention caches are reused; sliding-window ones (gemma2) fall back to full forwards

@@ -79,7 +79,7 @@ def test_shapes_and_baseline():
     # heads summed over positions == the per-position estimates summed
     assert torch.allclose(att["attn_z"].delta, att.per_position["attn_z"].sum(1), atol=1e-6)
     # source == target: every estimate is exactly zero
-    same = attribute(m, pairs, _metric(m), source="corrupted")
+    same = attribute(m, pairs, _metric(m), runs=("corrupted", "corrupted"))
     assert all(float(sw.delta.abs().max()) == 0.0 for sw in same.sweeps.values())
     # the weights stay untouched and get no gradients
     assert all(p.grad is None for p in m.hf.parameters())

@@ -11,8 +11,9 @@ import json
 import pytest
 import torch
 
+import interp
 from interp.forward import forward
-from interp.patching import ReplacementModel, attribution_graph
+from interp.patching import GraphConfig, ReplacementModel, attribution_graph
 from interp.patching.graph_edits import DecoderEdit, FeatureEdit, intervene
 from interp.patching.graph_result import AttributionGraph, normalized_abs
 from interp.patching.graph_targets import LogitDiff, Projection, TopLogits
@@ -51,13 +52,13 @@ def llama64():
 
 @pytest.fixture(scope="module")
 def graph64(llama64):
-    return attribution_graph(llama64, IDS, chat=False, batch_size=16)
+    return attribution_graph(llama64, IDS, runtime=interp.Runtime(batch_size=16, progress=False))
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma2"])
 def test_replacement_logits_equal_the_real_model(family):
     rm = _rm(family, torch.float32)
-    run = rm.run(IDS, chat=False)
+    run = rm.run(IDS)
     real = forward(rm.model, run.batch)[0]
     assert (run.logits - real).abs().max() < 1e-5
     assert all(float(e.abs().max()) > 1e-3 for e in run.errors.values())       # the error nodes carry the gap
@@ -96,8 +97,8 @@ def _column_oracle(rm, run, g: AttributionGraph, sources: list[int]) -> torch.Te
 @pytest.mark.parametrize("family", ["llama", "gemma2"])
 def test_every_edge_equals_a_forward_difference_in_the_linearised_model(family, llama64, graph64):
     rm = llama64 if family == "llama" else _rm("gemma2")
-    g = graph64 if family == "llama" else attribution_graph(rm, IDS, LogitDiff(20, 31), chat=False)
-    run = rm.run(IDS, chat=False)
+    g = graph64 if family == "llama" else attribution_graph(rm, IDS, LogitDiff(20, 31))
+    run = rm.run(IDS)
     gen = torch.Generator().manual_seed(0)
     feats = torch.randperm(g.n_features, generator=gen)[:6].tolist()
     errors = [g.error_node(0, 3), g.error_node(1, g.n_positions - 1)]
@@ -113,11 +114,11 @@ def test_edges_into_each_row_sum_to_its_value_minus_its_constant_part(llama64, g
     g = graph64
     assert g.completeness() < 1e-9
     assert float(g.rest.abs().max()) == 0.0                                     # no budget: every feature a node
-    real = forward(llama64.model, llama64.run(IDS, chat=False).batch)[0, -1].double()
+    real = forward(llama64.model, llama64.run(IDS).batch)[0, -1].double()
     top = real.topk(g.n_targets).indices                                        # TopLogits: logit - mean logit
     assert torch.allclose(g.values[g.target_offset:], real[top] - real.mean(), atol=1e-5)
     assert float(g.bias[g.target_offset:].abs().max()) > 0                      # b_dec reaches the logits
-    small = attribution_graph(llama64, IDS, chat=False, max_feature_nodes=10)
+    small = attribution_graph(llama64, IDS, config=GraphConfig(max_feature_nodes=10))
     assert small.n_features == 10 and small.n_active == g.n_active
     assert float(small.rest.abs().max()) > 0 and small.completeness() < 1e-9
     assert torch.allclose(small.values[small.target_offset:], g.values[g.target_offset:])
@@ -131,8 +132,8 @@ def test_constant_positions_and_explicit_logit_tokens(llama64, graph64):
     """``constant_positions=1`` (circuit-tracer's BOS convention): no feature nodes at position 0, its error nodes
     zero, its MLP outputs in the bias; every other edge as in the full graph. ``TopLogits(tokens=)`` in order."""
     g = graph64
-    top = llama64.run(IDS, chat=False).logits[-1].double().softmax(-1).topk(3).indices.tolist()
-    c = attribution_graph(llama64, IDS, TopLogits(tokens=top[::-1]), chat=False, constant_positions=1)
+    top = llama64.run(IDS).logits[-1].double().softmax(-1).topk(3).indices.tolist()
+    c = attribution_graph(llama64, IDS, TopLogits(tokens=top[::-1]), config=GraphConfig(constant_positions=1))
     assert int(c.features[:, 1].min()) == 1 and c.completeness() < 1e-9
     W = llama64.model.hf.lm_head.weight.double()
     assert torch.allclose(c.target_vectors, W[top[::-1]] - W.mean(0))
@@ -140,18 +141,18 @@ def test_constant_positions_and_explicit_logit_tokens(llama64, graph64):
     assert torch.equal(c.features, g.features[keep])
     errs = [c.error_node(L, 0) for L in range(c.n_layers)]
     assert float(c.adjacency[:, errs].abs().max()) == 0.0
-    full = attribution_graph(llama64, IDS, TopLogits(tokens=top[::-1]), chat=False)
+    full = attribution_graph(llama64, IDS, TopLogits(tokens=top[::-1]))
     nodes = torch.cat([keep, torch.arange(full.n_features, full.n_nodes)])
     sub = full.adjacency[nodes][:, nodes]
     sub[:, errs] = 0.0
     assert (c.adjacency - sub).abs().max() < 1e-12
     assert float((c.bias - full.bias[nodes]).abs().max()) > 1e-4                 # position 0 moved into the bias
-    one = attribution_graph(llama64, IDS, TopLogits(tokens=top[0]), chat=False)
+    one = attribution_graph(llama64, IDS, TopLogits(tokens=top[0]))
     assert one.n_targets == 1 and torch.allclose(one.target_vectors[0], W[top[0]] - W.mean(0))
     with pytest.raises(ValueError, match="at least one token"):
-        attribution_graph(llama64, IDS, TopLogits(tokens=[]), chat=False)
+        attribution_graph(llama64, IDS, TopLogits(tokens=[]))
     with pytest.raises(ValueError, match="constant_positions"):
-        attribution_graph(llama64, IDS, chat=False, constant_positions=7)
+        attribution_graph(llama64, IDS, config=GraphConfig(constant_positions=7))
 
 
 def test_pruning_tables_files_and_figure(graph64, tmp_path):
@@ -187,12 +188,12 @@ def test_pruning_tables_files_and_figure(graph64, tmp_path):
 
 def test_direction_and_logit_diff_targets_read_the_residual(llama64):
     v = torch.randn(64, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
-    g = attribution_graph(llama64, IDS, [Projection(v, "resid_post.0", position=-2), LogitDiff(20, 31)], chat=False)
+    g = attribution_graph(llama64, IDS, [Projection(v, "resid_post.0", position=-2), LogitDiff(20, 31)])
     st = {}
     from interp.hooking import hooks
 
     with hooks(llama64.model, {"resid_post.0": lambda x, ctx: st.__setitem__("x", x.clone())}):
-        real = forward(llama64.model, llama64.run(IDS, chat=False).batch)[0, -1].double()
+        real = forward(llama64.model, llama64.run(IDS).batch)[0, -1].double()
     assert abs(float(g.values[g.target_offset]) - float(st["x"][0, -2].double() @ v)) < 1e-5
     assert abs(float(g.values[g.target_offset + 1]) - float(real[20] - real[31])) < 1e-5
     layer1 = g.features[:, 0] == 1                                              # layer 1 cannot reach resid_post.0
@@ -226,7 +227,7 @@ def test_the_decoder_edit_composes_with_steering_apply(llama64, graph64):
 
     g, rm = graph64, llama64
     L, p, f = g.features[0].tolist()                                            # a layer-0 feature
-    run = rm.run(IDS, chat=False)
+    run = rm.run(IDS)
     a, w = run.acts[L][p, f], rm.transcoders[L].W_dec[f]
 
     def by_hand(x, ctx):                                                         # its input is upstream of the edit
@@ -260,17 +261,17 @@ def test_bad_input_gets_a_clear_error(llama64, graph64):
     with pytest.raises(ValueError, match=r"no transcoder for layers \[1\]"):
         ReplacementModel(model, _transcoders(model, dtype="float64")[:1])
     with pytest.raises(ValueError, match="max_positions=4"):
-        attribution_graph(llama64, IDS, chat=False, max_positions=4)
+        attribution_graph(llama64, IDS, config=GraphConfig(max_positions=4))
     with pytest.raises(ValueError, match="width 64"):
-        attribution_graph(llama64, IDS, Projection(torch.ones(32), "resid_post.1"), chat=False)
+        attribution_graph(llama64, IDS, Projection(torch.ones(32), "resid_post.1"))
     with pytest.raises(ValueError, match="residual stream"):
-        attribution_graph(llama64, IDS, Projection(torch.ones(64), "attn_z.1"), chat=False)
+        attribution_graph(llama64, IDS, Projection(torch.ones(64), "attn_z.1"))
     with pytest.raises(ValueError, match="one token"):
-        attribution_graph(llama64, IDS, LogitDiff("the boy", 31), chat=False)
+        attribution_graph(llama64, IDS, LogitDiff("the boy", 31))
     with pytest.raises(TypeError, match="TopLogits"):
-        attribution_graph(llama64, IDS, "logits", chat=False)
+        attribution_graph(llama64, IDS, "logits")
     with pytest.raises(ValueError, match="prob"):
-        attribution_graph(llama64, IDS, TopLogits(prob=0.0), chat=False)
+        attribution_graph(llama64, IDS, TopLogits(prob=0.0))
     gpt2 = tiny_model("gpt2")
     with pytest.raises(ValueError, match="q_proj"):
         ReplacementModel(gpt2, _transcoders(gpt2))

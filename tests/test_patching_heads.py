@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import interp
 from interp.forward import batch_of, last_logits
 from interp.patching import ablate_heads, ablate_neurons, logit_diff
 from interp.patching.heads import head_ablation_sweep, head_means, head_outputs
@@ -91,10 +92,10 @@ def test_neuron_contrast_finds_planted_neuron():
         m.module("mlp.gate_proj", 1).weight[7] = 40 * d / d.norm()
     a = ["the man can see water", "a boy is in the water", "you are near water", "we like the water"]
     b = ["the man can see home", "a boy is in the house", "you are near me", "we like the man"]
-    c = neuron_contrast(m, a, b, chat=False)
+    c = neuron_contrast(m, interp.Prompts(a, chat=False), interp.Prompts(b, chat=False))
     assert c.top(1)[0][:2] == (1, 7)
     assert (1, 7) in c.select(3, sign="pos")
-    acts = neuron_acts(m, a, chat=False)
+    acts = neuron_acts(m, interp.Prompts(a, chat=False))
     assert torch.allclose(c.mean_a, acts.mean(0))
     assert c.plot().data[0].type == "heatmap"
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from interp.forward import batch_of, last_logits
-from interp.patching import learn_mask, logit_diff
+from interp.patching import MaskConfig, learn_mask, logit_diff
 from interp.testing.tiny import tiny_model
 
 PROMPTS = ["the man is here", "a boy can see the water", "you are there now", "what is the name of it"]
@@ -32,7 +32,8 @@ def test_recovers_planted_heads():
                 W[:, h * dh:(h + 1) * dh] *= 4.0 if (la, h) in planted else 0.25
     before = {k: v.clone() for k, v in m.hf.state_dict().items()}
     flags = [p.requires_grad for p in m.hf.parameters()]
-    res = learn_mask(m, PROMPTS, _change_metric(m), objective="increase", sparsity=0.05, steps=100, lr=0.1)
+    res = learn_mask(m, PROMPTS, _change_metric(m),
+                     config=MaskConfig(objective="increase", sparsity=0.05, steps=100, lr=0.1))
     assert {(la, h) for la, h, _ in res.ranking(3)} == planted
     assert set(res.selected()) == planted
     assert res.selected_metric > 5 * res.history[0]["metric"] > 0  # hard mask of the picks beats the soft start
@@ -56,8 +57,8 @@ def test_recovers_planted_neurons_decreasing_a_logit_difference():
             up = m.module("mlp.up_proj", la).weight
             m.module("mlp.gate_proj", la).weight[i] = up[i]     # silu(u) * u >= 0 always: a one-sided neuron
             m.module("mlp.down_proj", la).weight[:, i] = 3.0 * direction / direction.norm()
-    res = learn_mask(m, PROMPTS, logit_diff(a, b), over="neurons", objective="decrease", sparsity=0.002,
-                     steps=150, lr=0.1)
+    res = learn_mask(m, PROMPTS, logit_diff(a, b), over="neurons",
+                     config=MaskConfig(objective="decrease", sparsity=0.002, steps=150, lr=0.1))
     top = {(la, i) for la, i, _ in res.ranking(2)}
     assert top == set(planted), res.ranking(4)
     assert res.selected_metric < res.baseline
@@ -69,10 +70,10 @@ def test_bad_input():
     with pytest.raises(ValueError, match="heads' or 'neurons"):
         learn_mask(m, PROMPTS, met, over="layers")
     with pytest.raises(ValueError, match="decrease' or 'increase"):
-        learn_mask(m, PROMPTS, met, objective="maximise")
-    with pytest.raises(ValueError, match="means="):
+        learn_mask(m, PROMPTS, met, config=MaskConfig(objective="maximise"))
+    with pytest.raises(TypeError, match=r"ablate= \(moved into means="):      # means given: a mean ablation
         learn_mask(m, PROMPTS, met, ablate="mean")
     with pytest.raises(ValueError, match="one number"):
-        learn_mask(m, PROMPTS, lambda logits: logits[:, :3], steps=2)
+        learn_mask(m, PROMPTS, lambda logits: logits[:, :3], config=MaskConfig(steps=2))
     with pytest.raises(ValueError, match="mixture-of-experts"):
         learn_mask(tiny_model("mixtral"), PROMPTS, met, over="neurons")

@@ -62,7 +62,7 @@ def test_sweep_and_identity():
     both = path_patch_sweep(m, pairs, met, ["mlp.2", "logits"], senders="heads", layers=[2])
     assert torch.allclose(both.values[0], exact, atol=1e-5)
     assert not torch.allclose(sw.values[2], exact, atol=1e-5)
-    same = path_patch_sweep(m, pairs, met, ["mlp.2", "head.2.1.k"], senders="heads", source="corrupted")
+    same = path_patch_sweep(m, pairs, met, ["mlp.2", "head.2.1.k"], senders="heads", runs=("corrupted", "corrupted"))
     assert torch.allclose(same.values, torch.full_like(same.values, same.baseline), atol=1e-6)
     blocks = path_patch_sweep(m, pairs, met, "mlp.1", senders="blocks")
     assert blocks.rows == ["0", "1"] and torch.isnan(blocks.values[1, 1])

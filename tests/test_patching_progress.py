@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import interp
 from interp.patching import (
     attribute,
     greedy_transplant,
@@ -18,6 +19,7 @@ from interp.patching import (
 from interp.patching.activation import sweep_heads
 from interp.patching.attribution import compare_attribution
 from interp.patching.heads import head_ablation_sweep
+from interp.patching.masks import MaskConfig
 from interp.patching.neurons import neuron_ablation_effect
 from interp.patching.path import path_patch_sweep
 from interp.testing.tiny import tiny_model
@@ -48,18 +50,22 @@ def _values(res):
     return torch.tensor([res.baseline] + [t["score"] for t in res.trajectory])
 
 
+def _rt(batch_size: int, progress: bool) -> interp.Runtime:
+    return interp.Runtime(batch_size=batch_size, progress=progress)
+
+
 JOBS = {
-    "patching resid_pre by position": lambda m, p, met, **kw: sweep_positions(m, p, met, batch_size=4, **kw),
-    "patching heads": lambda m, p, met, **kw: sweep_heads(m, p, met, batch_size=4, **kw),
-    "patching layers": lambda m, p, met, **kw: sweep_layers(m, p, met, batch_size=4, **kw),
-    "path patching": lambda m, p, met, **kw: path_patch_sweep(m, p, met, batch_size=4, **kw),
-    "attribution": lambda m, p, met, **kw: attribute(m, p, met, **kw),
+    "patching resid_pre by position": lambda m, p, met, **kw: sweep_positions(m, p, met, runtime=_rt(4, **kw)),
+    "patching heads": lambda m, p, met, **kw: sweep_heads(m, p, met, runtime=_rt(4, **kw)),
+    "patching layers": lambda m, p, met, **kw: sweep_layers(m, p, met, runtime=_rt(4, **kw)),
+    "path patching": lambda m, p, met, **kw: path_patch_sweep(m, p, met, runtime=_rt(4, **kw)),
+    "attribution": lambda m, p, met, **kw: attribute(m, p, met, runtime=_rt(64, **kw)),
     "checking attribution": lambda m, p, met, **kw: compare_attribution(m, p, met, sites=("resid_pre", "attn_z"),
-                                                                          **kw),
+                                                                          runtime=_rt(64, **kw)),
     "zero-ablating heads": lambda m, p, met, **kw: head_ablation_sweep(m, CLEAN, met, batch_size=4, **kw),
     "zero-ablating neurons": lambda m, p, met, **kw: neuron_ablation_effect(m, CLEAN, met, [(0, 1), (1, 2)],
-                                                                           n_control=2, batch_size=2, **kw),
-    "learning mask": lambda m, p, met, **kw: learn_mask(m, CLEAN, met, steps=4, **kw),
+                                                                           n_control=2, runtime=_rt(2, **kw)),
+    "learning mask": lambda m, p, met, **kw: learn_mask(m, CLEAN, met, config=MaskConfig(steps=4), runtime=_rt(16, **kw)),
 }
 
 
@@ -85,9 +91,9 @@ def test_transplant_search_progress(capsys):
         with torch.no_grad():
             return float(model.hf(input_ids=ids).logits[:, -1, 3].mean())
 
-    quiet = greedy_transplant(tgt, src, score, parts=["attn", "mlp"], progress=False)
+    quiet = greedy_transplant(tgt, src, score, parts=["attn", "mlp"], runtime=_rt(1, progress=False))
     assert capsys.readouterr().err == ""
-    loud = greedy_transplant(tgt, src, score, parts=["attn", "mlp"], progress=True)
+    loud = greedy_transplant(tgt, src, score, parts=["attn", "mlp"], runtime=_rt(1, progress=True))
     err = capsys.readouterr().err
     assert "transplant search" in err and "eval" in err
     assert torch.equal(_values(quiet), _values(loud)) and quiet.chosen == loud.chosen

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from interp.patching import greedy_transplant
+from interp.patching import SearchConfig, greedy_transplant
 from interp.patching.transplants import check_compatible, transplant, transplanted
 from interp.testing.tiny import tiny_model
 
@@ -71,7 +71,8 @@ def test_greedy_search_trajectory():
     glob = greedy_transplant(tgt, src, score, parts=["block", "final_norm"], block_size=2)
     assert ((), "final_norm") not in glob.chosen                  # shared already: transplanting it gains nothing
     assert len(glob.trajectory) == 2 and abs(glob.best) < 1e-12
-    pairs = greedy_transplant(tgt, src, score, blocks=[[0, 1], [2, 3]], parts=["attn", "mlp"], max_steps=2)
+    pairs = greedy_transplant(tgt, src, score, blocks=[[0, 1], [2, 3]], parts=["attn", "mlp"],
+                              config=SearchConfig(max_steps=2))
     assert len(pairs.trajectory) <= 2 and pairs.plot().data[0].mode == "lines+markers"
     assert torch.equal(_logits(tgt, ids), own)                     # the search leaves the target as it was
 

@@ -23,7 +23,7 @@ def pairs(n_pairs=60, L=3, d=16, signal=5.0, one_first=False, seed=0):
 @pytest.mark.parametrize("method", ["logistic", "mean_diff"])
 def test_grouped_control_on_contrastive_pairs(one_first, method):
     X, y, groups = pairs(one_first=one_first)
-    res = probes.cross_validate(X, y, groups=groups, n_folds=5, method=method)
+    res = probes.cross_validate(X, y, groups=groups, method=method, config=probes.CVConfig(n_folds=5))
     assert res.control_accuracy is not None and res.control_auroc is not None
     summary = res.by_site()
     assert {"control_accuracy", "control_auroc", "selectivity"} <= set(summary.columns)
@@ -65,7 +65,7 @@ def test_small_data_control_does_not_crash_real_scores(method):
     g = torch.Generator().manual_seed(5)
     y = torch.tensor([0] * 12 + [1] * 12)
     X = torch.randn(24, 2, 8, generator=g) + (y.float() - 0.5)[:, None, None] * 4
-    res = probes.cross_validate(X, y, n_folds=5, method=method)
+    res = probes.cross_validate(X, y, method=method, config=probes.CVConfig(n_folds=5))
     assert torch.isfinite(res.cohens_d).all() and (res.mean("cohens_d") > 1).all()
     assert res.control_accuracy is not None and res.control_accuracy.shape == (5, 2)
 
@@ -110,8 +110,8 @@ def test_undefined_d_in_a_fold_is_nan_not_a_crash():
     groups = [i // 6 for i in range(30)]
     X = torch.randn(30, 2, 8, generator=g) + (y.float() - 0.5)[:, None, None] * 4
     assert [int(y[f.test].sum()) for f in probes.folds.make_folds(y, 2, groups, seed=0)] == [12, 1]
-    for res in (probes.cross_validate(X, y, groups=groups, n_folds=2, control=False),
-                probes.erasure_cv(X, y, groups=groups, n_folds=2).before):
+    for res in (probes.cross_validate(X, y, groups=groups, config=probes.CVConfig(n_folds=2, control=False)),
+                probes.erasure_cv(X, y, groups=groups, config=probes.CVConfig(n_folds=2)).before):
         assert torch.isnan(res.cohens_d[1]).all() and torch.isfinite(res.cohens_d[0]).all()
         assert torch.isfinite(res.mean("cohens_d")).all() and torch.isfinite(res.auroc).all()
         assert res.by_site()["cohens_d_std"].eq(0).all()                 # one defined fold: no spread

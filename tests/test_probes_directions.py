@@ -35,7 +35,7 @@ def test_recovers_planted_direction(method):
 @pytest.mark.parametrize("method", METHODS)
 def test_chance_without_signal(method):
     X, y, _ = planted(n=600, signal=0.0, seed=1)
-    scores = probes.cross_validate(X, y, method=method, n_folds=5, control=False)
+    scores = probes.cross_validate(X, y, method=method, config=probes.CVConfig(n_folds=5, control=False))
     assert scores.auroc.shape == (5, 3)
     assert (scores.mean("auroc") - 0.5).abs().max() < 0.08, scores.mean("auroc")
     assert (scores.mean("accuracy") - 0.5).abs().max() < 0.08
@@ -44,7 +44,7 @@ def test_chance_without_signal(method):
 @pytest.mark.parametrize("method", METHODS)
 def test_high_heldout_auroc_with_signal(method):
     X, y, _ = planted(n=600, signal=3.0, seed=2)
-    scores = probes.cross_validate(X, y, method=method, n_folds=4, control=False)
+    scores = probes.cross_validate(X, y, method=method, config=probes.CVConfig(n_folds=4, control=False))
     assert (scores.mean("auroc") > 0.95).all(), scores.mean("auroc")  # Bayes AUROC here is 0.983
     assert (scores.mean("cohens_d") > 2.0).all()
 

@@ -119,14 +119,14 @@ def test_inlp_removes_linear_signal():
     assert (er.dev_accuracy[0] > 0.85).all()
     assert ((er.dev_accuracy[-1] - 0.5).abs() < 0.1).all(), er.dev_accuracy
     # a fresh probe cannot decode the concept from the erased activations on held-out folds
-    after = probes.cross_validate(er(X), y, n_folds=5, control=False)
+    after = probes.cross_validate(er(X), y, config=probes.CVConfig(n_folds=5, control=False))
     assert ((after.mean("accuracy") - 0.5).abs() < 0.08).all(), after.mean("accuracy")
     assert len(er.to_frame()) == 6 * L
 
 
 def test_erasure_fitted_inside_folds():
     X, y = correlated(n=600, L=2, k=2, seed=5)
-    res = probes.erasure_cv(X, y, eraser="leace", n_folds=4)
+    res = probes.erasure_cv(X, y, eraser="leace", config=probes.CVConfig(n_folds=4))
     assert (res.before.mean("accuracy") > 0.9).all()
     # LEACE fitted on the training folds only: held-out accuracy drops to about chance
     assert (res.after.mean("auroc") < 0.62).all(), res.after.mean("auroc")

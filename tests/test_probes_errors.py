@@ -23,12 +23,12 @@ def test_one_class_only(fn):
 def test_fewer_samples_than_folds():
     X, y = data(n=4)
     with pytest.raises(ValueError, match="4 samples cannot fill 5 folds"):
-        probes.cross_validate(X, y, n_folds=5)
+        probes.cross_validate(X, y, config=probes.CVConfig(n_folds=5))
     with pytest.raises(ValueError, match="distinct groups"):
-        probes.cross_validate(*data(n=40), groups=[i % 3 for i in range(40)], n_folds=5)
+        probes.cross_validate(*data(n=40), groups=[i % 3 for i in range(40)], config=probes.CVConfig(n_folds=5))
     X, y = data(n=12)
     with pytest.raises(ValueError, match="lacks a class"):
-        probes.cross_validate(X, torch.tensor([1] + [0] * 11), n_folds=3)
+        probes.cross_validate(X, torch.tensor([1] + [0] * 11), config=probes.CVConfig(n_folds=3))
 
 
 @pytest.mark.parametrize("fn", [probes.diff_of_means, probes.fit_logistic, probes.cross_validate, probes.fit_leace])

@@ -27,7 +27,7 @@ def test_every_to_frame_has_sorted_layer_column():
     held = _acts(seed=1)
     held.prompt_ids = [f"h{i}" for i in range(len(held.prompt_ids))]
     direction = probes.diff_of_means(acts)
-    cv = probes.cross_validate(acts, n_folds=3)
+    cv = probes.cross_validate(acts, config=probes.CVConfig(n_folds=3))
     frames = {
         "ProbeScores": (cv.to_frame(), ["metric", "fold"]),
         "ProbeScores.by_site": (cv.by_site(), []),
@@ -36,9 +36,9 @@ def test_every_to_frame_has_sorted_layer_column():
         "Subspace": (probes.subspace.pca_subspace(acts, k=2).to_frame(), ["component"]),
         "Signature": (probes.compare.signature(acts, {"a": direction}).to_frame(), ["direction", "group"]),
         "INLPEraser": (probes.fit_inlp(acts, n_iter=2).to_frame(), ["iteration"]),
-        "ErasureScores": (probes.erasure_cv(acts, n_folds=3).to_frame(), ["stage", "metric", "fold"]),
+        "ErasureScores": (probes.erasure_cv(acts, config=probes.CVConfig(n_folds=3)).to_frame(), ["stage", "metric", "fold"]),
         "AblationScores": (probes.transfer.rank_ablation(acts, subspace=lambda idx: probes.subspace.pca_subspace(acts[idx.tolist()], k=2),
-                                                ranks=[0, 1], n_folds=3).to_frame(), ["rank"]),
+                                                ranks=[0, 1], config=probes.CVConfig(n_folds=3)).to_frame(), ["rank"]),
         "GradedDirection": (probes.graded_direction(acts, n_folds=None, warn=False).to_frame(), []),
     }
     for name, (frame, within) in frames.items():

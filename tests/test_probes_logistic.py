@@ -7,6 +7,7 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.preprocessing import StandardScaler
 
 import probes
+from probes.config import LogisticConfig
 from probes.logistic import solve_logistic
 
 
@@ -52,11 +53,11 @@ def test_batched_layers_and_folds_equal_separate_fits():
     Xl = X.transpose(0, 1)
     g = torch.Generator().manual_seed(0)
     train = torch.rand(3, 500, generator=g) < 0.7
-    together = solve_logistic(Xl, y, train, 1e-2, tol=1e-7, max_iter=500)
+    together = solve_logistic(Xl, y, train, 1e-2, LogisticConfig(tol=1e-7, max_iter=500))
     for f in range(3):
         for layer in range(4):
             alone = solve_logistic(Xl[layer:layer + 1, train[f]], y[train[f]], torch.ones(1, int(train[f].sum()),
-                                   dtype=torch.bool), 1e-2, tol=1e-7, max_iter=500)
+                                   dtype=torch.bool), 1e-2, LogisticConfig(tol=1e-7, max_iter=500))
             a, b = together.coef[layer, f], alone.coef[0, 0]
             assert (a - b).norm() / b.norm() < 2e-4          # float32 passes: agreement to the gradient noise floor
             # standardisation was fitted on this fold's training samples only

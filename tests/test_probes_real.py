@@ -88,14 +88,15 @@ def refusal(model):
 def test_persona_probe_best_layer_and_embedding(persona):
     acts, traits = persona
     assert acts.sites[0] == "blocks.0.hook_resid_pre" and len(acts.sites) == 31
-    res = probes.cross_validate(acts, n_folds=5, groups=None, seed=0)
+    res = probes.cross_validate(acts, groups=None, config=probes.CVConfig(n_folds=5),
+                                 runtime=Runtime(seed=0))
     auc = res.mean("auroc")
     best = res.best_layer()
     print(f"persona AUROC by site: {[round(float(a), 3) for a in auc]}; best {acts.sites[best]} = {float(auc[best]):.3f}")
     assert float(auc[best]) > 0.8
     assert abs(float(auc[0]) - 0.5) < 0.08, "the embedding of the last (template) token carries no trait information"
     assert float(res.selectivity[:, best].mean()) > 0.2
-    md = probes.cross_validate(acts, method="mean_diff", n_folds=5, control=False)
+    md = probes.cross_validate(acts, method="mean_diff", config=probes.CVConfig(n_folds=5, control=False))
     assert float(md.mean("auroc").max()) > 0.75
 
 
@@ -113,7 +114,7 @@ def test_persona_leave_one_trait_out(persona):
 
 
 def test_refusal_harmful_vs_harmless(refusal):
-    res = probes.cross_validate(refusal, n_folds=5, positive="harmful")
+    res = probes.cross_validate(refusal, positive="harmful", config=probes.CVConfig(n_folds=5))
     auc = res.mean("auroc")
     best = res.best_layer()
     print(f"harmful-vs-harmless AUROC by layer: {[round(float(a), 3) for a in auc]}")

@@ -6,6 +6,7 @@ import torch
 from scipy.stats import rankdata
 from sklearn.metrics import roc_auc_score
 
+import interp
 import probes
 from interp.evals.metrics import auroc, average_ranks, cohens_d
 
@@ -53,7 +54,7 @@ def test_grouped_folds_never_straddle():
 def test_cv_with_groups_reports_samples_and_selectivity():
     X, y = planted()
     groups = [i // 3 for i in range(len(y))]
-    res = probes.cross_validate(X, y, groups=groups, n_folds=5)
+    res = probes.cross_validate(X, y, groups=groups, config=probes.CVConfig(n_folds=5))
     assert res.accuracy.shape == (5, 3) and res.control_accuracy.shape == (5, 3)
     assert (res.mean("auroc") > 0.95).all()
     assert ((res.control_accuracy.mean(0) - 0.5).abs() < 0.1).all()    # shuffled labels: chance
@@ -84,7 +85,7 @@ def test_layers_with_and_without_signal():
     y = (torch.rand(n, generator=g) < 0.5).long()
     X = torch.randn(n, 4, d, generator=g)
     X[:, 2, 0] += 2.5 * (y.float() - 0.5)                               # only layer 2 carries the concept
-    res = probes.cross_validate(X, y, n_folds=5)
+    res = probes.cross_validate(X, y, config=probes.CVConfig(n_folds=5))
     auc = res.mean("auroc")
     assert res.best_layer() == 2 and auc[2] > 0.85
     assert ((auc[[0, 1, 3]] - 0.5).abs() < 0.08).all(), auc
@@ -133,7 +134,7 @@ def test_rank_ablation_inside_folds():
     def fit(train_idx):
         return probes.subspace.mean_diff_subspace(X[train_idx], y[train_idx], groups=cats[train_idx].tolist())
 
-    res = probes.transfer.rank_ablation(X, y, fit, ranks=[0, 1, 2, 4], n_folds=4)
+    res = probes.transfer.rank_ablation(X, y, fit, ranks=[0, 1, 2, 4], config=probes.CVConfig(n_folds=4))
     acc = res.accuracy.mean(1)[:, 0]
     assert acc[0] > 0.75 and acc[1] < acc[0] - 0.03 and acc[2] < acc[1] - 0.03, acc
     assert (acc[3] - 0.5).abs() < 0.08                                   # rank 4 removes every axis
@@ -165,9 +166,9 @@ def test_cross_validation_progress_bar(capsys):
     y = torch.tensor([0, 1] * 30)
     X[y == 1, :, 0] += 1.5
     for method in ("logistic", "mean_diff"):
-        quiet = probes.cross_validate(X, y, method=method, progress=False)
+        quiet = probes.cross_validate(X, y, method=method, runtime=interp.Runtime(progress=False))
         assert capsys.readouterr().err == ""
-        loud = probes.cross_validate(X, y, method=method, progress=True)
+        loud = probes.cross_validate(X, y, method=method, runtime=interp.Runtime(progress=True))
         err = capsys.readouterr().err
         assert "cross_validate" in err, err
         torch.testing.assert_close(quiet.auroc, loud.auroc, rtol=0, atol=0)

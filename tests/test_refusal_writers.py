@@ -148,7 +148,7 @@ def test_bad_input():
     from interp.viz.refusal import writer_bars
 
     with pytest.raises(ValueError, match="one rate"):
-        writer_bars(["a", "b"], [0.1], [0.0], [0.2], [0.1])
+        writer_bars(["a", "b"], ([0.1], [0.0], [0.2]), ([0.1], None, None))
 
 
 @pytest.fixture(scope="module")

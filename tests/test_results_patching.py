@@ -9,6 +9,7 @@ import plotly.graph_objects as go
 import pytest
 import torch
 
+import interp
 from interp.patching import (
     attribute,
     greedy_transplant,
@@ -20,7 +21,9 @@ from interp.patching import (
 )
 from interp.patching.attribution import compare_attribution
 from interp.patching.heads import head_outputs
+from interp.patching.masks import MaskConfig
 from interp.patching.neurons import intersect_neurons, neuron_ablation_effect, neuron_contrast
+from interp.patching.transplants import SearchConfig
 from interp.testing.tiny import tiny_model
 
 CLEAN = ["the man is big", "a man can go home", "you are here now"]
@@ -37,7 +40,7 @@ def setup():
 
 def test_sweep_frame_is_long_and_sorts_layers_numerically(setup):
     m, pairs, met = setup
-    sw = sweep_positions(m, pairs, met, progress=False)
+    sw = sweep_positions(m, pairs, met, runtime=interp.Runtime(progress=False))
     frame = sw.to_frame()
     assert len(frame) == sw.values.numel() == m.n_layers * pairs.n_positions
     assert {"layer", "position", "value", "delta", "normalized"} <= set(frame.columns)
@@ -46,14 +49,14 @@ def test_sweep_frame_is_long_and_sorts_layers_numerically(setup):
     cell = frame[(frame["layer"] == 10) & (frame["position"] == frame["position"].max())]["value"].item()
     assert cell == pytest.approx(float(sw.values[10, -1]))
     assert sw.to_frame(wide=True).shape == tuple(sw.values.shape)
-    by_site = sweep_layers(m, pairs, met, layers=[2, 10], progress=False).to_frame()
+    by_site = sweep_layers(m, pairs, met, layers=[2, 10], runtime=interp.Runtime(progress=False)).to_frame()
     assert by_site["site"].tolist()[:3] == ["resid_pre", "attn_out", "mlp_out"]
     assert by_site["site_index"].tolist()[:3] == [0, 1, 2] and by_site["layer"].tolist() == [2] * 3 + [10] * 3
 
 
 def test_attribution_and_check_frames(setup):
     m, pairs, met = setup
-    att = attribute(m, pairs, met, sites=("resid_pre", "attn_z"), layers=[0, 10], progress=False)
+    att = attribute(m, pairs, met, sites=("resid_pre", "attn_z"), layers=[0, 10], runtime=interp.Runtime(progress=False))
     frame = att.to_frame()
     assert len(frame) == sum(sw.values.numel() for sw in att.sweeps.values())
     heads = frame[frame["kind"] == "attn_z"]
@@ -61,7 +64,7 @@ def test_attribution_and_check_frames(setup):
         att["attn_z"].values.flatten().tolist())
     fig = att.plot("attn_z")
     assert isinstance(fig, go.Figure) and fig.data[0].z is not None
-    chk = compare_attribution(m, pairs, met, sites=("resid_pre",), layers=[0, 10], progress=False)
+    chk = compare_attribution(m, pairs, met, sites=("resid_pre",), layers=[0, 10], runtime=interp.Runtime(progress=False))
     cf = chk.to_frame()
     assert list(cf.columns) == ["kind", "cell", "exact", "estimate", "error"]
     assert len(cf) == chk.exact["resid_pre"].numel()
@@ -71,7 +74,7 @@ def test_attribution_and_check_frames(setup):
 
 def test_head_outputs_frame_and_plot(setup):
     m, _, _ = setup
-    ho = head_outputs(m, CLEAN, layers=[1, 10], chat=False)
+    ho = head_outputs(m, interp.Prompts(CLEAN, chat=False), layers=[1, 10])
     frame = ho.to_frame()
     n_real = int(ho.mask.sum())
     assert list(frame.columns) == ["prompt", "layer", "position", "head", "norm", "share"]
@@ -91,7 +94,7 @@ def test_neuron_contrast_effect_overlap(setup):
     assert len(cf) == 2 * m.d_mlp and cf["effect"].tolist() == pytest.approx(con.effect.flatten().tolist())
     assert cf.sort_values(["layer", "neuron"])["layer"].tolist() == [2] * m.d_mlp + [10] * m.d_mlp
     chosen = sorted(con.select(3))
-    eff = neuron_ablation_effect(m, CLEAN, met, chosen, n_control=4, progress=False)
+    eff = neuron_ablation_effect(m, CLEAN, met, chosen, n_control=4, runtime=interp.Runtime(progress=False))
     ef = eff.to_frame()
     assert list(ef.columns) == ["layer", "neuron", "value", "delta", "control"] and len(ef) == 3 + 4
     assert ef["control"].sum() == 4 and not set(eff.control_neurons) & set(chosen)
@@ -99,7 +102,7 @@ def test_neuron_contrast_effect_overlap(setup):
     fig = eff.plot()
     assert list(fig.data[0].y) == pytest.approx(eff.delta.tolist())
     assert list(fig.data[1].y) == pytest.approx(eff.control_delta.tolist())
-    alone = neuron_ablation_effect(m, CLEAN, met, chosen, progress=False)
+    alone = neuron_ablation_effect(m, CLEAN, met, chosen, runtime=interp.Runtime(progress=False))
     # the controls widen the batched sweep, so the chosen neurons' values may differ by float32 rounding (3e-8 seen)
     torch.testing.assert_close(alone.values, eff.values, rtol=0, atol=1e-6)
     assert alone.control_values is None and len(alone.plot().data) == 1
@@ -120,7 +123,8 @@ def test_neuron_contrast_effect_overlap(setup):
 
 def test_mask_result_frame():
     m = tiny_model("llama", n_layers=3)
-    res = learn_mask(m, CLEAN, lambda logits: logits[:, 5].mean(), steps=5, progress=False)
+    res = learn_mask(m, CLEAN, lambda logits: logits[:, 5].mean(), config=MaskConfig(steps=5),
+                     runtime=interp.Runtime(progress=False))
     frame = res.to_frame()
     assert list(frame.columns) == ["layer", "head", "score", "rank", "selected"]
     assert len(frame) == res.scores.numel()
@@ -145,7 +149,8 @@ def test_transplant_search_frame():
         with torch.no_grad():
             return -float((model.hf(input_ids=ids).logits - ref).pow(2).mean())
 
-    res = greedy_transplant(tgt, src, score, parts=["block", "final_norm"], max_steps=2, progress=False)
+    res = greedy_transplant(tgt, src, score, parts=["block", "final_norm"], config=SearchConfig(max_steps=2),
+                            runtime=interp.Runtime(progress=False))
     frame = res.to_frame()
     assert list(frame.columns) == ["step", "part", "first_layer", "last_layer", "layers", "score", "gain", "tried"]
     assert len(frame) == len(res.trajectory) == 2

@@ -131,7 +131,7 @@ def test_train_result_and_metrics():
 def test_ce_loss_recovered_frame_and_plot():
     m = tiny_model("llama")
     s = SAE(SAEConfig(m.d_model, 64, arch="relu", site="resid_post.0"), seed=0)
-    ce = ce_loss_recovered(m, s, ["the man is here and there", "a boy can see the water"], chat=False)
+    ce = ce_loss_recovered(m, s, interp.Prompts(["the man is here and there", "a boy can see the water"], chat=False))
     frame = ce.to_frame()
     assert list(frame.columns) == ["condition", "ce", "recovered"] and len(frame) == 4
     assert frame["ce"].tolist() == pytest.approx([ce.clean, ce.sae, ce.zero_ablated, ce.mean_ablated])

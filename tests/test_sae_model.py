@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from interp.hooking import count_hooks, hooks
+from interp.values import Prompts
 from sae.contexts import Context, contexts_html, top_contexts
 from sae.edits import LatentAblation, LatentSteering, SAESplice
 from sae.model import SAE, SAEConfig
@@ -13,6 +14,7 @@ from sae.quality import ce_loss_recovered
 
 PROMPTS = ["the man said to the boy", "what is the good word", "where is the old house by the water now ?",
            "tell me a kind word", "the water is low", "why do they play with the old man"]
+RAW = Prompts(PROMPTS, chat=False)   # raw text, as these figures were measured (a plain list gets the template)
 SITE = "blocks.0.hook_resid_post"
 
 
@@ -55,7 +57,7 @@ def test_ce_loss_recovered_exact_and_random(tiny_models):
 
     model = tiny_models("llama")
     n0 = count_hooks(model.hf)  # HF itself leaves output-recording hooks once output_hidden_states was used
-    exact = ce_loss_recovered(model, _exact_sae(model.d_model), PROMPTS, batch_size=4)
+    exact = ce_loss_recovered(model, _exact_sae(model.d_model), RAW, batch_size=4)
     assert abs(exact.sae - exact.clean) < 1e-6 and exact.n_predictions == 32
     assert abs(exact.recovered_zero - 1) < 1e-4 and abs(exact.recovered_mean - 1) < 1e-4
     # the ablation baselines, recomputed by hand with plain hooks and the tokens' own mean
@@ -69,7 +71,7 @@ def test_ce_loss_recovered_exact_and_random(tiny_models):
     assert exact.zero_ablated == pytest.approx(zero, abs=1e-6) and exact.mean_ablated == pytest.approx(meanab, abs=1e-6)
     assert abs(exact.zero_ablated - exact.clean) > 1e-3  # the site matters, so the ratio is defined
     rand = SAE(SAEConfig(model.d_model, 128, arch="topk", k=2, site=SITE), seed=3)
-    r = ce_loss_recovered(model, rand, PROMPTS, batch_size=4)
+    r = ce_loss_recovered(model, rand, RAW, batch_size=4)
     assert abs(r.sae - r.clean) > 1e-3 and r.clean == pytest.approx(exact.clean, abs=1e-6)
     assert r.recovered_zero == pytest.approx((r.zero_ablated - r.sae) / (r.zero_ablated - r.clean), abs=1e-6)
     # token ids work too (no tokenizer needed)
@@ -147,13 +149,13 @@ def test_top_contexts_and_html(tiny_models):
     from sae.runner import site_tokens
 
     best = (-1.0, None, None)
-    for x, b in site_tokens(model, SITE, PROMPTS, batch_size=3):
+    for x, b in site_tokens(model, SITE, RAW, batch_size=3):
         with torch.no_grad():
             a = sae.encode(x)[..., 7].masked_fill(~b.attention_mask.bool(), -1)
         for i in range(a.shape[0]):
             if float(a[i].max()) > best[0]:
                 best = (float(a[i].max()), b.input_ids[i][int(a[i].argmax())].item(), None)
-    ctxs = top_contexts(model, sae, 7, PROMPTS, top=3, batch_size=3)
+    ctxs = top_contexts(model, sae, 7, RAW, top=3, batch_size=3)
     assert ctxs and ctxs[0].max_act == pytest.approx(best[0], abs=1e-5)
     assert [c.max_act for c in ctxs] == sorted([c.max_act for c in ctxs], reverse=True)
     assert ctxs[0].tokens[ctxs[0].peak] == model.tokenizer.decode([best[1]])
@@ -172,8 +174,8 @@ def test_skip_sink_leaves_each_rows_first_real_token(tiny_models, kind):
 
     model = tiny_models("llama")
     sae = SAE(SAEConfig(model.d_model, 128, arch="relu", site="resid_post.1"), seed=3)
-    edit = (LatentSteering(sae, [5, 9], alpha=[3.0, -2.0], skip_sink=True) if kind == "steer" else
-            LatentAblation(sae, list(range(64)), skip_sink=True))
+    edit = (LatentSteering(sae, [5, 9], alpha=[3.0, -2.0], sinks="exclude") if kind == "steer" else
+            LatentAblation(sae, list(range(64)), sinks="exclude"))
     (batch,) = batches(model, prepare(model, PROMPTS[:3], chat=False)[1], 3)
     seen: list[torch.Tensor] = []
 

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from sae.quality import evaluate
+from sae.train_config import TrainConfig
 from sae.transcoder import Transcoder, TranscoderConfig, check_transcoders
 from sae.transcoder_quality import ce_loss_recovered_transcoders, evaluate_transcoders
 from sae.transcoder_train import capture_pairs, fit_transcoder, pair_sites, train_transcoder
@@ -41,13 +42,13 @@ def organism():
 @pytest.fixture(scope="module")
 def trained(organism):
     m, train, _ = organism
-    return train_transcoder(m, train, chat=True, arch="topk", **FAST)
+    return train_transcoder(m, train, cfg=TrainConfig(arch="topk", **FAST))
 
 
 @pytest.fixture(scope="module")
 def pairs(organism):
     m, train, val = organism
-    return capture_pairs(m, train, [0], chat=True), capture_pairs(m, val, [0], chat=True)
+    return capture_pairs(m, train, [0]), capture_pairs(m, val, [0])
 
 
 def _xy(acts, layer=0):
@@ -57,13 +58,13 @@ def _xy(acts, layer=0):
 
 def test_training_lowers_the_fvu_of_every_mlp_output(organism, trained):
     m, _, val = organism
-    q = evaluate_transcoders(m, trained.transcoders, val, chat=True, ce=False)
+    q = evaluate_transcoders(m, trained.transcoders, val, ce=False)
     df = q.to_frame()
     print(df[["layer", "fvu", "l0", "dead_fraction"]])
     assert list(df.layer) == [0, 1, 2, 3] and (df.fvu < 0.15).all() and (abs(df.l0 - 16) < 0.5).all()
     assert (df.dead_fraction < 0.3).all()  # never fired on ~1100 held-out tokens
     untrained = Transcoder(trained[0].cfg, seed=3)  # same shape, random weights: far worse, so the test can fail
-    x, y = _xy(capture_pairs(m, val, [0], chat=True))
+    x, y = _xy(capture_pairs(m, val, [0]))
     assert evaluate(untrained, x, target=y).fvu > 1.0
     h = trained.to_frame()
     assert set(h.layer) == {0, 1, 2, 3} and h[h.layer == 0].fvu.iloc[-1] < 0.5 * h[h.layer == 0].fvu.iloc[0]
@@ -149,14 +150,14 @@ def _hand_ce(m, prompts, tcs, mode):
 def test_ce_recovered_with_every_mlp_replaced_matches_a_hand_computation(organism, trained):
     m, _, val = organism
     tcs = trained.transcoders
-    ce = ce_loss_recovered_transcoders(m, tcs, val, batch_size=5, chat=True)  # padded batches; the oracle: one by one
+    ce = ce_loss_recovered_transcoders(m, tcs, val, batch_size=5)  # padded batches; the oracle: one by one
     print(ce.to_frame())
     for mode, ours in (("clean", ce.clean), ("replaced", ce.sae), ("zero", ce.zero_ablated)):
         assert ours == pytest.approx(_hand_ce(m, val, tcs, mode), rel=1e-5), mode
     # replaced within a tenth of the ablations' gap of clean (it may land a little below clean on held-out prompts)
     assert ce.clean < ce.mean_ablated < ce.zero_ablated and abs(ce.sae - ce.clean) < 0.1 * (ce.mean_ablated - ce.clean)
     assert 0.9 < ce.recovered_zero < 1.1 and 0.9 < ce.recovered_mean < 1.1
-    one = ce_loss_recovered_transcoders(m, {1: tcs[1]}, val[:8], chat=True)  # a dict replaces only those layers
+    one = ce_loss_recovered_transcoders(m, {1: tcs[1]}, val[:8])  # a dict replaces only those layers
     assert one.n_predictions > 0 and one.sae < one.zero_ablated
 
 
@@ -247,7 +248,7 @@ def test_skip_sink_trains_on_every_token_but_each_prompts_first(organism, pairs)
 
     m, train, _ = organism
     cfg = dict(FAST, total_tokens=2560)
-    got = train_transcoder(m, train, [0], chat=True, arch="topk", skip_sink=True, **cfg)[0]
+    got = train_transcoder(m, train, [0], cfg=TrainConfig(arch="topk", **cfg), sinks="exclude")[0]
     acts, _ = pairs
     keep = without_first(acts.mask)
     a, b = pair_sites(0)
@@ -293,6 +294,6 @@ def test_transcoder_ablation_equals_decoder_edits_at_every_position(tiny_models)
 
 def test_quality_without_the_sink_counts_one_token_fewer_per_prompt(organism, trained):
     m, _, val = organism
-    full = evaluate_transcoders(m, trained.transcoders, val[:6], chat=True, ce=False)
-    less = evaluate_transcoders(m, trained.transcoders, val[:6], chat=True, ce=False, skip_sink=True)
+    full = evaluate_transcoders(m, trained.transcoders, val[:6], ce=False)
+    less = evaluate_transcoders(m, trained.transcoders, val[:6], ce=False, sinks="exclude")
     assert all(less.layers[la].n_tokens == full.layers[la].n_tokens - 6 for la in full.layers)

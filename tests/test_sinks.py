@@ -85,7 +85,7 @@ def test_store_stream_and_transcoder_pairs_leave_the_sink_out(smol, tmp_path):
     shard_rows = sum(int(without_first(s.mask).sum()) for s in store.iter_shards())
     assert sum(s.flat_tokens(store.sites[0]).shape[0] for s in store.iter_shards()) == shard_rows
     assert torch.equal(store.load().sinks[:, 0], ~without_first(store.load().mask) & store.load().mask)
-    pairs = capture_pairs(smol, TOPIC_A, layers=[11])  # block 11's MLP writes the sink: flagged at its output only
+    pairs = capture_pairs(smol, interp.Prompts(TOPIC_A, chat=False), layers=[11])  # block 11's MLP writes the sink: flagged at its output only
     assert not pairs.sinks[:, 0].any() and int(pairs.sinks[:, 1].sum()) == len(TOPIC_A)
     with pytest.warns(UserWarning, match="massive"):
         stream = TokenStream(pairs, 16, site=pairs.sites[0], target_site=pairs.sites[1])

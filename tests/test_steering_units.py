@@ -114,7 +114,7 @@ def test_apply_with_nothing_is_a_no_op_and_generate_with_nothing_is_plain():
 
 def test_residual_norms_are_the_mean_token_norm_without_specials():
     m = tiny_model("llama", n_layers=3)
-    got = steering.residual_norms(m, PROMPTS, layers=[0, 2], batch_size=2)
+    got = steering.residual_norms(m, PROMPTS, layers=[0, 2], runtime=interp.Runtime(batch_size=2))
     acts = capture(m, PROMPTS, sites="resid_post", layers=[0, 2], positions="all",
                    runtime=Runtime(progress=False))
     _, encs = prepare(m, PROMPTS)
@@ -131,7 +131,7 @@ def test_residual_norms_are_the_mean_token_norm_without_specials():
     assert got.at(2) == pytest.approx(float(want[1]))
     with pytest.raises(ValueError, match="layers=\\[\\.\\.\\., 1\\]"):
         got.at(1)
-    every = steering.residual_norms(m, PROMPTS, exclude_special=False)
+    every = steering.residual_norms(m, PROMPTS, positions=interp.Positions("all", skip_special=False))
     assert every.n_tokens == int(acts.mask.sum()) and not every.exclude_special
     assert set(got.to_frame().columns) >= {"layer", "mean_norm", "n_prompts"} and got.plot().data
 
@@ -211,8 +211,8 @@ def test_alpha_sweep_logits_and_text_with_controls():
     def make(a):
         return steering.AddVector(v, layers=[0, 1], alpha=a, unit="residual", norms=norms)
 
-    sw = steering.alpha_sweep(m, PROMPTS, make, [0.0, 0.5, 2.0], logit_of_tok, on="logits", n_random=2,
-                              progress=False)
+    sw = steering.alpha_sweep(m, PROMPTS, make, [0.0, 0.5, 2.0], logit_of_tok, on="logits",
+                              config=steering.SweepConfig(n_random=2), runtime=interp.Runtime(progress=False))
     _, encs = prepare(m, PROMPTS)
     from interp.forward import last_logits
     plain = torch.cat([last_logits(m, b).cpu() for b in batches(m, encs, 16)])
@@ -223,13 +223,14 @@ def test_alpha_sweep_logits_and_text_with_controls():
     df = sw.to_frame()
     assert set(df.condition) == {"steered", "random", "baseline"} and len(df) == 3 + 6 + 1
     assert len(sw.plot().data) == 6  # behaviour and KL: steered + 2 random controls each
-    txt = steering.alpha_sweep(m, PROMPTS[:2], make, [0.0, 1.0], evals.refusal_rate, max_new_tokens=3,
-                               progress=False)
+    txt = steering.alpha_sweep(m, PROMPTS[:2], make, [0.0, 1.0], evals.refusal_rate,
+                               config=steering.SweepConfig(max_new_tokens=3), runtime=interp.Runtime(progress=False))
     assert txt.on == "text" and 0 <= txt.baseline <= 1 and txt.random.shape == (1, 2)
     with pytest.raises(ValueError, match="on must be"):
         steering.alpha_sweep(m, PROMPTS, make, [1.0], logit_of_tok, on="logit")
     with pytest.raises(TypeError, match="make_control"):
-        steering.alpha_sweep(m, PROMPTS, lambda a: Foreign(), [1.0], logit_of_tok, on="logits", progress=False)
+        steering.alpha_sweep(m, PROMPTS, lambda a: Foreign(), [1.0], logit_of_tok, on="logits",
+                            runtime=interp.Runtime(progress=False))
 
 
 class Foreign:

@@ -22,9 +22,9 @@ def _sink_edits(m) -> list:
     d = m.d_model
     sae = SAE(SAEConfig(d, 4 * d, arch="relu", site="resid_post.1"), seed=3)
     tc = Transcoder(TranscoderConfig(d_in=d, d_sae=2 * d, arch="relu", layer=0), seed=1)
-    return [LatentSteering(sae, [5, 9], alpha=[3.0, -2.0], skip_sink=True),
-            LatentAblation(sae, list(range(2 * d)), skip_sink=True),
-            TranscoderAblation({0: tc}, [(0, f) for f in range(d)], skip_sink=True)]
+    return [LatentSteering(sae, [5, 9], alpha=[3.0, -2.0], sinks="exclude"),
+            LatentAblation(sae, list(range(2 * d)), sinks="exclude"),
+            TranscoderAblation({0: tc}, [(0, f) for f in range(d)], sinks="exclude")]
 
 
 @pytest.mark.parametrize("name", ["llama", "organism"])
@@ -48,9 +48,9 @@ def test_skip_sink_under_plain_hooks_equals_steering_apply(name):
         assert torch.equal(got_gen.sequences, want_gen.sequences)
         assert all(torch.equal(g, w) for g, w in zip(got_gen.scores, want_gen.scores))
         assert (got - base).abs().max() > 1e-4  # the edit does something
-        edit.skip_sink = False
+        edit.sinks = "keep"
         assert (forward(m, b, edit.hook_fns(m)) - got).abs().max() > 1e-6  # and leaving the sink alone matters
-        edit.skip_sink = True
+        edit.sinks = "exclude"
 
 
 def test_every_pass_under_plain_hooks_has_its_token_state():

@@ -73,6 +73,7 @@ def make_metric(args: argparse.Namespace, tokenizer: Any) -> tuple[Any, dict[str
 def patch_job(args: argparse.Namespace, folder: JobFolder) -> dict[str, Any]:
     """Pair the prompts, run both sweeps, write result, heatmaps and page."""
     from interp import patching
+    from interp.values import Prompts, Runtime
 
     clean = prompts_of(args.clean, args.column, "--clean")
     corrupted = prompts_of(args.corrupted, args.corrupted_column, "--corrupted")
@@ -81,10 +82,11 @@ def patch_job(args: argparse.Namespace, folder: JobFolder) -> dict[str, Any]:
                          f"same order)")
     model = load(args)
     metric, described = make_metric(args, model.tokenizer)
-    pairs = patching.make_pairs(model, clean, corrupted, align=args.align, chat=not args.raw)
-    by_pos = patching.sweep_positions(model, pairs, metric, site=args.site, batch_size=args.batch_size)
-    by_comp = patching.sweep_layers(model, pairs, metric, sites=tuple(args.components.split(",")),
-                                    batch_size=args.batch_size)
+    pairs = patching.make_pairs(model, Prompts(clean, chat=not args.raw), Prompts(corrupted, chat=not args.raw),
+                                align=args.align)
+    run = Runtime(batch_size=args.batch_size)
+    by_pos = patching.sweep_positions(model, pairs, metric, site=args.site, runtime=run)
+    by_comp = patching.sweep_layers(model, pairs, metric, sites=tuple(args.components.split(",")), runtime=run)
     result = {**described, "n_pairs": pairs.n_pairs, "align": args.align, "baseline_corrupted": by_pos.baseline,
               "reference_clean": by_pos.reference, "positions": sweep_json(by_pos), "components": sweep_json(by_comp)}
     folder.write_json("result.json", result)

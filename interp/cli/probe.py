@@ -67,7 +67,8 @@ def probe_job(args: argparse.Namespace, folder: JobFolder) -> dict[str, Any]:
                           sites=args.sites.split(","), positions=args.positions,
                           runtime=Runtime(batch_size=args.batch_size))
     try:
-        scores = probes.cross_validate(acts, method=args.method, n_folds=args.folds, seed=args.seed, positive=1)
+        scores = probes.cross_validate(acts, method=args.method, positive=1,
+                                       config=probes.CVConfig(n_folds=args.folds), runtime=Runtime(seed=args.seed))
     except ValueError as e:
         raise ValueError(f"{e} (in some held-out fold); give more prompts of each class or lower --folds") from None
     direction = probes.diff_of_means(acts, positive=1)

@@ -75,7 +75,7 @@ def sae_train_job(args: argparse.Namespace, folder: JobFolder) -> dict[str, Any]
                                                                       sites=site,
                                                                       positions="all")
     metrics = sae.evaluate(res.sae, eval_acts, site=site)
-    ce = sae.quality.ce_loss_recovered(model, res.sae, eval_prompts, site=site, chat=not args.raw)
+    ce = sae.quality.ce_loss_recovered(model, res.sae, Prompts(eval_prompts, chat=not args.raw), site=site)
     result = sae_result(res, metrics, ce, site, held_out=args.eval_prompts is not None)
     folder.write_json("result.json", result)
     figures = _figures(res, metrics)

@@ -23,13 +23,17 @@ from interp.patching.measures import Metric, call_metric, metric_name
 from interp.patching.progress import progress_bar
 from interp.patching.results import Sweep
 from interp.patching.runs import (
+    MOVED,
     PromptPairs,
     check_pairs,
     check_run,
+    check_runs,
     gather_aligned,
+    patch_runtime,
     run_with_capture,
 )
 from interp.sites import WRITERS, Site, expand_sites, parse_site, resolve_layers
+from interp.values import Runtime, moved_keywords
 
 HEAD_KINDS = ("attn_z", "q", "k", "v", "rot_q", "rot_k", "scores", "pattern")  # sites with a head axis
 KV_KINDS = ("k", "v", "rot_k")  # per key-value head
@@ -186,17 +190,19 @@ def _forward_chunk(model: Model, batch: Batch, k: int, start: int, prefix: KV | 
     return last_logits(model, stacked, prefix=rep, start=start)
 
 
+@moved_keywords(MOVED)
 def run_variants(model: Model, batch: Batch, variants: Sequence[Sequence[Edit]], values: dict[Site, torch.Tensor],
-                 dst_cols: torch.Tensor, metric: Metric, batch_size: int = 64, reuse_prefix: bool = True,
-                 progress: bool = False, desc: str = "patching") -> Float[torch.Tensor, "n_variants"]:  # noqa: F821
-    """The metric of every variant (a list of edits) on ``batch``, stacking ``batch_size // n`` variants a forward.
+                 dst_cols: torch.Tensor, metric: Metric, runtime: Runtime | None = None, reuse_prefix: bool = True,
+                 desc: str = "patching") -> Float[torch.Tensor, "n_variants"]:  # noqa: F821
+    """The metric of every variant (a list of edits) on ``batch``, stacking ``runtime.batch_size // n`` variants a
+    forward (default 64 rows).
 
     Variants are grouped by their first patched column; with ``reuse_prefix`` the columns before it are not
     recomputed (a patch cannot change earlier positions of a causal model), which roughly halves the work of a
-    position sweep. ``progress``: a bar over the forwards (off by default here; the sweeps turn it on).
+    position sweep. ``runtime.progress``: a bar over the forwards, named ``desc`` (off by default here).
     """
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    runtime = patch_runtime(runtime, progress=False)
+    batch_size, progress = runtime.batch_size, runtime.progress
     n = batch.input_ids.shape[0]
     k = max(1, batch_size // n)
     starts = [min(int(dst_cols[:, e.pos].min()) for e in v) if v else dst_cols.shape[1] for v in variants]
@@ -263,29 +269,34 @@ def prepare_patching(model: Model, pairs: PromptPairs, sites: Sequence[Site], me
                      float(call_metric(metric, src_logits)))
 
 
+@moved_keywords(MOVED)
 def patch(model: Model, pairs: PromptPairs, variants: Sequence[Patch | Sequence[Patch]], metric: Metric,
-          source: str = "clean", target: str = "corrupted", batch_size: int = 64,
-          reuse_prefix: bool = True) -> Float[torch.Tensor, "n_variants"]:  # noqa: F821
-    """Metric of the ``target`` run with each variant (one :class:`Patch` or several at once) taken from
-    ``source``. Default: clean activations into the corrupted run (denoising)."""
+          runs: tuple[str, str] = ("clean", "corrupted"), reuse_prefix: bool = True,
+          runtime: Runtime | None = None) -> Float[torch.Tensor, "n_variants"]:  # noqa: F821
+    """Metric of the target run with each variant (one :class:`Patch` or several at once) taken from the source
+    run, ``runs = (source, target)``. Default: clean activations into the corrupted run (denoising)."""
+    source, target = check_runs(runs)
     check_pairs(pairs)
     if isinstance(variants, Patch):
         variants = [variants]
     edits = [[resolve(model, p, pairs.n_positions) for p in ([v] if isinstance(v, Patch) else v)] for v in variants]
     prep = prepare_patching(model, pairs, [e.site for v in edits for e in v], metric, source, target)
-    return run_variants(model, pairs.batch(target), edits, prep.values, prep.dst_cols, metric, batch_size, reuse_prefix)
+    return run_variants(model, pairs.batch(target), edits, prep.values, prep.dst_cols, metric,
+                        patch_runtime(runtime, progress=False), reuse_prefix)
 
 
 def _layers(model: Model, layers: Sequence[int] | None) -> list[int]:
     return resolve_layers(layers, model.n_layers, what="patching", keep_order=layers is not None)
 
 
+@moved_keywords(MOVED)
 def sweep_positions(model: Model, pairs: PromptPairs, metric: Metric, site: str = "resid_pre",
-                    layers: Sequence[int] | None = None, source: str = "clean", target: str = "corrupted",
-                    batch_size: int = 64, reuse_prefix: bool = True, progress: bool = True) -> Sweep:
+                    layers: Sequence[int] | None = None, runs: tuple[str, str] = ("clean", "corrupted"),
+                    reuse_prefix: bool = True, runtime: Runtime | None = None) -> Sweep:
     """Patch ``site`` (a kind: ``resid_pre``, ``attn_out``, ...) at each layer x aligned position: ``[L, P]``.
-    ``batch_size``: rows per forward (variants x pairs); ``reuse_prefix``: skip recomputing unpatched columns;
-    ``progress``: a bar over the forwards."""
+    ``runs``: (source, target); ``reuse_prefix``: skip recomputing unpatched columns; ``runtime``: rows per forward
+    (variants x pairs, default 64) and a bar over the forwards."""
+    source, target = check_runs(runs)
     check_pairs(pairs)
     layer_list = _layers(model, layers)
     sites = expand_sites(site, model.n_layers, layer_list)
@@ -294,43 +305,49 @@ def sweep_positions(model: Model, pairs: PromptPairs, metric: Metric, site: str 
     P = pairs.n_positions
     variants = [[Edit(s, torch.tensor([p]))] for s in sites for p in range(P)]
     prep = prepare_patching(model, pairs, sites, metric, source, target)
-    vals = run_variants(model, pairs.batch(target), variants, prep.values, prep.dst_cols, metric, batch_size,
-                        reuse_prefix, progress, f"patching {sites[0].kind} by position")
+    vals = run_variants(model, pairs.batch(target), variants, prep.values, prep.dst_cols, metric,
+                        patch_runtime(runtime), reuse_prefix, f"patching {sites[0].kind} by position")
     return Sweep(vals.view(len(sites), P), prep.baseline, prep.reference, [str(s.layer) for s in sites],
                  list(pairs.labels), site=sites[0].kind, metric=metric_name(metric),
                  meta={"source": source, "target": target})
 
 
+@moved_keywords(MOVED)
 def sweep_heads(model: Model, pairs: PromptPairs, metric: Metric, layers: Sequence[int] | None = None,
-                positions: int | Sequence[int] | None = None, source: str = "clean", target: str = "corrupted",
-                batch_size: int = 64, progress: bool = True) -> Sweep:
-    """Patch each head's output (its ``z``) at ``positions`` (default every aligned position): ``[L, H]``."""
+                positions: int | Sequence[int] | None = None, runs: tuple[str, str] = ("clean", "corrupted"),
+                runtime: Runtime | None = None) -> Sweep:
+    """Patch each head's output (its ``z``) at ``positions`` (default every aligned position): ``[L, H]``.
+    ``runs``: (source, target)."""
+    source, target = check_runs(runs)
     check_pairs(pairs)
     layer_list = _layers(model, layers)
     P = pairs.n_positions
     edits = [[resolve(model, Patch(Site("attn_z", layer), _pos(positions), head=h), P)]
              for layer in layer_list for h in range(model.n_heads)]
     prep = prepare_patching(model, pairs, [Site("attn_z", layer) for layer in layer_list], metric, source, target)
-    vals = run_variants(model, pairs.batch(target), edits, prep.values, prep.dst_cols, metric, batch_size,
-                        progress=progress, desc="patching heads")
+    vals = run_variants(model, pairs.batch(target), edits, prep.values, prep.dst_cols, metric,
+                        patch_runtime(runtime), desc="patching heads")
     return Sweep(vals.view(len(layer_list), model.n_heads), prep.baseline, prep.reference,
                  [str(x) for x in layer_list], [str(h) for h in range(model.n_heads)], col_name="head", site="attn_z",
                  metric=metric_name(metric), meta={"source": source, "target": target, "positions": positions})
 
 
+@moved_keywords(MOVED)
 def sweep_layers(model: Model, pairs: PromptPairs, metric: Metric,
                  sites: Sequence[str] = WRITERS, layers: Sequence[int] | None = None,
-                 positions: int | Sequence[int] | None = None, source: str = "clean", target: str = "corrupted",
-                 batch_size: int = 64, progress: bool = True) -> Sweep:
-    """Patch each site kind at every aligned position (or ``positions``), one layer at a time: ``[L, kinds]``."""
+                 positions: int | Sequence[int] | None = None, runs: tuple[str, str] = ("clean", "corrupted"),
+                 runtime: Runtime | None = None) -> Sweep:
+    """Patch each site kind at every aligned position (or ``positions``), one layer at a time: ``[L, kinds]``.
+    ``runs``: (source, target)."""
+    source, target = check_runs(runs)
     check_pairs(pairs)
     layer_list = _layers(model, layers)
     P = pairs.n_positions
     grid = [[Site(parse_site(f"{k}.0").kind, layer) for k in sites] for layer in layer_list]
     edits = [[resolve(model, Patch(s, _pos(positions)), P)] for row in grid for s in row]
     prep = prepare_patching(model, pairs, [s for row in grid for s in row], metric, source, target)
-    vals = run_variants(model, pairs.batch(target), edits, prep.values, prep.dst_cols, metric, batch_size,
-                        progress=progress, desc="patching layers")
+    vals = run_variants(model, pairs.batch(target), edits, prep.values, prep.dst_cols, metric,
+                        patch_runtime(runtime), desc="patching layers")
     return Sweep(vals.view(len(layer_list), len(sites)), prep.baseline, prep.reference, [str(x) for x in layer_list],
                  [grid[0][i].kind for i in range(len(sites))], col_name="site", site=",".join(sites),
                  metric=metric_name(metric), meta={"source": source, "target": target, "positions": positions})

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -21,8 +21,17 @@ from interp.patching.activation import Edit, prepare_patching, run_variants, swe
 from interp.patching.measures import Metric, call_metric, metric_name
 from interp.patching.progress import progress_bar
 from interp.patching.results import Sweep
-from interp.patching.runs import PromptPairs, check_pairs, check_run, gather_aligned, run_with_capture
+from interp.patching.runs import (
+    MOVED,
+    PromptPairs,
+    check_pairs,
+    check_runs,
+    gather_aligned,
+    patch_runtime,
+    run_with_capture,
+)
 from interp.sites import Site, expand_sites
+from interp.values import Runtime, moved_keywords
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -68,14 +77,16 @@ class Attribution(Result):
         return self[kind or next(iter(self.sweeps))].plot(title=title)
 
 
+@moved_keywords(MOVED)
 def attribute(model: Model, pairs: PromptPairs, metric: Metric, sites: Sequence[str] = DEFAULT_KINDS,
-              layers: Sequence[int] | None = None, source: str = "clean", target: str = "corrupted",
-              progress: bool = True) -> Attribution:
+              layers: Sequence[int] | None = None, runs: tuple[str, str] = ("clean", "corrupted"),
+              runtime: Runtime | None = None) -> Attribution:
     """Attribution patching for the site kinds ``sites`` (``resid_pre``, ``resid_mid``, ``resid_post``,
-    ``attn_out``, ``mlp_out``, ``attn_z`` for heads, ``mlp_post`` for neurons, ``ln_final``). ``progress``: a
-    bar over the source forward, the target forward + backward and the per-site products."""
-    check_run(source)
-    check_run(target)
+    ``attn_out``, ``mlp_out``, ``attn_z`` for heads, ``mlp_post`` for neurons, ``ln_final``). A
+    bar over the source forward, the target forward + backward and the per-site products (``runtime.progress``);
+    ``runs``: (source, target)."""
+    source, target = check_runs(runs)
+    progress = patch_runtime(runtime).progress
     check_pairs(pairs)
     if isinstance(sites, str):
         sites = [sites]
@@ -180,35 +191,40 @@ class AttributionCheck(Result):
         return f"AttributionCheck({rs})"
 
 
+@moved_keywords(MOVED)
 def compare_attribution(model: Model, pairs: PromptPairs, metric: Metric, sites: Sequence[str] = DEFAULT_KINDS,
-                        layers: Sequence[int] | None = None, n_neurons: int = 32, source: str = "clean",
-                        target: str = "corrupted", batch_size: int = 64, seed: int = 0,
-                        progress: bool = True) -> AttributionCheck:
+                        layers: Sequence[int] | None = None, n_neurons: int = 32,
+                        runs: tuple[str, str] = ("clean", "corrupted"),
+                        runtime: Runtime | None = None) -> AttributionCheck:
     """Run attribution and exact patching on the same cells and compare them per site kind.
 
     Whole sites: every layer x position; heads: every layer x head (all positions); neurons: the
     ``n_neurons`` with the largest estimates plus ``n_neurons`` random ones (each patched at all positions).
-    ``progress``: a bar over the site kinds (the sweeps inside run without bars of their own).
+    ``runtime``: rows per forward (default 64), the seed of the random neurons and a bar over the site kinds (the
+    sweeps inside run without bars of their own).
     """
+    source, target = check_runs(runs)
+    runtime = patch_runtime(runtime)
+    progress, seed = runtime.progress, runtime.seed
+    quiet = replace(runtime, progress=False)
     if isinstance(sites, str):
         sites = [sites]
-    att = attribute(model, pairs, metric, sites, layers, source, target, progress=False)
+    att = attribute(model, pairs, metric, sites, layers, runs, quiet)
     exact, est = {}, {}
     for kind, sw in _kinds_bar(att.sweeps.items(), len(att.sweeps), progress):
         layer_list = None if sw.rows == ["final"] else [int(r) for r in sw.rows]
         if kind == "attn_z":
-            ex = sweep_heads(model, pairs, metric, layer_list, None, source, target, batch_size, False).delta
+            ex = sweep_heads(model, pairs, metric, layer_list, None, runs, quiet).delta
             exact[kind], est[kind] = ex.flatten(), sw.delta.flatten()
         elif kind == "mlp_post":
-            exact[kind], est[kind] = _neuron_check(model, pairs, metric, sw, n_neurons, source, target, batch_size, seed)
+            exact[kind], est[kind] = _neuron_check(model, pairs, metric, sw, n_neurons, source, target, quiet, seed)
         elif kind == "ln_final":
             prep = prepare_patching(model, pairs, [Site("ln_final", None)], metric, source, target)
             variants = [[Edit(Site("ln_final", None), torch.tensor([p]))] for p in range(pairs.n_positions)]
-            vals = run_variants(model, pairs.batch(target), variants, prep.values, prep.dst_cols, metric, batch_size)
+            vals = run_variants(model, pairs.batch(target), variants, prep.values, prep.dst_cols, metric, quiet)
             exact[kind], est[kind] = vals - prep.baseline, sw.delta.flatten()
         else:
-            ex = sweep_positions(model, pairs, metric, kind, layer_list, source, target, batch_size,
-                                 progress=False).delta
+            ex = sweep_positions(model, pairs, metric, kind, layer_list, runs, runtime=quiet).delta
             exact[kind], est[kind] = ex.flatten(), sw.delta.flatten()
     r = {k: pearson(exact[k], est[k]) for k in exact}
     err = {k: float((exact[k] - est[k]).abs().max()) for k in exact}
@@ -225,7 +241,7 @@ def _kinds_bar(items: Any, total: int, progress: bool) -> Any:
 
 
 def _neuron_check(model: Model, pairs: PromptPairs, metric: Metric, sw: Sweep, n_neurons: int, source: str,
-                  target: str, batch_size: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+                  target: str, runtime: Runtime, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     d = sw.delta                                                       # [L, D]
     D = d.shape[1]
     flat = d.flatten()
@@ -238,7 +254,7 @@ def _neuron_check(model: Model, pairs: PromptPairs, metric: Metric, sw: Sweep, n
     prep = prepare_patching(model, pairs, sites, metric, source, target)
     allpos = torch.arange(pairs.n_positions)
     variants = [[Edit(s, allpos, int(c) % D)] for s, c in zip(sites, cells.tolist(), strict=True)]
-    vals = run_variants(model, pairs.batch(target), variants, prep.values, prep.dst_cols, metric, batch_size)
+    vals = run_variants(model, pairs.batch(target), variants, prep.values, prep.dst_cols, metric, runtime)
     return vals - prep.baseline, flat[cells]
 
 

@@ -207,7 +207,7 @@ def intervene(rm: ReplacementModel, graph: AttributionGraph, edits: FeatureEdit 
     if graph.model_id and name and graph.model_id != name or graph.n_layers != rm.n_layers:
         raise ValueError(f"this graph was made on {graph.model_id!r} ({graph.n_layers} layers), not on {name!r} "
                          f"({rm.n_layers} layers); intervene with the replacement model that made it")
-    run = rm.run(graph.input_ids.tolist(), chat=False)
+    run = rm.run(graph.input_ids.tolist())
     _check(edits, rm.transcoders, run.n_positions)
     readouts = graph_readouts(graph)
     sites = sorted({r.site for r in readouts})

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
@@ -26,6 +27,7 @@ from interp.patching.graph_result import AttributionGraph
 from interp.patching.graph_targets import Readout, Target, resolve_targets
 from interp.patching.progress import progress_bar
 from interp.patching.replacement import ReplacementModel, ReplacementRun
+from interp.values import Prompts, Runtime, moved_keywords
 
 Row = tuple[str, int]  # ("feature", index into the active features) or ("target", index into the readouts)
 
@@ -173,27 +175,46 @@ def _feature_rows(eng: _Engine, R0: torch.Tensor, w: torch.Tensor, budget: int, 
     return chosen, (torch.cat(blocks) if blocks else torch.zeros(0, eng.n_cols, dtype=R0.dtype))
 
 
-def attribution_graph(rm: ReplacementModel, prompt: str | Sequence[int] | torch.Tensor,
-                      target: Target | Sequence[Target] | None = None, *, chat: bool = True, max_positions: int = 64,
-                      max_feature_nodes: int | None = None, batch_size: int = 32, node_threshold: float = 0.8,
-                      edge_threshold: float = 0.98, constant_positions: int = 0, progress: bool = False
-                      ) -> AttributionGraph:
+@dataclass(frozen=True)
+class GraphConfig:
+    """The budget of :func:`attribution_graph`. ``max_positions``: the graph budget in tokens (a longer prompt is
+    refused); ``max_feature_nodes``: at most this many feature nodes, the most influential ones (ranked from the rows
+    computed so far); ``node_threshold`` / ``edge_threshold``: the influence fractions pruning keeps
+    (:meth:`AttributionGraph.prune`); ``constant_positions``: the first this many positions' MLP outputs are
+    constants, not nodes (no features there, their error nodes zero, their part in each row's ``bias``), as
+    circuit-tracer holds position 0, the BOS attention sink, whose features are artifacts (pass 1 to match it)."""
+
+    max_positions: int = 64
+    max_feature_nodes: int | None = None
+    node_threshold: float = 0.8
+    edge_threshold: float = 0.98
+    constant_positions: int = 0
+
+    def __post_init__(self) -> None:
+        if self.max_feature_nodes is not None and self.max_feature_nodes < 0:
+            raise ValueError(f"max_feature_nodes must be >= 0, got {self.max_feature_nodes}")
+
+
+GRAPH_MOVED = {"chat": "prompt=interp.Prompts([text], chat=...)",
+               "batch_size": "runtime=interp.Runtime(batch_size=...)", "progress": "runtime=interp.Runtime(progress=...)",
+               **{f.name: f"config=interp.patching.GraphConfig({f.name}=...)" for f in fields(GraphConfig)}}
+
+
+@moved_keywords(GRAPH_MOVED)
+def attribution_graph(rm: ReplacementModel, prompt: str | Prompts | Sequence[int] | torch.Tensor,
+                      target: Target | Sequence[Target] | None = None, *, config: GraphConfig | None = None,
+                      runtime: Runtime | None = None) -> AttributionGraph:
     """The attribution graph of ``prompt`` for ``target`` (default :class:`~patching.graph_targets.TopLogits`;
     also ``LogitDiff(a, b)``, ``Projection(vector, site)`` or a list of them).
 
-    ``max_positions``: the graph budget in tokens (a longer prompt is refused); ``max_feature_nodes``: at most this
-    many feature nodes, the most influential ones (ranked from the rows computed so far); ``batch_size``: target
-    rows per backward pass; ``node_threshold`` / ``edge_threshold``: the influence fractions pruning keeps
-    (:meth:`AttributionGraph.prune`); ``constant_positions``: the first this many positions' MLP outputs are
-    constants, not nodes (no features there, their error nodes zero, their part in each row's ``bias``), as
-    circuit-tracer holds position 0, the BOS attention sink, whose features are artifacts (pass 1 to match it).
-    Exact identity: see :mod:`patching.graphs`."""
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    if max_feature_nodes is not None and max_feature_nodes < 0:
-        raise ValueError(f"max_feature_nodes must be >= 0, got {max_feature_nodes}")
+    ``prompt``: a string (the chat template), ``interp.Prompts([text], chat=False)`` (raw text) or token ids;
+    ``config``: the budget (:class:`GraphConfig`); ``runtime``: target rows per backward pass (``batch_size``,
+    default 32) and a bar (default off). Exact identity: see :mod:`patching.graphs`."""
+    cfg = config or GraphConfig()
+    runtime = runtime if runtime is not None else Runtime(batch_size=32, progress=False)
+    batch_size, progress, constant_positions = runtime.batch_size, runtime.progress, cfg.constant_positions
     t0 = time.perf_counter()
-    run = rm.run(prompt, chat, max_positions)
+    run = rm.run(_one_prompt(prompt), max_positions=cfg.max_positions)
     readouts = resolve_targets(rm, run, target)
     if not 0 <= constant_positions < run.n_positions:
         raise ValueError(f"constant_positions must be in 0..{run.n_positions - 1} (the prompt has {run.n_positions} "
@@ -203,9 +224,19 @@ def attribution_graph(rm: ReplacementModel, prompt: str | Sequence[int] | torch.
     t_rows = [("target", j) for j in range(len(readouts))]
     R0 = torch.cat([eng.rows(t_rows[i:i + batch_size]) for i in range(0, len(t_rows), batch_size)])
     w = torch.tensor([r.weight for r in readouts], dtype=torch.float64)
-    budget = n_f if max_feature_nodes is None else min(max_feature_nodes, n_f)
+    budget = n_f if cfg.max_feature_nodes is None else min(cfg.max_feature_nodes, n_f)
     chosen, RF = _feature_rows(eng, R0, w, budget, progress)
-    return _assemble(eng, readouts, chosen, RF, R0, time.perf_counter() - t0, node_threshold, edge_threshold)
+    return _assemble(eng, readouts, chosen, RF, R0, time.perf_counter() - t0, cfg.node_threshold,
+                     cfg.edge_threshold)
+
+
+def _one_prompt(prompt: str | Prompts | Sequence[int] | torch.Tensor) -> Prompts | Sequence[int] | torch.Tensor:
+    """One prompt as :meth:`ReplacementModel.run` reads it: a string as ``interp.Prompts([text])`` (chat template)."""
+    if isinstance(prompt, str):
+        return Prompts([prompt])
+    if isinstance(prompt, Prompts) and len(prompt) != 1:
+        raise ValueError(f"attribution_graph takes one prompt, got {len(prompt)}; loop over them")
+    return prompt
 
 
 def _assemble(eng: _Engine, readouts: list[Readout], chosen: list[int], RF: torch.Tensor, R0: torch.Tensor,

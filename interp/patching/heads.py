@@ -25,8 +25,9 @@ from interp.patching.activation import Edit, run_variants
 from interp.patching.edits import HeadAblation, ablation_values
 from interp.patching.measures import Metric, call_metric, metric_name
 from interp.patching.results import Sweep
-from interp.patching.runs import Prompts, run_with_capture
+from interp.patching.runs import CHAT_MOVED, Prompts, run_with_capture
 from interp.sites import Site, resolve_layers
+from interp.values import Runtime, moved_keywords
 from interp.weights import head_weights, rms_multiplier
 
 if TYPE_CHECKING:
@@ -112,10 +113,10 @@ def _split_heads(model: Model, layer: int, z: torch.Tensor) -> tuple[torch.Tenso
     return heads, bias
 
 
-def head_outputs(model: Model, prompts: Prompts, layers: Sequence[int] | None = None,
-                 chat: bool = True) -> HeadOutputs:
-    """Capture every head's write into the residual stream at ``layers`` (all positions)."""
-    batch = batch_of(model, prompts, chat)
+@moved_keywords(CHAT_MOVED)
+def head_outputs(model: Model, prompts: Prompts, layers: Sequence[int] | None = None) -> HeadOutputs:
+    """Capture every head's write into the residual stream at ``layers`` (all positions); ``prompts``: texts (a list: the chat template; ``interp.Prompts(texts, chat=False)``: raw) or a batch."""
+    batch = batch_of(model, prompts)
     layer_list = _layers(model, layers)
     sites = [Site("attn_z", la) for la in layer_list] + [Site("attn_out", la) for la in layer_list]
     acts, _ = run_with_capture(model, batch, sites)
@@ -126,10 +127,11 @@ def head_outputs(model: Model, prompts: Prompts, layers: Sequence[int] | None = 
                        batch.attention_mask.bool(), layer_list)
 
 
-def head_means(model: Model, prompts: Prompts, layers: Sequence[int] | None = None,
-               chat: bool = True) -> Float[torch.Tensor, "L H dh"]:
-    """Mean ``z`` of every head over the real tokens of ``prompts`` (for mean ablation), ``[n_layers, H, dh]``."""
-    batch = batch_of(model, prompts, chat)
+@moved_keywords(CHAT_MOVED)
+def head_means(model: Model, prompts: Prompts, layers: Sequence[int] | None = None) -> Float[torch.Tensor, "L H dh"]:
+    """Mean ``z`` of every head over the real tokens of ``prompts`` (for mean ablation), ``[n_layers, H, dh]``;
+    ``prompts``: texts (a list: the chat template; ``interp.Prompts(texts, chat=False)``: raw) or a batch."""
+    batch = batch_of(model, prompts)
     layer_list = list(range(model.n_layers)) if layers is None else _layers(model, layers)
     acts, _ = run_with_capture(model, batch, [Site("attn_z", la) for la in layer_list])
     mask = batch.attention_mask.bool().to(model.device)
@@ -157,17 +159,18 @@ def ablation_sweep(model: Model, batch: Batch, metric: Metric, cells: Sequence[t
     allpos = torch.arange(T)
     full = {s: v.expand(n, T, *v.shape) for s, v in values.items()}
     variants = [[Edit(s, allpos, c)] for s, c in cells]
-    return run_variants(model, batch, variants, full, allpos.expand(n, T), metric, batch_size, progress=progress,
-                        desc=desc)
+    return run_variants(model, batch, variants, full, allpos.expand(n, T), metric,
+                        Runtime(batch_size=batch_size, progress=progress), desc=desc)
 
 
+@moved_keywords(CHAT_MOVED)
 def head_ablation_sweep(model: Model, prompts: Prompts, metric: Metric, mode: str = "zero",
                         means: torch.Tensor | None = None, layers: Sequence[int] | None = None,
-                        chat: bool = True, batch_size: int = 64, progress: bool = True) -> Sweep:
+                        batch_size: int = 64, progress: bool = True) -> Sweep:
     """Metric with each head ablated alone (zero or mean, all positions): ``[L, H]``; baseline = no ablation.
     ``progress``: a bar over the forwards."""
     vals = ablation_values(model, mode, means, "attn_z")
-    batch = batch_of(model, prompts, chat)
+    batch = batch_of(model, prompts)
     layer_list = _layers(model, layers)
     H = model.n_heads
     values = {Site("attn_z", la): (torch.zeros(H, model.d_head) if vals is None else vals[la]) for la in layer_list}

@@ -8,7 +8,7 @@ the mean. The loss is ``+/- metric + sparsity * sum(a)``.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -19,8 +19,9 @@ from interp.hooking import HookContext
 from interp.models import Model
 from interp.patching.measures import Metric, call_metric, metric_name
 from interp.patching.progress import progress_bar
-from interp.patching.runs import Prompts
+from interp.patching.runs import MOVED, Prompts
 from interp.sites import Site, parse_site
+from interp.values import Runtime, moved_keywords
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -82,19 +83,46 @@ class MaskResult(Result):
         return mask_ranking(self, k=k, title=title)
 
 
-def learn_mask(model: Model, prompts: Prompts, metric: Metric, over: str = "heads", objective: str = "decrease",
-               layers: Sequence[int] | None = None, ablate: str = "zero", means: torch.Tensor | None = None,
-               sparsity: float = 0.01, steps: int = 200, lr: float = 0.1, init: float = 0.0, chat: bool = True,
-               seed: int = 0, progress: bool = True) -> MaskResult:
-    """Train a mask over ``heads`` (site ``attn_z``) or ``neurons`` (``mlp_post``) that ``decrease``s or
-    ``increase``s ``metric``; ``means`` (``[n_layers, H, dh]`` / ``[n_layers, D]``) for ``ablate='mean'``.
-    ``progress``: a bar over the optimisation steps showing the metric and the active count."""
+@dataclass(frozen=True)
+class MaskConfig:
+    """How :func:`learn_mask` optimises: Adam at ``lr`` for ``steps`` steps on ``sign * metric + sparsity *
+    sum(sigmoid(theta))`` from logits ``init``; ``objective``: ``"decrease"`` or ``"increase"`` the metric."""
+
+    objective: str = "decrease"
+    sparsity: float = 0.01
+    steps: int = 200
+    lr: float = 0.1
+    init: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.objective not in ("decrease", "increase"):
+            raise ValueError(f"objective must be 'decrease' or 'increase', got {self.objective!r}")
+        if self.steps < 1 or self.sparsity < 0 or self.lr <= 0:
+            raise ValueError("steps must be >= 1, sparsity >= 0 and lr > 0")
+
+
+MASK_MOVED = {**MOVED, **{f.name: f"config=interp.patching.MaskConfig({f.name}=...)" for f in fields(MaskConfig)},
+              "ablate": "means= (given: a mean ablation; None: a zero ablation)"}
+
+
+@moved_keywords(MASK_MOVED)
+def learn_mask(model: Model, prompts: Prompts, metric: Metric, over: str = "heads",
+               layers: Sequence[int] | None = None, means: torch.Tensor | None = None,
+               config: MaskConfig | None = None, runtime: Runtime | None = None) -> MaskResult:
+    """Train a mask over ``heads`` (site ``attn_z``) or ``neurons`` (``mlp_post``) that decreases or increases
+    ``metric`` (``config.objective``); masked units move to ``means`` (``[n_layers, H, dh]`` / ``[n_layers, D]``:
+    a mean ablation) or to zero (``means=None``).
+    ``prompts``: texts (a list: the chat template; ``interp.Prompts(texts, chat=False)``: raw) or a batch;
+    ``runtime``: the seed and a bar over the optimisation steps showing the metric and the active count."""
+    cfg, runtime = config or MaskConfig(), Runtime.of(runtime)
+    objective, sparsity, steps, lr, init = cfg.objective, cfg.sparsity, cfg.steps, cfg.lr, cfg.init
+    seed, progress, ablate = runtime.seed, runtime.progress, "zero" if means is None else "mean"
     _check_args(model, over, objective, ablate, means, steps, sparsity)
     kind = "attn_z" if over == "heads" else "mlp_post"
     layer_list = list(range(model.n_layers)) if layers is None else \
         [parse_site(Site(kind, int(x)), model.n_layers).layer for x in layers]
     C = model.n_heads if over == "heads" else int(model.d_mlp)
-    batch = batch_of(model, prompts, chat)
+    batch = batch_of(model, prompts)
     torch.manual_seed(seed)
     theta = torch.full((len(layer_list), C), float(init), device=model.device, requires_grad=True)
 

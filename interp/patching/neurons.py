@@ -20,8 +20,9 @@ from interp.models import Model
 from interp.patching.edits import NeuronAblation, ablation_values
 from interp.patching.heads import ablation_sweep
 from interp.patching.measures import Metric, call_metric, metric_name
-from interp.patching.runs import Prompts, run_with_capture
+from interp.patching.runs import CHAT_MOVED, MOVED, Prompts, patch_runtime, run_with_capture
 from interp.sites import Site, parse_site, resolve_layers
+from interp.values import Runtime, moved_keywords
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -55,13 +56,15 @@ def _neurons(model: Model, neurons: Iterable[Neuron]) -> list[Neuron]:
     return out
 
 
+@moved_keywords(CHAT_MOVED)
 def neuron_acts(model: Model, prompts: Prompts, layers: Sequence[int] | None = None, positions: str = "last",
-                chat: bool = True, batch_size: int = 32) -> Float[torch.Tensor, "n L D"]:
-    """``mlp_post`` activations ``[n_tokens, L, d_mlp]``: one row per prompt (``last``) or per real token (``all``)."""
+                batch_size: int = 32) -> Float[torch.Tensor, "n L D"]:
+    """``mlp_post`` activations ``[n_tokens, L, d_mlp]``: one row per prompt (``last``) or per real token (``all``).
+    ``prompts``: texts (a list: the chat template; ``interp.Prompts(texts, chat=False)``: raw) or a batch."""
     _check_dense(model)
     if positions not in ("last", "all"):
         raise ValueError(f"positions must be 'last' or 'all', got {positions!r}")
-    batch = batch_of(model, prompts, chat)
+    batch = batch_of(model, prompts)
     layer_list = _layers(model, layers)
     sites = [Site("mlp_post", la) for la in layer_list]
     rows = []
@@ -135,20 +138,22 @@ class NeuronContrast(Result):
         return neuron_contrast_heatmap(self, by=by, title=title)
 
 
+@moved_keywords(CHAT_MOVED)
 def neuron_contrast(model: Model, prompts_a: Prompts, prompts_b: Prompts, layers: Sequence[int] | None = None,
-                    positions: str = "last", chat: bool = True, batch_size: int = 32) -> NeuronContrast:
+                    positions: str = "last", batch_size: int = 32) -> NeuronContrast:
     """Contrast every ``mlp_post`` neuron between two prompt sets (at the last token, or over all tokens)."""
-    a = neuron_acts(model, prompts_a, layers, positions, chat, batch_size)
-    b = neuron_acts(model, prompts_b, layers, positions, chat, batch_size)
+    a = neuron_acts(model, prompts_a, layers, positions, batch_size)
+    b = neuron_acts(model, prompts_b, layers, positions, batch_size)
     if a.shape[0] < 2 or b.shape[0] < 2:
         raise ValueError("each prompt set needs at least 2 prompts to estimate a spread")
     return NeuronContrast(a.mean(0), b.mean(0), a.std(0), b.std(0), _layers(model, layers),
                           meta={"positions": positions, "n_a": a.shape[0], "n_b": b.shape[0]})
 
 
-def neuron_means(model: Model, prompts: Prompts, chat: bool = True) -> Float[torch.Tensor, "L D"]:
+@moved_keywords(CHAT_MOVED)
+def neuron_means(model: Model, prompts: Prompts) -> Float[torch.Tensor, "L D"]:
     """Mean ``mlp_post`` activation of every neuron over the real tokens of ``prompts`` (for mean ablation)."""
-    return neuron_acts(model, prompts, None, "all", chat).mean(0)
+    return neuron_acts(model, prompts, None, "all").mean(0)
 
 
 @contextmanager
@@ -220,21 +225,24 @@ class NeuronEffect(Result):
                            self.metric or "metric", title=title or f"{self.mode}-ablating neurons")
 
 
+@moved_keywords(MOVED)
 def neuron_ablation_effect(model: Model, prompts: Prompts, metric: Metric, neurons: Iterable[Neuron],
-                           mode: str = "zero", means: torch.Tensor | None = None, chat: bool = True,
-                           batch_size: int = 64, progress: bool = True, n_control: int = 0,
-                           seed: int = 0) -> NeuronEffect:
+                           mode: str = "zero", means: torch.Tensor | None = None, n_control: int = 0,
+                           runtime: Runtime | None = None) -> NeuronEffect:
     """Ablate each neuron alone (batched variants) and all of them together; measure ``metric``.
-    ``n_control``: also ablate that many random other neurons of the same layers, one at a time, as the control
-    a chosen neuron's effect should beat; ``progress``: a bar over the forwards."""
+    ``prompts``: texts (a list: the chat template; ``interp.Prompts(texts, chat=False)``: raw) or a batch.
+    ``n_control``: also ablate that many random other neurons of the same layers (drawn with ``runtime.seed``),
+    one at a time, as the control a chosen neuron's effect should beat; ``runtime``: rows per forward (default 64)
+    and a bar over the forwards."""
+    runtime = patch_runtime(runtime)
     vals = ablation_values(model, mode, means, "mlp_post")
     nlist = _neurons(model, neurons)
-    batch = batch_of(model, prompts, chat)
+    batch = batch_of(model, prompts)
     D = _check_dense(model)
-    controls = random_neurons(nlist, D, n_control, seed)
+    controls = random_neurons(nlist, D, n_control, runtime.seed)
     values = {Site("mlp_post", la): (torch.zeros(D) if vals is None else vals[la]) for la in {la for la, _ in nlist}}
     out = ablation_sweep(model, batch, metric, [(Site("mlp_post", la), i) for la, i in nlist + controls], values,
-                         batch_size, progress, f"{mode}-ablating neurons")
+                         runtime.batch_size, runtime.progress, f"{mode}-ablating neurons")
     with torch.no_grad():
         base = float(call_metric(metric, last_logits(model, batch)))
         with ablate_neurons(model, nlist, mode, means):

@@ -27,13 +27,17 @@ from interp.patching.measures import Metric, call_metric, metric_name
 from interp.patching.progress import progress_bar
 from interp.patching.results import Sweep
 from interp.patching.runs import (
+    MOVED,
     PromptPairs,
     check_pairs,
     check_run,
+    check_runs,
     gather_aligned,
+    patch_runtime,
     run_with_capture,
 )
 from interp.sites import Site
+from interp.values import Runtime, moved_keywords
 
 
 @dataclass(frozen=True)
@@ -257,21 +261,27 @@ def _prepare(model: Model, pairs: PromptPairs, senders: Sequence, receivers: Any
     return send, recv
 
 
+@moved_keywords(MOVED)
 def path_patch(model: Model, pairs: PromptPairs, metric: Metric, senders: str | Component | Sequence,
-               receivers: str | Component | Sequence, source: str = "clean", target: str = "corrupted") -> float:
-    """Metric of the ``target`` run when the senders' change (``source - target``, summed over senders) reaches
-    only the receivers' inputs."""
+               receivers: str | Component | Sequence, runs: tuple[str, str] = ("clean", "corrupted")) -> float:
+    """Metric of the target run when the senders' change (``source - target``, summed over senders; ``runs =
+    (source, target)``) reaches only the receivers' inputs."""
+    source, target = check_runs(runs)
     send_list = [senders] if isinstance(senders, (str, Component)) else list(senders)
     send, recv = _prepare(model, pairs, send_list, receivers, source, target)
     diffs, _, _ = _sender_outputs(model, pairs, send, source, target)
     return float(_run(model, pairs, [send], recv, diffs, target, metric, batch_size=pairs.n_pairs)[0])
 
 
+@moved_keywords(MOVED)
 def path_patch_sweep(model: Model, pairs: PromptPairs, metric: Metric, receivers: Any = "logits",
-                     senders: str = "heads", layers: Sequence[int] | None = None, source: str = "clean",
-                     target: str = "corrupted", batch_size: int = 64, progress: bool = True) -> Sweep:
+                     senders: str = "heads", layers: Sequence[int] | None = None,
+                     runs: tuple[str, str] = ("clean", "corrupted"), runtime: Runtime | None = None) -> Sweep:
     """Each sender alone into ``receivers``: ``senders='heads'`` gives ``[L, H]``, ``'blocks'`` ``[L, 2]``
-    (attention, MLP). Layers default to those upstream of every receiver; ``progress``: a bar over the forwards."""
+    (attention, MLP). Layers default to those upstream of every receiver; ``runs``: (source, target);
+    ``runtime``: rows per forward (default 64) and a bar over the forwards."""
+    source, target = check_runs(runs)
+    runtime = patch_runtime(runtime)
     if senders not in ("heads", "blocks"):
         raise ValueError(f"senders must be 'heads' or 'blocks', got {senders!r}")
     _, recv = _prepare(model, pairs, [], receivers, source, target)
@@ -290,8 +300,8 @@ def path_patch_sweep(model: Model, pairs: PromptPairs, metric: Metric, receivers
     grid = [[make(la, c) for c in cols] for la in layer_list]
     flat = [c for row in grid for c in row if ok(c)]          # an MLP sender may sit after a same-layer receiver
     diffs, src_logits, tgt_logits = _sender_outputs(model, pairs, flat, source, target)
-    got = dict(zip(flat, _run(model, pairs, [[c] for c in flat], recv, diffs, target, metric, batch_size,
-                                  progress).tolist(), strict=True))
+    got = dict(zip(flat, _run(model, pairs, [[c] for c in flat], recv, diffs, target, metric, runtime.batch_size,
+                                  runtime.progress).tolist(), strict=True))
     vals = torch.tensor([[got.get(c, float("nan")) for c in row] for row in grid])
     return Sweep(vals, float(call_metric(metric, tgt_logits)), float(call_metric(metric, src_logits)),
                  [str(la) for la in layer_list], cols, col_name="head" if senders == "heads" else "block",

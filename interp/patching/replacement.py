@@ -30,6 +30,7 @@ from interp.forward import batches, encodings, forward
 from interp.hooking import hooks, module_hooks, norm_parts
 from interp.models import Model
 from interp.sites import parse_site
+from interp.values import Prompts
 from interp.weights import unembed
 from sae.transcoder import Transcoder
 from sae.transcoder import check_transcoders as sae_checks
@@ -148,22 +149,23 @@ class ReplacementModel:
     def d_model(self) -> int:
         return self.model.d_model
 
-    def batch(self, prompt: str | Sequence[int] | torch.Tensor, chat: bool = True,
-              max_positions: int | None = None) -> Batch:
-        """One prompt (a string, chat-formatted unless ``chat=False``, or token ids) as a batch of one."""
+    def batch(self, prompt: str | Prompts | Sequence[int] | torch.Tensor, max_positions: int | None = None) -> Batch:
+        """One prompt (a string: the chat template; ``interp.Prompts([text], chat=False)``: raw text; or token
+        ids) as a batch of one."""
         if isinstance(prompt, torch.Tensor):
             prompt = prompt.reshape(-1).tolist()
-        encs = encodings(self.model, [prompt], chat=chat)
+        encs = encodings(self.model, Prompts([prompt]) if isinstance(prompt, str) else
+                         prompt if isinstance(prompt, Prompts) else [prompt])
         n = len(encs[0].ids)
         if max_positions is not None and n > max_positions:
             raise ValueError(f"the prompt has {n} tokens, over the graph budget max_positions={max_positions}; "
                              f"shorten the prompt or pass a larger max_positions=")
         return batches(self.model, encs, 1)[0]
 
-    def run(self, prompt: str | Sequence[int] | torch.Tensor | Batch, chat: bool = True,
+    def run(self, prompt: str | Prompts | Sequence[int] | torch.Tensor | Batch,
             max_positions: int | None = None) -> ReplacementRun:
         """The replacement model on one prompt, recording everything :meth:`frozen` needs."""
-        batch = prompt if isinstance(prompt, Batch) else self.batch(prompt, chat, max_positions)
+        batch = prompt if isinstance(prompt, Batch) else self.batch(prompt, max_positions)
         rec: dict[str, Any] = {"acts": {}, "errors": {}, "mlp_in": {}, "qk": {}, "scales": {}}
         fns: list[tuple[str, Any]] = [("resid_pre.0", lambda x, ctx: rec.__setitem__("embed", x[0].detach()))]
         for layer, tc in self.transcoders.items():

@@ -20,9 +20,16 @@ from interp.hooking import HookContext, module_hooks
 from interp.models import Model
 from interp.positions import columns
 from interp.sites import Site
+from interp.values import Prompts as PromptValues
+from interp.values import Runtime, moved_keywords
 
 RUNS = ("clean", "corrupted")
-Prompts = Inputs | Batch
+Prompts = PromptValues | Inputs | Batch
+MOVED = {"source": "runs=(source, target)", "target": "runs=(source, target)",
+         "batch_size": "runtime=interp.Runtime(batch_size=...)", "progress": "runtime=interp.Runtime(progress=...)",
+         "seed": "runtime=interp.Runtime(seed=...)", "chat": "prompts=interp.Prompts(texts, chat=...)"}
+"""Keywords the patching functions took before issue 37, and where each went."""
+CHAT_MOVED = {"chat": MOVED["chat"]}
 
 
 def lengths(batch: Batch) -> torch.Tensor:
@@ -73,14 +80,29 @@ def check_run(run: str) -> None:
         raise ValueError(f"run must be one of {RUNS}, got {run!r}")
 
 
-def make_pairs(model: Model, clean: Prompts, corrupted: Prompts, align: Any = "end", chat: bool = True) -> PromptPairs:
+def check_runs(runs: Sequence[str]) -> tuple[str, str]:
+    """``runs = (source, target)``: activations are taken from the source run and patched into the target run
+    (``("clean", "corrupted")``: denoising; ``("corrupted", "clean")``: noising)."""
+    if isinstance(runs, str) or len(runs) != 2 or any(r not in RUNS for r in runs):
+        raise ValueError(f"runs=(source, target): each run must be one of {RUNS}, e.g. ('clean', 'corrupted'); "
+                         f"got {runs!r}")
+    return runs[0], runs[1]
+
+
+def patch_runtime(runtime: Runtime | None, progress: bool = True) -> Runtime:
+    """``runtime``, by default 64 rows per forward (variants x pairs) and a bar when ``progress``."""
+    return runtime if runtime is not None else Runtime(batch_size=64, progress=progress)
+
+
+@moved_keywords({"chat": "clean=interp.Prompts(texts, chat=...) and corrupted=interp.Prompts(texts, chat=...)"})
+def make_pairs(model: Model, clean: Prompts, corrupted: Prompts, align: Any = "end") -> PromptPairs:
     """Pair clean and corrupted prompts and align their positions.
 
     ``align``: ``"end"`` (default; the last ``P`` tokens, ``P`` the shortest prompt: chat suffixes line up),
     ``"start"``, a list of ``(clean_pos, corrupted_pos)`` shared by all pairs, or one such list per pair.
     Positions count from the first real token (>= 0) or from the end (< 0).
     """
-    cb, rb = batch_of(model, clean, chat), batch_of(model, corrupted, chat)
+    cb, rb = batch_of(model, clean), batch_of(model, corrupted)
     n = cb.input_ids.shape[0]
     if rb.input_ids.shape[0] != n:
         raise ValueError(f"{n} clean prompts but {rb.input_ids.shape[0]} corrupted prompts; they must be paired 1:1")

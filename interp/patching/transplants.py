@@ -8,7 +8,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -17,6 +17,7 @@ import torch.nn as nn
 from interp.bundle import Result
 from interp.models import Model
 from interp.patching.progress import progress_bar
+from interp.values import Runtime, moved_keywords
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -202,15 +203,36 @@ class TransplantSearch(Result):
         return transplant_trajectory(self, title=title)
 
 
+@dataclass(frozen=True)
+class SearchConfig:
+    """When :func:`greedy_transplant` stops: after ``max_steps`` additions (``None``: when no candidate is left)
+    or when no candidate gains more than ``min_gain``; ``score_source``: also score the source model itself."""
+
+    max_steps: int | None = None
+    min_gain: float = 0.0
+    score_source: bool = True
+
+    def __post_init__(self) -> None:
+        if self.max_steps is not None and self.max_steps < 0:
+            raise ValueError(f"max_steps must be >= 0 or None, got {self.max_steps}")
+
+
+SEARCH_MOVED = {"progress": "runtime=interp.Runtime(progress=...)",
+                **{f.name: f"config=interp.patching.SearchConfig({f.name}=...)" for f in fields(SearchConfig)}}
+
+
+@moved_keywords(SEARCH_MOVED)
 def greedy_transplant(target: Model, source: Model, score: Callable[[Model], float],
                       blocks: Sequence[Sequence[int]] | None = None, block_size: int = 1,
-                      parts: Sequence[str] = ("attn", "mlp"), max_steps: int | None = None, min_gain: float = 0.0,
-                      score_source: bool = True, progress: bool = True) -> TransplantSearch:
-    """Greedily add the (layer block, part) whose transplant raises ``score(target)`` most, until no candidate
-    gains more than ``min_gain`` or ``max_steps`` are taken. ``blocks`` default: consecutive groups of
-    ``block_size`` layers; global parts (``embed``, ``final_norm``, ``unembed``) are single candidates. The
-    target is restored afterwards. ``progress``: a bar over the score evaluations (its total is the most the
-    search could need; it stops early when no candidate gains)."""
+                      parts: Sequence[str] = ("attn", "mlp"), config: SearchConfig | None = None,
+                      runtime: Runtime | None = None) -> TransplantSearch:
+    """Greedily add the (layer block, part) whose transplant raises ``score(target)`` most, until the search stops
+    (``config``: :class:`SearchConfig`). ``blocks`` default: consecutive groups of ``block_size`` layers; global
+    parts (``embed``, ``final_norm``, ``unembed``) are single candidates. The target is restored afterwards.
+    ``runtime.progress``: a bar over the score evaluations (its total is the most the search could need; it stops
+    early when no candidate gains)."""
+    cfg, progress = config or SearchConfig(), Runtime.of(runtime).progress
+    max_steps, min_gain, score_source = cfg.max_steps, cfg.min_gain, cfg.score_source
     check_compatible(target, source)
     if isinstance(parts, str):
         parts = [parts]

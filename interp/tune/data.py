@@ -17,6 +17,10 @@ from interp.chat import Encoded
 from interp.forward import prepare
 from interp.io import content_hash
 from interp.models import Model
+from interp.values import Prompts, moved_keywords
+
+MOVED = {"chat": "prompts=interp.Prompts(texts, chat=...)", "system": "prompts=interp.Prompts(texts, system=...)"}
+"""The formatting keywords the fine-tuning functions took before issue 37: the prompts carry them."""
 
 MaskLike = Sequence[bool] | Sequence[int] | torch.Tensor
 
@@ -49,13 +53,16 @@ def check_pairs(prompts: Sequence[str], responses: Sequence[str]) -> None:
         raise ValueError(f"response {empty[0]} is empty; every pair needs a response to learn from")
 
 
-def encode_pairs(model: Model, prompts: Sequence[str], responses: Sequence[str],
-                 mask_out: Sequence[MaskLike] | None = None, chat: bool = True,
-                 system: str | None = None) -> list[Row]:
-    """Rows of (prompt, response) pairs; ``mask_out[i]`` (one flag per response token of pair ``i``, ``True`` =
-    masked out of the loss) removes tokens from the loss. ``None``: every response token counts."""
+@moved_keywords(MOVED)
+def encode_pairs(model: Model, prompts: Prompts | Sequence[str], responses: Sequence[str],
+                 mask_out: Sequence[MaskLike] | None = None) -> list[Row]:
+    """Rows of (prompt, response) pairs, in the prompts' chat format (a list: the chat template;
+    ``interp.Prompts(texts, chat=False, system=...)`` to change it); ``mask_out[i]`` (one flag per response token of
+    pair ``i``, ``True`` = masked out of the loss) removes tokens from the loss. ``None``: every response token
+    counts."""
     check_pairs(prompts, responses)
-    _, encs = prepare(model, list(prompts), chat=chat, responses=list(responses), system=system)
+    p = Prompts.of(prompts)
+    _, encs = prepare(model, list(p.texts), chat=p.chat, responses=list(responses), system=p.system)
     short = [i for i, e in enumerate(encs) if len(e.ids) - e.response_start < 1 or e.response_start < 1]
     if short:
         raise ValueError(f"response {short[0]} has no tokens after the prompt; check the response text")

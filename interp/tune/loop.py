@@ -23,8 +23,9 @@ from interp.io import write_json
 from interp.models import Model
 from interp.tune.checkpoint import LoopState, load_checkpoint, refuse_existing, save_checkpoint
 from interp.tune.config import TuneConfig, grad_masks, make_trainable, trainable_parameters
-from interp.tune.data import MaskLike, encode_pairs
+from interp.tune.data import MOVED, MaskLike, encode_pairs
 from interp.tune.objective import SFT, Objective
+from interp.values import Prompts, moved_keywords
 
 Callback = Callable[[int, float, Model], None]
 """Called after every step with (steps done, that step's loss, the model): logging, evaluation over steps."""
@@ -140,16 +141,18 @@ def train_loop(model: Model, objective: Objective, config: TuneConfig, out: str 
                       sum(free.get(id(p), p.numel()) for p in params), saved)
 
 
-def fine_tune(model: Model, prompts: Sequence[str], responses: Sequence[str], config: TuneConfig = TuneConfig(),
-              mask_out: Sequence[MaskLike] | None = None, out: str | os.PathLike | None = None,
-              resume: str | os.PathLike | None = None, progress: bool = True, callback: Callback | None = None,
-              chat: bool = True, system: str | None = None) -> TuneResult:
-    """Fine-tune ``model`` on (prompt, response) pairs (chat template unless ``chat=False``), next-token loss on
+@moved_keywords(MOVED)
+def fine_tune(model: Model, prompts: Prompts | Sequence[str], responses: Sequence[str],
+              config: TuneConfig = TuneConfig(), mask_out: Sequence[MaskLike] | None = None,
+              out: str | os.PathLike | None = None, resume: str | os.PathLike | None = None, progress: bool = True,
+              callback: Callback | None = None) -> TuneResult:
+    """Fine-tune ``model`` on (prompt, response) pairs (a list of prompts: the chat template;
+    ``interp.Prompts(texts, chat=False)``: raw text, ``system=``: a system prompt), next-token loss on
     the response tokens only; ``mask_out[i]`` (one flag per response token, ``True`` = out of the loss, e.g.
     :func:`tune.masks.top_mask`) removes tokens from it. LoRA leaves ``model``'s weights as they were but peft
     injects the adapter into its modules (``result.model.hf.disable_adapter()`` gives the base back); a full
     fine-tune changes ``model`` in place. Same seed and data -> same weights, bit for bit on CPU."""
-    rows = encode_pairs(model, prompts, responses, mask_out, chat=chat, system=system)
+    rows = encode_pairs(model, prompts, responses, mask_out)
     trainable = make_trainable(model, config)
     return train_loop(trainable, SFT(rows), config, out=out, resume=resume, progress=progress, callback=callback)
 

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -29,9 +30,10 @@ import torch.nn.functional as F
 from interp.io import content_hash
 from interp.models import Model
 from interp.tune.config import TuneConfig, make_trainable
-from interp.tune.data import Row, check_pairs, encode_pairs, fingerprint
+from interp.tune.data import MOVED, Row, check_pairs, encode_pairs, fingerprint
 from interp.tune.loop import Callback, TuneResult, train_loop
 from interp.tune.objective import response_logps
+from interp.values import Prompts, moved_keywords
 
 KINDS = ("dpo", "orpo")
 
@@ -116,28 +118,57 @@ class Preference:
         return content_hash([self.kind, self.beta, fingerprint(self.chosen), fingerprint(self.rejected)])
 
 
-def preference_rows(model: Model, prompts: Sequence[str], chosen: Sequence[str], rejected: Sequence[str],
-                    kind: str = "dpo", beta: float = 0.1, chat: bool = True, system: str | None = None) -> Preference:
+@moved_keywords(MOVED)
+def preference_rows(model: Model, prompts: Prompts | Sequence[str], chosen: Sequence[str], rejected: Sequence[str],
+                    kind: str = "dpo", beta: float = 0.1) -> Preference:
     """The :class:`Preference` objective of (prompt, chosen, rejected) triples, tokenised as :func:`tune.fine_tune`
     does."""
     check_pairs(prompts, rejected)
-    return Preference(encode_pairs(model, prompts, chosen, chat=chat, system=system),
-                      encode_pairs(model, prompts, rejected, chat=chat, system=system), kind, beta)
+    return Preference(encode_pairs(model, prompts, chosen), encode_pairs(model, prompts, rejected), kind, beta)
 
 
-def preference_tune(model: Model, prompts: Sequence[str], chosen: Sequence[str], rejected: Sequence[str],
-                    config: TuneConfig = TuneConfig(), kind: str = "dpo", beta: float = 0.1,
-                    out: str | os.PathLike | None = None, resume: str | os.PathLike | None = None,
-                    progress: bool = True, callback: Callback | None = None, chat: bool = True,
-                    system: str | None = None) -> TuneResult:
-    """Fine-tune ``model`` by DPO or ORPO on (prompt, chosen, rejected) triples; as :func:`tune.fine_tune` for the
-    rest (LoRA leaves ``model``'s weights as they were; DPO's reference is ``model`` itself, adapter disabled)."""
+@dataclass(frozen=True)
+class PreferenceConfig(TuneConfig):
+    """A :class:`~tune.config.TuneConfig` with the preference objective: ``kind`` (``"dpo"`` or ``"orpo"``) and its
+    ``beta``. Both are in the objective's data fingerprint, so :meth:`record` (what a resumed run must share)
+    leaves them out, as a plain fine-tune's record has them not."""
+
+    kind: str = "dpo"
+    beta: float = 0.1
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.kind not in KINDS:
+            raise ValueError(f"kind must be one of {KINDS}, got {self.kind!r}")
+
+    def record(self) -> dict[str, Any]:
+        out = super().record()
+        out.pop("kind")
+        out.pop("beta")
+        return out
+
+
+PREFERENCE_MOVED = {**MOVED, "kind": "config=interp.tune.preference.PreferenceConfig(kind=...)",
+                    "beta": "config=interp.tune.preference.PreferenceConfig(beta=...)"}
+
+
+@moved_keywords(PREFERENCE_MOVED)
+def preference_tune(model: Model, prompts: Prompts | Sequence[str], chosen: Sequence[str], rejected: Sequence[str],
+                    config: TuneConfig = PreferenceConfig(), out: str | os.PathLike | None = None,
+                    resume: str | os.PathLike | None = None, progress: bool = True,
+                    callback: Callback | None = None) -> TuneResult:
+    """Fine-tune ``model`` by DPO or ORPO (``config``: a :class:`PreferenceConfig`; a plain ``TuneConfig`` gets
+    DPO at beta 0.1) on (prompt, chosen, rejected) triples; as :func:`tune.fine_tune` for the rest (LoRA leaves
+    ``model``'s weights as they were; DPO's reference is ``model`` itself, adapter disabled)."""
+    if not isinstance(config, PreferenceConfig):
+        config = PreferenceConfig(**asdict(config))
+    kind, beta = config.kind, config.beta
     if kind == "dpo" and config.method != "lora":
         raise ValueError("DPO's reference is the model with its LoRA adapter disabled; use TuneConfig(method='lora') "
                          "or kind='orpo'")
-    objective = preference_rows(model, prompts, chosen, rejected, kind, beta, chat, system)
+    objective = preference_rows(model, prompts, chosen, rejected, kind, beta)
     trainable = make_trainable(model, config)
     return train_loop(trainable, objective, config, out=out, resume=resume, progress=progress, callback=callback)
 
 
-__all__ = ["KINDS", "Preference", "dpo_loss", "log1mexp", "orpo_loss", "preference_rows", "preference_tune"]
+__all__ = ["KINDS", "Preference", "PreferenceConfig", "dpo_loss", "log1mexp", "orpo_loss", "preference_rows", "preference_tune"]

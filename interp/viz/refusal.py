@@ -8,6 +8,9 @@ import plotly.graph_objects as go
 import torch
 from plotly.subplots import make_subplots
 
+Band = tuple[Sequence[float], Sequence[float] | None, Sequence[float] | None]
+"""Rates with their intervals, one per bar: ``(rates, lows, highs)`` (``lows`` / ``highs`` may be ``None``)."""
+
 BETTER, NEUTRAL, WORSE = "#2166ac", "#f7f7f7", "#b2182b"  # one meaning in every candidate map: blue = better
 
 
@@ -156,13 +159,15 @@ def subspace_curve(ranks: Sequence[int], rates: Sequence[float], scores: Sequenc
     return fig
 
 
-def writer_bars(labels: Sequence[str], rates: Sequence[float], lows: Sequence[float], highs: Sequence[float],
-                control_rates: Sequence[float], control_lows: Sequence[float] | None = None,
-                control_highs: Sequence[float] | None = None, baseline: float | None = None,
-                baseline_interval: tuple[float, float] | None = None,
+def writer_bars(labels: Sequence[str], ablated: Band, control: Band,
+                baseline: tuple[float, tuple[float, float] | None] | None = None,
                 title: str = "Refusal rate with the direction ablated from one group of writers") -> go.Figure:
-    """Refusal rate (0..1 in, % shown) per writer group with its interval, the control beside each, and a dashed
-    line at the rate with nothing ablated (its interval shaded when given)."""
+    """Refusal rate (0..1 in, % shown) per writer group with its interval (``ablated = (rates, lows, highs)``), the
+    control beside each (``control``, the same), and a dashed line at the rate with nothing ablated (``baseline =
+    (rate, (low, high) or None)``, the interval shaded)."""
+    rates, lows, highs = ablated
+    control_rates, control_lows, control_highs = control
+    baseline, baseline_interval = baseline if baseline is not None else (None, None)
     n = len(labels)
     if not all(len(s) == n for s in (rates, lows, highs, control_rates)):
         raise ValueError("writer_bars needs one rate, low, high and control rate per label")

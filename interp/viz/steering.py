@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import plotly.graph_objects as go
 import torch
@@ -54,12 +55,14 @@ def _curves(fig: go.Figure, x: list[float], steered: torch.Tensor, random: torch
                              legendgroup=name, line=dict(color="#2ca02c", width=3)), row=row, col=1)
 
 
-def alpha_cost_curve(alphas: Sequence[float], steered: torch.Tensor, random: torch.Tensor, baseline: float,
-                     kl: torch.Tensor, random_kl: torch.Tensor | None, *, ce: torch.Tensor | None = None,
-                     random_ce: torch.Tensor | None = None, baseline_ce: float | None = None, metric: str = "metric",
-                     title: str = "Behaviour and cost vs steering strength") -> go.Figure:
-    """Behaviour vs alpha (top), KL(steered || unsteered) below, and CE on reference texts (when given) at the
-    bottom; random same-strength controls dotted, the unsteered value dashed."""
+def alpha_cost_curve(sweep: Any, title: str = "Behaviour and cost vs steering strength") -> go.Figure:
+    """Behaviour vs alpha (top), KL(steered || unsteered) below, and CE on reference texts (when measured) at the
+    bottom, of a :class:`steering.AlphaSweep` with its costs; random same-strength controls dotted, the unsteered
+    value dashed."""
+    if getattr(sweep, "kl", None) is None:
+        raise ValueError("this sweep has no costs; run alpha_sweep with config=steering.SweepConfig(cost=True)")
+    alphas, steered, random, baseline, metric = sweep.alphas, sweep.steered, sweep.random, sweep.baseline, sweep.metric
+    kl, random_kl, ce, random_ce, baseline_ce = sweep.kl, sweep.random_kl, sweep.ce, sweep.random_ce, sweep.baseline_ce
     n = 3 if ce is not None else 2
     fig = make_subplots(rows=n, cols=1, shared_xaxes=True, vertical_spacing=0.08,
                         subplot_titles=[metric, "KL(steered || unsteered), nats", "CE on reference texts"][:n])

@@ -29,7 +29,7 @@ from interp.evals.controls import matched_random
 from interp.evals.judge import Judge
 from interp.evals.rates import fisher_greater, rate_cells
 from interp.models import Model
-from interp.patching import ReplacementModel, attribution_graph
+from interp.patching import GraphConfig, ReplacementModel, attribution_graph
 from interp.patching.graph_result import AttributionGraph
 from interp.patching.graph_targets import Projection
 from interp.studies.kit.moved import moved
@@ -117,7 +117,7 @@ def _rank(graphs: list[AttributionGraph], direction: torch.Tensor, tcs: dict[int
 
 def _post_positions(rm: ReplacementModel, prompts: list[str], max_positions: int) -> list[set[int]]:
     """Each prompt's post-instruction token positions, as its graph numbers them."""
-    return [set(rm.batch(p, True, max_positions).post_mask[0].nonzero().flatten().tolist()) for p in prompts]
+    return [set(rm.batch(p, max_positions).post_mask[0].nonzero().flatten().tolist()) for p in prompts]
 
 
 def _random_features(top: list[Feature], pool: list[Feature], rng: random.Random) -> list[Feature]:
@@ -202,8 +202,8 @@ def refusal_circuit(rm: ReplacementModel, prompts: list[str], direction: torch.T
     r = direction.detach().float() / direction.float().norm()
     site = f"blocks.{layer}.hook_resid_pre" if layer < model.n_layers else "ln_final.hook_out"
     target = Projection(r, site, -1, label=f"refusal direction @ {site}")
-    graphs = [attribution_graph(rm, p, target, max_feature_nodes=max_feature_nodes, max_positions=max_positions,
-                                batch_size=batch_size) for p in prompts]
+    graphs = [attribution_graph(rm, p, target, runtime=Runtime(batch_size, progress=False), config=GraphConfig(
+        max_feature_nodes=max_feature_nodes, max_positions=max_positions)) for p in prompts]
     keep = None if positions == "all" else _post_positions(rm, prompts, max_positions)
     rows = [x for x in _rank(graphs, r, rm.transcoders, keep) if x["layer"] < layer]  # later ones cannot write there
     if diff is not None:
@@ -223,7 +223,7 @@ def refusal_circuit(rm: ReplacementModel, prompts: list[str], direction: torch.T
     conds += [(f"random features ablated (draw {i})", _random_features(top, pool, rng)) for i in range(n_random)]
     rates = []
     for name, feats in conds:
-        edits = [TranscoderAblation(rm.transcoders, feats, skip_sink=c.sinks == "exclude")] if feats else []
+        edits = [TranscoderAblation(rm.transcoders, feats, sinks=c.sinks)] if feats else []
         rates.append({"condition": name, "features": [f"L{la}f{f}" for la, f in feats],
                       **refusal_rate(model, eval_harmful, judge, max_new_tokens, edits)})
     k_rand = sum(x["k"] for x in rates[2:])

@@ -229,10 +229,10 @@ def _fit_bias(bias: str, X: torch.Tensor, X_lex: torch.Tensor, its: list[BiasIte
     y = torch.tensor([0] * len(its) + [1] * len(its))
     groups = [i.item for i in its] * 2
     source = [i.source for i in its] * 2
-    kw = dict(groups=groups, n_folds=cfg.n_folds, seed=cfg.seed, progress=False)
-    cv = probes.cross_validate(X, y, control=True, l2=cfg.l2, **kw)
-    lex = probes.cross_validate(X_lex, y, control=False, l2=cfg.lexical_l2, **kw)
-    lex_md = probes.cross_validate(X_lex, y, control=False, method="mean_diff", **kw)
+    kw = dict(groups=groups, runtime=Runtime(seed=cfg.seed, progress=False))
+    cv = probes.cross_validate(X, y, config=probes.CVConfig(cfg.n_folds, l2=cfg.l2, control=True), **kw)
+    lex = probes.cross_validate(X_lex, y, config=probes.CVConfig(cfg.n_folds, l2=cfg.lexical_l2, control=False), **kw)
+    lex_md = probes.cross_validate(X_lex, y, method="mean_diff", config=probes.CVConfig(cfg.n_folds, control=False), **kw)
     lodo = lex_lodo = None
     if cfg.lodo:
         lodo = probes.transfer_matrix(X, y, datasets=source, groups=groups, n_folds=cfg.n_folds, seed=cfg.seed,

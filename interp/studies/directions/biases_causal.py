@@ -182,7 +182,7 @@ def bias_causal_test(model: Model, family: BiasFamily, items: Sequence[BiasItem]
     if not flipped:
         return res
     prompts, letters = Prompts([i.cued for i in flipped], chat=chat), flipped[0].letters
-    norms = steering.residual_norms(model, list(prompts.texts[:16]), layers=band, chat=chat)
+    norms = steering.residual_norms(model, Prompts(list(prompts.texts[:16]), chat=chat), layers=band)
     iv = _intervention(family, bias, band, alpha, norms)
     res.added_norms = iv.added_norms(model)
     cued = torch.tensor([letters.index(i.cued_option) for i in flipped])

@@ -27,7 +27,7 @@ from interp.studies.directions.moved import moved_into
 from interp.studies.directions.traits_band import BandRule, choose_band
 from interp.studies.directions.traits_data import LEVEL_PROMPTS
 from interp.values import Prompts, Runtime, moved_keywords
-from probes import cross_validate, graded_direction
+from probes import CVConfig, cross_validate, graded_direction
 from probes.folds import make_folds
 from probes.graded import GradedDirection
 from probes.validation import ProbeScores
@@ -235,7 +235,7 @@ def fit_scale(trait: str, acts: Activations, groups: list[int], order: list[str]
     ends = (ylev == 0) | (ylev == len(order) - 1)
     idx = ends.nonzero().flatten()
     scores = cross_validate(acts[idx.tolist()], (ylev[idx] > 0).long(), groups=[groups[i] for i in idx.tolist()],
-                            n_folds=n_folds, seed=seed, l2=l2, progress=False)
+                            config=CVConfig(n_folds, l2=l2), runtime=Runtime(seed=seed, progress=False))
     return TraitScale(trait=trait, levels=order, graded=g, slope=slope.float(), intercept=intercept.float(),
                       band=band, heldout_error=err, auroc=scores, band_note=note)
 

@@ -45,8 +45,7 @@ def residual_fraction(model: Model, scales: TraitScales, trait: str, prompts: Pr
     ``prompts``, formatted as they say: ``Prompts.chat`` / ``system``)."""
     iv = level_vector(scales, trait, 1.0)
     p = Prompts.of(prompts)
-    norms = steering.residual_norms(model, list(p.texts), layers=iv.layers, site=scales.site, chat=p.chat,
-                                    system=p.system)
+    norms = steering.residual_norms(model, p, layers=iv.layers, site=scales.site)
     return {layer: v / norms.at(layer) for layer, v in iv.added_norms(model).items()}
 
 

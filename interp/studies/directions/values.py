@@ -24,6 +24,7 @@ from interp.studies.directions.moved import moved_into
 from interp.studies.directions.values_choice import CHAT_MOVED, ValueStudyConfig, check_items, forced_choice
 from interp.studies.directions.values_data import ChoiceItem, Contrast
 from interp.values import Prompts, Runtime, moved_keywords
+from probes.config import CVConfig
 from probes.directions import diff_of_means
 from probes.layers import LayerRule, choose
 from probes.objects import Direction
@@ -101,8 +102,8 @@ def value_vectors(model: Model, pairs: Contrast, *, layers: Sequence[int] | None
                    positions=positions,
                    layers=layers, runtime=Runtime(batch_size=run.batch_size, progress=False))
     direction = diff_of_means(acts, positive=1)
-    scores = cross_validate(acts, method="mean_diff", groups=pairs.all_groups, n_folds=n_folds, seed=run.seed,
-                            positive=1, progress=False)
+    scores = cross_validate(acts, method="mean_diff", groups=pairs.all_groups, positive=1,
+                            config=CVConfig(n_folds=n_folds), runtime=Runtime(seed=run.seed, progress=False))
     return ValueVectors(direction, scores, site, positions, len(pairs.positive), pairs.pole, chat, acts)
 
 
@@ -172,8 +173,8 @@ def item_norms(model: Model, direction: Direction, items: Sequence[ChoiceItem],
                config: ValueStudyConfig | None = None) -> ResidualNorms:
     """Mean residual norms at the direction's site on the items' own prompts (the steering unit)."""
     c = (config or ValueStudyConfig()).chat
-    return residual_norms(model, [i.prompt(c) for i in items], site=parse_site(direction.sites[0]).kind,
-                          layers=[int(x) for x in direction.layers], chat=c)
+    return residual_norms(model, Prompts([i.prompt(c) for i in items], chat=c),
+                          site=parse_site(direction.sites[0]).kind, layers=[int(x) for x in direction.layers])
 
 
 @moved_keywords(CHAT_MOVED)

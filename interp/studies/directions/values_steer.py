@@ -22,9 +22,9 @@ from interp.studies.directions.moved import moved_into
 from interp.studies.directions.values import ValueVectors, item_norms, steer_at
 from interp.studies.directions.values_choice import PoleMetric, ValueStudyConfig, check_items
 from interp.studies.directions.values_data import ChoiceItem
-from interp.values import Runtime, moved_keywords
+from interp.values import Prompts, Runtime, moved_keywords
 from probes.objects import Direction
-from steering.sweep import alpha_sweep
+from steering.sweep import SweepConfig, alpha_sweep
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -152,9 +152,10 @@ def selective_steering(model: Model, vectors: ValueVectors | Direction, items: S
     c = cfg.chat
     norms = item_norms(model, direction, items, cfg) if norms is None else norms
     metric = PoleMetric(ids, items)
-    sweep = alpha_sweep(model, [i.prompt(c) for i in items], lambda a: steer_at(direction, layers, a, norms), alphas,
-                        metric, on="logits", n_random=n_random, seed=seed, batch_size=batch_size, chat=c,
-                        progress=False)
+    sweep = alpha_sweep(model, Prompts([i.prompt(c) for i in items], chat=c),
+                        lambda a: steer_at(direction, layers, a, norms), alphas, metric, on="logits",
+                        config=SweepConfig(n_random=n_random),
+                        runtime=Runtime(batch_size=batch_size, seed=seed, progress=False))
     calls = metric.calls
     A, S = len(sweep.alphas), n_random
     if len(calls) != 1 + A * (1 + S):

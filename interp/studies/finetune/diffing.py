@@ -89,8 +89,7 @@ class DiffStudy(Result):
 
 
 def _train_base_sae(base: Model, site: str, prompts: list[str], d_sae: int, k: int, seed: int) -> SAE:
-    xs = [x[without_first(b.attention_mask)] for x, b in site_tokens(base, site, prompts, batch_size=16,
-                                                                                chat=True)]
+    xs = [x[without_first(b.attention_mask)] for x, b in site_tokens(base, site, prompts, batch_size=16)]
     x = torch.cat(xs)
     steps_tokens = max(len(x) * 8, 4096)
     res = train_sae(x, arch="topk", d_sae=d_sae, k=k, total_tokens=steps_tokens, batch_size=min(1024, len(x)),
@@ -130,28 +129,27 @@ def _gen_rate(model: Model, prompts: list[str], edits: list, max_new_tokens: int
 def _steer_rates(base: Model, tuned: Model, sae: SAE, d: LatentDiff, top: list[int], data: RefusalData,
                  c: DiffConfig, seed: int, judge: Judge | None) -> list[dict[str, Any]]:
     n_random, max_new_tokens, strengths = c.n_random, c.max_new_tokens, c.strengths
-    skip = c.sinks == "exclude"
     rng = random.Random(seed)
     harm, safe = data.harmful["test"].instructions, data.harmless["test"].instructions
     delta = d.delta[top].clamp_min(0)
     draws = [_random_latents(sae, top, d.freq_tuned, rng) for _ in range(n_random)]
     rows = [{"condition": "tuned", "split": "harmful", **_gen_rate(tuned, harm, [], max_new_tokens, judge)},
             {"condition": "tuned, top latents ablated", "split": "harmful", "latents": top,
-             **_gen_rate(tuned, harm, [LatentAblation(sae, top, skip_sink=skip)], max_new_tokens, judge)}]
+             **_gen_rate(tuned, harm, [LatentAblation(sae, top, sinks=c.sinks)], max_new_tokens, judge)}]
     rows += [{"condition": f"tuned, random latents ablated (draw {i})", "split": "harmful", "latents": rand,
-              **_gen_rate(tuned, harm, [LatentAblation(sae, rand, skip_sink=skip)], max_new_tokens, judge)}
+              **_gen_rate(tuned, harm, [LatentAblation(sae, rand, sinks=c.sinks)], max_new_tokens, judge)}
              for i, rand in enumerate(draws)]
     rows.append({"condition": "base", "split": "harmless", **_gen_rate(base, safe, [], max_new_tokens, judge)})
     norm = float(LatentSteering(sae, top, delta.tolist()).vector().norm())
     for s in strengths:
-        add = LatentSteering(sae, top, (s * delta).tolist(), skip_sink=skip)
+        add = LatentSteering(sae, top, (s * delta).tolist(), sinks=c.sinks)
         rows.append({"condition": f"base, top latents added x{s:g}", "split": "harmless", "latents": top,
                      "strength": s, **_gen_rate(base, safe, [add], max_new_tokens, judge)})
         for i, rand in enumerate(draws):
             scale = s * norm / max(float(LatentSteering(sae, rand, 1.0).vector().norm()), 1e-12)
             rows.append({"condition": f"base, random latents added x{s:g} (draw {i})", "split": "harmless",
                          "latents": rand, "strength": s,
-                         **_gen_rate(base, safe, [LatentSteering(sae, rand, scale, skip_sink=skip)], max_new_tokens,
+                         **_gen_rate(base, safe, [LatentSteering(sae, rand, scale, sinks=c.sinks)], max_new_tokens,
                                      judge)})
     return rows
 
@@ -216,7 +214,7 @@ def diff_study(base: Model, tuned: Model, data: RefusalData, layer: int, sae: SA
     d = diff_latents(sae, acts_base, acts_tuned, top=c.top, site=site)
     chosen = d.ranking.indices[:c.n_steer].tolist()
     probe = val + data.harmless["val"].instructions
-    contexts = {int(i): ["".join(c.tokens) for c in top_contexts(tuned, sae, int(i), probe, top=3, chat=True, site=site)]
+    contexts = {int(i): ["".join(c.tokens) for c in top_contexts(tuned, sae, int(i), probe, top=3, site=site)]
                 for i in d.ranking.indices.tolist()}
     rates = _steer_rates(base, tuned, sae, d, chosen, data, c, seed, judge)
     return DiffStudy(d, contexts, rates, sae, meta={"site": site, "layer": layer, "n_steer": c.n_steer,

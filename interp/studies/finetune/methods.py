@@ -19,7 +19,7 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import steering
@@ -44,7 +44,7 @@ from interp.studies.kit.scoring import refusal_tokens
 from interp.studies.kit.stages import RefusalTokens
 from interp.tune.config import TuneConfig
 from interp.tune.loop import fine_tune
-from interp.tune.preference import KINDS, preference_tune
+from interp.tune.preference import KINDS, PreferenceConfig, preference_tune
 from interp.values import Runtime, moved_keywords
 from probes.directions import random_orthogonal
 
@@ -166,8 +166,8 @@ def _train(base: Model, method: str, data: dict[str, list[str]], cfg: MethodsCon
     if method in KINDS:
         p = preference_pairs(data["harmful"], data["refusals"], data["compliant"], data["harmless"], data["answers"],
                              seed=cfg.tune.seed)
-        res = preference_tune(work, p.prompts, p.chosen, p.rejected, cfg.tune, kind=method, beta=cfg.beta,
-                              progress=progress)
+        res = preference_tune(work, p.prompts, p.chosen, p.rejected,
+                              PreferenceConfig(**asdict(cfg.tune), kind=method, beta=cfg.beta), progress=progress)
     else:
         refusals = data["reasoned"] if method == "reasoning_sft" else data["refusals"]
         res = fine_tune(work, prompts, refusals + data["answers"], cfg.tune, progress=progress)

@@ -142,7 +142,7 @@ def holders(model: Model, harmful: list[str], harmless: list[str], tokens: list[
     if model.spec.mlp_proj is not None and model.d_mlp:
         chosen = [(la, i) for la, i, _ in neuron_contrast(model, harmful, harmless, batch_size=batch_size).top(n_neurons)]
         eff = neuron_ablation_effect(model, harmful, metric, chosen, mode="mean", means=neuron_means(model, both),
-                                     batch_size=batch_size, progress=False, n_control=n_neurons, seed=seed)
+                                     n_control=n_neurons, runtime=Runtime(batch_size=batch_size, seed=seed, progress=False))
         out["neurons"] = sorted(((la, i, -float(d)) for (la, i), d in zip(eff.neurons, eff.delta)), key=lambda t: -t[2])
         out["neurons_joint"] = eff.baseline - eff.joint
         out["neuron_control"] = float(-eff.control_delta.mean()) if eff.control_delta is not None else math.nan

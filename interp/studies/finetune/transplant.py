@@ -29,6 +29,7 @@ from interp.evals.rates import rate_cells
 from interp.forward import prepare
 from interp.models import Model
 from interp.patching.transplants import (
+    SearchConfig,
     Transplant,
     TransplantSearch,
     check_compatible,
@@ -210,8 +211,8 @@ def transplant_study(base: Model, aligned: Model, data: RefusalData, parts: tupl
     with torch.no_grad():
         s_base, s_aligned = score(base), score(aligned)
         single = _single(base, aligned, score, cands, s_base, s_aligned)
-        search = greedy_transplant(base, aligned, score, blocks=blocks, parts=parts, max_steps=max_steps,
-                                   progress=progress)
+        search = greedy_transplant(base, aligned, score, blocks=blocks, parts=parts,
+                                   config=SearchConfig(max_steps=max_steps), runtime=Runtime(progress=progress))
     changed = [c for c in cands if differs(base, aligned, c[0], [c[1]])]
     rates = _rates(base, aligned, list(search.chosen), changed, data, n_random, seed, max_new_tokens, judge)
     return TransplantStudy(single, search, rates, {"base": s_base, "aligned": s_aligned}, list(tok.strings),

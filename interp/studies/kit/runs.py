@@ -22,7 +22,7 @@ from interp.evals.rates import Rate
 from interp.models import Model
 from interp.tune import TuneConfig, fine_tune
 from interp.tune.loop import Callback, TuneResult
-from interp.values import Runtime
+from interp.values import Prompts, Runtime
 
 Pairs = tuple[list[str], list[str]]  # prompts, responses
 
@@ -52,8 +52,8 @@ def fresh_tune(model: Model, prompts: Sequence[str], responses: Sequence[str], c
     start = model if config.method == "lora" else replace(model, hf=copy.deepcopy(model.hf))
     res = None
     try:
-        res = fine_tune(start, prompts, responses, config, mask_out=mask_out, progress=False, callback=callback,
-                        chat=chat, system=system)
+        res = fine_tune(start, Prompts.of(prompts, chat=chat, system=system), responses, config, mask_out=mask_out,
+                        progress=False, callback=callback)
         yield res
     finally:
         if config.method == "lora":

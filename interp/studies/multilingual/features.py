@@ -58,7 +58,7 @@ def fit_sae(model: Model, data: ParallelSafety, layer: int, expansion: int = 4, 
     seed = (runtime or Runtime()).seed
     prompts = [p for kind in data.prompts for lang in data.langs for p in data.get(kind, "train", lang)]
     xs = []
-    for x, batch in site_tokens(model, f"resid_pre.{layer}", prompts, batch_size=16, chat=True):
+    for x, batch in site_tokens(model, f"resid_pre.{layer}", prompts, batch_size=16):
         xs.append(x[batch.attention_mask.bool()])
     X = torch.cat(xs)
     bs = min(1024, X.shape[0])

@@ -108,8 +108,8 @@ def language_neurons(model: Model, data: ParallelSafety, lang: str, metric: Any,
     con = neuron_contrast(model, data.get("harmful", "train", lang), data.get("harmless", "train", lang),
                           batch_size=batch_size)
     cand = [(la, i) for la, i, _ in con.top(n_candidates, by="effect", sign="pos")]
-    eff = neuron_ablation_effect(model, data.get("harmful", "val", lang), metric, cand, progress=False,
-                                 batch_size=batch_size)
+    eff = neuron_ablation_effect(model, data.get("harmful", "val", lang), metric, cand,
+                                 runtime=Runtime(batch_size=batch_size, progress=False))
     order = eff.delta.argsort()[:k].tolist()     # most negative change first
     return {cand[i] for i in order}
 

@@ -127,7 +127,8 @@ def _patched(model: Model, clean: list[str], corrupted: list[str], metric, k: in
              batch_size: int) -> tuple[torch.Tensor, float, float]:
     """Patched metric ``[L, 3]``, the clean (source) run's metric and the unpatched target run's."""
     pairs = make_pairs(model, clean, corrupted, align=[(-k + p, -k + p) for p in range(k)])
-    sw = sweep_layers(model, pairs, metric, sites=SITES, layers=layers, batch_size=batch_size, progress=False)
+    sw = sweep_layers(model, pairs, metric, sites=SITES, layers=layers,
+                      runtime=Runtime(batch_size=batch_size, progress=False))
     return sw.values, float(sw.reference), float(sw.baseline)
 
 

@@ -89,9 +89,9 @@ class Writers(Result):
         def cols(rs: list[dict[str, Any]], k: str, i: int | None = None) -> list[float]:
             return [r[k] if i is None else r[k][i] for r in rs]
 
-        return writer_bars(self.groups, cols(real, "rate"), cols(real, "ci95", 0), cols(real, "ci95", 1),
-                           cols(ctrl, "rate"), cols(ctrl, "ci95", 0), cols(ctrl, "ci95", 1), baseline=base["rate"],
-                           baseline_interval=tuple(base["ci95"]))
+        return writer_bars(self.groups, (cols(real, "rate"), cols(real, "ci95", 0), cols(real, "ci95", 1)),
+                           (cols(ctrl, "rate"), cols(ctrl, "ci95", 0), cols(ctrl, "ci95", 1)),
+                           baseline=(base["rate"], tuple(base["ci95"])))
 
 
 def identity_checks(model: Model, test: TestPrompts, r: Float[torch.Tensor, " d"], batch_size: int = 64,
