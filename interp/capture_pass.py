@@ -46,8 +46,9 @@ def run_groups(model: Model, batch: Batch, groups: list[list[Site]], rule: Posit
 
         def fn(x: torch.Tensor, ctx: HookContext) -> None:
             if aligned:
-                x = keys_aligned(x, batch.attention_mask, keys)
-            y, flags[g][i] = p.take(x.flatten(2) if x.dim() > 3 else x)
+                y, flags[g][i] = _pattern_rows(x, p, batch.attention_mask, keys)
+            else:
+                y, flags[g][i] = p.take(x.flatten(2) if x.dim() > 3 else x)
             devices.add(y.device)
             buf = bufs[g]
             if buf is None:
@@ -72,6 +73,21 @@ def run_groups(model: Model, batch: Batch, groups: list[list[Site]], rule: Posit
         raise RuntimeError(f"sites {missing} never fired during the forward pass; is the ArchSpec right for this model?")
     parts = [(*_masked(buf, p, g > 0), _stacked(f, p)) for g, (buf, f) in enumerate(zip(bufs, flags, strict=True))]
     return parts, None if logits is None else logits.to("cpu")
+
+
+def _pattern_rows(x: torch.Tensor, p: Plan, attention_mask: torch.Tensor, keys: int
+                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``scores`` / ``pattern [b, H, T, T]`` at the plan's query rows, keys left-aligned: ``[b, (P,) H * keys]``
+    and the sink flags. Kept rows are picked before the keys are aligned (a row rule copies ``P`` rows, not the
+    ``T x T`` table); the flags read each row's norm over heads and keys (the alignment only moves keys)."""
+    if p.index is None or p.weights is not None:  # every row, or a mean over rows
+        return p.take(keys_aligned(x, attention_mask, keys).flatten(2))
+    b, H, _, K = x.shape
+    _, flags = p.take(torch.linalg.vector_norm(x, dim=(1, 3), dtype=torch.float32)[..., None])  # [b, T, 1]
+    idx = p.index.to(x.device)
+    rows = torch.gather(x, 2, idx.view(b, 1, -1, 1).expand(b, H, idx.shape[1], K))  # [b, H, P, T]
+    y = keys_aligned(rows, attention_mask, keys).flatten(2)                           # [b, P, H * keys]
+    return (y[:, 0] if p.squeeze else y), flags
 
 
 def _run_nnsight(model: NNsightModel, batch: Batch, groups: list[list[Site]], p: Plan, out_dtype: torch.dtype,

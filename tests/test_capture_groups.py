@@ -111,3 +111,21 @@ def test_bad_groups_and_the_width_error_names_capture_groups(tiny_models):
         capture_groups(m, ["a b"], {"mixed": ["resid_post.0", "pattern.0"]})
     with pytest.raises(ValueError, match="capture_groups"):
         interp.capture(m, ["a b"], ["resid_post.0", "mlp_post.0"])
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma2"])
+def test_pattern_rows_are_the_full_tables_rows(family):
+    """A row rule picks query rows before aligning keys (no ``T x T`` copy): the rows equal the ``all`` table's."""
+    m = _eager(family)
+    texts = mixed_prompts(5, seed=5, longest=12)
+    run = interp.Runtime(batch_size=2, progress=False)
+    full = interp.capture(m, texts, ["pattern.0", "scores.1"], "all", runtime=run)
+    lengths = full.meta["key_lengths"]
+    P = full.tensor.shape[2]
+    for rule, rows in (("last", [[-1]] * 5), ([0, -2], [[0, -2]] * 5)):
+        got = interp.capture(m, texts, ["pattern.0", "scores.1"], rule, runtime=run)
+        for r, n in enumerate(lengths):
+            cols = [P - n + (q if q >= 0 else n + q) for q in rows[r]]  # left-padded columns of the full table
+            want = full.tensor[r, :, cols]
+            have = got.tensor[r] if rule == "last" else got.tensor[r, :, -len(cols):]
+            torch.testing.assert_close(have.reshape(want.shape), want, atol=0, rtol=0)
