@@ -129,3 +129,24 @@ def test_pattern_rows_are_the_full_tables_rows(family):
             want = full.tensor[r, :, cols]
             have = got.tensor[r] if rule == "last" else got.tensor[r, :, -len(cols):]
             torch.testing.assert_close(have.reshape(want.shape), want, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("positions", ["last", "prompt_mean"])
+def test_nnsight_backend_groups_in_one_trace(positions):
+    """The nnsight backend: every group read in one trace, each equal to that group's own capture there."""
+    import warnings
+
+    from nnsight import LanguageModel
+
+    m = tiny_model("llama")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        a = interp.from_nnsight(LanguageModel(m.hf, tokenizer=m.tokenizer), backend="nnsight")
+    texts = mixed_prompts(4, seed=6, longest=10)
+    run = interp.Runtime(batch_size=2, progress=False)
+    groups = {"resid": "resid_post", "neurons": "mlp_post", "z": "attn_z"}
+    got = capture_groups(a, texts, groups, positions, runtime=run)
+    for name, sites in groups.items():
+        _same(got[name], interp.capture(a, texts, sites, positions, runtime=run))
+        torch.testing.assert_close(got[name].tensor, interp.capture(m, texts, sites, positions, runtime=run).tensor,
+                                   atol=1e-5, rtol=1e-5)
