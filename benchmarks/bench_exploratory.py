@@ -1,15 +1,17 @@
 """Exploratory-session benchmark: attention patterns + residual stream at every layer, 16 prompts of mixed length.
 
-Interleaved in one process on the same prompts: ours (``interp.capture`` of ``pattern`` and of ``resid_post``, two
-calls since their widths differ), TransformerLens ``run_with_cache`` (a HookedTransformer with the same weights),
+Interleaved in one process on the same prompts: ours (``interp.capturing.capture_groups``: ``pattern`` and
+``resid_post`` in one forward pass per batch, each kept at its own width), TransformerLens ``run_with_cache`` (a HookedTransformer with the same weights),
 TransformerLens 3.9's ``TransformerBridge`` (booted offline on a copy of the same HF model, SmolLM2 only) and
 nnsight (module outputs in a trace; the patterns as the eager attention's returned weights). ``positions="all"``
 keeps the full ``query x key`` tables, ``"last"`` the last query row. Prints medians, time and peak-RSS ratios
 (ours / theirs; targets: <= 0.8x TransformerLens's time, <= 0.5x its memory) and the largest difference from
 TransformerLens, and writes benchmarks/RESULTS_exploratory.md.
 
-Two more rows, "logit lens" and "direct logit attribution", come from other branches' code
-(``interp.look.lens.logit_lens``, ``interp.look.dla.direct_logit_attribution``): see :func:`look_rows`.
+Two more rows: the logit lens (``interp.look.logit_lens`` vs ``cache.accumulated_resid(apply_ln=True)`` (the final
+norm recomputed per residual) and the unembedding, then log-softmax and top-5) and the direct logit attribution per head
+(``interp.look.direct_logit_attribution`` vs ``cache.stack_head_results(apply_ln=True)`` read along the target's
+unembedding difference), with their largest difference from TransformerLens: see :func:`look_rows`.
 
     nice -n 10 python benchmarks/bench_exploratory.py --models tiny,smollm2 --rounds 3
 """
@@ -18,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import importlib.util
 import sys
 import tempfile
 import warnings
@@ -32,10 +33,14 @@ sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve
 from _common import interleaved, machine, table, write_text  # noqa: E402
 
 import interp  # noqa: E402
+from interp.capturing import capture_groups  # noqa: E402
 from interp.forward import batches, prepare  # noqa: E402
+from interp.look import direct_logit_attribution, logit_lens  # noqa: E402
 from interp.testing.oracles import nnsight_model, transformer_lens_model  # noqa: E402
 from interp.testing.tiny import tiny_model  # noqa: E402
 
+GROUPS = {"pattern": "pattern", "resid": "resid_post"}
+OURS = "interp.capturing.capture_groups (pattern, resid_post)"
 SENTENCES = ["Tell me about bread.", "The moon rose over the quiet harbour while the boats came in.",
              "What should I know before a job interview?", "Rain again.", "Chess openings reward patience and memory.",
              "Write three sentences on the water cycle for a child.", "Sorting algorithms trade memory for speed.",
@@ -94,8 +99,7 @@ def methods(model: interp.Model, texts: list[str], last: bool, tl: Any, bridge: 
         blocks = getattr(blocks, part)
 
     def ours():
-        return (interp.capture(model, given, "pattern", positions=rule, runtime=run),
-                interp.capture(model, given, "resid_post", positions=rule, runtime=run))
+        return capture_groups(model, given, GROUPS, positions=rule, runtime=run)
 
     def tl_run():
         with torch.inference_mode():
@@ -122,7 +126,7 @@ def methods(model: interp.Model, texts: list[str], last: bool, tl: Any, bridge: 
         finally:
             model.hf.set_attn_implementation("sdpa")
 
-    fns = {"interp.capture (pattern, resid_post)": ours, "TransformerLens run_with_cache": tl_run,
+    fns = {OURS: ours, "TransformerLens run_with_cache": tl_run,
            "nnsight trace (eager attention weights)": nnsight_run}
     if bridge is not None:
         fns["TransformerLens TransformerBridge run_with_cache"] = bridge_run
@@ -133,8 +137,8 @@ def max_diff(model: interp.Model, texts: list[str], tl: Any) -> tuple[float, flo
     """Largest |ours - TransformerLens| over the last query rows of every pattern and the last residuals."""
     run = interp.Runtime(batch_size=len(texts), progress=False)
     given = interp.Prompts(texts, chat=False)
-    pat = interp.capture(model, given, "pattern", positions="last", runtime=run)
-    res = interp.capture(model, given, "resid_post", positions="last", runtime=run)
+    got = capture_groups(model, given, GROUPS, positions="last", runtime=run)
+    pat, res = got["pattern"], got["resid"]
     _, encs = prepare(model, texts, chat=False)
     b = batches(model, encs, len(texts))[0]
     with torch.inference_mode():
@@ -149,45 +153,56 @@ def max_diff(model: interp.Model, texts: list[str], tl: Any) -> tuple[float, flo
     return dp, dr
 
 
-def look_rows(model: interp.Model, label: str, texts: list[str], tl: Any, rounds: int) -> list[dict]:
-    """HOOK for two more rows, provided by other branches: "logit lens" (``interp.look.lens.logit_lens`` vs
-    TransformerLens ``cache.accumulated_resid(apply_ln=True)`` + unembed) and "direct logit attribution"
-    (``interp.look.dla.direct_logit_attribution`` vs ``cache.stack_head_results`` + ``apply_ln_to_stack``).
-    A row says "not available" while ``interp.look`` lacks the module."""
+def look_rows(model: interp.Model, label: str, texts: list[str], tl: Any, rounds: int
+              ) -> tuple[list[dict], tuple[float, float]]:
+    """The "logit lens" and "direct logit attribution" rows (last position, every layer / head), and the
+    largest differences from TransformerLens: the lens's log-probs, the heads' shares."""
+    given, run = interp.Prompts(texts, chat=False), interp.Runtime(batch_size=len(texts), progress=False)
+    a, b = (model.tokenizer.encode(t, add_special_tokens=False)[0] for t in (" the", " a"))
+    lens = {"interp.look.logit_lens": lambda: logit_lens(model, given, "resid_post", "last", runtime=run),
+            "TransformerLens (logit lens)": lambda: _tl_lens(tl, model, texts)}
+    dla = {"interp.look.direct_logit_attribution": lambda: direct_logit_attribution(model, given, (a, b),
+                                                                                    by="head", runtime=run),
+           "TransformerLens (direct logit attribution)": lambda: _tl_dla(tl, model, texts, a, b)}
     rows = []
-    for what, module, fn_name in (("logit lens", "interp.look.lens", "logit_lens"),
-                                  ("direct logit attribution", "interp.look.dla", "direct_logit_attribution")):
-        if importlib.util.find_spec(module) is None:
-            print(f"{what}: not available ({module} is not in this checkout)")
-            rows.append({"model": label, "positions": "last", "method": f"{what}: not available ({module} missing)"})
-            continue
-        ours = getattr(importlib.import_module(module), fn_name)
-        theirs = _tl_lens if fn_name == "logit_lens" else _tl_dla
-        res = interleaved({f"{module}.{fn_name}": lambda ours=ours: ours(model, texts),
-                           f"TransformerLens ({what})": lambda theirs=theirs: theirs(tl, model, texts)}, rounds=rounds)
-        rows += _ratio_rows(label, "last", res, f"{module}.{fn_name}", f"TransformerLens ({what})")
-    return rows
+    for fns in (lens, dla):
+        ours, theirs = list(fns)
+        rows += _ratio_rows(label, "last", interleaved(fns, rounds=rounds), ours, theirs)
+    lp = logit_lens(model, given, "resid_post", "last", keep_logprobs=True, runtime=run).logprobs
+    lp = lp.reshape(len(texts), model.n_layers + 1, -1)[:, :-1].float()   # [n, L, V]; the last row: the output
+    d_lens = (lp - _tl_lens(tl, model, texts)[0].transpose(0, 1).float()).abs().max().item()
+    r = direct_logit_attribution(model, given, (a, b), by="head", runtime=run)
+    heads = [r.labels.index(f"L{la}H{h}") for la in range(model.n_layers) for h in range(model.n_heads)]
+    d_dla = (r.parts[:, 0, heads] - _tl_dla(tl, model, texts, a, b).T).abs().max().item()
+    return rows, (d_lens, d_dla)
 
 
-def _tl_lens(tl: Any, model: interp.Model, texts: list[str]) -> torch.Tensor:
+def _tl_lens(tl: Any, model: interp.Model, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probs ``[L+1, n, V]`` of every layer's residual (after the last layer, the model's output) through the
+    final norm (recomputed per residual, gain included, by ``accumulated_resid(apply_ln=True)``) and the top 5."""
     _, encs = prepare(model, texts, chat=False)
     out = []
     with torch.inference_mode():
         for b in batches(model, encs, len(texts)):
             _, cache = tl.run_with_cache(b.input_ids, attention_mask=b.attention_mask)
-            out.append(tl.unembed(cache.accumulated_resid(apply_ln=True, pos_slice=-1)))
-    return torch.cat(out, 1)
+            resid = cache.accumulated_resid(apply_ln=True, pos_slice=-1)[1:]            # [L, n, (1,) d]
+            resid = resid.reshape(*resid.shape[:2], resid.shape[-1])
+            out.append(tl.unembed(resid).log_softmax(-1))
+    lp = torch.cat(out, 1)
+    return lp, lp.topk(5, dim=-1).indices
 
 
-def _tl_dla(tl: Any, model: interp.Model, texts: list[str]) -> torch.Tensor:
+def _tl_dla(tl: Any, model: interp.Model, texts: list[str], a: int, b: int) -> torch.Tensor:
+    """Each head's share ``[L*H, n]`` of ``logit(a) - logit(b)`` at the last position."""
     _, encs = prepare(model, texts, chat=False)
+    direction = tl.ln_final.w * (tl.W_U[:, a] - tl.W_U[:, b])
     out = []
     with torch.inference_mode():
-        for b in batches(model, encs, len(texts)):
-            _, cache = tl.run_with_cache(b.input_ids, attention_mask=b.attention_mask)
-            heads = cache.stack_head_results(layer=-1, pos_slice=-1)
-            out.append(cache.apply_ln_to_stack(heads, layer=-1, pos_slice=-1) @ tl.W_U)
-    return torch.cat(out, 1)
+        for bt in batches(model, encs, len(texts)):
+            _, cache = tl.run_with_cache(bt.input_ids, attention_mask=bt.attention_mask)
+            heads = cache.stack_head_results(layer=None, pos_slice=-1, apply_ln=True)     # [L*H, n, (1,) d]
+            out.append(heads.reshape(*heads.shape[:2], heads.shape[-1]) @ direction)
+    return torch.cat(out, 1).float()
 
 
 def _ratio_rows(label: str, where: str, res: dict, ours: str, tl: str) -> list[dict]:
@@ -209,9 +224,11 @@ def run(name: str, rounds: int) -> tuple[list[dict], list[str]]:
     rows = []
     for last in (True, False):
         res = interleaved(methods(model, texts, last, tl, bridge), rounds=rounds)
-        rows += _ratio_rows(label, "last" if last else "all", res, "interp.capture (pattern, resid_post)",
-                            "TransformerLens run_with_cache")
-    rows += look_rows(model, label, texts, tl, rounds)
+        rows += _ratio_rows(label, "last" if last else "all", res, OURS, "TransformerLens run_with_cache")
+    look, diffs = look_rows(model, label, texts, tl, rounds)
+    rows += look
+    notes.append(f"{label}: max |ours - TransformerLens|: logit lens log-probs {diffs[0]:.1e}, "
+                 f"per-head DLA {diffs[1]:.1e}")
     return rows, notes
 
 

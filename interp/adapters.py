@@ -137,7 +137,10 @@ def from_transformer_lens(tl_model: Any, tokenizer: Any = None, name: str | None
     equal ``interp.load_model(..., attn_implementation="eager")`` of the same weights (and the default sdpa
     within float32 rounding). Refused: a bridge whose weights were processed (``process_weights`` or
     ``enable_compatibility_mode()``: layer norms folded, weights centred in the HF model itself, so the
-    activations are no longer the checkpoint's) and a bridge without a local HF model (remote).
+    activations are no longer the checkpoint's) and a bridge without a local HF model (remote). ``tokenizer``
+    defaults to the bridge's, which transformers' ``AutoTokenizer`` reloaded from the folder: a tokenizer that
+    does not survive that reload (the tiny qwen2 one comes back as ``Qwen2Tokenizer`` and splits text
+    differently) gives other positions than the HF model's, so pass the one you use there.
 
     A ``HookedTransformer`` is kept as it is and our hooks attach to its own HookPoints. Limits there: no
     ``attn_z`` site, no KV-cache generation through ``steering.generate`` (use the model's own ``generate``

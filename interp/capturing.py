@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any, overload
 
@@ -19,14 +19,14 @@ from tqdm.auto import tqdm
 
 from interp import distributed as dist
 from interp.activations import Activations
-from interp.attention import check_pattern_memory, keys_aligned
+from interp.attention import check_pattern_memory
+from interp.capture_pass import WIDTH_HELP, Part, run_groups
 from interp.chat import Batch
 from interp.fingerprint import content_ids, fingerprint, run_parts
-from interp.forward import batches, encode_ids, forward, length_order
-from interp.hooking import HookContext, StopForward, site_shape
+from interp.forward import batches, encode_ids, length_order
+from interp.hooking import site_shape
 from interp.models import Model
-from interp.nnsight_backend import NNsightModel, trace_batch
-from interp.positions import Plan, Positions, PositionSpec, describe, plan, sink_note
+from interp.positions import Positions, PositionSpec, describe, sink_note
 from interp.sites import Site, SiteSpec, expand_sites
 from interp.store import ActivationStore
 from interp.values import Prompts, Runtime, moved_keywords
@@ -48,84 +48,14 @@ def run_batch_flagged(model: Model, batch: Batch, sites: list[Site], rule: Posit
     ``sinks='keep'``); ``None`` when unknown.
 
     Per-head sites arrive ``[.., n_heads, d_head]`` and are kept flattened to ``n_heads * d_head`` (the
-    concatenated head outputs, as the output projection reads them); every site of one call shares one width.
+    concatenated head outputs, as the output projection reads them); every site of one call shares one width
+    (sites of several widths in one pass: :func:`interp.capture_pass.run_groups`).
     Scores / pattern are kept per query row as ``n_heads * n_keys`` (default: the batch's width), keys left-aligned
     (key ``j`` is the prompt's own token ``j``, zero past its length; :func:`interp.attention.keys_aligned`).
     Copies off a GPU are non-blocking; ``pin`` puts the CPU buffer in pinned memory so they really overlap (for
     a buffer that is written out and freed, e.g. a store shard: torch's host allocator recycles it)."""
-    p = plan(rule, batch, skip_special=skip_special, sinks=sinks)
-    if isinstance(model, NNsightModel):  # one nnsight trace (locally or on NDIF), the same plan
-        return _run_nnsight(model, batch, sites, p, out_dtype, need_logits)
-    n = len(sites)
-    buf: list[torch.Tensor] = []  # [b, S, (P,) d] on the CPU, allocated at the first hook
-    flags: list[torch.Tensor | None] = [None] * n
-    seen: set[int] = set()
-    devices: set[torch.device] = set()
-
-    keys = batch.input_ids.shape[1] if n_keys is None else n_keys
-    table = [s.kind in ("scores", "pattern") for s in sites]
-
-    def make(i: int):
-        def fn(x: torch.Tensor, ctx: HookContext) -> None:
-            if table[i]:
-                x = keys_aligned(x, batch.attention_mask, keys)
-            y, flags[i] = p.take(x.flatten(2) if x.dim() > 3 else x)
-            devices.add(y.device)
-            if not buf:
-                with torch.inference_mode(False):  # a normal tensor, so users can edit it in place later
-                    buf.append(torch.empty((y.shape[0], n, *y.shape[1:]), dtype=out_dtype,
-                                           pin_memory=pin and y.is_cuda))
-            if y.shape[-1] != buf[0].shape[-1]:
-                raise ValueError(f"{sites[i].name} has width {y.shape[-1]}, the sites before it {buf[0].shape[-1]}: "
-                                 f"{WIDTH_HELP}")
-            buf[0][:, i].copy_(y, non_blocking=True)
-            seen.add(i)
-            if len(seen) == n and not need_logits:
-                raise StopForward
-        return fn
-
-    logits = forward(model, batch, [(s, make(i)) for i, s in enumerate(sites)], logits="all" if need_logits else None)
-    for d in devices:
-        if d.type == "cuda":  # the non-blocking copies into buf must land before anyone reads it
-            torch.cuda.synchronize(d)
-    logits = None if logits is None else logits.to("cpu")
-    missing = [sites[i].name for i in range(n) if i not in seen]
-    if missing:
-        raise RuntimeError(f"sites {missing} never fired during the forward pass; is the ArchSpec right for this model?")
-    acts, mask = _masked(buf[0], p)
-    return acts, mask, logits, _stacked(flags, p)
-
-
-def _run_nnsight(model: NNsightModel, batch: Batch, sites: list[Site], p: Plan, out_dtype: torch.dtype,
-                 need_logits: bool) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, Any]:
-    """:func:`run_batch` through one nnsight trace; a mean that leaves out sinks reads every token and averages here."""
-    local = p.weights is not None and p.sinks == "exclude"
-    read = Plan(mask=p.real) if local else p
-    ys, logits = trace_batch(model, batch, [(s, read) for s in sites], logits="all" if need_logits else None)
-    got = [p.take(y.float()) for y in ys] if local else [(y, None) for y in ys]
-    acts, mask = _masked(torch.stack([y for y, _ in got], 1).to(out_dtype), p)
-    return acts, mask, None if logits is None else logits.to("cpu"), _stacked([f for _, f in got], p)
-
-
-def _stacked(flags: list[torch.Tensor | None], p: Plan) -> torch.Tensor | None:
-    """Per-site flags as ``[b, S, P]`` bool (positions kept) or ``[b, S]`` counts (means, one position)."""
-    if not flags or any(f is None for f in flags):
-        return None
-    f = torch.stack([t.to("cpu") for t in flags], 1)
-    return f.sum(-1) if f.dtype == torch.bool and p.n_positions is None else f
-
-
-def _masked(acts: torch.Tensor, p: Plan) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``acts [b, S, (P,) width]`` with padding positions zeroed (not garbage), and the plan's mask (or None)."""
-    mask = p.mask if p.n_positions is not None else None
-    if mask is not None and not mask.all():
-        keep = mask.view(mask.shape[0], 1, mask.shape[1], *([1] * (acts.dim() - 3)))
-        acts.mul_(keep.to(acts.dtype))
-    return acts, mask
-
-
-WIDTH_HELP = ("one Activations tensor holds sites of one width; capture each width group in its own call "
-              "(e.g. sites='resid_post' and sites='mlp_post' separately)")
+    (got,), logits = run_groups(model, batch, [sites], rule, out_dtype, need_logits, skip_special, pin, sinks, n_keys)
+    return got[0], got[1], logits, got[2]
 
 
 def site_widths(model: Model, sites: list[Site], n_keys: int | None = None) -> tuple[int, dict[str, list[int]]]:
@@ -190,39 +120,80 @@ def capture(model: Model, prompts: Prompts | Sequence[str], sites: SiteSpec = "r
     """
     run, pos = Runtime.of(runtime), Positions.of(positions)
     par = _parallel(run.distributed, out)
-    texts, encs, given = _encode(model, prompts)
     site_list = expand_sites(sites, model.n_layers, layers)
-    n_keys = max((len(e.ids) for e in encs), default=0)
-    check_pattern_memory(site_list, len(encs), n_keys, pos.rule, run.dtype.itemsize, model.n_heads)
-    width, shapes = site_widths(model, site_list, n_keys)
-    labels = list(given.labels) if given.labels is not None else None
-    ids = _ids(texts, given.responses, labels, given.ids)
+    job = _Job(model, prompts, [site_list], pos, run)
+    width, shapes = site_widths(model, site_list, job.n_keys)
+    meta = job.meta(site_list, shapes)
     rule = pos.describe()
-    meta = {"chat": given.chat, "batch_size": run.batch_size, "model_dtype": str(model.dtype),
-            "family": model.spec.family, "site_shapes": shapes,
-            "model": {"n_layers": model.n_layers, "d_model": model.d_model}}
-    if any(s.kind in ("scores", "pattern") for s in site_list):  # keys left-aligned, zero past each prompt's length
-        meta["key_lengths"] = [len(e.ids) for e in encs]
-    order = length_order(encs) if run.sort_by_length else None
-    all_batches = batches(model, encs if order is None else [encs[i] for i in order], run.batch_size)
     store = None
     if out is not None:
-        parts = run_parts(model, texts, [s.name for s in site_list], rule, run.batch_size, run.dtype, labels, ids,
-                          sort_by_length=run.sort_by_length)
+        parts = run_parts(model, job.texts, [s.name for s in site_list], rule, run.batch_size, run.dtype, job.labels,
+                          job.ids, sort_by_length=run.sort_by_length)
         manifest = {"kind": "interp.ActivationStore", "version": 1, "sites": [s.name for s in site_list],
-                    "positions": rule, "model_id": model.name, "d_model": width, "prompt_ids": ids,
-                    "labels": labels, "batch_size": run.batch_size, "n_shards": len(all_batches),
+                    "positions": rule, "model_id": model.name, "d_model": width, "prompt_ids": job.ids,
+                    "labels": job.labels, "batch_size": run.batch_size, "n_shards": len(job.batches),
                     "dtype": str(run.dtype), "meta": meta, "fingerprint": fingerprint(parts),
-                    "fingerprint_parts": parts, **({} if order is None else {"order": order})}
+                    "fingerprint_parts": parts, **({} if job.order is None else {"order": job.order})}
         store = _open_store(out, manifest, overwrite, par)
 
-    acts_or_store = capture_batches(model, all_batches, site_list, pos, store=store,
-                                    runtime=replace(run, distributed=par), desc=f"capture {model.name}", n_keys=n_keys)
+    acts_or_store = capture_batches(model, job.batches, site_list, pos, store=store,
+                                    runtime=replace(run, distributed=par), desc=f"capture {model.name}",
+                                    n_keys=job.n_keys)
     if store is not None:
         return store
-    tensor, mask, flags = _in_order(acts_or_store, order, meta, [x.name for x in site_list], pos.sinks, pos.mean)
-    return Activations(tensor=tensor, sites=[s.name for s in site_list], positions=rule, model_id=model.name,
-                       prompt_ids=ids, labels=labels, mask=mask, meta=meta, sinks=flags)
+    return job.activations(acts_or_store, site_list, meta)
+
+
+def capture_groups(model: Model, prompts: Prompts | Sequence[str], groups: Mapping[str, SiteSpec],
+                   positions: Positions | PositionSpec = "last", *, layers: Sequence[int] | None = None,
+                   runtime: Runtime | None = None) -> dict[str, Activations]:
+    """Capture several groups of sites, each of its own width (``{"pattern": "pattern", "resid": "resid_post"}``),
+    in one forward pass per batch: ``{name: Activations}``, each equal to what :func:`capture` of that group alone
+    returns (its ``[n, S, (P,) width]``, mask, sink flags and meta). ``groups`` maps a name to anything
+    :func:`capture` takes as ``sites``; the other arguments are :func:`capture`'s (in memory only: for a store,
+    capture each group with ``out=``)."""
+    if not isinstance(groups, Mapping) or not groups:
+        raise TypeError(f"groups must be a non-empty dict {{name: sites}}, e.g. {{'resid': 'resid_post', "
+                        f"'pattern': 'pattern'}}; got {groups!r}")
+    run, pos = Runtime.of(runtime), Positions.of(positions)
+    par = _parallel(run.distributed, None)
+    lists = [expand_sites(spec, model.n_layers, layers) for spec in groups.values()]
+    job = _Job(model, prompts, lists, pos, run)
+    metas = [job.meta(sl, site_widths(model, sl, job.n_keys)[1]) for sl in lists]
+    got = _group_batches(model, job.batches, lists, pos.rule, run.dtype, None, run.progress,
+                         f"capture {model.name}", pos.skip_special, par, pos.sinks, job.n_keys)
+    return {name: job.activations(g, sl, meta) for name, g, sl, meta in zip(groups, got, lists, metas, strict=True)}
+
+
+class _Job:
+    """What one capture call prepares once for all its sites: encodings, ids, labels, key width, batches."""
+
+    def __init__(self, model: Model, prompts: Any, lists: list[list[Site]], pos: Positions, run: Runtime) -> None:
+        self.model, self.pos, self.run = model, pos, run
+        self.texts, self.encs, self.given = _encode(model, prompts)
+        self.n_keys = max((len(e.ids) for e in self.encs), default=0)
+        check_pattern_memory([s for sl in lists for s in sl], len(self.encs), self.n_keys, pos.rule,
+                             run.dtype.itemsize, model.n_heads)
+        self.labels = list(self.given.labels) if self.given.labels is not None else None
+        self.ids = _ids(self.texts, self.given.responses, self.labels, self.given.ids)
+        self.order = length_order(self.encs) if run.sort_by_length else None
+        encs = self.encs if self.order is None else [self.encs[i] for i in self.order]
+        self.batches = batches(model, encs, run.batch_size)
+
+    def meta(self, site_list: list[Site], shapes: dict[str, list[int]]) -> dict[str, Any]:
+        m = self.model
+        meta = {"chat": self.given.chat, "batch_size": self.run.batch_size, "model_dtype": str(m.dtype),
+                "family": m.spec.family, "site_shapes": shapes, "model": {"n_layers": m.n_layers, "d_model": m.d_model}}
+        if any(s.kind in ("scores", "pattern") for s in site_list):  # keys left-aligned, zero past each length
+            meta["key_lengths"] = [len(e.ids) for e in self.encs]
+        return meta
+
+    def activations(self, got: tuple, site_list: list[Site], meta: dict[str, Any]) -> Activations:
+        """One group's joined ``(tensor, mask, flags, counts)`` as :class:`Activations` in the caller's order."""
+        names = [s.name for s in site_list]
+        tensor, mask, flags = _in_order(got, self.order, meta, names, self.pos.sinks, self.pos.mean)
+        return Activations(tensor=tensor, sites=names, positions=self.pos.describe(), model_id=self.model.name,
+                           prompt_ids=self.ids, labels=self.labels, mask=mask, meta=meta, sinks=flags)
 
 
 def _in_order(got: tuple, order: list[int] | None, meta: dict[str, Any], names: list[str], sinks: str, mean: bool
@@ -309,13 +280,23 @@ def capture_batches(model: Model, all_batches: list[Batch], sites: list[Site], p
     Distributed: this rank runs only its own batches (:func:`interp.distributed.owns`); a failure on any rank
     stops every rank; rank 0 finishes the store after all shards are written, in memory every rank gets all."""
     pos, run = Positions.of(positions), runtime if runtime is not None else Runtime(progress=False)
-    positions, sinks, skip_special = pos.rule, pos.sinks, pos.skip_special
-    dtype, progress, parallel = run.dtype, run.progress, bool(run.distributed)
+    got = _group_batches(model, all_batches, [sites], pos.rule, run.dtype, store, run.progress, desc,
+                         pos.skip_special, bool(run.distributed), pos.sinks, n_keys)
+    return got if store is not None else got[0]
+
+
+def _group_batches(model: Model, all_batches: list[Batch], groups: list[list[Site]], positions: PositionSpec,
+                   dtype: torch.dtype, store: ActivationStore | None, progress: bool, desc: str, skip_special: bool,
+                   parallel: bool, sinks: str, n_keys: int | None) -> Any:
+    """:func:`capture_batches` for ``groups`` of sites filled by one pass per batch: in memory one
+    ``(tensor, mask, sink flags, sink counts)`` per group; a ``store`` takes one group."""
+    if store is not None and len(groups) != 1:
+        raise ValueError(f"a store holds one group of sites, got {len(groups)}")
     mine = [k for k in range(len(all_batches)) if not parallel or dist.owns(k)]
-    results: dict[int, tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]] = {}
+    results: dict[int, list[Part]] = {}
     err = None
     try:
-        results = _run_batches(model, all_batches, mine, sites, positions, dtype, store, progress and dist.is_main(),
+        results = _run_batches(model, all_batches, mine, groups, positions, dtype, store, progress and dist.is_main(),
                                desc, skip_special, sinks, n_keys)
     except Exception as e:  # every rank must reach the agreement below
         if not parallel:
@@ -324,7 +305,8 @@ def capture_batches(model: Model, all_batches: list[Batch], sites: list[Site], p
     if parallel:
         dist.agree(err)
     if store is not None:
-        sink_note([x.name for x in sites], results.get(-1, (None, None, None))[2], sinks, "mean" in describe(positions))  # the warning
+        tally = results[-1][0][2] if -1 in results else None
+        sink_note([x.name for x in groups[0]], tally, sinks, "mean" in describe(positions))  # the warning
         if parallel:
             dist.on_main(lambda: store.finish(dist.process_info()))
             return store.reload()
@@ -333,7 +315,11 @@ def capture_batches(model: Model, all_batches: list[Batch], sites: list[Site], p
     if parallel:
         for part in dist.gather_objects(results):
             results.update({k: v for k, v in part.items() if k >= 0})
-    got = [results[k] for k in range(len(all_batches))]
+    return [_joined([results[k][g] for k in range(len(all_batches))]) for g in range(len(groups))]
+
+
+def _joined(got: list[Part]) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    """One group's batches joined: ``(tensor, mask, sink flags, sink counts per site)``."""
     flags = [f for _, _, f in got]
     counts = None if any(f is None for f in flags) else sum((f.sum(-1) if f.dim() == 3 else f).sum(0) for f in flags)
     keep = flags if all(f is not None and f.dtype == torch.bool for f in flags) else None
@@ -341,15 +327,14 @@ def capture_batches(model: Model, all_batches: list[Batch], sites: list[Site], p
     return tensor, mask, sink_flags, counts
 
 
-def _run_batches(model: Model, all_batches: list[Batch], mine: list[int], sites: list[Site], positions: PositionSpec,
-                 dtype: torch.dtype, store: ActivationStore | None, progress: bool, desc: str, skip_special: bool,
-                 sinks: str = "exclude", n_keys: int | None = None
-                 ) -> dict[int, tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]]:
-    """Batches ``mine``: written to ``store`` (skipping shards already there; key ``-1`` then holds the sink
-    counts per site of the batches run) or returned by index as ``(acts, mask, sink flags)``."""
+def _run_batches(model: Model, all_batches: list[Batch], mine: list[int], groups: list[list[Site]],
+                 positions: PositionSpec, dtype: torch.dtype, store: ActivationStore | None, progress: bool, desc: str,
+                 skip_special: bool, sinks: str = "exclude", n_keys: int | None = None) -> dict[int, list[Part]]:
+    """Batches ``mine``: written to ``store`` (one group; skipping shards already there; key ``-1`` then holds the
+    sink counts per site of the batches run) or returned by index as ``(acts, mask, sink flags)`` per group."""
     pin = store is not None and model.device.type == "cuda"
-    out: dict[int, tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]] = {}
-    tally = torch.zeros(len(sites), dtype=torch.long)
+    out: dict[int, list[Part]] = {}
+    tally = torch.zeros(len(groups[0]), dtype=torch.long)
     bar = tqdm(total=sum(all_batches[k].input_ids.shape[0] for k in mine), desc=desc, unit="prompt",
                disable=not progress, leave=False)
     try:
@@ -358,21 +343,23 @@ def _run_batches(model: Model, all_batches: list[Batch], mine: list[int], sites:
             if store is not None and store.has_shard(k):
                 bar.update(batch.input_ids.shape[0])
                 continue
-            acts, mask, _, flags = run_batch_flagged(model, batch, sites, positions, dtype, skip_special=skip_special,
-                                                     pin=pin, sinks=sinks, n_keys=n_keys)
-            _check_finite(acts, k)
+            parts, _ = run_groups(model, batch, groups, positions, dtype, skip_special=skip_special, pin=pin,
+                                  sinks=sinks, n_keys=n_keys)
+            for acts, _, _ in parts:
+                _check_finite(acts, k)
             if store is not None:
+                acts, mask, flags = parts[0]
                 store.write_shard(k, acts, mask, sinks=flags if flags is not None and flags.dim() == 3 else None,
                                   counts=flags if flags is not None and flags.dim() == 2 else None)
                 if flags is not None:
                     tally += (flags.sum(-1) if flags.dim() == 3 else flags).sum(0)
             else:
-                out[k] = (acts, mask, flags)
-            bar.update(acts.shape[0])
+                out[k] = parts
+            bar.update(batch.input_ids.shape[0])
     finally:
         bar.close()
     if store is not None:
-        out[-1] = (torch.empty(0), None, tally)
+        out[-1] = [(torch.empty(0), None, tally)]
     return out
 
 

@@ -6,8 +6,10 @@ import pytest
 import torch
 
 import interp
+from interp.hooking import norm_parts
 from interp.look import dla as D
 from interp.testing.tiny import FAMILIES, MOE_FAMILIES, tiny_model
+from interp.weights import unembed
 
 PROMPTS = ["the cat was on the", "a man said that he", "it is one of the"]
 
@@ -128,3 +130,35 @@ def test_smollm2_heads_equal_transformer_lens_stack_head_results():
     ours = [rl.labels.index(x) for x in ["embed"] + [f"L{la} {k}" for la in range(m.n_layers) for k in ("attn", "mlp")]]
     assert labels[0] == "embed"
     torch.testing.assert_close(rl.parts[0, 0, ours], want_resid, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("family", MOE_FAMILIES)
+@pytest.mark.parametrize("by", ["layer", "head"])
+def test_moe_layers_split_into_routed_experts_and_shared_expert(family, by):
+    m = tiny_model(family)
+    ids = _ids(m)
+    r = D.direct_logit_attribution(m, ids, (10, 20), by=by)
+    torch.testing.assert_close(r.parts.sum(-1) + r.constant, r.total, atol=1e-4, rtol=0)
+    lg = _logits(m, ids)
+    torch.testing.assert_close(r.total[:, 0], lg[:, 10] - lg[:, 20], atol=1e-4, rtol=1e-4)
+    shared = m.spec.shared_expert is not None
+    layer = D.direct_logit_attribution(m, ids, (10, 20), by="layer") if by != "layer" else r
+    fp = norm_parts(m.module(m.spec.final_norm), m.spec.norm_offset)
+    resid = interp.capture(m, ids, f"resid_post.{m.n_layers - 1}", "last").tensor[:, 0]
+    scale = torch.rsqrt(resid.pow(2).mean(-1) + fp.eps)                 # RMSNorm frozen on the clean run
+    W = unembed(m)[0].float()
+    w = (W[10] - W[20]) * (fp.offset + fp.weight.float())
+    for la in range(m.n_layers):
+        assert f"L{la} mlp" not in r.labels
+        e = r.labels.index(f"L{la} experts")
+        assert r.kinds[e] == "experts" and r.layers[e] == la
+        assert (f"L{la} shared expert" in r.labels) == shared
+        # the routed experts' part is the experts_out write read along the frozen final norm
+        x = interp.capture(m, ids, f"experts_out.{la}", "last").tensor[:, 0]
+        torch.testing.assert_close(r.parts[:, 0, e], scale * (x @ w), atol=1e-5, rtol=1e-4)
+        assert r.parts[:, 0, e].abs().sum() > 0
+        if shared:
+            j = r.labels.index(f"L{la} shared expert")
+            assert r.kinds[j] == "shared_expert" and r.parts[..., j].abs().sum() > 0
+    names, vals = layer.by_layer()                                  # experts + shared expert add up to the MLP bar
+    assert names[2] == "L0 mlp" and vals.shape[0] == 1 + 2 * m.n_layers

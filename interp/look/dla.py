@@ -4,7 +4,9 @@ The residual stream at the chosen positions is the sum of its writes (the embedd
 ``mlp_out``); with the final norm's scale frozen from the clean run (as TransformerLens's ``apply_ln_to_stack``:
 centre for a LayerNorm, divide by the run's RMS / std, multiply by the gain) the logit is linear in them, so each
 write gets its share exactly. Heads: ``attn_z`` of a head times its slice of ``W_O``; neurons: ``mlp_post`` times
-rows of the down projection; the biases are parts of their own. Where a norm follows the sublayer (Gemma-2/3,
+rows of the down projection; the biases are parts of their own. A mixture-of-experts layer's MLP write is two parts:
+the routed experts' weighted sum (``experts_out``) and, where the family has one, the shared expert's gated write
+(Qwen2-MoE; ``mlp_out - experts_out``). Where a norm follows the sublayer (Gemma-2/3,
 OLMo-2) its per-token scale is frozen from the clean run too. Frozen: the final norm's scale (and those post norms);
 constant: the final norm's bias and the unembedding bias projected on the target (``DLA.constant``). Gemma-2's
 final logit softcap is left out: the parts sum to the logit before the cap.
@@ -19,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from jaxtyping import Float
 
+from interp.arch import has_module
 from interp.bundle import Result
 from interp.capturing import capture
 from interp.hooking import norm_parts
@@ -205,6 +208,8 @@ def _attribute(model: Model, prompts: Any, pos: Positions, by: str, run: Runtime
     sites = [Site("resid_pre", 0)] + [Site(k, la) for la in range(L) for k in ("attn_out", "mlp_out")]
     sites += [Site("resid_post", L - 1), Site("ln_final_out", None)]
     sites += [Site("mlp_module_out", la) for la in range(L)] if post and by == "neuron" else []
+    moe = _moe_layers(model)
+    sites += [Site("experts_out", la) for la in moe]
     R, mask = _positions(capture(model, prompts, sites, positions=pos, runtime=run))   # [n, S, P, d]
     u, const = _direction(model, a, b)                                                  # [n, d], [n]
     s, w, fbias = _frozen_final(model, R[:, 1 + 2 * L], u)                             # [n, P], [n, d], [n]
@@ -219,7 +224,9 @@ def _attribute(model: Model, prompts: Any, pos: Positions, by: str, run: Runtime
             parts.add(s * (R[:, 1 + 2 * la] * v).sum(-1), [f"L{la} attn"], "attn", la)
         else:
             _head_parts(model, la, z[:, la], s, v, parts)
-        if mp is None:
+        if la in moe:
+            _moe_parts(model, R[:, 2 + 2 * la], R[:, len(sites) - len(moe) + moe.index(la)], s, v, la, parts)
+        elif mp is None:
             parts.add(s * (R[:, 2 + 2 * la] * v).sum(-1), [f"L{la} mlp"], "mlp", la)
         else:
             _neuron_parts(model, la, mp[:, la], R[:, 3 + 2 * L + la] if post else None, s, v, parts)
@@ -233,6 +240,25 @@ def _attribute(model: Model, prompts: Any, pos: Positions, by: str, run: Runtime
                parts.layers, parts.units, by, described, FROZEN.format(norm=kind, post=post_note),
                model.n_heads, L, {"model_id": model.name, "positions": pos.describe(),
                                   "softcap": getattr(model.config, "final_logit_softcapping", None)})
+
+
+def _moe_layers(model: Model) -> list[int]:
+    """The mixture-of-experts layers (dense layers of a mixed model keep one ``mlp`` part); none with post-MLP
+    norms, whose frozen scale is not split here."""
+    spec = model.spec
+    if not spec.is_moe or spec.post_sublayer_norms:
+        return []
+    return [la for la in range(model.n_layers) if has_module(model.block(la), spec.experts)]
+
+
+def _moe_parts(model: Model, mlp_out: torch.Tensor, experts_out: torch.Tensor, s: torch.Tensor, v: torch.Tensor, la: int,
+               parts: _Parts) -> None:
+    """A mixture-of-experts layer's write ``mlp_out [n, P, d]`` as the routed experts' weighted sum
+    (``experts_out``) and, where the family has one, the shared expert's gated write (the rest: ``mlp_out -
+    experts_out``), each read along ``v [n, P, d]`` at the frozen scale ``s [n, P]``."""
+    parts.add(s * (experts_out * v).sum(-1), [f"L{la} experts"], "experts", la)
+    if model.spec.shared_expert is not None:
+        parts.add(s * ((mlp_out - experts_out) * v).sum(-1), [f"L{la} shared expert"], "shared_expert", la)
 
 
 def _direction(model: Model, a: torch.Tensor, b: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
