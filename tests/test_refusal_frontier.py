@@ -144,3 +144,42 @@ def test_search_on_a_tiny_model():
     b, _ = search(model, data, cand, [5, 6], cfg)
     assert a == b and all(torch.isfinite(torch.tensor([t["refusal_score"], t["kl"]])).all() for t in a)
     assert {t["params"]["variant"] for t in a} <= {"zero", "reference", "norm_preserving"}
+
+
+def test_job_search_frontier_writes_specs_report_and_the_chosen_model(tmp_path):
+    import json
+
+    from interp.cli.main import main
+
+    out = tmp_path / "run"
+    assert main(["refusal", "--model", "organism", "--search", "frontier", "--trials", "4", "--n-test", "8",
+                 "--max-new-tokens", "8", "--save-model", "--out", str(out)]) == 0
+    m = json.loads((out / "metrics.json").read_text())
+    fr = m["frontier"]
+    chosen = fr["summary"]["chosen"]
+    assert len(fr["points"]) >= 1 and chosen["chosen"] and "lowest harmless KL" in fr["summary"]["rule"]
+    spec = out / m["edits"][f"frontier-point{chosen['point']}"]
+    model = interp.load_model("organism")
+    edit = steering.load_edit(spec, model)
+    lines = [json.loads(x) for x in (out / "generations.jsonl").read_text().splitlines()]
+    run_texts = [x["response"] for x in lines if x["condition"] == f"frontier/point{chosen['point']}/harmful"]
+    again = steering.generate_and_judge(model, load_refusal_data("organism", DataConfig(n_test=8)).harmful["test"]
+                                        .instructions, edit, max_new_tokens=8,
+                                        runtime=Runtime(batch_size=64, progress=False))
+    assert len(run_texts) == 8 and again.texts == run_texts
+    assert "Refusal vs damage frontier" in (out / "report.html").read_text()
+    baked = interp.load_model(fr["saved_model"])   # the chosen point's bake equals its hooks
+    ids = torch.randint(0, 200, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad(), steering.apply(model, edit):
+        hooked = model.hf(ids).logits
+    with torch.no_grad():
+        assert torch.allclose(baked.hf(ids).logits, hooked, atol=1e-4 * float(hooked.abs().max()))
+
+
+def test_job_refuses_a_budget_of_zero(tmp_path):
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "interp.cli.main", "refusal", "--model", "organism", "--search",
+                        "frontier", "--trials", "0", "--out", str(tmp_path / "o")], capture_output=True, text=True)
+    assert r.returncode != 0 and "trials=N" in r.stderr

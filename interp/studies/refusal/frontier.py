@@ -259,6 +259,26 @@ def run_frontier(model: Model, data: RefusalData, cand: Candidates, tokens: Sequ
                                     "max_new_tokens": cfg.max_new_tokens, "batch_size": cfg.batch_size})
 
 
+def frontier_outputs(out: Path, model: Model, res: FrontierResult, cand: Candidates, save_to: Path | None = None
+                     ) -> dict[str, Any]:
+    """The run's frontier outputs: every point's spec (and its control's) in ``out/edits``, and with ``save_to`` the
+    chosen point baked and saved as an HF folder (``steering.bias.check_saveable`` first). ``metrics.json``'s
+    section: the summary, every point's row, ``specs`` (``{name: path relative to out}``), ``saved_model``."""
+    from steering.bias import check_saveable
+
+    (out / "edits").mkdir(parents=True, exist_ok=True)
+    specs = save_point_specs(res, cand, model, out / "edits")
+    m = {"summary": res.summary(), "points": [res.point_row(i) for i in range(len(res.points))],
+         "specs": {k: str(v.relative_to(out)) for k, v in specs.items()}}
+    if save_to is not None:
+        baked = chosen_edit(res, cand).bake(model).model
+        check_saveable(baked, "the frontier's chosen point")
+        baked.hf.save_pretrained(save_to)
+        model.tokenizer.save_pretrained(save_to)
+        m["saved_model"] = str(save_to)
+    return m
+
+
 def chosen_edit(res: FrontierResult, cand: Candidates) -> Any:
     """The chosen point's edit object (rebuilt from its parameters)."""
     return frontier_edit(cand, res.points[res.chosen]["params"], res.settings["writers"])
@@ -283,5 +303,5 @@ def save_point_specs(res: FrontierResult, cand: Candidates, model: Model, folder
     return out
 
 
-__all__ = ["SAMPLERS", "VARIANTS", "FrontierConfig", "Screen", "chosen_edit", "confirm", "frontier_edit",
+__all__ = ["SAMPLERS", "VARIANTS", "FrontierConfig", "Screen", "chosen_edit", "confirm", "frontier_edit", "frontier_outputs",
            "point_edits", "rescore", "run_frontier", "save_point_specs", "search", "suggest", "zero_vs_reference"]

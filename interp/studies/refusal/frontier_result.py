@@ -105,6 +105,28 @@ class FrontierResult(Result):
                          "pareto": i in front} | flat)
         return pd.DataFrame(rows)
 
+    def report_sections(self) -> list[tuple[str, Any]]:
+        """The report page's frontier sections: the figure, the rule and the side effect, the points' table."""
+        import html
+
+        from interp.viz.html import table
+
+        cols = ["point", "variant", "orthogonalize", "harmful_refusal", "harmful_ci95", "kl", "ce", "ce_baseline",
+                "over_refusal", "control_refusal", "control_kl", "chosen", "spec"]
+        s = self.side_effect
+        side = (f"ablation to 0 vs to the harmless mean's level at the chosen point: {s.get('n')} of {s.get('of')} "
+                f"harmless + borderline test prompts project negatively on the direction (layer {s.get('layer')}); "
+                "refused: " + ", ".join(f"{k} {v['k']}/{v['n']}" for k, v in s.get("refused", {}).items()))
+        base = self.baseline["harmful"]
+        notes = [f"chosen: point {self.chosen}, by the rule: {self.rule}",
+                 f"baseline held-out harmful refusal {base['k']}/{base['n']}; {len(self.trials)} trials "
+                 f"({self.settings.get('sampler')}, seed {self.settings.get('seed')})", side]
+        text = "".join(f"<p class='note'>{html.escape(n)}</p>" for n in notes)
+        rows = [[self.point_row(i).get(c) for c in cols] for i in range(len(self.points))]
+        return [("Refusal vs damage frontier", self.plot()),
+                ("Frontier points: held-out refusal [95% CI], KL, CE, over-refusal, random controls",
+                 text + table(cols, rows))]
+
     def plot(self) -> Any:
         """Heretic-style trial scatter with the Pareto front, and the confirmed frontier with controls and the
         chosen point (:func:`interp.viz.frontier.frontier_figure`)."""
