@@ -3,7 +3,7 @@ Optuna search, exact rescoring of its Pareto front and the confirmation of the f
 (held-out harmful refusal [95% CI], harmless KL and CE, over-refusal, a same-strength random control per point),
 timed; writes the table to ``benchmarks/RESULTS_frontier_ours.md``.
 
-    nice -n 10 python benchmarks/bench_frontier.py --model smollm2-aligned --trials 64 --threads 2
+    nice -n 10 python benchmarks/bench_frontier.py --model smollm2-aligned --trials 40 --threads 2
 """
 
 from __future__ import annotations
@@ -44,10 +44,10 @@ def table(res, seconds: dict) -> list[str]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2-aligned")
-    ap.add_argument("--trials", type=int, default=64)
+    ap.add_argument("--trials", type=int, default=40)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--max-points", type=int, default=4)
+    ap.add_argument("--max-points", type=int, default=3)
     ap.add_argument("--out", default=str(HERE / "RESULTS_frontier_ours.md"))
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
@@ -64,6 +64,7 @@ def main() -> int:
     tokens = find_refusal_tokens(model, data, 12, 64)
     cand = find_candidates(model, data)
     t2 = time.perf_counter()
+    print(f"tokens + candidates: {t2 - t1:.0f} s", file=sys.stderr, flush=True)
     res = run_frontier(model, data, cand, tokens.tokens, FrontierConfig(trials=a.trials, seed=a.seed,
                                                                          max_points=a.max_points))
     t3 = time.perf_counter()

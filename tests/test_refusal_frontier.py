@@ -135,8 +135,9 @@ def test_bad_input(organism):
         run_frontier(model, data, cand, [], CFG)
 
 
-def test_search_on_a_tiny_model():
-    model = tiny_model("qwen2", n_layers=3)
+@pytest.mark.parametrize("family", ["qwen2", "qwen2_moe"])
+def test_search_on_a_tiny_model(family):
+    model = tiny_model(family, n_layers=3)
     data = load_refusal_data("organism", DataConfig(n_train=8, n_val=4, n_test=4))
     cand = find_candidates(model, data)
     cfg = FrontierConfig(trials=5, n_screen=4, sampler="nsga2", seed=1)
