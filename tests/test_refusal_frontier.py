@@ -184,3 +184,19 @@ def test_job_refuses_a_budget_of_zero(tmp_path):
     r = subprocess.run([sys.executable, "-m", "interp.cli.main", "refusal", "--model", "organism", "--search",
                         "frontier", "--trials", "0", "--out", str(tmp_path / "o")], capture_output=True, text=True)
     assert r.returncode != 0 and "trials=N" in r.stderr
+
+
+@pytest.mark.parametrize("variant", ["zero", "reference", "norm_preserving"])
+def test_each_variant_screens_and_its_spec_reloads(organism, variant, tmp_path):
+    from interp.studies.refusal.frontier import Screen
+
+    model, data, tokens, cand = organism
+    kern = {"max_weight": 1.0, "max_weight_position": 2.0, "min_weight": 0.5, "min_weight_distance": 2.0}
+    params = {"position": cand.n_positions - 1, "direction_index": 1.5, "orthogonalize": True, "variant": variant,
+              "attn": kern, "mlp": kern}
+    edit = frontier_edit(cand, params)
+    screen = Screen(model, data, tokens, 8, 64)
+    score, kl = screen(edit)
+    assert score < screen.baseline and kl > 0        # the edit lowers the refusal score at some cost
+    back = steering.load_edit(steering.save_edit(edit, tmp_path / "e", model), model)
+    assert type(back) is type(edit) and screen(back) == (score, kl)
