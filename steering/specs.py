@@ -28,7 +28,8 @@ from interp.models import Model
 
 SPEC_FORMAT = 1
 # modules whose public dataclasses are edits or what edits hold; steering.abliteration joins when present
-EDIT_MODULES = ("steering.interventions", "steering.strength", "probes.objects", "steering.abliteration")
+EDIT_MODULES = ("steering.interventions", "steering.strength", "probes.objects", "steering.abliteration",
+                "steering.abliteration_norm")
 COEFFICIENTS = ("alpha", "value", "unit", "magnitude")
 _KNOWN: dict[str, type] = {}
 

@@ -6,7 +6,7 @@ import argparse
 import time
 from typing import Any
 
-STAGES = ("tokens", "candidates", "estimate", "scores", "selection", "evaluation", "writers", "subspaces", "report")
+STAGES = ("tokens", "candidates", "estimate", "scores", "selection", "evaluation", "writers", "subspaces", "frontier", "report")
 
 
 def add_refusal_parser(sub: Any, model_args: Any) -> None:
@@ -65,9 +65,14 @@ def _selection_args(p: argparse.ArgumentParser) -> None:
                    "layers; re-runs selection only (default: %(default)s)")
     p.add_argument("--induce-threshold", type=float, default=0.0, help="keep candidates whose addition raises the "
                    "harmless refusal score above this; re-runs selection only (default: %(default)s)")
-    p.add_argument("--search", choices=("estimate", "exhaustive"), default="estimate", help="estimate: rank every "
+    p.add_argument("--search", choices=("estimate", "exhaustive", "frontier"), default="estimate", help="estimate: rank every "
                    "candidate by an attribution estimate (one forward and a few backwards per batch) and score only the --top-k "
-                   "exactly; exhaustive: score every candidate exactly (default: %(default)s)")
+                   "exactly; exhaustive: score every candidate exactly; frontier: the estimate search, then the "
+                   "refusal-vs-damage frontier (a seeded Optuna search of the abliteration families, confirmed on the "
+                   "test prompts; --save-model saves its chosen point) (default: %(default)s)")
+    p.add_argument("--trials", type=int, default=48, help="the frontier search's Optuna budget (default: %(default)s)")
+    p.add_argument("--frontier-target", type=float, default=0.10, help="the frontier's rule: the lowest KL among points "
+                   "with held-out harmful refusal at most this, else the lowest refusal (default: %(default)s)")
     p.add_argument("--top-k", type=int, default=8, help="candidates scored exactly with --search estimate "
                    "(default: %(default)s)")
     p.add_argument("--ablate-positions", choices=("auto", "all", "post_instruction"), default="auto", help="where a "
@@ -80,6 +85,15 @@ def _selection_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--diagnosis-alpha", type=float, default=0.01, help="stop before scoring unless harmful train "
                    "prompts are refused more often than harmless ones, one-sided Fisher exact p below this "
                    "(default: %(default)s)")
+
+
+def _frontier_config(args: argparse.Namespace) -> Any:
+    """``--search frontier``: the frontier search's settings (its budget checked here, before any model loads)."""
+    from interp.studies.refusal.frontier import FrontierConfig
+
+    return None if args.search != "frontier" else FrontierConfig(
+        trials=args.trials, seed=args.seed, target=args.frontier_target, max_new_tokens=args.max_new_tokens,
+        batch_size=args.batch_size)
 
 
 def cmd_refusal(args: argparse.Namespace) -> int:
@@ -98,8 +112,9 @@ def cmd_refusal(args: argparse.Namespace) -> int:
         device=args.device, layers=[int(x) for x in args.layers.split(",")] if args.layers else None,
         save_model=args.save_model, borderline=args.borderline, borderline_column=args.borderline_column,
         n_borderline=args.n_borderline, min_refusals=args.min_refusals, diagnosis_alpha=args.diagnosis_alpha,
-        judge=args.judge, search=args.search, top_k=args.top_k, threads=args.threads,
-        ablate_positions=args.ablate_positions)
+        judge=args.judge, search="estimate" if args.search == "frontier" else args.search, top_k=args.top_k,
+        threads=args.threads, ablate_positions=args.ablate_positions)
+    frontier = _frontier_config(args)
     con = Console()
     state = {s: ("waiting", None) for s in STAGES}
     t_start = time.perf_counter()
@@ -131,7 +146,7 @@ def cmd_refusal(args: argparse.Namespace) -> int:
                 state[stage] = ("done", time.perf_counter() - started.get(stage, time.perf_counter()))
             live.update(render())
 
-        res = run_refusal(cfg, args.out, overwrite=args.overwrite, progress=progress)
+        res = run_refusal(cfg, args.out, overwrite=args.overwrite, progress=progress, frontier=frontier)
         for s in STAGES:
             if state[s][0] == "waiting":
                 state[s] = ("skipped", None)
@@ -180,6 +195,13 @@ def summary_table(m: dict) -> Any:
                 f" ({name} {kc[f'kl_first_response_token ({name})']:.4f})" for name in KL_CONTROLS
                 if f"kl_first_response_token ({name})" in kc))
             t.add_row("harmless CE baseline -> ablated", f"{kc['ce_baseline']:.3f} -> {kc['ce_edited']:.3f}")
+    fr = m.get("frontier")
+    if fr:
+        c = fr["summary"]["chosen"]
+        t.add_row("frontier: chosen point (held-out harmful refusal)", f"{100 * c['harmful_refusal']:.0f}% (95% CI "
+                  f"{100 * c['harmful_ci95'][0]:.0f}-{100 * c['harmful_ci95'][1]:.0f}%; random control "
+                  f"{100 * c['control_refusal']:.0f}%)")
+        t.add_row("frontier: chosen point KL / CE", f"{c['kl']:.4f} / {c['ce']:.3f}")
     return t
 
 

@@ -17,7 +17,8 @@ from interp.bundle import decode_fields, encode_fields
 from interp.io import OwnedFolder, read_json, read_safetensors, write_json, write_safetensors
 from interp.studies.kit.config import RefusalConfig
 
-OUR_FILES = ("metrics.json", "generations.jsonl", "report.html", "run.json", "direction", "stages", "model", "edits")
+OUR_FILES = ("metrics.json", "generations.jsonl", "report.html", "run.json", "direction", "stages", "model", "edits",
+             "frontier_model")
 T = TypeVar("T")
 
 

@@ -16,6 +16,7 @@ from interp.studies.refusal.cache import Run
 from interp.studies.refusal.conditions import evaluated_edits
 from interp.studies.refusal.diagnosis import effect_check, effect_notes, random_kl_text
 from interp.studies.refusal.estimate import search_metrics
+from interp.studies.refusal.frontier import frontier_outputs
 from interp.studies.refusal.report import refusal_report
 from interp.studies.refusal.result import RefusalResult
 
@@ -118,6 +119,9 @@ def write_generations(path: Path, data: RefusalData, res: RefusalResult) -> None
             which = cond.split("/", 1)[0]
             prompts = data.borderline if which == "borderline" else getattr(data, which)["test"]
             rows.append((cond, prompts, texts, ev.refused.get(cond, [])))
+    sets = {"harmful": data.harmful["test"], "harmless": data.harmless["test"], "borderline": data.borderline}
+    for cond, texts in (res.frontier.generations if res.frontier is not None else {}).items():  # --search frontier
+        rows.append((f"frontier/{cond}", sets[cond.rsplit("/", 1)[1].replace("control_", "")], texts, []))
     lines = []
     for cond, prompts, texts, flags in rows:
         for i, (p, t) in enumerate(zip(prompts.instructions, texts)):
@@ -157,8 +161,9 @@ def save_baked(run: Run, model: Model, res: RefusalResult) -> str:
 
 
 def finish(run: Run, model: Model, cfg: RefusalConfig, data: RefusalData, res: RefusalResult,
-           say: Callable[[str, str], None]) -> RefusalResult:
-    """Write every output of the run into its folder and return the result."""
+           say: Callable[[str, str], None], save_frontier: bool = False) -> RefusalResult:
+    """Write every output of the run into its folder and return the result (``save_frontier``: bake and save the
+    frontier's chosen point into ``out/frontier_model``)."""
     res.notes += outcome_notes(cfg, res)
     if res.selection is not None and res.selection.found:
         assert res.candidates is not None
@@ -169,6 +174,10 @@ def finish(run: Run, model: Model, cfg: RefusalConfig, data: RefusalData, res: R
     write_generations(run.out / "generations.jsonl", data, res)
     res.metrics = build_metrics(cfg, model, data, res)
     res.metrics["edits"] = save_edits(run, model, cfg, data, res)   # steering.load_edit(out / path)
+    if res.frontier is not None and res.candidates is not None:
+        target = run.replace_dir("frontier_model") if save_frontier else None
+        res.metrics["frontier"] = frontier_outputs(run.out, model, res.frontier, res.candidates, target)
+        res.metrics["edits"] |= res.metrics["frontier"].pop("specs")
     res.metrics["generation"] = {"max_new_tokens": cfg.generation.max_new_tokens, "sampling": "greedy",
                                  "batch_size": cfg.runtime.batch_size}
     if res.direction is not None and cfg.runtime.save_model:

@@ -140,4 +140,5 @@ def refusal_report(res: RefusalResult, model_name: str, family: str, n_layers: i
     """The refusal pipeline's report page: summary, candidate heatmaps, projections, rates, subspaces, examples."""
     sections = [("Summary", _summary(res, model_name, family, n_layers))]
     sections += _candidate_sections(res) + _estimate_sections(res) + _evaluation_sections(res) + _writers_sections(res)
+    sections += res.frontier.report_sections() if res.frontier is not None else []
     return page(f"Refusal direction: {model_name}", sections)

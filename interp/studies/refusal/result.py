@@ -15,7 +15,7 @@ from interp.studies.refusal.writers import Writers
 if TYPE_CHECKING:
     import pandas as pd
 
-STAGES = ("tokens", "candidates", "estimate", "scores", "selection", "evaluation", "subspaces", "writers")
+STAGES = ("tokens", "candidates", "estimate", "scores", "selection", "evaluation", "subspaces", "writers", "frontier")
 
 
 @dataclass
@@ -35,6 +35,7 @@ class RefusalResult(Result):
     subspaces: Subspaces | None = None
     diagnosis: Any = None  # interp.studies.refusal.diagnosis.Diagnosis (derived, not a cached stage)
     writers: Writers | None = None
+    frontier: Any = None  # interp.studies.refusal.frontier_result.FrontierResult (--search frontier)
     computed: list[str] = field(default_factory=list)
     # ablate_positions="auto": each ablation mode the search tried, in order, with its outcome
     ablation_search: list[dict[str, Any]] = field(default_factory=list)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import asdict, replace
 from functools import partial
 from pathlib import Path
 
@@ -37,6 +37,8 @@ from interp.studies.refusal.cache import Run
 from interp.studies.refusal.diagnosis import auto_notes, diagnose, kl_rejected_notes, relaxed_notes
 from interp.studies.refusal.estimate import PROBES, Estimate, estimate_modes, top_candidates
 from interp.studies.refusal.evaluation import Evaluation, Subspaces, TestPrompts, evaluate, find_subspaces
+from interp.studies.refusal.frontier import FrontierConfig, run_frontier
+from interp.studies.refusal.frontier_result import FrontierResult
 from interp.studies.refusal.outputs import finish, start_notes
 from interp.studies.refusal.result import RefusalResult
 from interp.studies.refusal.writers import Writers, writer_attribution
@@ -62,17 +64,19 @@ def resolve_judge(spec: str | None, given: Judge | None) -> tuple[Judge | None, 
 
 
 def run_refusal(cfg: RefusalConfig, out: str | Path, overwrite: bool = False, progress: Progress | None = None,
-                model: Model | None = None, judge: Judge | None = None) -> RefusalResult:
+                model: Model | None = None, judge: Judge | None = None,
+                frontier: FrontierConfig | None = None) -> RefusalResult:
     """Run (or resume) the analysis into ``out``. ``progress(stage, status)`` is called around each stage.
 
     The folder is checked first (another run's folder needs ``overwrite``) but marked as this run's only after
     the prompt files and the model loaded: a run that fails on bad input leaves nothing that blocks its rerun.
     The run stops after the tokens stage when the diagnosis finds no refusal behaviour (:func:`diagnose`).
     ``judge`` (any callable ``str -> bool``) overrides ``cfg.runtime.judge``.
-    ``cfg.runtime.threads`` sets torch's thread count for the run (restored after).
+    ``cfg.runtime.threads`` sets torch's thread count for the run (restored after). ``frontier``: after the paper's
+    stages, the refusal-vs-damage frontier search (:func:`~interp.studies.refusal.frontier.run_frontier`).
     """
     with _threads(cfg.runtime.threads):
-        return _run_refusal(cfg, out, overwrite, progress, model, judge)
+        return _run_refusal(cfg, out, overwrite, progress, model, judge, frontier)
 
 
 @contextmanager
@@ -87,7 +91,7 @@ def _threads(n: int | None) -> Iterator[None]:
 
 
 def _run_refusal(cfg: RefusalConfig, out: str | Path, overwrite: bool, progress: Progress | None,
-                 model: Model | None, judge: Judge | None) -> RefusalResult:
+                 model: Model | None, judge: Judge | None, frontier: FrontierConfig | None = None) -> RefusalResult:
     say: Progress = progress or (lambda stage, status: None)
     run = Run(out, cfg, overwrite)
     d, s, g, rt = cfg.data, cfg.selection, cfg.generation, cfg.runtime
@@ -140,7 +144,10 @@ def _run_refusal(cfg: RefusalConfig, out: str | Path, overwrite: bool, progress:
                 say)  # type: ignore[arg-type]
             res.subspaces = run.stage("subspaces", keys.subspaces(sel), Subspaces, lambda: find_subspaces(
                 model, test, cand, sel, res.tokens, res.evaluation, cfg, run_rt), say)  # type: ignore[arg-type]
-    return finish(run, model, cfg, data, res, say)
+        if frontier is not None:
+            res.frontier = run.stage("frontier", keys.frontier(frontier), FrontierResult, lambda: run_frontier(
+                model, data, cand, res.tokens.tokens, frontier, judge), say)  # type: ignore[union-attr]
+    return finish(run, model, cfg, data, res, say, save_frontier=rt.save_model and res.frontier is not None)
 
 
 def _search(run: Run, model: Model, data: RefusalData, cand: Candidates, res: RefusalResult, keys: _Keys, at: str,
@@ -229,6 +236,10 @@ class _Keys:
         """Keyed on the selection's result (the chosen candidate), not its thresholds."""
         return stage_key("evaluation", {**self.test, **self.model, "chosen": [sel.layer_index, sel.position_index],
                                         "kl_control": "random ablation"})
+
+    def frontier(self, fc: FrontierConfig) -> str:
+        return stage_key("frontier", {**{k: v for k, v in self.test.items() if k != "ablate_positions"}, **self.model,
+                                       "val": self.data.digest("val"), "config": asdict(fc)})
 
     def writers(self, sel: Selection) -> str:
         return stage_key("writers", {**self.test, **self.model, "chosen": [sel.layer_index, sel.position_index],
