@@ -66,3 +66,27 @@ def test_heretic_run_refuses_a_used_folder_and_a_bad_command_line(tmp_path):
         heretic_run.main([str(tmp_path / "old"), "--", "--model", "x"])
     with pytest.raises(SystemExit, match="usage"):
         heretic_run.main([str(tmp_path / "new"), "--model", "x"])
+
+
+def _result(model: str, kl: float) -> dict:
+    rate = {"rate": 0.5, "k": 1, "n": 2, "ci95": [0.09, 0.91]}
+    settings = {"n_startup_trials": 1, "n_trials": 2, "seed": 0, "batch_size": 8, "row_normalization": "full",
+                "orthogonalize_direction": True, "system_prompt": "s", "max_response_length": 32}
+    rows = [{"trial": "unedited", "harmful": rate, "borderline": rate, "kl_first_token": 0.0},
+            {"trial": 2, "heretic_refusals": 1, "heretic_n": 50, "heretic_kl": 0.2, "harmful": rate, "borderline": rate,
+             "kl_first_token": kl, "ce_base": 1.0, "ce_edited": 1.5}]
+    return {"model": model, "rows": rows, "heretic_seconds": 10.0, "search_seconds": 8.0, "trials": 2,
+            "settings": settings, "flags": ["--x"], "machine": "m", "sizes": {}}
+
+
+def test_results_keep_our_frontier_section_last_and_replace_a_models_rows(tmp_path, monkeypatch):
+    md = tmp_path / "RESULTS_frontier.md"
+    monkeypatch.setattr(bh, "OUT_MD", md)
+    bh.write_results(_result("smollm2-aligned", 0.123))
+    md.write_text(md.read_text() + "| our point | 5% |\n")           # the frontier helper's rows
+    bh.write_results(_result("gemma3-aligned", 0.456))
+    bh.write_results(_result("smollm2-aligned", 0.789))               # a rerun replaces its own section
+    text = md.read_text()
+    assert text.count("### heretic-llm 1.4 on smollm2-aligned") == 1 and "0.1230" not in text and "0.7890" in text
+    assert "0.4560" in text and text.index(bh.OURS) > text.index("on gemma3-aligned")
+    assert text.rstrip().endswith("| our point | 5% |")
