@@ -103,7 +103,7 @@ def run_heretic(name: str, trials: int, startup: int, seed: int, batch_size: int
              "--device-map", "cpu", "--dtypes", '["float32"]']
     for key, path in files.items():
         flags += [f"--{key.replace('_', '-')}.dataset", str(path)]
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    env = dict(os.environ, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     cmd = ["nice", "-n", "10", str(HERETIC_PY), str(ROOT / "scripts" / "heretic_run.py"), str(out), "--", *flags]
     print(" ".join(cmd), flush=True)
     t0 = time.perf_counter()
@@ -165,32 +165,59 @@ def measure(model, data, batch_size: int) -> dict:
     return out
 
 
-def evaluate(name: str, batch_size: int) -> dict:
-    """Every Pareto-best trial heretic saved, measured our way against the unedited folder; ``evaluation.json``."""
+def _cached(path: Path, key: dict, compute) -> dict:
+    """``compute()``'s row, kept at ``path`` with ``key`` (model, data, settings): reused only for the same key."""
+    if path.exists():
+        got = json.loads(path.read_text())
+        if got.get("key") == key:
+            return got["row"]
+    row = compute()
+    write_text(path, json.dumps({"key": key, "row": row}, indent=2))
+    return row
+
+
+def evaluate(name: str, batch_size: int, max_trials: int) -> dict | None:
+    """The unedited model, then heretic's Pareto-best trials (fewest refusals first, at most ``max_trials``),
+    measured our way against the unedited folder; each row cached as it is done; ``evaluation.json``. Without
+    heretic's trials yet, only the unedited row (returns ``None``)."""
     import interp
     import steering
     from interp import Runtime
 
-    folder, out = model_folder(name), RUNS / name
-    info = json.loads((out / "trials.json").read_text())
-    data = test_data()
+    folder, out, data = model_folder(name), RUNS / name, test_data()
+    key = {"model": name, "data": data.digest("test"), "max_new_tokens": MAX_NEW_TOKENS, "judge": JUDGE}
     base = interp.load_model(str(folder))
     harmless = data.harmless["test"].instructions
-    base_answers = steering.generate(base, harmless, max_new_tokens=MAX_NEW_TOKENS,
-                                     runtime=Runtime(batch_size=batch_size, progress=False)).texts
-    rows = [{"trial": "unedited", **measure(base, data, batch_size), "kl_first_token": 0.0}]
-    for t in pareto(info["trials"]):
+
+    def unedited() -> dict:
+        answers = steering.generate(base, harmless, max_new_tokens=MAX_NEW_TOKENS,
+                                    runtime=Runtime(batch_size=batch_size, progress=False)).texts
+        return {"trial": "unedited", **measure(base, data, batch_size), "kl_first_token": 0.0, "answers": answers}
+
+    first = _cached(RUNS / "baseline" / f"{name}.json", key, unedited)
+    if not (out / "trials.json").exists():
+        print(f"unedited {name} measured; heretic's trials are not there yet ({out / 'trials.json'})")
+        return None
+    info = json.loads((out / "trials.json").read_text())
+    best = pareto(info["trials"])
+    rows = [{k: v for k, v in first.items() if k != "answers"}]
+    for t in best[:max_trials]:
         path = out / "trials" / str(t["index"])
         if not path.exists():
             raise FileNotFoundError(f"heretic saved no model for trial {t['index']} at {path}; rerun `run`")
-        edited = interp.load_model(str(path))
-        rows.append({"trial": t["index"], "heretic_refusals": t["refusals"], "heretic_n": t["n_bad_prompts"],
-                     "heretic_kl": t["kl_divergence"], "direction_index": t["direction_index"],
-                     **measure(edited, data, batch_size), **kl_ce(base, edited, harmless, base_answers, batch_size)})
-        del edited
+
+        def trial(t: dict = t, path: Path = path) -> dict:
+            edited = interp.load_model(str(path))
+            return {"trial": t["index"], "heretic_refusals": t["refusals"], "heretic_n": t["n_bad_prompts"],
+                    "heretic_kl": t["kl_divergence"], "direction_index": t["direction_index"],
+                    **measure(edited, data, batch_size),
+                    **kl_ce(base, edited, harmless, first["answers"], batch_size)}
+
+        rows.append(_cached(out / "eval" / f"{t['index']}.json", key, trial))
     result = {"model": name, "rows": rows, "heretic_seconds": info["seconds_total"], "trials": len(info["trials"]),
               "search_seconds": search_seconds(info["trials"]), "settings": info["settings"], "flags": info["flags"],
-              "machine": machine(), "sizes": data.sizes()}
+              "machine": machine(), "sizes": data.sizes(), "pareto": [t["index"] for t in best],
+              "not_evaluated": [t["index"] for t in best[max_trials:]]}
     write_text(out / "evaluation.json", json.dumps(result, indent=2))
     return result
 
@@ -236,7 +263,8 @@ def write_results(res: dict) -> None:
         write_text(OUT_MD, HEADER + "\n" + OURS_TEXT)
     s = res["settings"]
     lines = [f"### heretic-llm 1.4 on {res['model']}", "",
-             f"{res['trials']} trials ({s['n_startup_trials']} random, then multivariate TPE), seed {s['seed']}, "
+             f"{res['trials']} of {s['n_trials']} trials ({s['n_startup_trials']} random, then multivariate TPE), "
+             f"seed {s['seed']}, "
              f"batch {s['batch_size']}, float32 on CPU under `nice -n 10`: **{res['heretic_seconds']:.0f} s** in all "
              f"(the trials alone {res['search_seconds']:.0f} s; the rest: loading, the response-prefix check, the "
              f"base evaluation and saving the Pareto models). Machine: {res['machine']}. heretic settings: "
@@ -253,6 +281,8 @@ def write_results(res: dict) -> None:
                      f"{r['kl_first_token']:.4f} | {ce} |")
     cli = (f"--trials {s['n_trials']} --startup {s['n_startup_trials']} --seed {s['seed']} --batch-size "
            f"{s['batch_size']} --max-response-length {s['max_response_length']}")
+    lines += ["", f"heretic's Pareto set (its rule: fewest refusals, then lower KL): trials {res.get('pareto')}; "
+              f"not measured our way (time): {res.get('not_evaluated') or 'none'}."]
     lines += ["", "Commands: `bash scripts/heretic_venv.sh`; `python benchmarks/bench_heretic.py run --model "
               f"{res['model']} {cli}`; `python benchmarks/bench_heretic.py evaluate --model "
               f"{res['model']}`. heretic's flags: `{' '.join(res['flags'])}`.", ""]
@@ -282,6 +312,7 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--max-response-length", type=int, default=32,
                     help="heretic's new tokens per answer when it counts refusals (its default 100 is 3x slower on CPU)")
+    ap.add_argument("--max-trials", type=int, default=4, help="Pareto trials measured our way, fewest refusals first")
     ap.add_argument("--eval-batch-size", type=int, default=32)
     a = ap.parse_args()
     if a.stage == "prepare":
@@ -289,7 +320,9 @@ def main() -> None:
     elif a.stage == "run":
         run_heretic(a.model, a.trials, a.startup, a.seed, a.batch_size, a.max_response_length)
     else:
-        write_results(evaluate(a.model, a.eval_batch_size))
+        res = evaluate(a.model, a.eval_batch_size, a.max_trials)
+        if res is not None:
+            write_results(res)
 
 
 if __name__ == "__main__":
