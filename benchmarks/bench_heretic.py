@@ -320,8 +320,10 @@ def main() -> None:
     elif a.stage == "run":
         run_heretic(a.model, a.trials, a.startup, a.seed, a.batch_size, a.max_response_length)
     else:
-        res = evaluate(a.model, a.eval_batch_size, a.max_trials)
-        if res is not None:
+        for k in range(1, a.max_trials + 1):   # the table after each trial (rows cached): a stop keeps what is done
+            res = evaluate(a.model, a.eval_batch_size, k)
+            if res is None:
+                break
             write_results(res)
 
 
