@@ -40,6 +40,14 @@ def _rows(p: Path) -> list[Any]:
     return [line for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
+def read_rows(path: str | Path) -> list[Any]:
+    """The raw rows of a CSV / JSON / JSONL / text file (dicts or strings), for structured prompt sets."""
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"prompt file {p} does not exist")
+    return _rows(p)
+
+
 def read_prompt_file(path: str | Path, column: str | None = None) -> PromptFile:
     """Prompts (and categories) from ``path``; ``column`` names the prompt field of CSV/JSON/JSONL rows."""
     p = Path(path)
@@ -92,4 +100,4 @@ def read_parallel(path: str | Path, kind: str | None = None, split: str | None =
     return {lang: [by[lang][i] for i in ids] for lang in langs}
 
 
-__all__ = ["PromptFile", "read_parallel", "read_prompt_file", "read_prompts"]
+__all__ = ["PromptFile", "read_parallel", "read_prompt_file", "read_prompts", "read_rows"]

@@ -44,4 +44,15 @@ def percentile_interval(samples: torch.Tensor, level: float = 0.95, dim: int = 0
     return lo.to(dtype), hi.to(dtype)
 
 
-__all__ = ["percentile_interval", "resample_ids"]
+def mean_interval(values: torch.Tensor, n_boot: int = 2000, seed: int | torch.Generator = 0,
+                  level: float = 0.95) -> dict[str, float]:
+    """The mean of per-item ``values [n]`` with its bootstrap percentile interval over items and the one-sided
+    bootstrap p-value of ``mean <= 0`` (floored at ``1 / n_boot``): ``{"mean", "lo", "hi", "p"}``."""
+    v = torch.as_tensor(values, dtype=torch.double).flatten()
+    boot = v[resample_ids(len(v), n_boot, seed)].mean(1)
+    lo, hi = percentile_interval(boot, level)
+    p = float((boot <= 0).double().mean().clamp_min(1 / n_boot))
+    return {"mean": float(v.mean()), "lo": float(lo), "hi": float(hi), "p": p}
+
+
+__all__ = ["mean_interval", "percentile_interval", "resample_ids"]
