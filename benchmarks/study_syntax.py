@@ -3,8 +3,9 @@ question about others) with Wilson intervals, activation patching imperative -> 
 heads and neurons at the found layers against random ones, the refusal direction's projection by form, and
 steering the least-refused form with the found difference against random vectors of the same norms.
 
-``nice -n 10 python benchmarks/study_syntax.py [--n-pairs 45] [--write]`` (``--write``: the tables into
-``benchmarks/RESULTS_syntax.md`` and the result bundle into ``--out``)
+``nice -n 10 python benchmarks/study_syntax.py [--n-pairs 45] [--write]`` (the result bundle goes to ``--out``;
+``--write``: the tables into ``benchmarks/RESULTS_syntax.md``; ``python benchmarks/study_syntax.py --report
+FOLDER`` rewrites them from a saved bundle)
 """
 
 from __future__ import annotations
@@ -28,12 +29,14 @@ def _rate(r: dict) -> str:
     return f"{r['rate']:.3f} ({r['k']}/{r['n']}, CI {r['ci95'][0]:.3f}-{r['ci95'][1]:.3f})"
 
 
-def report(res, cmd: str, seconds: float) -> str:
-    s = res.summary()
+def report(res) -> str:
+    s, run = res.summary(), res.config.get("run", {})
+    cfg = {k: v for k, v in res.config.items() if k != "run"}
     lines = ["# Syntactic refusal by causal mediation (issue 39, part 2)", "",
-             f"Command: `{cmd}`. Machine: {machine()}. Wall time {seconds / 60:.1f} min.", "",
+             f"Command: `{run.get('command')}`. Machine: {run.get('machine')}. Wall time "
+             f"{run.get('seconds', float('nan')) / 60:.1f} min (shared machine: times are noise).", "",
              f"Model `{s['model']}`, {s['n_pairs']} requests per form (our `interp/data/prompts/syntax_forms.jsonl`), "
-             f"config `{json.dumps(res.config)}`.", "", "## Refusal by form (phrase judge, greedy)", "",
+             f"config `{json.dumps(cfg)}`.", "", "## Refusal by form (phrase judge, greedy)", "",
              "| form | refusal rate (k/n, Wilson 95%) | first-token refusal score | direction projection "
              f"(layer {s['direction_layer']}, mean [95% bootstrap]) |", "|---|---|---|---|"]
     for f in res.forms:
@@ -70,18 +73,36 @@ def main() -> None:
     ap.add_argument("--n-positions", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--layers", default="all", help="layers swept: 'all' or a stride like '0:30:3'")
+    ap.add_argument("--n-direction", type=int, default=32, help="train / val prompts per class for the direction")
+    ap.add_argument("--n-random", type=int, default=3)
+    ap.add_argument("--n-boot", type=int, default=1000)
     ap.add_argument("--out", default="/tmp/syntax_run")
     ap.add_argument("--write", action="store_true")
+    ap.add_argument("--report", help="a saved SyntaxRefusal bundle: write its tables, run nothing")
     a = ap.parse_args()
+    if a.report:
+        from interp.studies.syntax import SyntaxRefusal
+
+        res = SyntaxRefusal.load(a.report)
+        text = report(res)
+        print(text)
+        if a.write:
+            write_text(REPO / "benchmarks" / "RESULTS_syntax.md", text)
+        return
     t0 = time.time()
     model = load_model(a.model)
-    cfg = SyntaxConfig(n_pairs=a.n_pairs, n_positions=a.n_positions, max_new_tokens=a.max_new_tokens)
+    layers = None if a.layers == "all" else tuple(range(*map(int, a.layers.split(":"))))
+    cfg = SyntaxConfig(n_pairs=a.n_pairs, n_positions=a.n_positions, max_new_tokens=a.max_new_tokens, layers=layers,
+                       n_direction=a.n_direction, n_random=a.n_random, n_boot=a.n_boot)
     res = syntactic_refusal(model, config=cfg, runtime=Runtime(batch_size=a.batch_size, progress=False, seed=0))
-    text = report(res, "nice -n 10 python benchmarks/study_syntax.py " + " ".join(sys.argv[1:]), time.time() - t0)
+    res.config["run"] = {"command": "nice -n 10 python benchmarks/study_syntax.py " + " ".join(sys.argv[1:]),
+                         "seconds": time.time() - t0, "machine": machine()}
+    res.save(a.out, overwrite=True)  # the bundle first: a report error loses no run
+    text = report(res)
     print(text)
     if a.write:
         write_text(REPO / "benchmarks" / "RESULTS_syntax.md", text)
-        res.save(a.out, overwrite=True)
 
 
 if __name__ == "__main__":
