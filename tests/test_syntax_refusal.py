@@ -122,6 +122,14 @@ def test_patching_a_template_token_at_the_embedding_changes_nothing_either_way(r
         assert torch.isfinite(result.back[form]).all()
 
 
+def test_the_found_heads_are_those_restoring_the_largest_share(result):
+    # ranked by restored share, whichever way the gap between the forms points
+    found_layers, H = result.found_layers, result.heads.shape[1]
+    order = torch.nan_to_num(result.heads, nan=float("-inf")).flatten().argsort(descending=True)
+    best = [[found_layers[i // H], i % H] for i in order[:len(result.found_heads)].tolist()]
+    assert sorted(result.found_heads) == sorted(best)
+
+
 def test_result_reports_and_round_trips(result, tmp_path):
     s = result.summary()
     json.dumps(s)

@@ -64,8 +64,9 @@ def head_sweep(model: Model, pairs: PromptPairs, metric: Metric, layers: list[in
 
 
 def top_heads(sweep: Sweep, layers: list[int], n: int) -> list[tuple[int, int]]:
-    """The ``n`` (layer, head) whose patch restores the most."""
-    order = torch.nan_to_num(sweep.values - sweep.baseline, nan=float("-inf")).flatten().argsort(descending=True)
+    """The ``n`` (layer, head) whose patch restores the largest share of the gap (either sign of the gap)."""
+    restored = share(sweep.values, sweep.baseline, sweep.reference)
+    order = torch.nan_to_num(restored, nan=float("-inf")).flatten().argsort(descending=True)
     H = sweep.values.shape[1]
     return [(layers[i // H], i % H) for i in order[:n].tolist()]
 
