@@ -63,6 +63,9 @@ def report(res) -> str:
               "| condition | refusal rate (k/n, Wilson 95%) |", "|---|---|"]
     for k, r in s["steering"].items():
         lines.append(f"| {k} | {_rate(r)} |")
+    lines += ["", "Share of the imperative-minus-form refusal-rate gap closed by steering: "
+              + ", ".join(f"{k} {v:.3f}" if v is not None else f"{k} n/a (no gap)"
+                          for k, v in s["steering_restored"].items()) + "."]
     return "\n".join(lines) + "\n"
 
 

@@ -105,7 +105,15 @@ class SyntaxRefusal(Result):
         return {"model": self.model_id, "n_pairs": self.n_pairs, "rates": {f: dict(r) for f, r in self.rates.items()},
                 "scores": self.scores, "target_form": self.target_form, "found_layers": self.found_layers,
                 "found_heads": self.found_heads, "components": comps, "projection": self.projection,
-                "direction_layer": self.direction_layer, "steering": {k: dict(r) for k, r in self.steering.items()}}
+                "direction_layer": self.direction_layer, "steering": {k: dict(r) for k, r in self.steering.items()},
+                "steering_restored": self.steering_restored()}
+
+    def steering_restored(self) -> dict[str, float | None]:
+        """Share of the imperative-minus-target refusal-rate gap that steering (found, random) closes; None when the
+        target form is refused as often as the imperative."""
+        plain, gap = self.steering["plain"].rate, self.rates["imperative"].rate - self.steering["plain"].rate
+        return {k: (self.steering[k].rate - plain) / gap if abs(gap) > 1e-12 else None
+                for k in ("found", "random")}
 
     def to_frame(self) -> pd.DataFrame:
         """One row per form, direction (``to_form``: imperative patched in; ``back``: the form patched into the
