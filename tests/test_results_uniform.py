@@ -62,6 +62,7 @@ RESULTS = [
     "interp.studies.multilingual.pathways:Pathways",
     "interp.studies.multilingual.retention:Retention",
     "interp.studies.multilingual.updates:RestrictedUpdate",
+    "interp.studies.syntax.study:SyntaxRefusal",
     "interp.studies.refusal.writers:Writers",
     "probes.compare:Signature",
     "probes.graded:GradedDirection",

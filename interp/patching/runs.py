@@ -99,6 +99,7 @@ def make_pairs(model: Model, clean: Prompts, corrupted: Prompts, align: Any = "e
     """Pair clean and corrupted prompts and align their positions.
 
     ``align``: ``"end"`` (default; the last ``P`` tokens, ``P`` the shortest prompt: chat suffixes line up),
+    ``"same"`` (token for token: each pair must have one token count, so every position of a pair lines up),
     ``"start"``, a list of ``(clean_pos, corrupted_pos)`` shared by all pairs, or one such list per pair.
     Positions count from the first real token (>= 0) or from the end (< 0).
     """
@@ -109,14 +110,17 @@ def make_pairs(model: Model, clean: Prompts, corrupted: Prompts, align: Any = "e
     lc, lr = lengths(cb), lengths(rb)
     if isinstance(align, str):
         P = int(torch.minimum(lc, lr).min())
-        if align == "end":
+        if align == "same":
+            check_same_length(lc, lr)
+        if align in ("end", "same"):
             per_pair = [[(p - P, p - P) for p in range(P)]] * n
             labels = [f"{p - P}" for p in range(P)]
         elif align == "start":
             per_pair = [[(p, p) for p in range(P)]] * n
             labels = [f"{p}" for p in range(P)]
         else:
-            raise ValueError(f"align must be 'end', 'start' or a list of (clean_pos, corrupted_pos) pairs, got {align!r}")
+            raise ValueError(f"align must be 'end', 'same', 'start' or a list of (clean_pos, corrupted_pos) pairs, got "
+                             f"{align!r}")
     else:
         per_pair = _explicit(align, n)
         labels = [f"{c}/{r}" if c != r else f"{c}" for c, r in per_pair[0]]
@@ -126,6 +130,17 @@ def make_pairs(model: Model, clean: Prompts, corrupted: Prompts, align: Any = "e
     if tok is not None:
         labels = [f"{lab} {tok.decode([int(cb.input_ids[0, c])])!r}"[:24] for lab, c in zip(labels, cc[0].tolist(), strict=True)]
     return PromptPairs(clean=cb, corrupted=rb, cols={"clean": cc, "corrupted": rc}, labels=labels)
+
+
+def check_same_length(lc: torch.Tensor, lr: torch.Tensor) -> None:
+    """Refuse pairs whose clean and corrupted prompts differ in token count (``align='same'``)."""
+    bad = (lc != lr).nonzero().flatten().tolist()
+    if bad:
+        i = bad[0]
+        raise ValueError(f"align='same' patches token for token, so each pair needs one token count; pair {i} has "
+                         f"{int(lc[i])} clean and {int(lr[i])} corrupted tokens ({len(bad)} pairs differ): write the "
+                         f"two prompts to the same token count, or align their last tokens (align='end') or explicit "
+                         f"(clean_pos, corrupted_pos) pairs")
 
 
 def _explicit(align: Any, n: int) -> list[list[tuple[int, int]]]:

@@ -11,7 +11,6 @@ refusal score on the harmful val prompts drops by how much when ``r`` is project
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -24,27 +23,13 @@ from interp.models import Model
 from interp.patching.heads import head_ablation_sweep, head_means
 from interp.patching.measures import refusal_score as refusal_metric
 from interp.patching.neurons import neuron_ablation_effect, neuron_contrast, neuron_means
-from interp.studies.kit.config import SelectionConfig
+from interp.studies.kit.direction import OwnDirection, own_direction
 from interp.studies.kit.prompt_sets import RefusalData
 from interp.studies.kit.runs import refusal_rate
 from interp.studies.kit.scoring import prompt_logits
-from interp.studies.kit.stages import RefusalTokens, find_candidates, score_candidates, select_direction
 from interp.studies.kit.writer_sites import writer_groups
 from interp.tune.stats import cumulative_shares, gini
-from interp.values import Runtime
 from probes.directions import random_orthogonal
-
-
-@dataclass(frozen=True)
-class OwnDirection:
-    """The model's own refusal direction: ``raw`` (difference of means) at ``resid_pre`` of ``layer``, ``unit``;
-    ``how``: ``"filters"`` (passed the refusal job's filters) or ``"lowest bypass"`` (none passed: the candidate
-    whose ablation lowers the refusal score most)."""
-
-    layer: int
-    raw: torch.Tensor
-    unit: torch.Tensor
-    how: str
 
 
 def behaviour(model: Model, data: RefusalData, max_new_tokens: int, batch_size: int, judge: Judge | None
@@ -68,27 +53,6 @@ def capability_cost(model: Model, prompts: list[str], answers: list[str], batch_
             s, n = cross_entropy(lg, b.input_ids.to(lg.device), b.response_mask.to(lg.device))
             total, count = total + s, count + n
     return total / max(count, 1)
-
-
-def own_direction(model: Model, data: RefusalData, tokens: RefusalTokens, batch_size: int) -> OwnDirection:
-    """Difference of means at every layer's resid_pre, last post-instruction token; the refusal job's selection."""
-    cand = find_candidates(model, data, batch_size=batch_size)
-    only = torch.zeros(cand.raw.shape[:2], dtype=torch.bool)
-    only[:, -1] = True
-    scores = score_candidates(model, data, cand, tokens, only=only, runtime=Runtime(batch_size=batch_size, progress=False))
-    sel = select_direction(model.n_layers, cand, scores, SelectionConfig())
-    if sel.found:
-        li, how = sel.layer_index, "filters"
-    else:
-        cut = max(1, math.floor(model.n_layers * (1 - SelectionConfig().prune_layer_fraction)))
-        bypass = torch.nan_to_num(scores.bypass[:, -1], nan=math.inf)
-        bypass[cand.raw[:, -1].norm(dim=-1) < 1e-6] = math.inf  # e.g. layer 0: one template token, no difference
-        li, how = int(bypass[:cut].argmin()), "lowest bypass"
-    if not cand.raw[li, -1].norm() > 1e-6:
-        raise ValueError("harmful and harmless prompts have the same mean activation at every layer, so there is no "
-                         "refusal direction; check the prompt sets")
-    raw = cand.raw[li, -1].float()
-    return OwnDirection(cand.layers[li], raw, raw / raw.norm(), how)
 
 
 def _score(model: Model, encs: list, tokens: list[int], ivs: list, batch_size: int) -> float:
