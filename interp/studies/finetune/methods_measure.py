@@ -28,8 +28,8 @@ from interp.studies.kit.prompt_sets import RefusalData
 from interp.studies.kit.runs import refusal_rate
 from interp.studies.kit.scoring import prompt_logits
 from interp.studies.kit.writer_sites import writer_groups
-from interp.values import Runtime
 from interp.tune.stats import cumulative_shares, gini
+from interp.values import Runtime
 from probes.directions import random_orthogonal
 
 
