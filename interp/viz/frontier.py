@@ -3,19 +3,27 @@ Pareto front, and the confirmed points with their held-out intervals, random con
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 
-def frontier_figure(trial_score: Sequence[float], trial_kl: Sequence[float], front: Sequence[int],
-                    rate: Sequence[float], lo: Sequence[float], hi: Sequence[float], kl: Sequence[float],
-                    control_rate: Sequence[float], control_kl: Sequence[float], baseline: float,
+def frontier_figure(trials: Mapping[str, Sequence[Any]], points: Mapping[str, Sequence[float]], baseline: float,
                     chosen: int | None, title: str = "Refusal vs damage frontier") -> go.Figure:
-    """Left: every trial's validation refusal score vs harmless first-token KL, the Pareto front joined (indices
-    ``front`` into the trials). Right: the confirmed points' held-out harmful refusal rate [95% CI] vs KL, each
-    random control at its own KL, the baseline rate dashed and the ``chosen`` point (index into the points)."""
+    """Left: every trial's validation refusal score vs harmless first-token KL (``trials``: ``score``, ``kl`` and
+    ``front``, the Pareto front's indices into the trials, joined). Right: the confirmed points' held-out harmful
+    refusal rate [95% CI] vs KL (``points``: ``rate``, ``lo``, ``hi``, ``kl``, ``control_rate``, ``control_kl``),
+    each random control at its own KL, the ``baseline`` rate dashed and the ``chosen`` point (index into them)."""
+    missing = [k for k in ("score", "kl", "front") if k not in trials] + [
+        k for k in ("rate", "lo", "hi", "kl", "control_rate", "control_kl") if k not in points]
+    if missing:
+        raise KeyError(f"frontier_figure needs trials['score', 'kl', 'front'] and points['rate', 'lo', 'hi', 'kl', "
+                       f"'control_rate', 'control_kl']; missing {missing}")
+    trial_score, trial_kl, front = trials["score"], trials["kl"], trials["front"]
+    rate, lo, hi, kl = points["rate"], points["lo"], points["hi"], points["kl"]
+    control_rate, control_kl = points["control_rate"], points["control_kl"]
     fig = make_subplots(rows=1, cols=2, subplot_titles=("trials (validation, screened)",
                                                         "frontier (held-out, confirmed)"))
     fig.add_trace(go.Scatter(x=list(trial_kl), y=list(trial_score), mode="markers", name="trial",

@@ -133,12 +133,13 @@ class FrontierResult(Result):
         from interp.viz.frontier import frontier_figure
 
         pts = self.points
-        return frontier_figure([t["refusal_score"] for t in self.trials], [t["kl"] for t in self.trials],
-                               pareto([(t["refusal_score"], t["kl"]) for t in self.trials]),
-                               [p["harmful"]["rate"] for p in pts], [p["harmful"]["ci95"][0] for p in pts],
-                               [p["harmful"]["ci95"][1] for p in pts], [p["kl"] for p in pts],
-                               [p["control_harmful"]["rate"] for p in pts], [p["control_kl"] for p in pts],
-                               self.baseline["harmful"]["rate"], self.chosen)
+        trials = {"score": [t["refusal_score"] for t in self.trials], "kl": [t["kl"] for t in self.trials],
+                  "front": pareto([(t["refusal_score"], t["kl"]) for t in self.trials])}
+        points = {"rate": [p["harmful"]["rate"] for p in pts], "lo": [p["harmful"]["ci95"][0] for p in pts],
+                  "hi": [p["harmful"]["ci95"][1] for p in pts], "kl": [p["kl"] for p in pts],
+                  "control_rate": [p["control_harmful"]["rate"] for p in pts],
+                  "control_kl": [p["control_kl"] for p in pts]}
+        return frontier_figure(trials, points, self.baseline["harmful"]["rate"], self.chosen)
 
 
 __all__ = ["RULE", "FrontierResult", "choose", "pareto", "spread"]
