@@ -168,8 +168,9 @@ def _slice(model: Model, kind: str, width: int, layout: str | None) -> tuple[int
     return starts[kind], heads * d, heads
 
 
-def register_qkv(model: Model, site: Site, edit: Edit) -> list[Any]:
-    """Hook ``q`` / ``k`` / ``v`` (before rotary and qk-norm) as ``[batch, pos, heads, d_head]`` on the projection."""
+def qkv_hook(model: Model, site: Site, edit: Edit) -> tuple[nn.Module, Any]:
+    """``(projection module, forward hook)`` that shows ``q`` / ``k`` / ``v`` (before rotary and qk-norm) to ``edit``
+    as ``[batch, pos, heads, d_head]``; :mod:`interp.hooking` registers it (raw hooks live there only)."""
     assert site.layer is not None
     mod, layout = _projection(model, site.layer, site.kind)
     d = model.d_head
@@ -191,7 +192,7 @@ def register_qkv(model: Model, site: Site, edit: Edit) -> list[Any]:
             out[..., start:start + size] = new.flatten(-2)
         return out
 
-    return [mod.register_forward_hook(hook)]
+    return mod, hook
 
 
 def shape(model: Model, site: Site, n_keys: int | None = None) -> tuple[int, ...]:

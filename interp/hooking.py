@@ -138,7 +138,8 @@ def _register_attention(model: Model, site: Site, fn: HookFn, ctx: HookContext) 
         return None if new is None else _check(new, x, site)
 
     if site.kind in attention.QKV_KINDS:
-        return attention.register_qkv(model, site, edit)
+        mod, hook = attention.qkv_hook(model, site, edit)
+        return [mod.register_forward_hook(hook)]
     return attention.register_inner(model, site, edit)
 
 

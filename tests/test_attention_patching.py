@@ -58,7 +58,7 @@ def _group_variants(m, layer):
 @pytest.mark.parametrize("family", ["llama", "gpt2", "qwen3"])
 def test_pattern_of_one_head_gives_source_pattern_times_target_v(tiny_models, family):
     m = tiny_models(family)
-    pairs = make_pairs(m, CLEAN, CORRUPT, chat=False)
+    pairs = make_pairs(m, CLEAN, CORRUPT)
     layer, head = 1, 1
     src, _ = run_with_capture(m, pairs.clean, [Site("pattern", layer)])
     dst, _ = run_with_capture(m, pairs.corrupted, [Site("v", layer), Site("attn_z", layer)])
@@ -77,7 +77,7 @@ def test_pattern_of_one_head_gives_source_pattern_times_target_v(tiny_models, fa
 @pytest.mark.parametrize("kinds", [("q", "k"), ("rot_q", "rot_k"), ("scores",)])
 def test_query_key_sites_from_the_source_reproduce_its_pattern(tiny_models, kinds):
     m = tiny_models("llama")
-    pairs = make_pairs(m, CLEAN, CORRUPT, chat=False)
+    pairs = make_pairs(m, CLEAN, CORRUPT)
     src, _ = run_with_capture(m, pairs.clean, [Site("pattern", 1)])
     got = _patched(m, pairs, [Patch(f"{k}.1") for k in kinds], ["pattern.1"])
     mask = pairs.corrupted.attention_mask.bool()[:, None, :, None]
@@ -89,7 +89,7 @@ def test_pattern_and_v_patches_equal_the_head_output_patch(tiny_models):
     attn_z of those heads at the last position, through the batched ``patch``; prefix reuse on == off; a kv head
     out of range is refused."""
     m = tiny_models("llama")
-    pairs = make_pairs(m, CLEAN, CORRUPT, chat=False)
+    pairs = make_pairs(m, CLEAN, CORRUPT)
     metric = _metric(m)
     both, z = _group_variants(m, m.n_layers - 1)
     torch.testing.assert_close(patch(m, pairs, both, metric), patch(m, pairs, z, metric), atol=1e-5, rtol=0)
@@ -107,10 +107,10 @@ def test_pattern_patch_with_unaligned_keys(tiny_models):
     padded in its batch, gets the source row on the aligned keys and 0 on the others."""
     m = tiny_models("llama")
     short, long = [[9, 21, 20, 7], [1, 2, 3, 4]], [[5, 9, 14, 20, 7, 8], [4, 3, 2, 1]]
-    bad = make_pairs(m, long, short, chat=False)  # the clean (source) prompt is longer
+    bad = make_pairs(m, long, short)  # the clean (source) prompt is longer
     with pytest.raises(ValueError, match="keys .* not aligned.*align"):
         patch(m, bad, [Patch("pattern.1", position=0)], _metric(m))
-    pairs = make_pairs(m, short, long, chat=False)
+    pairs = make_pairs(m, short, long)
     src, _ = run_with_capture(m, pairs.clean, [Site("pattern", 1)])
     got = _patched(m, pairs, [Patch("pattern.1", position=-1, head=0)], ["pattern.1"])["pattern.1"]
     T = got.shape[-1]
@@ -121,12 +121,12 @@ def test_pattern_patch_with_unaligned_keys(tiny_models):
 
 def test_sweep_layers_over_attention_sites_runs(tiny_models):
     m = tiny_models("gpt2")
-    pairs = make_pairs(m, CLEAN, CORRUPT, chat=False)
-    sw = sweep_layers(m, pairs, _metric(m), sites=("q", "k", "v", "pattern", "attn_z"), progress=False)
+    pairs = make_pairs(m, CLEAN, CORRUPT)
+    sw = sweep_layers(m, pairs, _metric(m), sites=("q", "k", "v", "pattern", "attn_z"), runtime=QUIET)
     assert sw.values.shape == (m.n_layers, 5) and torch.isfinite(sw.values).all()
     # patching v, q and k together at every position moves every head's output to the source's
     torch.testing.assert_close(sw.values[:, 4], sweep_layers(m, pairs, _metric(m), sites=("attn_z",),
-                                                             progress=False).values[:, 0])
+                                                             runtime=QUIET).values[:, 0])
 
 
 @pytest.mark.slow
@@ -136,7 +136,7 @@ def test_smollm2_ioi_head_sweep_of_patterns():
     corrupt = "When John and Mary went to the store, Mary gave a drink to"
     tok = m.tokenizer
     mary, john = tok.encode(" Mary")[0], tok.encode(" John")[0]
-    pairs = make_pairs(m, [clean], [corrupt], chat=False)
+    pairs = make_pairs(m, interp.Prompts([clean], chat=False), interp.Prompts([corrupt], chat=False))
     metric = logit_diff(mary, john)
     layers = [0, 14, m.n_layers - 1]
     heads = [[Patch(f"pattern.{L}", position=-1, head=h)] for L in layers for h in range(m.n_heads)]
@@ -200,7 +200,7 @@ def test_rot_k_patch_at_late_positions_with_prefix_reuse(tiny_models, family):
     """rot_k inside attention spans every key (the cached prefix too): a patch at the last positions lands on the
     same key with prefix reuse on and off, and equals patching k there (same positions, no qk-norm)."""
     m = tiny_models(family)
-    pairs = make_pairs(m, CLEAN, CORRUPT, chat=False)
+    pairs = make_pairs(m, CLEAN, CORRUPT)
     metric = _metric(m)
     rot = [Patch("rot_k.1", position=-1, head=h) for h in range(m.n_kv_heads)] + [Patch("rot_k.0", position=[-2, -1])]
     k = [Patch("k.1", position=-1, head=h) for h in range(m.n_kv_heads)] + [Patch("k.0", position=[-2, -1])]
@@ -215,7 +215,7 @@ def test_prefix_reuse_under_a_short_sliding_window(kind):
     from interp.testing.tiny import tiny_model
 
     m = tiny_model("mistral", sliding_window=4)
-    pairs = make_pairs(m, CLEAN, CORRUPT, chat=False)
+    pairs = make_pairs(m, CLEAN, CORRUPT)
     n = m.n_kv_heads if kind == "rot_k" else m.n_heads
     variants = [[Patch(f"{kind}.{L}", position=-1, head=h)] for L in range(m.n_layers) for h in range(n)]
     got = patch(m, pairs, variants, _metric(m))

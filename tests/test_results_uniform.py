@@ -22,6 +22,13 @@ from .conftest import REPO
 
 RESULTS = [
     "interp.look.dla:DLA",
+    "interp.look.lens_result:LogitLens",
+    "interp.studies.entrainment.effect:EntrainmentEffect",
+    "interp.studies.entrainment.heads:HeadSweep",
+    "interp.studies.entrainment.heads:HeadAblationCheck",
+    "interp.studies.entrainment.heads:ContextAttention",
+    "interp.studies.entrainment.study:EntrainmentStudy",
+    "interp.studies.refusal.frontier_result:FrontierResult",
     "interp.look.heads:HeadScores",
     "interp.patching.induction:InductionAblation",
     "interp.patching.attribution:Attribution",
@@ -95,7 +102,7 @@ RESULTS = [
 ]
 # public dataclasses with one of the methods that are not results: fitted objects with their own bundle, and
 # per-row helpers (a batch's rows, a prompt's token state)
-NOT_RESULTS = {"Direction", "Subspace", "INLPEraser", "RowEdits", "PromptRecord", "TokenState"}
+NOT_RESULTS = {"Direction", "Subspace", "INLPEraser", "TunedLens", "RowEdits", "PromptRecord", "TokenState"}
 # results holding an object that has its own save (a model, an SAE): they refuse save() with a clear error
 HOLDS_A_MODEL = {"BakeResult", "TrainResult", "TranscoderTraining", "DiffStudy"}
 # results whose scalar fields are their headline numbers, so Result.summary's default (scalar fields) is theirs

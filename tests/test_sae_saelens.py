@@ -192,9 +192,9 @@ def test_unhookable_hook_name_is_kept_and_splicing_says_why(tmp_path, tiny_model
     from sae.edits import SAESplice
 
     theirs = _theirs("standard")
-    theirs.cfg.metadata.hook_name = "blocks.0.attn.hook_q"
+    theirs.cfg.metadata.hook_name = "blocks.0.ln1.hook_normalized"
     theirs.save_model(str(tmp_path / "q"))
     ours = load_saelens(tmp_path / "q")
-    assert ours.site == "blocks.0.attn.hook_q"
+    assert ours.site == "blocks.0.ln1.hook_normalized"
     with pytest.raises(ValueError, match="not a site we can hook"):
         SAESplice(ours).hook_fns(tiny_models("llama"))
