@@ -119,9 +119,20 @@ def test_harmful_and_harmless_look_alike_on_the_surface(rows) -> None:
     assert sum(t[0].islower() for t in harmful_en) >= 5, "some casual lowercase requests"
 
 
+def _strings(row) -> list[str]:
+    """Every text in a row of any committed set (the study sets nest their texts: syntax forms, entrainment contexts)."""
+    if isinstance(row, str):
+        return [row]
+    if isinstance(row, dict):
+        return [t for k, v in row.items() if k not in ("id", "category", "lang", "kind") for t in _strings(v)]
+    if isinstance(row, list):
+        return [t for v in row for t in _strings(v)]
+    return []
+
+
 def test_english_is_not_copied_from_other_committed_sets(rows) -> None:
-    others = {norm_text(r["instruction"]) for name in available_prompt_sets() if name != md.NAME
-              for r in load_prompts(name)}
+    others = {norm_text(t) for name in available_prompt_sets() if name != md.NAME
+              for r in load_prompts(name) for t in _strings(r)}
     copied = [r["instruction"] for r in rows if r["lang"] == "en" and norm_text(r["instruction"]) in others]
     assert not copied, copied[:5]
 
