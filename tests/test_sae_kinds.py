@@ -77,9 +77,9 @@ def _theirs_training(arch: str, ours: SAE):
     return theirs
 
 
-def _our_loss(sae: SAE, x: torch.Tensor) -> torch.Tensor:
+def _our_loss(sae: SAE, x: torch.Tensor, sparse: bool = False) -> torch.Tensor:
     coeffs = {"sparsity": COEF, "aux": 0.0, "preact": 0.0}
-    opts = {"sparse": False, "backend": "torch", "k_aux": D_IN // 2, "bandwidth": BW,
+    opts = {"sparse": sparse, "backend": "torch", "k_aux": D_IN // 2, "bandwidth": BW,
             "target_l0": TARGET if sae.arch == "jumprelu_target_l0" else None}
     return train_step(sae, x, torch.zeros(sae.d_sae, dtype=torch.bool), coeffs, opts).loss
 
@@ -143,6 +143,16 @@ def test_each_kind_equals_saelens(arch):
     d = _diffs(arch)
     print(arch, "max abs diff vs sae-lens:", {k: f"{v:.2e}" for k, v in d.items()})
     assert max(d.values()) <= TOL, d
+
+
+@pytest.mark.parametrize("arch", ["topk", "batchtopk"])
+def test_sparse_training_path_equals_saelens(arch):
+    """TopK / BatchTopK train through the sparse encode/decode kernels (torch backend here): same loss as sae-lens."""
+    ours, x = _ours(arch), _x()
+    theirs = _theirs_training(arch, ours)
+    diff = float((_our_loss(ours, x, sparse=True) - _their_loss(theirs, arch, x)).detach().abs())
+    print(arch, "sparse path loss diff:", diff)
+    assert diff <= TOL
 
 
 def test_the_equivalence_check_can_fail():
@@ -284,3 +294,17 @@ def test_new_kinds_train(arch):
     assert h["loss"][-1] < 0.5 * h["loss"][0] and h["fvu"][-1] < 0.5
     if arch == "jumprelu_target_l0":
         assert 2 <= h["l0"][-1] <= 8
+
+
+def test_l0_coefficient_warms_up_as_saelens_schedules_it():
+    """The target-L0 JumpReLU's coefficient per step equals sae-lens's CoefficientScheduler (linear from zero over
+    ``sparsity_warmup_frac * n_steps`` steps, then constant)."""
+    from sae_lens.training.optim import CoefficientScheduler
+
+    seen = []
+    x = torch.randn(1024, D_IN, generator=torch.Generator().manual_seed(1))
+    train_sae(x, arch="jumprelu_target_l0", d_sae=32, k=4, batch_size=64, total_tokens=64 * 12, progress=False,
+              l0_coefficient=3.0, sparsity_warmup_frac=0.25, callback=lambda t: seen.append(t._coeffs()["sparsity"]))
+    sched = CoefficientScheduler(warm_up_steps=3, final_value=3.0)
+    theirs = [sched.step() for _ in range(12)]
+    assert seen[:-1] == pytest.approx(theirs[1:], abs=1e-12)  # the callback runs after each step: the next one's
