@@ -308,3 +308,54 @@ def test_l0_coefficient_warms_up_as_saelens_schedules_it():
     sched = CoefficientScheduler(warm_up_steps=3, final_value=3.0)
     theirs = [sched.step() for _ in range(12)]
     assert seen[:-1] == pytest.approx(theirs[1:], abs=1e-12)  # the callback runs after each step: the next one's
+
+
+@pytest.mark.parametrize("arch", ["batchtopk", "matryoshka_batchtopk"])
+def test_saelens_training_checkpoint_loads_as_our_kind(tmp_path, arch):
+    """A sae-lens training checkpoint (decoder-norm rescaling, one scalar ``topk_threshold``) loads as our kind and
+    encodes as the JumpReLU sae-lens itself saves for inference."""
+    theirs = _theirs_training(arch, _ours(arch))
+    theirs.cfg.rescale_acts_by_decoder_norm = True
+    with torch.no_grad():
+        theirs.topk_threshold.fill_(0.4)
+    theirs.save_model(str(tmp_path / "train"))
+    theirs.save_inference_model(str(tmp_path / "inf"))
+    ref = sae_lens.SAE.load_from_disk(str(tmp_path / "inf"), dtype="float64")
+    ours = load_saelens(tmp_path / "train")
+    assert (ours.arch, ours.cfg.k) == (arch, K)
+    if arch == "matryoshka_batchtopk":
+        assert ours.cfg.options["widths"] == WIDTHS
+    x = _x()
+    with torch.no_grad():
+        assert 0 < int((ref.encode(x) > 0).sum()) < x.shape[0] * D_SAE // 2
+        assert float((ours.encode(x) - ref.encode(x)).abs().max()) <= TOL
+        assert float((ours(x) - ref(x)).abs().max()) <= TOL
+
+
+@pytest.mark.parametrize("arch", ["relu", "batchtopk", "jumprelu", "gated", "matryoshka_batchtopk"])
+def test_rescalings_keep_outputs(arch):
+    """The kind's ``scaled`` parameters follow the decoder-norm and input-scale folds: unit decoder rows leave the
+    outputs as they were; an SAE of ``x * s`` folded to read raw ``x`` gives ``1/s`` of the latents and outputs."""
+    sae, x = _ours(arch), _x()
+    with torch.no_grad():
+        before = sae(x)
+        sae.normalize_decoder_()
+        assert torch.allclose(sae.W_dec.norm(dim=1), torch.ones(D_SAE, dtype=torch.float64))
+        assert float((sae(x) - before).abs().max()) <= 1e-10
+        z, y = sae.encode(x * 3.0), sae(x * 3.0)
+        sae.fold_input_scale_(3.0)
+        assert float((sae.encode(x) - z / 3.0).abs().max()) <= 1e-10
+        assert float((sae(x) - y / 3.0).abs().max()) <= 1e-10
+
+
+def test_the_docstring_kind_needs_only_activate(monkeypatch):
+    """A kind that defines only ``activate`` trains by its reconstruction alone (the default training forward)."""
+    import sae.kinds as kinds
+
+    monkeypatch.setattr(kinds, "_KINDS", dict(kinds._KINDS))
+    register_kind(type("SquaredRelu", (Kind,), {"name": "sq_relu",
+                                                 "activate": lambda self, sae, pre: torch.relu(pre) ** 2})())
+    x = torch.randn(512, D_IN, generator=torch.Generator().manual_seed(2))
+    res = train_sae(x, arch="sq_relu", d_sae=24, batch_size=64, total_tokens=64 * 20, progress=False, warmup_steps=1)
+    assert res.history["loss"][-1] < res.history["loss"][0]
+    assert torch.equal(res.sae.encode(x), torch.relu(res.sae.pre_acts(x)) ** 2)

@@ -33,6 +33,12 @@ class MatryoshkaKind(BatchTopKKind):
                              f"most d_sae={cfg.d_sae}")
         cfg.options["widths"] = widths
 
+    def from_saelens(self, cfg: dict[str, Any], md: dict[str, Any]) -> tuple[int | None, dict[str, Any]]:
+        k, options = super().from_saelens(cfg, md)
+        if "widths" not in options and cfg.get("matryoshka_widths"):
+            options["widths"] = [int(w) for w in cfg["matryoshka_widths"]]  # a sae-lens training checkpoint
+        return k, options
+
     def train_forward(self, sae: Any, x: torch.Tensor, y: torch.Tensor, dead: torch.Tensor,
                       coeffs: dict[str, float], opts: dict[str, Any]) -> KindOut:
         pre_g = (x - enc_shift(sae, x)) @ sae.W_enc + sae.b_enc
