@@ -1,4 +1,6 @@
-"""Sparse autoencoders: train (ReLU/TopK/BatchTopK/JumpReLU), evaluate, read/write sae-lens, load
+"""Sparse autoencoders: train (ReLU, TopK, BatchTopK, JumpReLU, JumpReLU to a target L0, gated, Matryoshka
+BatchTopK: the kinds of ``sae.kinds``, a registry a kind of your own joins with ``sae.kinds.register_kind``),
+evaluate, read/write sae-lens, load
 published SAEs from the local HF cache (``from_pretrained``), analyse, intervene. Transcoders (an MLP's input ->
 its output): ``Transcoder``, ``train_transcoder``; formats in ``sae.saelens_io`` and ``sae.circuit_tracer_io``,
 quality in ``sae.transcoder_quality``.

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from sae.kinds import Kind, get_kind, kind_names
 from sae.transcoder import Transcoder, TranscoderConfig
 
 CONFIG = "config.yaml"
@@ -68,6 +69,9 @@ def save_circuit_tracer(transcoders: Mapping[int, Transcoder] | Iterable[Transco
     from interp.io import atomic_write, write_safetensors
 
     tcs = _as_layers(transcoders)
+    if tcs[0].kind.circuit_tracer is None:
+        raise ValueError(f"circuit-tracer has no activation for SAE kind {tcs[0].cfg.arch!r}; save these transcoders "
+                         f"with Transcoder.save")
     p = Path(path)
     if p.exists() and not p.is_dir():
         raise FileExistsError(f"{p} is a file; choose a folder path")
@@ -87,8 +91,8 @@ def save_circuit_tracer(transcoders: Mapping[int, Transcoder] | Iterable[Transco
         write_safetensors(p / f"layer_{i}.safetensors", _layer_tensors(tc))
     config: dict[str, Any] = {"model_kind": "transcoder_set", "model_name": model_name or c0.model_id or None,
                               "feature_input_hook": hook_in.pop(), "feature_output_hook": hook_out.pop(),
-                              "scan_name": scan_name or p.name, "activation": c0.arch}
-    if c0.arch == "topk":
+                              "scan_name": scan_name or p.name, "activation": tcs[0].kind.circuit_tracer}
+    if tcs[0].kind.needs_k:
         config["k"] = int(c0.k)
     text = yaml.safe_dump(config, sort_keys=False)
     atomic_write(p / CONFIG, lambda tmp: Path(tmp).write_text(text))
@@ -97,8 +101,8 @@ def save_circuit_tracer(transcoders: Mapping[int, Transcoder] | Iterable[Transco
 
 def _layer_tensors(tc: Transcoder) -> dict[str, torch.Tensor]:
     t = {"W_enc": tc.W_enc.T, "W_dec": tc.W_dec, "b_enc": tc.b_enc, "b_dec": tc.b_dec}
-    if tc.threshold is not None:
-        t["activation_function.threshold"] = tc.threshold
+    for name, _ in tc.kind.extra:  # the activation's own tensors (JumpReLU's threshold)
+        t[f"activation_function.{name}"] = getattr(tc, name)
     if tc.W_skip is not None:
         t["W_skip"] = tc.W_skip.T
     return {k: v.detach().cpu().contiguous() for k, v in t.items()}
@@ -148,11 +152,10 @@ def load_circuit_tracer(path: str | os.PathLike, device: str | torch.device | No
 
 def _from_tensors(w: dict[str, torch.Tensor], layer: int, config: dict[str, Any], where: str, dtype: str
                   ) -> Transcoder:
-    act = config.get("activation")
-    thr = w.get("activation_function.threshold")
-    arch = "topk" if act == "topk" else "relu" if act == "relu" or thr is None else "jumprelu"
+    kind = _kind_for(config.get("activation"), "activation_function.threshold" in w)
+    arch = kind.name
     k = None
-    if arch == "topk":
+    if kind.needs_k:
         k = config.get("k") if config.get("k") is not None else (int(w["k"]) if "k" in w else None)
         if k is None:
             raise ValueError(f"{where}: a TopK transcoder set needs k in {CONFIG}")
@@ -167,9 +170,17 @@ def _from_tensors(w: dict[str, torch.Tensor], layer: int, config: dict[str, Any]
                            meta={"source": "circuit-tracer", "path": where, "scan_name": config.get("scan_name")})
     tc = Transcoder(cfg, seed=None)
     state = {"W_enc": w["W_enc"].T, "W_dec": w["W_dec"], "b_enc": w["b_enc"], "b_dec": w["b_dec"]}
-    if arch == "jumprelu":
-        state["threshold"] = thr
+    for name, _ in kind.extra:
+        state[name] = w[f"activation_function.{name}"]
     if "W_skip" in w:
         state["W_skip"] = w["W_skip"].T
     tc.load_state_dict({key: v.to(cfg.torch_dtype) for key, v in state.items()})
     return tc
+
+
+def _kind_for(activation: str | None, has_threshold: bool) -> Kind:
+    """The registered kind circuit-tracer's ``activation`` names (unnamed: JumpReLU with a threshold, else ReLU)."""
+    by_name = {get_kind(n).circuit_tracer: get_kind(n) for n in kind_names() if get_kind(n).circuit_tracer}
+    if activation in by_name:
+        return by_name[activation]
+    return get_kind("jumprelu" if has_threshold else "relu")

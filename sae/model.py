@@ -1,8 +1,9 @@
-"""Sparse autoencoder architectures: ReLU (L1), TopK, BatchTopK and JumpReLU in one module.
+"""The sparse autoencoder: one module for every kind (ReLU, TopK, BatchTopK, JumpReLU, gated, Matryoshka, ...);
+what differs between kinds lives in :mod:`sae.kinds`, looked up by ``cfg.arch``.
 
 Layout follows the common convention (and sae-lens): ``W_enc [d_in, d_sae]``, ``b_enc [d_sae]``,
-``W_dec [d_sae, d_in]`` (one row per latent, unit norm while training), ``b_dec [d_in]``; JumpReLU and
-BatchTopK also hold ``threshold [d_sae]``. The encoder reads ``x - b_dec``.
+``W_dec [d_sae, d_in]`` (one row per latent, unit norm while training), ``b_dec [d_in]``, plus the kind's own
+parameters (``threshold [d_sae]`` for JumpReLU and BatchTopK, ...). The encoder reads ``x - b_dec``.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import math
 import os
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -19,43 +20,42 @@ from jaxtyping import Float
 
 from interp.bundle import Provenance, read_object, register_kind, save_object
 from interp.sites import parse_site
-
-ARCHS = ("relu", "topk", "batchtopk", "jumprelu")
-Arch = Literal["relu", "topk", "batchtopk", "jumprelu"]
+from sae.kinds import Kind, get_kind
 
 
 @dataclass
 class SAEConfig:
     """Shape and kind of an SAE. ``k`` is the number of active latents (per token for TopK, on average
     over a batch for BatchTopK); ``site`` and ``model_id`` say where the SAE reads its input.
-    ``apply_b_dec_to_input=False`` (some loaded sae-lens SAEs) makes the encoder read ``x``, not ``x - b_dec``."""
+    ``arch`` names a registered kind (:mod:`sae.kinds`); ``options`` holds its own settings (e.g. Matryoshka's
+    ``widths``). ``apply_b_dec_to_input=False`` (some loaded sae-lens SAEs) makes the encoder read ``x``."""
 
     d_in: int
     d_sae: int
-    arch: Arch = "topk"
+    arch: str = "topk"
     k: int | None = None
     site: str | None = None
     model_id: str = ""
     dtype: str = "float32"
     apply_b_dec_to_input: bool = True
     meta: dict[str, Any] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.arch not in ARCHS:
-            raise ValueError(f"unknown SAE arch {self.arch!r}; choose one of {ARCHS}")
         if self.d_in < 1 or self.d_sae < 1:
             raise ValueError(f"d_in and d_sae must be positive, got d_in={self.d_in}, d_sae={self.d_sae}")
-        if self.arch in ("topk", "batchtopk"):
-            if self.k is None:
-                raise ValueError(f"arch {self.arch!r} needs k (the number of active latents), e.g. k=32")
-            if not 1 <= self.k <= self.d_sae:
-                raise ValueError(f"k={self.k} must be between 1 and the latent count d_sae={self.d_sae}; "
-                                 f"lower k or widen the SAE")
+        self.options = dict(self.options or {})
+        self.kind.check(self)
         if self.site is not None:
             try:
                 self.site = parse_site(self.site).name
             except ValueError:
                 pass  # a hook name we cannot splice (kept as given); splicing will say so
+
+    @property
+    def kind(self) -> Kind:
+        """The registered kind ``arch`` names."""
+        return get_kind(self.arch)
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -84,15 +84,10 @@ class SAE(nn.Module):
         self.W_enc = nn.Parameter(w_dec.T.clone().contiguous())
         self.b_enc = nn.Parameter(torch.zeros(cfg.d_sae, dtype=dt))
         self.b_dec = nn.Parameter(torch.zeros(cfg.d_in, dtype=dt))
-        if cfg.arch in ("jumprelu", "batchtopk"):
-            # BatchTopK learns its threshold as a running statistic, JumpReLU by gradient.
-            thr = torch.zeros(cfg.d_sae, dtype=dt)
-            if cfg.arch == "jumprelu":
-                self.threshold = nn.Parameter(thr)
-            else:
-                self.register_buffer("threshold", thr)
-        else:
-            self.threshold = None
+        self.kind = cfg.kind  # looked up once: the hot paths ask this object
+        self.kind.make_params(self)
+        if "threshold" not in self._parameters and "threshold" not in self._buffers:
+            self.threshold: torch.Tensor | None = None
 
     # --- properties ---------------------------------------------------------------------------
     @property
@@ -135,24 +130,18 @@ class SAE(nn.Module):
         return x @ self.W_enc + self.b_enc
 
     def activate(self, pre: Float[torch.Tensor, "... d_sae"]) -> Float[torch.Tensor, "... d_sae"]:
-        """Inference nonlinearity. BatchTopK uses its learned threshold (a JumpReLU), as in sae-lens."""
-        a = self.arch
-        if a == "relu":
-            return torch.relu(pre)
-        if a == "topk":
-            vals, idx = pre.topk(self.cfg.k, dim=-1, sorted=False)
-            return torch.zeros_like(pre).scatter_(-1, idx, torch.relu(vals))
-        return torch.relu(pre) * (pre > self.threshold).to(pre.dtype)
+        """Inference nonlinearity of the kind (BatchTopK: its learned threshold, a JumpReLU, as in sae-lens)."""
+        return self.kind.activate(self, pre)
 
     def encode(self, x: Float[torch.Tensor, "... d_in"]) -> Float[torch.Tensor, "... d_sae"]:
         """Latent activations of ``x``: ``[..., d_in] -> [..., d_sae]``."""
-        return self.activate(self.pre_acts(x))
+        return self.kind.encode(self, x)
 
     def decode(self, z: Float[torch.Tensor, "... d_sae"]) -> Float[torch.Tensor, "... d_in"]:
-        """Reconstruction ``z @ W_dec + b_dec``."""
+        """Reconstruction ``z @ W_dec + b_dec`` (or the kind's own decoder)."""
         if z.shape[-1] != self.d_sae:
             raise ValueError(f"decode expects {self.d_sae} latents, got shape {tuple(z.shape)}")
-        return z.to(self.dtype) @ self.W_dec + self.b_dec
+        return self.kind.decode(self, z.to(self.dtype))
 
     def forward(self, x: Float[torch.Tensor, "... d_in"]) -> Float[torch.Tensor, "... d_in"]:
         """Reconstruction of ``x``."""
@@ -167,8 +156,8 @@ class SAE(nn.Module):
         self.W_dec.div_(norms[:, None])
         self.W_enc.mul_(norms[None, :])
         self.b_enc.mul_(norms)
-        if self.threshold is not None:
-            self.threshold.mul_(norms)
+        for name in self.kind.scaled:
+            getattr(self, name).mul_(norms)
 
     @torch.no_grad()
     def fold_input_scale_(self, scale: float) -> None:
@@ -179,8 +168,8 @@ class SAE(nn.Module):
             raise ValueError(f"input scale must be a positive finite number, got {scale}")
         self.b_enc.div_(scale)
         self.b_dec.div_(scale)
-        if self.threshold is not None:
-            self.threshold.div_(scale)
+        for name in self.kind.scaled:
+            getattr(self, name).div_(scale)
 
     # --- persistence (our own format: a bundle folder) ----------------------------------------
     @property

@@ -1,9 +1,10 @@
 """Read and write the sae-lens on-disk format (``cfg.json`` + ``sae_weights.safetensors``), offline.
 
-We write sae-lens 6.x inference configs (``standard``, ``topk``, ``jumprelu``; BatchTopK is saved as
-``jumprelu`` with its threshold, as sae-lens does) so ``sae_lens.SAE.load_from_disk`` reads our SAEs.
-We read those, sae-lens training checkpoints (``topk``/``batchtopk`` with decoder-norm rescaling) and
-pre-6.0 configs, folding every input transform into the weights so the loaded SAE reads raw activations.
+We write sae-lens 6.x inference configs, the architecture and tensor names each kind declares (:mod:`sae.kinds`:
+``standard``, ``topk``, ``jumprelu``, ``gated``; BatchTopK and Matryoshka BatchTopK are saved as ``jumprelu`` with
+their threshold, as sae-lens does; our kind rides in ``metadata.interp_arch``) so ``sae_lens.SAE.load_from_disk``
+reads our SAEs. We read those, sae-lens training checkpoints (``topk``/``batchtopk`` with decoder-norm rescaling)
+and pre-6.0 configs, folding every input transform into the weights so the loaded SAE reads raw activations.
 Transcoders (:class:`~sae.transcoder.Transcoder`) go both ways as sae-lens 6.x's ``transcoder``,
 ``skip_transcoder``, ``jumprelu_transcoder`` and ``jumprelu_skip_transcoder`` (``hook_name`` the MLP input,
 ``hook_name_out`` its output in ``metadata``; sae-lens keeps ``W_skip`` as ``[d_out, d_in]``, the transpose of ours;
@@ -20,16 +21,23 @@ from typing import Any
 
 import torch
 
+from sae.kinds import Kind, get_kind, kind_names, saelens_kind
 from sae.model import SAE, SAEConfig
 from sae.transcoder import Transcoder, TranscoderConfig
 
 CFG = "cfg.json"
 WEIGHTS = "sae_weights.safetensors"
-_ARCH_OUT = {"relu": "standard", "topk": "topk", "jumprelu": "jumprelu", "batchtopk": "jumprelu"}
-_SUPPORTED_IN = ("standard", "topk", "jumprelu", "batchtopk")
-_TC_ARCH = {("relu", False): "transcoder", ("relu", True): "skip_transcoder", ("jumprelu", False): "jumprelu_transcoder",
-            ("jumprelu", True): "jumprelu_skip_transcoder"}
-_TC_IN = {v: k for k, v in _TC_ARCH.items()}
+_BASE = ("W_enc", "b_enc", "W_dec", "b_dec")
+
+
+def _transcoder_archs() -> dict[str, tuple[str, bool]]:
+    """sae-lens transcoder architecture -> (our kind, skip), from the registered kinds."""
+    out = {}
+    for name in kind_names():
+        pair = get_kind(name).saelens_transcoder
+        if pair:
+            out[pair[0]], out[pair[1]] = (name, False), (name, True)
+    return out
 
 
 def _saelens_version() -> str:
@@ -59,34 +67,39 @@ def save_saelens(sae: SAE, path: str | os.PathLike, overwrite: bool = False, mod
 def _metadata(c: SAEConfig, model_name: str | None, hook_name: str | None) -> dict[str, Any]:
     return {"sae_lens_version": _saelens_version(), "sae_lens_training_version": _saelens_version(),
             "model_name": model_name or c.model_id or None, "hook_name": hook_name or c.site,
-            "hook_head_index": None, "interp_arch": c.arch, "interp_k": c.k, "interp_meta": _jsonable(c.meta)}
+            "hook_head_index": None, "interp_arch": c.arch, "interp_k": c.k, "interp_options": _jsonable(c.options),
+            "interp_meta": _jsonable(c.meta)}
 
 
 def _sae_files(sae: SAE, model_name: str | None, hook_name: str | None
                ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """``cfg.json`` and the weights of an SAE."""
-    c = sae.cfg
-    arch = _ARCH_OUT[c.arch]
+    c, kind = sae.cfg, sae.kind
+    arch = kind.saelens
+    if arch is None:
+        raise ValueError(f"SAE kind {c.arch!r} has no sae-lens architecture (its class sets saelens = None); save it "
+                         f"with SAE.save")
     cfg: dict[str, Any] = {
         "architecture": arch, "d_in": c.d_in, "d_sae": c.d_sae, "dtype": str(sae.dtype).replace("torch.", ""),
         "device": "cpu", "apply_b_dec_to_input": bool(c.apply_b_dec_to_input), "normalize_activations": "none",
         "reshape_activations": "hook_z" if (c.site or "").endswith("hook_z") else "none",
         "metadata": _metadata(c, model_name, hook_name),
     }
-    if arch == "topk":
-        cfg["k"] = int(c.k)
-        cfg["rescale_acts_by_decoder_norm"] = False
-    tensors = {"W_enc": sae.W_enc, "b_enc": sae.b_enc, "W_dec": sae.W_dec, "b_dec": sae.b_dec}
-    if arch == "jumprelu":
-        tensors["threshold"] = sae.threshold
-    return cfg, tensors
+    cfg.update(kind.saelens_config(sae))
+    return cfg, _named_tensors(sae, kind)
+
+
+def _named_tensors(sae: SAE, kind: Kind) -> dict[str, torch.Tensor]:
+    """Every parameter and buffer of ``sae`` under its sae-lens name (``kind.saelens_names``)."""
+    return {kind.saelens_names.get(k, k): v for k, v in sae.state_dict().items() if k != "W_skip"}
 
 
 def _transcoder_files(tc: Transcoder, model_name: str | None, hook_name: str | None
                       ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """``cfg.json`` and the weights of a transcoder (``hook_name`` overrides the input hook)."""
     c = tc.cfg
-    arch = _TC_ARCH.get((c.arch, c.skip))
+    pair = tc.kind.saelens_transcoder
+    arch = pair[int(c.skip)] if pair else None
     if arch is None:
         raise ValueError(f"sae-lens has no {c.arch} transcoder (only ReLU and JumpReLU, with or without skip); save "
                          f"this one with sae.circuit_tracer_io.save_circuit_tracer or Transcoder.save")
@@ -95,9 +108,7 @@ def _transcoder_files(tc: Transcoder, model_name: str | None, hook_name: str | N
     cfg = {"architecture": arch, "d_in": c.d_in, "d_sae": c.d_sae, "d_out": c.d_in,
            "dtype": str(tc.dtype).replace("torch.", ""), "device": "cpu", "apply_b_dec_to_input": False,
            "normalize_activations": "none", "reshape_activations": "none", "metadata": md}
-    tensors = {"W_enc": tc.W_enc, "b_enc": tc.b_enc, "W_dec": tc.W_dec, "b_dec": tc.b_dec}
-    if c.arch == "jumprelu":
-        tensors["threshold"] = tc.threshold
+    tensors = _named_tensors(tc, tc.kind)
     if tc.W_skip is not None:
         tensors["W_skip"] = tc.W_skip.T  # sae-lens: x @ W_skip.T
     return cfg, tensors
@@ -164,26 +175,30 @@ def load_saelens(path: str | os.PathLike, device: str | torch.device | None = No
     cfg = _read_cfg(p)
     md = cfg.get("metadata") or {}
     arch_in = cfg.get("architecture", "standard")
-    if arch_in in _TC_IN:
+    if arch_in in _transcoder_archs():
         return _load_transcoder(p, cfg, device, dtype, site)
-    w = _read_weights(p, cfg)
+    kind = saelens_kind(arch_in, md)  # an unregistered kind of ours fails here, naming register_kind
+    w = _read_weights(p, cfg, kind)
     _fold_input_transforms(w, cfg, p, norm_scaling_factor)
-    arch, k = _our_arch(arch_in, cfg, md, w.get("threshold"), p)
+    k, options = kind.from_saelens(cfg, md)
     hook = site or md.get("hook_name") or cfg.get("hook_name")
     out_dtype = str(dtype or cfg.get("dtype", "float32")).replace("torch.", "")
     meta = {"source": "sae-lens", "path": str(p), "hook_name": hook, "architecture": arch_in}
     if isinstance(md.get("interp_meta"), dict):
         meta.update(md["interp_meta"])
     d_in, d_sae = w["W_enc"].shape
-    sc = SAEConfig(d_in=d_in, d_sae=d_sae, arch=arch, k=k, site=hook, model_id=md.get("model_name") or "",
-                   dtype=out_dtype, apply_b_dec_to_input=bool(cfg.get("apply_b_dec_to_input", True)), meta=meta)
+    sc = SAEConfig(d_in=d_in, d_sae=d_sae, arch=kind.name, k=k, site=hook, model_id=md.get("model_name") or "",
+                   dtype=out_dtype, apply_b_dec_to_input=bool(cfg.get("apply_b_dec_to_input", True)), meta=meta,
+                   options=options)
     sae = SAE(sc, seed=None)
+    missing = sorted(set(sae.state_dict()) - set(w))
+    if missing:
+        names = [kind.saelens_names.get(m, m) for m in missing]
+        raise ValueError(f"{p}: a {arch_in} SAE (our kind {kind.name!r}) needs the tensors {names} in {WEIGHTS}")
     dt = sc.torch_dtype
     with torch.no_grad():
-        for name in ("W_enc", "b_enc", "W_dec", "b_dec"):
-            getattr(sae, name).copy_(w[name].to(dt))
-        if sae.threshold is not None:
-            sae.threshold.copy_(w["threshold"].to(dt))
+        for name, t in sae.state_dict().items():
+            t.copy_(w[name].to(dt))
     return sae.to(device) if device is not None else sae
 
 
@@ -200,9 +215,8 @@ def _read_cfg(p: Path) -> dict[str, Any]:
         cfg = _upgrade_pre6(cfg)
     md = cfg.get("metadata") or {}
     arch_in = cfg.get("architecture", "standard")
-    if arch_in not in _SUPPORTED_IN and arch_in not in _TC_IN:
-        raise ValueError(f"sae-lens architecture {arch_in!r} is not supported here; supported: "
-                         f"{_SUPPORTED_IN + tuple(_TC_IN)}")
+    if arch_in not in _transcoder_archs():
+        saelens_kind(arch_in, md)  # refuses an architecture no registered kind reads
     if cfg.get("activation_fn", "relu") not in ("relu", "topk", None) and arch_in == "standard":
         raise ValueError(f"activation {cfg['activation_fn']!r} is not supported; only ReLU standard SAEs load")
     if md.get("hook_head_index") is not None or cfg.get("hook_head_index") is not None:
@@ -214,26 +228,24 @@ def _read_cfg(p: Path) -> dict[str, Any]:
     return cfg
 
 
-def _read_weights(p: Path, cfg: dict[str, Any]) -> dict[str, torch.Tensor]:
-    """The weights in float64 (``W_enc, b_enc, W_dec, b_dec``, ``threshold`` if any; ``scaling_factor`` kept)."""
+def _read_weights(p: Path, cfg: dict[str, Any], kind: Kind) -> dict[str, torch.Tensor]:
+    """The weights in float64 under our names (``kind.saelens_names`` reversed; ``threshold`` also from
+    ``log_threshold`` / ``topk_threshold``; ``scaling_factor`` kept for folding)."""
     from safetensors.torch import load_file
 
     st = {k: v.to(torch.float64) for k, v in load_file(str(p / WEIGHTS)).items()}
+    st.update({ours: st[theirs] for ours, theirs in kind.saelens_names.items() if theirs in st})
     W_enc, W_dec = st["W_enc"], st["W_dec"]
     d_in, d_sae = W_enc.shape
     if W_dec.shape != (d_sae, d_in) or cfg.get("d_sae", d_sae) != d_sae or cfg.get("d_in", d_in) != d_in:
         raise ValueError(f"{p}: weight shapes W_enc {tuple(W_enc.shape)}, W_dec {tuple(W_dec.shape)} do not match "
                          f"d_in={cfg.get('d_in')}, d_sae={cfg.get('d_sae')}")
-    w = {"W_enc": W_enc, "W_dec": W_dec, "b_dec": st["b_dec"],
-         "b_enc": st.get("b_enc", torch.zeros(d_sae, dtype=torch.float64))}
-    if "threshold" in st:
-        w["threshold"] = st["threshold"]
-    elif "log_threshold" in st:
+    w = {k: v for k, v in st.items() if k not in ("log_threshold", "topk_threshold")}
+    w.setdefault("b_enc", torch.zeros(d_sae, dtype=torch.float64))
+    if "threshold" not in st and "log_threshold" in st:
         w["threshold"] = st["log_threshold"].exp()
-    elif "topk_threshold" in st:
+    elif "threshold" not in st and "topk_threshold" in st:
         w["threshold"] = st["topk_threshold"].reshape(()).expand(d_sae).clone()
-    if "scaling_factor" in st:
-        w["scaling_factor"] = st["scaling_factor"]
     return w
 
 
@@ -257,22 +269,6 @@ def _fold_input_transforms(w: dict[str, torch.Tensor], cfg: dict[str, Any], p: P
         w["W_dec"], w["b_dec"] = w["W_dec"] / sf, w["b_dec"] / sf
 
 
-def _our_arch(arch_in: str, cfg: dict[str, Any], md: dict[str, Any], threshold: torch.Tensor | None, p: Path
-              ) -> tuple[str, int | None]:
-    """Our ``(arch, k)`` for a sae-lens architecture (BatchTopK saved as JumpReLU by us comes back as BatchTopK)."""
-    if arch_in == "topk":
-        return "topk", int(cfg["k"])
-    if arch_in == "standard":
-        return "relu", None
-    if threshold is None:
-        raise ValueError(f"{p}: a {arch_in} SAE needs a threshold tensor in {WEIGHTS}")
-    if arch_in == "batchtopk":
-        return "batchtopk", int(round(float(cfg["k"])))
-    if md.get("interp_arch") == "batchtopk" and md.get("interp_k"):
-        return "batchtopk", int(md["interp_k"])
-    return "jumprelu", None
-
-
 def _load_transcoder(p: Path, cfg: dict[str, Any], device: str | torch.device | None, dtype: str | None,
                      site: str | None) -> Transcoder:
     """A sae-lens transcoder folder as our :class:`Transcoder` (``site``: override the output hook)."""
@@ -280,7 +276,7 @@ def _load_transcoder(p: Path, cfg: dict[str, Any], device: str | torch.device | 
 
     from safetensors.torch import load_file
 
-    arch, skip = _TC_IN[cfg["architecture"]]
+    arch, skip = _transcoder_archs()[cfg["architecture"]]
     md = cfg.get("metadata") or {}
     d_in, d_out = int(cfg["d_in"]), int(cfg.get("d_out", cfg["d_in"]))
     if d_out != d_in:
@@ -301,9 +297,8 @@ def _load_transcoder(p: Path, cfg: dict[str, Any], device: str | torch.device | 
                             input_site=hook_in, site=hook_out, model_id=md.get("model_name") or "",
                             dtype=str(dtype or cfg.get("dtype", "float32")).replace("torch.", ""), meta=meta)
     tc = Transcoder(tcfg, seed=None)
-    state = {k: w[k] for k in ("W_enc", "b_enc", "W_dec", "b_dec")}
-    if arch == "jumprelu":
-        state["threshold"] = w["threshold"]
+    names = tc.kind.saelens_names
+    state = {k: w[names.get(k, k)] for k in tc.state_dict() if k != "W_skip" and names.get(k, k) in w}
     if skip:
         state["W_skip"] = w["W_skip"].T
     want = {k: tuple(v.shape) for k, v in tc.state_dict().items()}

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from interp.bundle import Result
 from interp.positions import check_sinks
+from sae.kinds import get_kind
 from sae.model import SAE
 
 if TYPE_CHECKING:
@@ -22,9 +23,11 @@ class TrainConfig:
     """Hyper-parameters. ``d_sae`` defaults to ``expansion * d_in``; ``lr`` to ``2e-4 / sqrt(d_sae / 2**14)``
     (Gao et al.); ``k`` is the active count (TopK/BatchTopK) and the JumpReLU target L0 unless
     ``target_l0`` is set; ``dead_after_tokens`` defaults to ``max(10 * batch_size, total_tokens // 10)``.
-    ``site`` picks the input of a multi-site capture, ``target_site`` the target of a transcoder (paired data)."""
+    ``site`` picks the input of a multi-site capture, ``target_site`` the target of a transcoder (paired data).
+    ``arch`` names a registered kind (:mod:`sae.kinds`), ``options`` its own settings (Matryoshka's ``widths``)."""
 
     arch: str = "topk"
+    options: dict[str, Any] = field(default_factory=dict)  # the kind's own settings, e.g. {"widths": [...]}
     d_sae: int | None = None
     expansion: int = 8
     k: int | None = 32
@@ -65,6 +68,8 @@ class TrainConfig:
         if self.total_tokens < self.batch_size:
             raise ValueError(f"total_tokens={self.total_tokens} is less than one batch ({self.batch_size})")
         self.betas = tuple(self.betas)
+        self.options = dict(self.options or {})
+        get_kind(self.arch)  # an unknown kind fails here, naming register_kind
         check_sinks(self.sinks)
 
     @property

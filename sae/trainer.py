@@ -29,6 +29,7 @@ import torch
 from tqdm.auto import tqdm
 
 from interp import distributed as dist
+from sae.kinds import get_kind
 from sae.losses import StepOut, train_step
 from sae.model import SAE, SAEConfig
 from sae.stream import TokenStream
@@ -67,9 +68,9 @@ class Trainer:
             raise ValueError("paired (input, target) data trains a transcoder: use sae.transcoder_train.fit_transcoder")
         if sae is None:
             d_sae = cfg.d_sae or cfg.expansion * d_in
-            k = cfg.k if cfg.arch in ("topk", "batchtopk") else None
+            k = cfg.k if get_kind(cfg.arch).needs_k else None
             sae = SAE(SAEConfig(d_in=d_in, d_sae=d_sae, arch=cfg.arch, k=k, site=self.stream.site,
-                                model_id=self.stream.model_id), seed=cfg.seed)
+                                model_id=self.stream.model_id, options=dict(cfg.options)), seed=cfg.seed)
         elif sae.d_in != d_in or d_out not in (None, sae.d_in):
             raise ValueError(f"the SAE reads width {sae.d_in} but the activations have width {d_in}"
                              + ("" if d_out is None else f" (targets {d_out})"))
@@ -84,15 +85,12 @@ class Trainer:
                                                 ("step", "tokens", "loss", "mse", "aux", "l0", "fvu", "dead", "lr")}
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self.dead_after = cfg.dead_after_tokens or max(10 * cfg.batch_size, cfg.total_tokens // 10)
-        self.opts = {"sparse": self._sparse(), "backend": cfg.backend, "k_aux": cfg.k_aux or max(1, d_in // 2),
-                     "bandwidth": cfg.jumprelu_bandwidth,
-                     "target_l0": cfg.target_l0 or (cfg.k if cfg.arch == "jumprelu" else None)}
+        kind = self.sae.kind
+        self.opts = {"sparse": kind.k_sparse and cfg.decoder in ("auto", "sparse"), "backend": cfg.backend,
+                     "k_aux": cfg.k_aux or max(1, d_in // 2), "bandwidth": cfg.jumprelu_bandwidth,
+                     "target_l0": kind.target_l0(cfg)}
+        self._sparsity_coef = float(getattr(cfg, kind.sparsity_coef)) if kind.sparsity_coef else 0.0
         self._initialised = False
-
-    def _sparse(self) -> bool:
-        if self.cfg.arch not in ("topk", "batchtopk"):
-            return False
-        return self.cfg.decoder in ("auto", "sparse")
 
     # --- initialisation from data ---------------------------------------------------------------
     def prepare(self) -> None:
@@ -121,12 +119,7 @@ class Trainer:
         if ys is not None:
             self.target_scale = self._norm_scale(ys, "targets")
         self.sae.b_dec.copy_(xs.mean(0) if ys is None else (ys * self.target_scale).mean(0))
-        if self.sae.arch == "jumprelu":
-            # start near the target L0: each latent's threshold at the matching quantile of its pre-activations
-            target = self.opts["target_l0"] or max(1, self.sae.d_sae // 32)
-            q = 1.0 - min(0.999, target / self.sae.d_sae)
-            pre = self.sae.pre_acts(xs[: 1 << 13])
-            self.sae.threshold.copy_(pre.quantile(q, dim=0).clamp_min(1e-3))
+        self.sae.kind.init_from_data(self.sae, xs, self.opts)
 
     def _norm_scale(self, t: torch.Tensor, what: str) -> float:
         """The factor that makes ``E ||t||^2 = d`` (1 without ``normalize_input``)."""
@@ -139,8 +132,7 @@ class Trainer:
     def _coeffs(self) -> dict[str, float]:
         cfg = self.cfg
         ramp = min(1.0, (self.step + 1) / max(1, cfg.sparsity_warmup_frac * cfg.n_steps))
-        base = {"relu": cfg.l1_coefficient, "jumprelu": cfg.l0_coefficient}.get(cfg.arch, 0.0)
-        return {"sparsity": base * ramp, "aux": cfg.aux_coefficient, "preact": cfg.preact_coefficient}
+        return {"sparsity": self._sparsity_coef * ramp, "aux": cfg.aux_coefficient, "preact": cfg.preact_coefficient}
 
     def train_one(self, x: torch.Tensor, y: torch.Tensor | None = None) -> StepOut:
         """One optimisation step on a raw batch ``x [B, d_in]`` (a transcoder's targets ``y``; normalised here)."""
@@ -165,12 +157,7 @@ class Trainer:
         self.opt.zero_grad(set_to_none=True)
         with torch.no_grad():
             sae.W_dec.div_(sae.W_dec.norm(dim=1, keepdim=True).clamp_min(1e-12))
-            if sae.arch == "jumprelu":
-                sae.threshold.clamp_(min=1e-6)
-            min_active = self._global_min(out.min_active) if sae.arch == "batchtopk" else None
-            if min_active is not None:
-                a = cfg.threshold_lr if self.step > 0 else 1.0
-                sae.threshold.mul_(1 - a).add_(a * min_active)
+            sae.kind.after_step(self, out)  # the kind's own hook: thresholds, clamps
             self.tokens_since_fired += x.shape[0] * self.world
             fired = out.fired if self.world == 1 else dist.all_reduce_(out.fired.to(torch.uint8), "max").bool()
             self.tokens_since_fired[fired] = 0

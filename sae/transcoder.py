@@ -22,6 +22,7 @@ import torch.nn as nn
 from jaxtyping import Float
 
 from interp.bundle import read_object, register_kind, save_object
+from sae.kinds import get_kind, kind_names
 from sae.model import SAE, SAEConfig
 
 
@@ -34,9 +35,11 @@ class TranscoderConfig(SAEConfig):
     input_site: str | None = None
 
     def __post_init__(self) -> None:
-        if self.arch == "batchtopk":
-            raise ValueError("transcoders support arch 'relu', 'topk' or 'jumprelu' (BatchTopK infers as a "
-                             "JumpReLU; train it as arch='jumprelu')")
+        if not self.kind.transcoder:
+            ok = [n for n in kind_names() if get_kind(n).transcoder]
+            raise ValueError(f"transcoders support arch {ok}, not {self.arch!r} (a kind declares transcoder = True "
+                             f"when it can predict another activation; BatchTopK infers as a JumpReLU: train "
+                             f"arch='jumprelu')")
         self.apply_b_dec_to_input = False
         if self.site is None:
             self.site = f"blocks.{self.layer}.mlp.hook_out"
@@ -90,9 +93,8 @@ class Transcoder(SAE):
             if not (math.isfinite(s) and s > 0):
                 raise ValueError(f"scales must be positive finite numbers, got {scale}, {out_scale}")
         self.W_enc.mul_(scale / out)
-        for t in (self.b_enc, self.b_dec, self.threshold):
-            if t is not None:
-                t.div_(out)
+        for t in (self.b_enc, self.b_dec, *(getattr(self, n) for n in self.kind.scaled)):
+            t.div_(out)
         if self.W_skip is not None:
             self.W_skip.mul_(scale / out)
 

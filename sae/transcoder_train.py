@@ -23,6 +23,7 @@ from interp.forward import Inputs
 from interp.positions import check_sinks, without_first
 from interp.sites import Site
 from interp.values import Prompts, Runtime, moved_keywords
+from sae.kinds import get_kind, kind_names
 from sae.runner import MOVED as FORMAT_MOVED
 from sae.runner import SINK_MOVED
 from sae.train_config import TrainConfig, TrainResult
@@ -97,15 +98,17 @@ def fit_transcoder(data: Any, layer: int = 0, cfg: TrainConfig | None = None, sk
     cfg = cfg or TrainConfig()
     if overrides:
         cfg = TrainConfig(**{**asdict(cfg), **overrides})
-    if cfg.arch not in ("topk", "jumprelu", "relu"):
-        raise ValueError(f"transcoders train as arch 'topk', 'jumprelu' or 'relu', got {cfg.arch!r}")
+    kind = get_kind(cfg.arch)
+    if not kind.transcoder:
+        raise ValueError(f"transcoders train as arch {[n for n in kind_names() if get_kind(n).transcoder]}, "
+                         f"got {cfg.arch!r}")
     d = _width(data)
     if isinstance(data, tuple):
         sites = pair_sites(layer)
     else:
         sites = (cfg.site or pair_sites(layer)[0], cfg.target_site or pair_sites(layer)[1])
         cfg = replace(cfg, site=sites[0], target_site=sites[1])
-    k = cfg.k if cfg.arch == "topk" else None
+    k = cfg.k if kind.needs_k else None
     tcfg = TranscoderConfig(d_in=d, d_sae=cfg.d_sae or cfg.expansion * d, arch=cfg.arch, k=k, layer=layer, skip=skip,
                             input_site=sites[0], site=sites[1], model_id=model_id or getattr(data, "model_id", ""))
     tc = Transcoder(tcfg, seed=cfg.seed)

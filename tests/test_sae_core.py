@@ -29,8 +29,8 @@ def test_config_rejects_bad_k_and_arch():
         SAEConfig(16, 100, arch="topk", k=200)
     with pytest.raises(ValueError, match="needs k"):
         SAEConfig(16, 100, arch="batchtopk")
-    with pytest.raises(ValueError, match="unknown SAE arch"):
-        SAEConfig(16, 100, arch="gated")
+    with pytest.raises(ValueError, match="unknown SAE kind 'nope'.*register_kind"):
+        SAEConfig(16, 100, arch="nope")
 
 
 def test_width_mismatch_is_a_clear_error():

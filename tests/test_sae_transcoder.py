@@ -215,7 +215,7 @@ def test_bad_input_gets_clear_errors(tiny_models, organism):
     with pytest.raises(ValueError, match="name a layer twice"):
         capture_pairs(tiny, [[7, 8, 9]], layers=[1, -1])
     x = torch.randn(100, 64)
-    with pytest.raises(ValueError, match="arch 'topk', 'jumprelu' or 'relu'"):
+    with pytest.raises(ValueError, match=r"transcoders train as arch \['relu', 'topk', 'jumprelu'\]"):
         fit_transcoder((x, x), arch="batchtopk", total_tokens=256, batch_size=64)
     with pytest.raises(ValueError, match="same tokens"):
         fit_transcoder((x, x[:50]), total_tokens=256, batch_size=64)
