@@ -359,3 +359,18 @@ def test_the_docstring_kind_needs_only_activate(monkeypatch):
     res = train_sae(x, arch="sq_relu", d_sae=24, batch_size=64, total_tokens=64 * 20, progress=False, warmup_steps=1)
     assert res.history["loss"][-1] < res.history["loss"][0]
     assert torch.equal(res.sae.encode(x), torch.relu(res.sae.pre_acts(x)) ** 2)
+
+
+def test_the_cli_offers_every_built_in_kind_and_matryoshka_widths():
+    """`interp sae train --arch` lists the registry's built-in kinds; --widths reaches Matryoshka's options only."""
+    import argparse
+
+    from interp.cli.sae_train import ARCHS, train_config
+    from sae.kinds import kind_names
+
+    assert set(ARCHS) == set(kind_names())
+    args = argparse.Namespace(arch="matryoshka_batchtopk", d_sae=64, expansion=8, k=8, steps=2, batch_size=4,
+                              lr=None, seed=0, widths="16,32")
+    assert train_config(args, "blocks.0.hook_resid_post").options == {"widths": [16, 32]}
+    with pytest.raises(ValueError, match="--widths sets matryoshka"):
+        train_config(argparse.Namespace(**{**vars(args), "arch": "topk"}), "blocks.0.hook_resid_post")

@@ -13,7 +13,8 @@ from typing import Any
 from interp.cli.jobs import JobFolder, add_out_args, load, option, prompts_of, run_job
 from interp.values import Prompts, Runtime
 
-ARCHS = ("topk", "batchtopk", "relu", "jumprelu")
+# the built-in kinds of sae.kinds (a kind registered in your own code trains through sae.train, not this flag)
+ARCHS = ("topk", "batchtopk", "relu", "jumprelu", "jumprelu_target_l0", "gated", "matryoshka_batchtopk")
 
 
 def add_sae_parser(sub: Any, model_args: Any) -> None:
@@ -31,6 +32,8 @@ def add_sae_parser(sub: Any, model_args: Any) -> None:
     option(t, "--arch", "topk", "SAE architecture", choices=ARCHS)
     option(t, "--d-sae", None, "number of latents; none: --expansion x d_model", type=int)
     option(t, "--expansion", 8, "latents per model dimension when --d-sae is not given", type=int)
+    option(t, "--widths", None, "matryoshka_batchtopk: the nested prefix widths, comma-separated (e.g. 512,2048); "
+                                "the full width is the last level")
     option(t, "--k", 16, "active latents per token (topk/batchtopk; the target L0 of jumprelu)", type=int)
     option(t, "--steps", 300, "optimiser steps", type=int)
     option(t, "--batch-size", 256, "tokens per step", type=int)
@@ -55,7 +58,11 @@ def train_config(args: argparse.Namespace, site: str) -> Any:
     for flag, v in (("--steps", args.steps), ("--batch-size", args.batch_size), ("--k", args.k)):
         if v < 1:
             raise ValueError(f"{flag} must be at least 1, got {v}")
-    return sae.TrainConfig(arch=args.arch, d_sae=args.d_sae, expansion=args.expansion, k=args.k,
+    widths = getattr(args, "widths", None)
+    if widths is not None and args.arch != "matryoshka_batchtopk":
+        raise ValueError(f"--widths sets matryoshka_batchtopk's prefix widths; --arch is {args.arch!r}")
+    options = {"widths": [int(w) for w in str(widths).split(",") if w.strip()]} if widths is not None else {}
+    return sae.TrainConfig(arch=args.arch, d_sae=args.d_sae, expansion=args.expansion, k=args.k, options=options,
                            total_tokens=args.steps * args.batch_size, batch_size=args.batch_size, lr=args.lr,
                            seed=args.seed, site=site, progress=True)
 
