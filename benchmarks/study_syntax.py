@@ -3,7 +3,7 @@ question about others) with Wilson intervals, activation patching imperative -> 
 heads and neurons at the found layers against random ones, the refusal direction's projection by form, and
 steering the least-refused form with the found difference against random vectors of the same norms.
 
-``nice -n 10 python benchmarks/study_syntax.py [--n-pairs 45] [--write]`` (the result bundle goes to ``--out``;
+``nice -n 10 python benchmarks/study_syntax.py [--n-pairs 45] [--threads 1] [--write]`` (the result bundle goes to ``--out``;
 ``--write``: the tables into ``benchmarks/RESULTS_syntax.md``; ``python benchmarks/study_syntax.py --report
 FOLDER`` rewrites them from a saved bundle)
 """
@@ -15,6 +15,8 @@ import json
 import sys
 import time
 from pathlib import Path
+
+import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -80,6 +82,7 @@ def main() -> None:
     ap.add_argument("--n-direction", type=int, default=32, help="train / val prompts per class for the direction")
     ap.add_argument("--n-random", type=int, default=3)
     ap.add_argument("--n-boot", type=int, default=1000)
+    ap.add_argument("--threads", type=int, default=2, help="torch threads (1 on a busy machine: much faster)")
     ap.add_argument("--out", default="/tmp/syntax_run")
     ap.add_argument("--write", action="store_true")
     ap.add_argument("--report", help="a saved SyntaxRefusal bundle: write its tables, run nothing")
@@ -93,6 +96,7 @@ def main() -> None:
         if a.write:
             write_text(REPO / "benchmarks" / "RESULTS_syntax.md", text)
         return
+    torch.set_num_threads(a.threads)
     t0 = time.time()
     model = load_model(a.model)
     layers = None if a.layers == "all" else tuple(range(*map(int, a.layers.split(":"))))
