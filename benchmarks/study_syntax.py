@@ -68,7 +68,46 @@ def report(res) -> str:
     lines += ["", "Share of the imperative-minus-form refusal-rate gap closed by steering: "
               + ", ".join(f"{k} {v:.3f}" if v is not None else f"{k} n/a (no gap)"
                           for k, v in s["steering_restored"].items()) + "."]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines[:6] + plainly(res) + lines[6:]) + "\n"
+
+
+def plainly(res) -> list[str]:
+    """The must-show findings in words: refusal by form against the imperative, the mediating layers and their
+    restored share, found components against their random draws, steering against random vectors."""
+    s = res.summary()
+    imp = res.rates["imperative"]
+    out = ["## In plain words", ""]
+    for f in res.forms[1:]:
+        r = res.rates[f]
+        below = r.ci95[1] < imp.ci95[0]
+        above = r.ci95[0] > imp.ci95[1]
+        verdict = ("refused less than the imperative (Wilson intervals apart)" if below else
+                   "refused more than the imperative (intervals apart)" if above else
+                   "no difference from the imperative shown (intervals overlap)")
+        out.append(f"- **{f}**: refused {r.rate:.3f} vs imperative {imp.rate:.3f}: {verdict}.")
+    grid = res.to_form[res.target_form]
+    li = [res.layers.index(la) for la in res.found_layers]
+    best = [(res.layers[i], float(grid[i].nan_to_num(nan=float("-inf")).max()),
+             res.positions[int(grid[i].nan_to_num(nan=float("-inf")).argmax())]) for i in li]
+    out.append(f"- Mediating layers (largest restored share of the first-token refusal-score gap, imperative -> "
+               f"form, over the bypassing forms): {', '.join(f'L{la} ({v:.2f} at {p})' for la, v, p in best)} "
+               f"on the target form `{res.target_form}`.")
+    for kind, c in s["components"].items():
+        rnd = c["random"]
+        beats = all(c["found"] > v for v in rnd)
+        p = (sum(v >= c["found"] for v in rnd) + 1) / (len(rnd) + 1)
+        out.append(f"- {kind.capitalize()} at those layers ({c['size']} found): restored share {c['found']:.3f} vs "
+                   f"random {sum(rnd) / len(rnd):.3f} (mean of {len(rnd)} draws of the same size and layers, max "
+                   f"{max(rnd):.3f}); above every random draw: **{'yes' if beats else 'no'}** (rank p {p:.2f}, "
+                   f"at best 1/{len(rnd) + 1} with {len(rnd)} draws).")
+    st, sr = s["steering"], s["steering_restored"]
+    found_up = st["found"]["ci95"][0] > st["plain"]["ci95"][1]
+    out.append(f"- Steering the `{res.target_form}` form along the found difference: refusal "
+               f"{st['plain']['rate']:.3f} -> {st['found']['rate']:.3f} (random vectors of the same norms: "
+               f"{st['random']['rate']:.3f}); raised beyond its interval: **{'yes' if found_up else 'no'}**"
+               + (f"; share of the imperative gap closed {sr['found']:.3f} vs random {sr['random']:.3f}."
+                  if sr["found"] is not None else "; no gap to close."))
+    return out + [""]
 
 
 def main() -> None:
