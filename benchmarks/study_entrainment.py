@@ -61,6 +61,8 @@ def report(name: str, st) -> str:
               "| sparsity | heads > 0.5 | metric clean | metric, those heads zeroed |", "|---|---|---|---|"]
     lines += [f"| {r['sparsity']} | {r['n_selected']} | {r['baseline']:.3f} | {r['selected_metric']:.3f} |"
               for r in s["sweep"]["sweep"]]
+    lines += ["", f"(Of {st.sweep.masks[0].scores.numel()} heads; a mask keeping many heads above 0.5 has not "
+              "converged to a sparse circuit at this many steps, so the highest-scoring heads are kept.)"]
     dr = ab["drop_found_minus_random"]
     lines += ["", f"Heads kept at sparsity {s['sweep']['chosen']} (at most {st.meta.get('max_heads', '?')}, highest "
               f"scores): "
@@ -68,7 +70,7 @@ def report(name: str, st) -> str:
               f"Zeroing them vs {ab['n_draws']} sets of as many random heads of the same layers: {s['mask_kind']} logit "
               f"gain clean {ab['gain_clean']:.3f}, found zeroed {ab['gain_found']:.3f}, random zeroed "
               f"{ab['gain_random']:.3f}; extra drop found - random {_ci(ab['drop_found_minus_random'])}, draws dropping "
-              f"as much p {ab['p_draws']:.3g}. Clean accuracy: {ab['accuracy_clean']:.3f} -> found "
+              f"as much p {ab['p_draws']:.3g} (at best 1/{ab['n_draws'] + 1} with {ab['n_draws']} draws). Clean accuracy: {ab['accuracy_clean']:.3f} -> found "
               f"{ab['accuracy_found']:.3f}, random {ab['accuracy_random']:.3f}; accuracy lost beyond random "
               f"{_ci(ab['accuracy_cost_found_minus_random'])}. The found heads attenuate entrainment more than "
               f"random heads: **{'yes' if dr['lo'] > 0 else 'no'}** (interval {'above' if dr['lo'] > 0 else 'reaching'}"
