@@ -107,7 +107,23 @@ def plainly(res) -> list[str]:
                f"{st['random']['rate']:.3f}); raised beyond its interval: **{'yes' if found_up else 'no'}**"
                + (f"; share of the imperative gap closed {sr['found']:.3f} vs random {sr['random']:.3f}."
                   if sr["found"] is not None else "; no gap to close."))
-    return out + [""]
+    lo_t = s["projection"][res.target_form][2]
+    sep = s["projection"]["imperative"][0] > lo_t
+    out.append(f"- The refusal direction (layer {s['direction_layer']}) projection at the last token separates the "
+               f"imperative from `{res.target_form}` (imperative's interval above): **{'yes' if sep else 'no'}**.")
+    small = [f for f in res.forms[1:] if abs(s["scores"]["imperative"] - s["scores"][f]) < 0.5]
+    out += ["", "Reading it: patching the whole residual stream at the last positions of the last layers restores "
+            "the output almost by construction, so the layers where the share *rises* say where the difference "
+            "is built; steering adds the whole imperative-minus-form difference at the found layers, so its "
+            "restoration is the causal check of those layers, not of the found heads or neurons, which carry the "
+            "share in the components rows."
+            + (f" Shares for {', '.join(small)} are unstable: its first-token refusal score is within 0.5 of the "
+               "imperative's (no gap to restore)." if small else ""),
+            f"Size: {res.n_pairs} requests per form, {len(res.layers)} layers, {len(res.positions)} aligned positions, "
+            f"{res.config.get('max_new_tokens')} new tokens, {res.config.get('n_random')} random draws; the script's "
+            "defaults (45 requests, every layer, 8 positions, 32 new tokens, 32 direction prompts) are the full study.",
+            ""]
+    return out
 
 
 def main() -> None:
