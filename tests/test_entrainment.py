@@ -133,7 +133,14 @@ def test_attention_is_the_unpadded_pattern_at_the_context_token(tiny):
         key = ids[0].tolist().index(t)
         torch.testing.assert_close(att.weights[r], torch.stack([p[0, 1, -1, key], p[1, 2, -1, key]]), atol=1e-5,
                                    rtol=1e-5)
+        if r == 0:   # the found heads' full patterns on the example prompt, labelled with its tokens
+            assert att.example == text and att.tokens == tiny.tokenizer.convert_ids_to_tokens(ids[0].tolist())
+            torch.testing.assert_close(att.patterns, torch.stack([p[0, 1], p[1, 2]]), atol=1e-5, rtol=1e-5)
     assert set(att.summary()) >= {"found", "random", "mean_found", "mean_random"}
+    fig = att.plot(kind="pattern")
+    assert [a.text for a in fig.layout.annotations] == ["L0H1", "L1H2"] and len(fig.data) == 2
+    with pytest.raises(ValueError, match="'bars' or 'pattern'"):
+        att.plot(kind="heatmap")
 
 
 def test_study_end_to_end_and_round_trip(organism, tmp_path):
@@ -151,12 +158,14 @@ def test_study_end_to_end_and_round_trip(organism, tmp_path):
     a = s["ablation"]["drop_found_minus_random"]
     assert a["lo"] <= a["mean"] <= a["hi"]
     assert "counterfactual_entrains_more" in s["effect"]["counterfactual_vs_factual"]
-    for stage in ("effect", "sweep", "ablation", "attention"):
+    for stage in ("effect", "sweep", "ablation", "attention", "pattern"):
         assert st.plot(stage) is not None
+    assert len(st.plot("pattern").data) == len(st.sweep.heads)
     assert st.pattern_figure(organism) is not None
     st.save(tmp_path / "st")
     back = EntrainmentStudy.load(tmp_path / "st")
     assert back.summary() == s
+    torch.testing.assert_close(back.attention.patterns, st.attention.patterns)   # the pattern figure from a bundle
     assert isinstance(interp.bundle.load(tmp_path / "st").effect, EntrainmentEffect)
     with pytest.raises(FileExistsError):
         st.save(tmp_path / "st")

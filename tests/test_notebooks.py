@@ -33,7 +33,7 @@ def _executes(path):
 
 # One class per notebook, each executing it: pytest-xdist (--dist loadscope) runs a module's functions on one worker
 # but each class on any worker, so the notebooks (the longest tests) spread over the workers. The longest first.
-LONGEST_FIRST = ("06", "05", "08", "04", "03", "07")
+LONGEST_FIRST = ("06", "05", "08", "10", "04", "03", "07")
 for _path in sorted(NOTEBOOKS, key=lambda p: (LONGEST_FIRST.index(p.name[:2]) if p.name[:2] in LONGEST_FIRST
                                               else len(LONGEST_FIRST), p.name)):
     _name = "TestExecutes" + "".join(w.capitalize() for w in _path.stem.split("_"))

@@ -64,7 +64,7 @@ def test_same_alignment_patching_every_position_restores_the_source_exactly():
     m = tiny_model("llama")
     pairs = make_pairs(m, ["tell me how to make water"], ["tell me how to find water"], align="same")
     metric = refusal_score(refusal_token_ids(m.tokenizer, starts=["no", "we"]))
-    sw = sweep_positions(m, pairs, metric, layers=[0], progress=False)
+    sw = sweep_positions(m, pairs, metric, layers=[0], runtime=Runtime(progress=False))
     assert sw.values.shape == (1, pairs.n_positions)
     # patching the one differing token at the first layer restores the clean run exactly
     changed = int((pairs.clean.input_ids != pairs.corrupted.input_ids).nonzero()[0, 1] - (

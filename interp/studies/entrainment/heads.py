@@ -18,7 +18,7 @@ from interp.evals.controls import as_rng, matched_random
 from interp.forward import prepare
 from interp.models import Model
 from interp.patching.edits import HeadAblation
-from interp.patching.masks import MaskResult, learn_mask
+from interp.patching.masks import MaskConfig, MaskResult, learn_mask
 from interp.patching.measures import logit_diff
 from interp.studies.entrainment.config import EntrainmentConfig
 from interp.studies.entrainment.data import ContextPairs, EntrainmentSet
@@ -63,8 +63,9 @@ class HeadSweep(Result):
 def find_heads(model: Model, pairs: ContextPairs, config: EntrainmentConfig) -> HeadSweep:
     """Learn a head mask that decreases ``logit[tracked] - logit[answer]`` on ``pairs.present`` at each sparsity."""
     metric = logit_diff(pairs.token.to(model.device), pairs.answer.to(model.device))
-    masks = [learn_mask(model, pairs.present, metric, over="heads", objective="decrease", sparsity=s,
-                        steps=config.steps, lr=config.lr, chat=config.chat, seed=config.seed, progress=False)
+    prompts, run = Prompts(tuple(pairs.present), chat=config.chat), Runtime(seed=config.seed, progress=False)
+    masks = [learn_mask(model, prompts, metric, over="heads", runtime=run,
+                        config=MaskConfig(objective="decrease", sparsity=s, steps=config.steps, lr=config.lr))
              for s in config.sparsities]
     chosen = masks[list(config.sparsities).index(config.chosen_sparsity)]
     k = min(config.max_heads, max(1, len(chosen.selected())))
@@ -150,13 +151,16 @@ def ablation_check(model: Model, data: EntrainmentSet, pairs: ContextPairs, head
 @dataclass
 class ContextAttention(Result):
     """``weights [m, k]``: attention of each head (``heads``) from the last prompt position to the context token,
-    on the mask kind's present prompts; ``random [m, k]`` the same for one layer-matched random set."""
+    on the mask kind's present prompts; ``random [m, k]`` the same for one layer-matched random set; ``patterns
+    [k, T, T]``: each found head's full pattern (query rows, key columns) on the ``example`` prompt, its ``tokens``."""
 
     heads: list[list[int]]
     random_heads: list[list[int]]
     weights: torch.Tensor
     random: torch.Tensor
     example: str = ""
+    tokens: list[str] = field(default_factory=list)
+    patterns: torch.Tensor = field(default_factory=lambda: torch.zeros(0, 0, 0))
 
     def summary(self) -> dict[str, Any]:
         """Mean attention to the context token per found head and per random head."""
@@ -172,20 +176,37 @@ class ContextAttention(Result):
                                                                                     self.random))
                              for j, (la, h) in enumerate(hs)])
 
-    def plot(self, title: str | None = None) -> Any:
-        """Bars of each head's mean attention from the last position to the context token."""
+    def plot(self, kind: str = "bars", title: str | None = None) -> Any:
+        """``"bars"``: each head's mean attention from the last position to the context token; ``"pattern"``: the
+        found heads' patterns on the example prompt (:func:`interp.viz.looks.pattern_heatmaps`, one per head)."""
         from interp.viz.finetune import method_rates
 
+        if kind not in ("bars", "pattern"):
+            raise ValueError(f"kind must be 'bars' or 'pattern', got {kind!r}")
+        if kind == "pattern":
+            return self.pattern_plot(title)
         nan = float("nan")
         return method_rates({f"{r.set} L{r.layer}H{r.head}": (r.attention, nan, nan)
                              for r in self.to_frame().itertuples()}, "attention to the context token",
                             title or "attention from the predicted position to the context token")
 
+    def pattern_plot(self, title: str | None = None) -> Any:
+        """The found heads' attention patterns on the example prompt, titled ``L{layer}H{head}``."""
+        from interp.viz.looks import pattern_heatmaps
+
+        if not self.patterns.numel():
+            raise ValueError("this result holds no patterns (saved before they were kept); rerun context_attention")
+        fig = pattern_heatmaps(self.patterns, self.tokens, [h for _, h in self.heads], 0)
+        for ann, (la, h) in zip(fig.layout.annotations, self.heads):
+            ann.text = f"L{la}H{h}"
+        fig.update_layout(title=title or f"found heads' attention on: {self.example!r}")
+        return fig
+
 
 def context_attention(model: Model, pairs: ContextPairs, heads: Sequence[Sequence[int]], chat: bool = False,
                       seed: int = 0, batch_size: int = 16) -> ContextAttention:
     """Pattern rows at the last prompt token (``interp.capture(..., "pattern", "last")``), read at each present
-    prompt's tracked token (its first occurrence)."""
+    prompt's tracked token (its first occurrence); the found heads' full patterns on the first present prompt."""
     rand = random_head_sets(model, heads, 1, seed)[0]
     layers = sorted({int(la) for la, _ in [*heads, *rand]})
     _, encs = prepare(model, pairs.present, chat=chat)
@@ -198,8 +219,14 @@ def context_attention(model: Model, pairs: ContextPairs, heads: Sequence[Sequenc
     def read(hs: Sequence[Sequence[int]]) -> torch.Tensor:
         return torch.stack([p[rows, layers.index(int(la)), int(h), key] for la, h in hs], 1)
 
+    ex = capture(model, Prompts(tuple(pairs.present[:1]), chat=chat), "pattern", "all", layers=layers,
+                 runtime=Runtime(batch_size=1, progress=False)).tensor.float()       # [1, L, T, H * T]
+    T = len(encs[0].ids)
+    full = ex[0].view(len(layers), T, model.n_heads, T)                                 # [L, query, H, key]
+    patterns = torch.stack([full[layers.index(int(la)), :, int(h)] for la, h in heads])  # [k, T, T]
+    tokens = model.tokenizer.convert_ids_to_tokens(list(encs[0].ids))
     return ContextAttention([list(u) for u in heads], [list(u) for u in rand], read(heads), read(rand),
-                            pairs.present[0])
+                            pairs.present[0], tokens, patterns)
 
 
 __all__ = ["ContextAttention", "HeadAblationCheck", "HeadSweep", "ablation_check", "context_attention", "find_heads",

@@ -46,9 +46,12 @@ class EntrainmentStudy(Result):
         return self.effect.to_frame()
 
     def plot(self, stage: str = "effect", **kw: Any) -> Any:
-        """The figure of one stage: ``effect``, ``sweep``, ``ablation`` or ``attention``."""
+        """The figure of one stage: ``effect``, ``sweep``, ``ablation``, ``attention`` (bars of the attention to the
+        context token) or ``pattern`` (the found heads' attention patterns on the example prompt)."""
+        if stage == "pattern":
+            return self.attention.plot(kind="pattern", **kw)
         if stage not in ("effect", "sweep", "ablation", "attention"):
-            raise ValueError(f"stage must be 'effect', 'sweep', 'ablation' or 'attention', got {stage!r}")
+            raise ValueError(f"stage must be 'effect', 'sweep', 'ablation', 'attention' or 'pattern', got {stage!r}")
         return getattr(self, stage).plot(**kw)
 
     def pattern_figure(self, model: Model) -> Any:

@@ -23,6 +23,7 @@ from interp.patching.neurons import neuron_contrast, random_neurons
 from interp.patching.results import Sweep
 from interp.patching.runs import PromptPairs, gather_aligned, make_pairs, run_with_capture
 from interp.sites import Site
+from interp.values import Runtime
 
 
 def refusal_metric(model: Model) -> Metric:
@@ -47,9 +48,9 @@ def share(values: torch.Tensor, baseline: float, reference: float) -> torch.Tens
 def both_ways(model: Model, pairs: PromptPairs, metric: Metric, layers: Sequence[int], batch_size: int
               ) -> tuple[Sweep, Sweep]:
     """``resid_pre`` by layer x aligned position, imperative -> form and form -> imperative."""
-    kw = dict(site="resid_pre", layers=list(layers), batch_size=batch_size, progress=False)
+    kw = dict(site="resid_pre", layers=list(layers), runtime=Runtime(batch_size=batch_size, progress=False))
     return (sweep_positions(model, pairs, metric, **kw),
-            sweep_positions(model, pairs, metric, source="corrupted", target="clean", **kw))
+            sweep_positions(model, pairs, metric, runs=("corrupted", "clean"), **kw))
 
 
 def top_layers(grids: Sequence[torch.Tensor], layers: Sequence[int], n: int) -> list[int]:
@@ -60,7 +61,7 @@ def top_layers(grids: Sequence[torch.Tensor], layers: Sequence[int], n: int) -> 
 
 def head_sweep(model: Model, pairs: PromptPairs, metric: Metric, layers: list[int], batch_size: int) -> Sweep:
     """Each head's output (``z``) at every aligned position, imperative -> form: ``[len(layers), H]``."""
-    return sweep_heads(model, pairs, metric, layers=layers, batch_size=batch_size, progress=False)
+    return sweep_heads(model, pairs, metric, layers=layers, runtime=Runtime(batch_size=batch_size, progress=False))
 
 
 def top_heads(sweep: Sweep, layers: list[int], n: int) -> list[tuple[int, int]]:
@@ -97,7 +98,7 @@ def component_control(model: Model, pairs: PromptPairs, metric: Metric, found: l
     else:
         draws = [random_neurons(found, int(model.d_mlp), len(found), seed + i) for i in range(n_random)]
     variants = [unit_patch(found, kind)] + [unit_patch(d, kind) for d in draws]
-    vals = patch(model, pairs, variants, metric, batch_size=batch_size)
+    vals = patch(model, pairs, variants, metric, runtime=Runtime(batch_size=batch_size, progress=False))
     s = share(vals, *gap).tolist()
     return {"size": len(found), "units": [list(u) for u in found], "found": s[0], "random": s[1:],
             "random_units": [[list(u) for u in d] for d in draws]}
