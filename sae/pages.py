@@ -4,8 +4,10 @@ Per latent: its top contexts with token heat (:func:`sae.contexts.top_contexts`)
 activations over every real token of the prompts (counts from ``torch.histc``), its logit weights
 ``W_dec[latent] @ W_U`` (top positive and negative tokens; residual-stream sites only), an explanation and its
 detection / fuzzing scores when given, and a steering preview: greedy continuations of a few prompts with
-``alpha * W_dec[latent]`` added (:class:`sae.edits.LatentSteering` through :func:`steering.generate`) next to the
-plain ones. plotly.js is inlined once; the page loads nothing from the network.
+``alpha * W_dec[latent]`` added (:class:`sae.edits.LatentSteering`) next to the plain ones. ``sae`` sits below
+``steering`` in the floors, so the preview runs through the generator the caller hands in,
+``PagesConfig(generate=steering.generate)`` (none: no preview). plotly.js is inlined once; the page loads nothing
+from the network.
 
 :meth:`FeaturePages.to_dashboard` writes the batch JSON of sae-dashboard's Neuronpedia runner
 (``{"model_id", "layer", "sae_set", "features": [...]}``, the fields of its ``NeuronpediaDashboardFeature``), read
@@ -17,7 +19,7 @@ and the decoder-weight distribution are left empty (we do not compute them); ``d
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -36,7 +38,9 @@ class PagesConfig:
     """How the pages are made: ``top`` contexts per latent in a ``window`` (before, after) around the peak;
     ``bins`` of the activation histogram; ``n_logits`` top and bottom tokens; the steering preview adds
     ``alpha * W_dec[latent]`` on ``steer_prompts`` (default: the first ``n_steer`` of the prompts) for
-    ``max_new_tokens`` greedy tokens (``n_steer=0``: no preview); ``sinks`` as :class:`sae.edits.LatentSteering`."""
+    ``max_new_tokens`` greedy tokens through ``generate`` (pass ``steering.generate``; ``None`` or ``n_steer=0``:
+    no preview), called as ``generate(model, prompts, *edits, max_new_tokens=, runtime=)``; ``sinks`` as
+    :class:`sae.edits.LatentSteering`."""
 
     top: int = 8
     window: tuple[int, int] = (12, 4)
@@ -50,6 +54,7 @@ class PagesConfig:
     batch_size: int = 8
     title: str = "SAE feature pages"
     runtime: Runtime = field(default_factory=lambda: Runtime(progress=False))
+    generate: Callable[..., Any] | None = None
 
 
 @dataclass
@@ -175,6 +180,8 @@ def _dec_rows(sae: SAE, latents: list[int]) -> torch.Tensor:
 
 
 def _steer_prompts(prompts: Prompts | Sequence[str], cfg: PagesConfig) -> Prompts | None:
+    if cfg.generate is None:
+        return None
     if cfg.steer_prompts is not None:
         return Prompts.of(cfg.steer_prompts)
     if cfg.n_steer <= 0:
@@ -196,6 +203,8 @@ def _check(model: Any, sae: SAE, latents: Sequence[int], cfg: PagesConfig) -> tu
         raise ValueError(f"latents {bad} are out of range; this SAE has latents 0..{sae.d_sae - 1}")
     if len(set(lats)) != len(lats):
         raise ValueError(f"latents {lats} repeat a latent; give each once")
+    if cfg.generate is not None and not callable(cfg.generate):
+        raise TypeError(f"PagesConfig.generate must be a function like steering.generate, got {cfg.generate!r}")
     if cfg.bins < 1 or cfg.top < 1 or cfg.n_logits < 1:
         raise ValueError(f"bins, top and n_logits must be at least 1 (got {cfg.bins}, {cfg.top}, {cfg.n_logits})")
     return lats, site
@@ -211,7 +220,6 @@ def feature_pages(model: Any, sae: SAE, latents: Sequence[int], prompts: Prompts
     from sae.analysis import latent_acts_on_prompts
     from sae.contexts import top_contexts
     from sae.edits import LatentSteering
-    from steering.generation import GenerationSession
 
     cfg = config or PagesConfig()
     lats, site = _check(model, sae, latents, cfg)
@@ -223,8 +231,8 @@ def feature_pages(model: Any, sae: SAE, latents: Sequence[int], prompts: Prompts
     acts = torch.cat([p["acts"] for p in per]) if per else torch.zeros(0, len(lats))   # [tokens, L]
     logits = _logit_weights(model, sae, lats, site, cfg.n_logits, cfg.bins)
     steer_p = _steer_prompts(P, cfg)
-    session = GenerationSession(model, steer_p, cfg.runtime) if steer_p is not None else None
-    plain = session.generate(max_new_tokens=cfg.max_new_tokens).texts if session is not None else []
+    gen_kw = {"max_new_tokens": cfg.max_new_tokens, "runtime": cfg.runtime}
+    plain = list(cfg.generate(model, steer_p, **gen_kw).texts) if steer_p is not None else []
     pages = []
     for j, lat in enumerate(lats):
         a = acts[:, j]
@@ -232,10 +240,10 @@ def feature_pages(model: Any, sae: SAE, latents: Sequence[int], prompts: Prompts
         edges, counts = _histc(on, cfg.bins, 0.0, float(on.max()) if on.numel() else 0.0)
         ctx = top_contexts(model, sae, lat, P, top=cfg.top, window=cfg.window, batch_size=cfg.batch_size)
         steer = None
-        if session is not None:
+        if steer_p is not None:
             edit = LatentSteering(sae, lat, alpha=cfg.alpha, sinks=cfg.sinks)
-            steer = {"alpha": cfg.alpha, "prompts": list(steer_p.texts), "plain": list(plain),
-                     "steered": list(session.generate(edit, max_new_tokens=cfg.max_new_tokens).texts)}
+            steer = {"alpha": cfg.alpha, "prompts": list(steer_p.texts), "plain": plain,
+                     "steered": list(cfg.generate(model, steer_p, edit, **gen_kw).texts)}
         lw = logits.get(lat, {})
         pages.append({"latent": lat, "contexts": [asdict(c) for c in ctx], "hist_edges": edges,
                       "hist_counts": counts, "frac_nonzero": on.numel() / max(a.numel(), 1), "n_tokens": a.numel(),

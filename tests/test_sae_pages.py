@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import steering
 from interp.values import Prompts, Runtime
 from sae.contexts import contexts_html, top_contexts
 from sae.model import SAE, SAEConfig
@@ -26,7 +27,8 @@ SITE = "blocks.0.hook_resid_post"
 PROMPTS = Prompts(["the man said to the boy", "what is the good word", "where is the old house by the water now ?",
                    "tell me a kind word", "the water is low", "why do they play with the old man"], chat=False)
 LATENTS = [21, 60, 5]
-CFG = PagesConfig(top=4, window=(6, 2), bins=12, n_logits=6, alpha=8.0, n_steer=2, max_new_tokens=5)
+CFG = PagesConfig(top=4, window=(6, 2), bins=12, n_logits=6, alpha=8.0, n_steer=2, max_new_tokens=5,
+                  generate=steering.generate)
 NOTE = {21: {"explanation": "words after <the> & such", "detection": 0.71, "fuzzing": 0.58}}
 # sae-dashboard's NeuronpediaDashboardFeature.to_dict() keys (sae_dashboard/neuronpedia/neuronpedia_dashboard.py)
 DASHBOARD_KEYS = {"feature_index", "neuron_alignment_indices", "neuron_alignment_values", "neuron_alignment_l1",
@@ -123,7 +125,6 @@ def test_explanation_shown_only_where_given(built):
 
 
 def test_steering_preview_equals_the_library_generation(built):
-    import steering
     from sae.edits import LatentSteering
 
     model, sae, res, _, page = built
@@ -226,3 +227,4 @@ def test_site_off_the_residual_stream_has_no_logit_weights(tiny_models):
     sae = SAE(SAEConfig(model.d_mlp, 64, arch="relu", site="blocks.0.mlp.hook_post"), seed=0)
     res = feature_pages(model, sae, [0], Prompts(PROMPTS.texts[:2], chat=False), config=PagesConfig(n_steer=0))
     assert res.page(0)["pos"] is None and "outside the residual stream" in res.html()
+    assert res.page(0)["steering"] is None and "sae-steer" not in res.html()           # no generator: no preview
