@@ -22,13 +22,16 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from interp.bundle import Result
 from interp.values import Prompts, Runtime
 from sae.model import SAE
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 RESID_KINDS = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "ln_final")
 
@@ -87,7 +90,7 @@ class FeaturePages(Result):
         return {"model_id": self.model_id, "site": self.site, "latents": self.latents, "n_prompts": self.n_prompts,
                 "path": self.path, "seconds": self.seconds}
 
-    def to_frame(self) -> Any:
+    def to_frame(self) -> pd.DataFrame:
         import pandas as pd
 
         return pd.DataFrame([{"latent": p["latent"], "frac_nonzero": p["frac_nonzero"], "max_act": p["max_act"],
