@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo before this folder
+sys.path.insert(1, str(Path(__file__).resolve().parents[1] / "scripts"))  # screenshot_report (Chromium check)
 
 from _common import machine, write_text  # noqa: E402
 
@@ -36,7 +37,7 @@ def main() -> None:
     ap.add_argument("--d-sae", type=int, default=2048)
     ap.add_argument("--k", type=int, default=16)
     ap.add_argument("--tokens", type=int, default=150_000, help="SAE training tokens")
-    ap.add_argument("--alpha", type=float, default=None, help="steering strength (default: 2x the median "
+    ap.add_argument("--alpha", type=float, default=None, help="steering strength (default: half the median "
                                                                 "residual norm at the site)")
     ap.add_argument("--out", default=str(REPO / "runs" / "pages"))
     args = ap.parse_args()
@@ -59,7 +60,7 @@ def main() -> None:
     ok = ((freq > 0.005) & (freq < 0.2)).nonzero().flatten()
     latents = ok[top[ok].argsort(descending=True)[:6]].tolist()
     norm = float(X.norm(dim=-1).median())
-    alpha = args.alpha if args.alpha is not None else 2 * norm
+    alpha = args.alpha if args.alpha is not None else 0.5 * norm
     cfg = PagesConfig(top=8, window=(12, 4), bins=30, n_logits=10, alpha=alpha, n_steer=2, max_new_tokens=24,
                       steer_prompts=[r["instruction"] for r in load_prompts("harmless_general")][-2:],
                       generate=steering.generate, title=f"smollm2-aligned {site}: TopK SAE latents")
@@ -71,6 +72,11 @@ def main() -> None:
     js = pages.to_dashboard(out / "batch-0.json", sae_set="bench-topk", dataset="harmful_realistic+harmless_general",
                             overwrite=True)
     kb, kb_js = (out / "pages.html").stat().st_size / 1024, js.stat().st_size / 1024
+    from screenshot_report import chromium, rendered_figures
+
+    drawn = ("Chromium absent: not checked" if chromium() is None else
+             "headless Chromium: {} plotly figures in the page, {} drawn".format(*rendered_figures(out / "pages.html")))
+    stages = " | ".join(f"{k} {v:.1f}" for k, v in pages.timings.items())
     rows = "\n".join(f"| {p['latent']} | {p['frac_nonzero']:.3%} | {p['max_act']:.2f} | "
                      f"{', '.join(repr(t) for t in p['pos']['tokens'][:4])} | "
                      f"{p['steering']['steered'][0][:60]!r} |" for p in pages.pages)
@@ -83,7 +89,7 @@ smollm2-aligned, site `{site}`, {len(texts)} prompts ({args.n} harmful_realistic
 chat-formatted, {X.shape[0]} tokens). TopK SAE d_sae={args.d_sae}, k={args.k}, {args.tokens} training tokens
 (last logged training FVU {res.history['fvu'][-1]:.3f}, L0 {res.history['l0'][-1]:.1f}).
 Six latents: firing on 0.5%..20% of tokens, highest max activation first. Steering preview: alpha = {alpha:.1f}
-(2x the median residual norm {norm:.1f}), two harmless prompts, 24 greedy tokens.
+(half the median residual norm {norm:.1f}; the latents' max activations are 40..110), two harmless prompts, 24 greedy tokens.
 
 | step | seconds |
 |---|---|
@@ -91,8 +97,11 @@ Six latents: firing on 0.5%..20% of tokens, highest max activation first. Steeri
 | train the SAE | {t_train:.1f} |
 | **feature_pages (6 latents, page written)** | **{t_pages:.1f}** |
 
+Inside `feature_pages` (seconds): {stages}.
+
 Page: `runs/pages/pages.html`, **{kb:.0f} KB** (plotly.js inlined once, about 4.6 MB of it; the rest is
 {kb - 4600:.0f} KB or so of data and tables). sae-dashboard batch JSON: `runs/pages/batch-0.json`, {kb_js:.1f} KB.
+{drawn}.
 
 | latent | fires on | max act | top promoted tokens | steered continuation of prompt 1 |
 |---|---|---|---|---|

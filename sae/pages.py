@@ -75,6 +75,7 @@ class FeaturePages(Result):
     n_tokens_in_prompt: int
     path: str | None = None
     seconds: float = 0.0
+    timings: dict[str, float] = field(default_factory=dict)   # seconds per stage
 
     @property
     def latents(self) -> list[int]:
@@ -229,24 +230,30 @@ def feature_pages(model: Any, sae: SAE, latents: Sequence[int], prompts: Prompts
     notes = _explanations(explanations, lats)
     path = check_writable(out, overwrite) if out is not None else None
     t0 = time.perf_counter()
+    timings = dict.fromkeys(("activations", "logits", "contexts", "steering", "html"), 0.0)
     P = Prompts.of(prompts)
     per = latent_acts_on_prompts(model, sae, P, lats, batch_size=cfg.batch_size)
     acts = torch.cat([p["acts"] for p in per]) if per else torch.zeros(0, len(lats))   # [tokens, L]
+    t = _lap(timings, "activations", t0)
     logits = _logit_weights(model, sae, lats, site, cfg.n_logits, cfg.bins)
+    t = _lap(timings, "logits", t)
     steer_p = _steer_prompts(P, cfg)
     gen_kw = {"max_new_tokens": cfg.max_new_tokens, "runtime": cfg.runtime}
     plain = list(cfg.generate(model, steer_p, **gen_kw).texts) if steer_p is not None else []
+    t = _lap(timings, "steering", t)
     pages = []
     for j, lat in enumerate(lats):
         a = acts[:, j]
         on = a[a > 0]
         edges, counts = _histc(on, cfg.bins, 0.0, float(on.max()) if on.numel() else 0.0)
         ctx = top_contexts(model, sae, lat, P, top=cfg.top, window=cfg.window, batch_size=cfg.batch_size)
+        t = _lap(timings, "contexts", t)
         steer = None
         if steer_p is not None:
             edit = LatentSteering(sae, lat, alpha=cfg.alpha, sinks=cfg.sinks)
             steer = {"alpha": cfg.alpha, "prompts": list(steer_p.texts), "plain": plain,
                      "steered": list(cfg.generate(model, steer_p, edit, **gen_kw).texts)}
+            t = _lap(timings, "steering", t)
         lw = logits.get(lat, {})
         pages.append({"latent": lat, "contexts": [asdict(c) for c in ctx], "hist_edges": edges,
                       "hist_counts": counts, "frac_nonzero": on.numel() / max(a.numel(), 1), "n_tokens": a.numel(),
@@ -255,7 +262,7 @@ def feature_pages(model: Any, sae: SAE, latents: Sequence[int], prompts: Prompts
                       "logit_hist_counts": lw.get("logit_hist_counts", []),
                       "explanation": notes.get(lat), "steering": steer})
     res = FeaturePages(model_id=str(getattr(model, "name", "") or ""), site=site, pages=pages, n_prompts=len(P),
-                       n_tokens_in_prompt=max((len(p["ids"]) for p in per), default=0))
+                       n_tokens_in_prompt=max((len(p["ids"]) for p in per), default=0), timings=timings)
     if path is not None:
         text = res.html(cfg.title)
 
@@ -265,8 +272,15 @@ def feature_pages(model: Any, sae: SAE, latents: Sequence[int], prompts: Prompts
 
         atomic_write(path, _w)
         res.path = str(path)
+        _lap(timings, "html", t)
     res.seconds = time.perf_counter() - t0
     return res
+
+
+def _lap(timings: dict[str, float], stage: str, since: float) -> float:
+    now = time.perf_counter()
+    timings[stage] += now - since
+    return now
 
 
 __all__ = ["FeaturePages", "PagesConfig", "feature_pages"]
