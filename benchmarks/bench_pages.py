@@ -75,7 +75,8 @@ def main() -> None:
     from screenshot_report import chromium, rendered_figures
 
     drawn = ("Chromium absent: not checked" if chromium() is None else
-             "headless Chromium: {} plotly figures in the page, {} drawn".format(*rendered_figures(out / "pages.html")))
+             "headless Chromium (scripts/screenshot_report.py): {} plotly figures in the page, {} drawn (its count: "
+             "plotly's main svgs / 2; at least the figures means every one drew)".format(*rendered_figures(out / "pages.html")))
     stages = " | ".join(f"{k} {v:.1f}" for k, v in pages.timings.items())
     rows = "\n".join(f"| {p['latent']} | {p['frac_nonzero']:.3%} | {p['max_act']:.2f} | "
                      f"{', '.join(repr(t) for t in p['pos']['tokens'][:4])} | "
@@ -110,9 +111,13 @@ Page: `runs/pages/pages.html`, **{kb:.0f} KB** (plotly.js inlined once, about 4.
 Plain continuation of prompt 1: {plain!r}.
 
 Notes:
-- Generation time is dominated by the model passes: `top_contexts` runs the prompts once per latent (it is the
-  library's one definition of a latent's contexts, reused as is), one more pass for the histograms, and 1 + 6
-  greedy generations for the steering preview.
+- Generation time is the model passes: `top_contexts` runs the prompts once per latent (it is the library's one
+  definition of a latent's contexts, reused as is: 6 passes, each about as long as the one `activations` pass),
+  and 1 + 6 greedy generations for the steering preview. Reading all latents' contexts from the one
+  `activations` pass would cut `contexts` to near zero; not done (it would be a second definition of contexts).
+- The steering column is one prompt at one strength with no random-latent control: an illustration of what the
+  page shows, not an effect. (Some latents turn this harmless prompt into a refusal-like reply; whether that
+  beats norm-matched random latents is not measured here.)
 - No explanations: the explainer (`sae/explain`) is another helper's work; the page takes them as a plain mapping.
 - The SAE is trained for minutes on a few thousand tokens: the latents are for exercising the pages, not findings.
 """
