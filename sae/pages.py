@@ -13,7 +13,9 @@ from the network.
 (``{"model_id", "layer", "sae_set", "features": [...]}``, the fields of its ``NeuronpediaDashboardFeature``), read
 from its ``neuronpedia_dashboard.py`` / ``neuronpedia_converter.py``. Differences: our context windows are the
 ``window`` tokens around each peak, not whole dataset sequences; neuron alignment, correlated neurons / features
-and the decoder-weight distribution are left empty (we do not compute them); ``dataset`` is what the caller names.
+and the decoder-weight distribution are left empty (we do not compute them); ``n_tokens_in_prompt`` is the
+longest prompt (ours vary in length); ``dataset`` is what the caller names; ``freq_hist_data_bar_values`` and
+``logits_hist_data_bar_values`` are bin centres.
 """
 
 from __future__ import annotations
@@ -220,7 +222,7 @@ def feature_pages(model: Any, sae: SAE, latents: Sequence[int], prompts: Prompts
     """Build the pages of ``latents`` from ``prompts`` and, with ``out``, write the HTML there (atomic; an existing
     file is refused unless ``overwrite=True``). ``explanations``: ``{latent: {"explanation": str, "detection":
     float, "fuzzing": float}}`` (scores optional). Returns :class:`FeaturePages` (``.html()``, ``.to_dashboard()``)."""
-    from interp.io import atomic_write, check_writable
+    from interp.io import check_writable
     from sae.analysis import latent_acts_on_prompts
     from sae.contexts import top_contexts
     from sae.edits import LatentSteering
@@ -243,9 +245,6 @@ def feature_pages(model: Any, sae: SAE, latents: Sequence[int], prompts: Prompts
     t = _lap(timings, "steering", t)
     pages = []
     for j, lat in enumerate(lats):
-        a = acts[:, j]
-        on = a[a > 0]
-        edges, counts = _histc(on, cfg.bins, 0.0, float(on.max()) if on.numel() else 0.0)
         ctx = top_contexts(model, sae, lat, P, top=cfg.top, window=cfg.window, batch_size=cfg.batch_size)
         t = _lap(timings, "contexts", t)
         steer = None
@@ -254,27 +253,37 @@ def feature_pages(model: Any, sae: SAE, latents: Sequence[int], prompts: Prompts
             steer = {"alpha": cfg.alpha, "prompts": list(steer_p.texts), "plain": plain,
                      "steered": list(cfg.generate(model, steer_p, edit, **gen_kw).texts)}
             t = _lap(timings, "steering", t)
-        lw = logits.get(lat, {})
-        pages.append({"latent": lat, "contexts": [asdict(c) for c in ctx], "hist_edges": edges,
-                      "hist_counts": counts, "frac_nonzero": on.numel() / max(a.numel(), 1), "n_tokens": a.numel(),
-                      "max_act": float(a.max()) if a.numel() else 0.0, "pos": lw.get("pos"), "neg": lw.get("neg"),
-                      "logit_hist_edges": lw.get("logit_hist_edges", []),
-                      "logit_hist_counts": lw.get("logit_hist_counts", []),
-                      "explanation": notes.get(lat), "steering": steer})
+        pages.append(_page(lat, acts[:, j], ctx, logits.get(lat, {}), notes.get(lat), steer, cfg.bins))
     res = FeaturePages(model_id=str(getattr(model, "name", "") or ""), site=site, pages=pages, n_prompts=len(P),
                        n_tokens_in_prompt=max((len(p["ids"]) for p in per), default=0), timings=timings)
     if path is not None:
-        text = res.html(cfg.title)
-
-        def _w(tmp: str) -> None:
-            with open(tmp, "w", encoding="utf-8") as fh:
-                fh.write(text)
-
-        atomic_write(path, _w)
+        _write(path, res.html(cfg.title))
         res.path = str(path)
         _lap(timings, "html", t)
     res.seconds = time.perf_counter() - t0
     return res
+
+
+def _page(lat: int, a: torch.Tensor, ctx: list, lw: dict[str, Any], note: dict | None, steer: dict | None,
+          bins: int) -> dict[str, Any]:
+    """One latent's JSON-ready page from its activations ``a [tokens]`` and the pieces computed for it."""
+    on = a[a > 0]
+    edges, counts = _histc(on, bins, 0.0, float(on.max()) if on.numel() else 0.0)
+    return {"latent": lat, "contexts": [asdict(c) for c in ctx], "hist_edges": edges, "hist_counts": counts,
+            "frac_nonzero": on.numel() / max(a.numel(), 1), "n_tokens": a.numel(),
+            "max_act": float(a.max()) if a.numel() else 0.0, "pos": lw.get("pos"), "neg": lw.get("neg"),
+            "logit_hist_edges": lw.get("logit_hist_edges", []), "logit_hist_counts": lw.get("logit_hist_counts", []),
+            "explanation": note, "steering": steer}
+
+
+def _write(path: Path, text: str) -> None:
+    from interp.io import atomic_write
+
+    def _w(tmp: str) -> None:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(text)
+
+    atomic_write(path, _w)
 
 
 def _lap(timings: dict[str, float], stage: str, since: float) -> float:
