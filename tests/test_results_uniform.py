@@ -21,6 +21,7 @@ from interp.bundle import Result
 from .conftest import REPO
 
 RESULTS = [
+    "sae.pages:FeaturePages",
     "interp.look.dla:DLA",
     "interp.look.lens_result:LogitLens",
     "interp.studies.entrainment.effect:EntrainmentEffect",
