@@ -139,7 +139,8 @@ def report(res: Any, args: argparse.Namespace, info: dict, rule: str, times: dic
         f"- Latents ({len(res.latents)}): {rule}.",
         f"- Shown: explainer {res.config['n_explain']} top + {res.config['n_explain_random']} non-activating contexts; "
         f"each scorer {res.config['n_test']} held-out activating + {res.config['n_test_random']} non-activating, "
-        f"{res.config['n_shown']} per prompt; window {tuple(res.config['window'])} tokens around the peak.",
+        f"{res.config['n_shown']} per prompt; window {tuple(res.config['window'])} tokens around the peak; "
+        f"few-shot worked example: {'yes' if res.config['few_shot'] else 'no'}.",
         f"- Time: explaining {times['explain_s']:.0f} s ({times['explain_calls']} calls); scoring "
         f"{times['score_s']:.0f} s ({times['score_calls']} calls, both conditions): "
         f"**{times['latents_per_min']:.2f} latents/min scored** (detection + fuzzing, own + shuffled).", "",
@@ -159,11 +160,12 @@ def report(res: Any, args: argparse.Namespace, info: dict, rule: str, times: dic
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--latents", type=int, default=8)
-    ap.add_argument("--statements", type=int, default=1500)
+    ap.add_argument("--statements", type=int, default=1000)
     ap.add_argument("--layer", type=int, default=9)
     ap.add_argument("--d-sae", type=int, default=1024)
     ap.add_argument("--k", type=int, default=16)
-    ap.add_argument("--train-tokens", type=int, default=400_000)
+    ap.add_argument("--train-tokens", type=int, default=300_000)
+    ap.add_argument("--explain-tokens", type=int, default=40, help="the explainer's answer length")
     ap.add_argument("--folder", default=None, help="run folder (resumable); default a fresh temporary one")
     ap.add_argument("--out", default=str(Path(__file__).with_name("RESULTS_explain.md")))
     args = ap.parse_args()
@@ -172,10 +174,13 @@ def main() -> None:
     prompts = interp.Prompts(statements(args.statements, 0), chat=False)
     site = f"blocks.{args.layer}.hook_resid_post"
     sae, freq, info = fit_sae(model, prompts, site, args)
-    cfg = ExplainConfig(n_explain=10, n_explain_random=5, n_test=5, n_test_random=5, n_shown=5, window=(12, 4))
+    # zero-shot, one example per scorer prompt: a 135M model copies a worked example verbatim (measured: every
+    # explanation came back as the example's own) and cannot keep a list of five answers in order
+    cfg = ExplainConfig(n_explain=10, n_explain_random=5, n_test=5, n_test_random=5, n_shown=1, window=(12, 4),
+                        few_shot=False)
     latents, rule = pick_latents(model, sae, prompts, freq, cfg, args.latents, seed=0)
-    explainer = Timed(LocalChatClient(model, steering.generate, max_new_tokens=48))
-    scorer = Timed(LocalChatClient(model, steering.generate, max_new_tokens=24))
+    explainer = Timed(LocalChatClient(model, steering.generate, max_new_tokens=args.explain_tokens))
+    scorer = Timed(LocalChatClient(model, steering.generate, max_new_tokens=6))
     folder = args.folder or tempfile.mkdtemp(prefix="explain_run_")
     res = explain_latents(model, sae, latents, prompts, explainer, scorer=scorer, cfg=cfg, folder=folder)
     times = {"explain_s": explainer.seconds, "explain_calls": explainer.calls, "score_s": scorer.seconds,

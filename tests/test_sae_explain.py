@@ -63,6 +63,8 @@ def test_explainer_prompt_marks_tokens_by_activation_and_counts_examples():
     assert "Example 2: <<p>> q\n" in user
     assert user.count("<<") == 2 and user.count(">>") == 2
     assert len(re.findall(r"^Example \d+:", user, re.M)) == 3 and "Example 1: m n\n" in user  # quiet: unmarked
+    bare = explainer_messages(active, quiet, threshold=0.3, few_shot=False)
+    assert [m["role"] for m in bare] == ["system", "user"] and bare[-1] == msgs[-1]
     with pytest.raises(ValueError, match="never fired"):
         explainer_messages([], quiet)
 
@@ -83,6 +85,8 @@ def test_parsers_follow_delphi_rules():
     assert parse_verdicts("sure: [1, 0, 1] and [0]", 3) == [1, 0, 1]
     assert parse_verdicts("[1, 0]", 3) is None and parse_verdicts("[1, 2, 0]", 3) is None
     assert parse_verdicts("1 0 1", 3) is None and parse_verdicts("[true, false]", 2) == [1, 0]
+    assert parse_verdicts(" 1\nbecause", 1) == [1] and parse_verdicts("0", 1) == [0]  # one example: bare digit
+    assert parse_verdicts("10 of them", 1) is None and parse_verdicts("1.5", 1) is None
 
 
 # --- the scorers' arithmetic on a scripted client ------------------------------------------------------------------

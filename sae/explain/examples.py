@@ -22,7 +22,8 @@ class ExplainConfig:
     ``n_test`` other activating (drawn at random below the top) and ``n_test_random`` other non-activating
     contexts go to each scorer, ``n_shown`` per prompt. ``window = (tokens before, tokens after)`` the peak.
     ``threshold``: the explainer marks tokens above ``threshold * `` the context's peak (delphi: 0.3); the fuzzing
-    scorer marks every active token. ``max_new_tokens`` caps the explainer's answer (scorers get ``8 * n_shown``)."""
+    scorer marks every active token. ``few_shot``: each prompt carries one worked example as a prior user /
+    assistant turn (delphi's habit; a small model may copy it, so it can be turned off)."""
 
     n_explain: int = 10
     n_explain_random: int = 5
@@ -31,7 +32,7 @@ class ExplainConfig:
     n_shown: int = 5
     window: tuple[int, int] = (12, 4)
     threshold: float = 0.3
-    max_new_tokens: int = 48
+    few_shot: bool = True
     seed: int = 0
     batch_size: int = 8
 

@@ -96,30 +96,31 @@ def _numbered(texts: Sequence[str], start: int) -> str:
     return "".join(f"Example {i + start}: {t}\n" for i, t in enumerate(texts))
 
 
-def _chat(system: str, shot: tuple[str, str], user: str) -> list[dict[str, str]]:
-    return [{"role": "system", "content": system}, {"role": "user", "content": shot[0]},
-            {"role": "assistant", "content": shot[1]}, {"role": "user", "content": user}]
+def _chat(system: str, shot: tuple[str, str] | None, user: str) -> list[dict[str, str]]:
+    turns = [{"role": "user", "content": shot[0]}, {"role": "assistant", "content": shot[1]}] if shot else []
+    return [{"role": "system", "content": system}, *turns, {"role": "user", "content": user}]
 
 
-def explainer_messages(active: Sequence[Context], quiet: Sequence[Context], threshold: float = 0.3
-                       ) -> list[dict[str, str]]:
+def explainer_messages(active: Sequence[Context], quiet: Sequence[Context], threshold: float = 0.3,
+                       few_shot: bool = True) -> list[dict[str, str]]:
     """The explainer's messages: the activating contexts marked (:func:`explainer_marks`), then the
-    non-activating ones unmarked, numbered from 1."""
+    non-activating ones unmarked, numbered from 1 (after one worked example when ``few_shot``)."""
     if not active:
         raise ValueError("no activating contexts to explain: the latent never fired on these prompts")
     user = "Examples where the feature is active:\n" + _numbered(
         [mark(c.tokens, explainer_marks(c, threshold)) for c in active], 1)
     if quiet:
         user += "Examples where the feature is not active:\n" + _numbered([plain(c) for c in quiet], 1)
-    return _chat(EXPLAINER_SYSTEM, EXPLAINER_SHOT, user)
+    return _chat(EXPLAINER_SYSTEM, EXPLAINER_SHOT if few_shot else None, user)
 
 
-def scorer_messages(kind: str, explanation: str, texts: Sequence[str]) -> list[dict[str, str]]:
+def scorer_messages(kind: str, explanation: str, texts: Sequence[str], few_shot: bool = True
+                    ) -> list[dict[str, str]]:
     """A detection (``texts`` unmarked) or fuzzing (``texts`` marked) prompt: the explanation, then the
-    examples numbered from 0."""
+    examples numbered from 0 (after one worked example when ``few_shot``)."""
     system, shot = {"detection": (DETECTION_SYSTEM, DETECTION_SHOT), "fuzzing": (FUZZING_SYSTEM, FUZZING_SHOT)}[kind]
     user = f"Feature explanation: {explanation.strip()}\n\nTest examples:\n\n" + _numbered(texts, 0)
-    return _chat(system, shot, user)
+    return _chat(system, shot if few_shot else None, user)
 
 
 def parse_explanation(answer: str) -> tuple[str, bool]:
@@ -136,10 +137,13 @@ def parse_explanation(answer: str) -> tuple[str, bool]:
 
 
 def parse_verdicts(answer: str, n: int) -> list[int] | None:
-    """The first bracketed list of ``n`` zeros and ones in ``answer`` (delphi's rule), else ``None``."""
+    """The first bracketed list of ``n`` zeros and ones in ``answer`` (delphi's rule), else ``None``. One
+    example shown (``n == 1``): an answer that starts with a bare ``0`` or ``1`` counts too (our one leniency,
+    for small models that drop the brackets)."""
     m = re.search(r"\[[^\[\]]*\]", answer)
     if m is None:
-        return None
+        bare = re.match(r"\s*([01])(?![0-9.])", answer) if n == 1 else None
+        return [int(bare.group(1))] if bare else None
     try:
         got = json.loads(m.group(0))
     except ValueError:

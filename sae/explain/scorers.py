@@ -118,7 +118,7 @@ def score(kind: str, client: ChatClient, explanation: str, ex: LatentExamples, c
     labels, preds, texts, answers = [], [], [], []
     for a in range(0, len(items), cfg.n_shown):
         chunk = items[a:a + cfg.n_shown]
-        answer = client.complete(scorer_messages(kind, explanation, [t for _, t in chunk]))
+        answer = client.complete(scorer_messages(kind, explanation, [t for _, t in chunk], cfg.few_shot))
         got = parse_verdicts(answer, len(chunk))
         labels += [y for y, _ in chunk]
         preds += got if got is not None else [None] * len(chunk)
