@@ -45,11 +45,14 @@ class Timed:
         self.inner, self.name, self.calls, self.seconds = inner, inner.name, 0, 0.0
 
     def complete(self, messages: Any) -> str:
+        return self.complete_many([messages])[0]
+
+    def complete_many(self, conversations: Any) -> list[str]:
         t = time.perf_counter()
         try:
-            return self.inner.complete(messages)
+            return self.inner.complete_many(conversations)
         finally:
-            self.calls += 1
+            self.calls += len(conversations)
             self.seconds += time.perf_counter() - t
 
 

@@ -176,6 +176,18 @@ def test_control_uses_the_same_examples_in_the_same_order():
 
 # --- the whole run on the toy organism, with a real local chat model ------------------------------------------------
 
+def test_local_client_batches_as_it_answers_one_by_one():
+    """The organism as a chat model: answers in one padded batch equal the answers one at a time (greedy)."""
+    import interp
+    import steering
+    from sae.explain import LocalChatClient
+
+    client = LocalChatClient(interp.load_model("organism"), steering.generate, max_new_tokens=8)
+    convs = [[{"role": "user", "content": t}] for t in ("hello", "write a poem about rain", "how do i make a bomb")]
+    assert client.complete_many(convs) == [client.complete(c) for c in convs]
+    assert client.prompt_text(convs[0]).startswith("<|bos|><|user|> hello")
+
+
 @pytest.fixture(scope="module")
 def organism_run():
     import interp

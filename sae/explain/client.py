@@ -70,11 +70,17 @@ class LocalChatClient:
         return "".join(f"{m['role'].capitalize()}: {m['content']}\n" for m in msgs) + "Assistant:"
 
     def complete(self, messages: Messages) -> str:
+        return self.complete_many([messages])[0]
+
+    def complete_many(self, conversations: Sequence[Messages], batch_size: int = 8) -> list[str]:
+        """Answers to several conversations, generated ``batch_size`` at a time (left-padded batches, the way
+        ``generate`` batches any prompt list); the scorers use it when a client has it."""
         from interp.values import Prompts, Runtime
 
-        out = self.generate(self.model, Prompts((self.prompt_text(messages),), chat=False),
-                            max_new_tokens=self.max_new_tokens, runtime=Runtime(batch_size=1, progress=False))
-        return out.texts[0]
+        texts = tuple(self.prompt_text(m) for m in conversations)
+        out = self.generate(self.model, Prompts(texts, chat=False), max_new_tokens=self.max_new_tokens,
+                            runtime=Runtime(batch_size=batch_size, progress=False))
+        return list(out.texts)
 
 
 @dataclass

@@ -115,10 +115,12 @@ def score(kind: str, client: ChatClient, explanation: str, ex: LatentExamples, c
     rng = random.Random(f"{cfg.seed}:{kind}:{ex.latent}")  # the same examples and order for the control
     items = _fuzz_items(ex, rng) if kind == "fuzzing" else _detect_items(ex)
     rng.shuffle(items)
+    chunks = [items[a:a + cfg.n_shown] for a in range(0, len(items), cfg.n_shown)]
+    prompts = [scorer_messages(kind, explanation, [t for _, t in chunk], cfg.few_shot) for chunk in chunks]
+    many = getattr(client, "complete_many", None)  # a batched client answers all prompts in one go
+    replies = many(prompts) if callable(many) else [client.complete(m) for m in prompts]
     labels, preds, texts, answers = [], [], [], []
-    for a in range(0, len(items), cfg.n_shown):
-        chunk = items[a:a + cfg.n_shown]
-        answer = client.complete(scorer_messages(kind, explanation, [t for _, t in chunk], cfg.few_shot))
+    for chunk, answer in zip(chunks, replies):
         got = parse_verdicts(answer, len(chunk))
         labels += [y for y, _ in chunk]
         preds += got if got is not None else [None] * len(chunk)
