@@ -127,6 +127,10 @@ def report(res: Any, args: argparse.Namespace, info: dict, rule: str, times: dic
     verdict = []
     for kind in ("detection", "fuzzing"):
         own, ctl = s[f"{kind}/explanation"]["accuracy"], s[f"{kind}/shuffled"]["accuracy"]
+        if not own["n"] or not ctl["n"]:
+            verdict.append(f"- {kind}: no answered examples ({own['n']} with own, {ctl['n']} with shuffled "
+                           f"explanations): no score and no comparison with the control.")
+            continue
         sep = own["low"] > ctl["high"]
         verdict.append(f"- {kind}: accuracy {own['rate']:.3f} with the latents' own explanations vs {ctl['rate']:.3f} "
                        f"with shuffled ones; the Wilson intervals {'do not overlap' if sep else 'overlap'}: "
@@ -134,8 +138,9 @@ def report(res: Any, args: argparse.Namespace, info: dict, rule: str, times: dic
     return "\n".join([
         "# Explanations of SAE latents: detection and fuzzing vs shuffled explanations", "",
         f"Command: `{cmd}`", "", f"Machine: {machine()}", "",
-        "- Model under study, explainer and scorer: `smollm2-aligned` (SmolLM2-135M-Instruct + safety LoRA), greedy, "
-        "through `steering.generate` (`sae.explain.LocalChatClient`).",
+        "- Model under study: `smollm2-aligned` (SmolLM2-135M-Instruct + safety LoRA); explainer and scorer: "
+        f"`{args.explainer}`, greedy, through `steering.generate` (`sae.explain.LocalChatClient`, scorer prompts "
+        "batched).",
         f"- SAE: TopK, d_sae {args.d_sae}, k {args.k}, trained on `{res.site}` over {info['tokens']} tokens of "
         f"{args.statements} persona statements (plain text) for {args.train_tokens} tokens: FVU {info['fvu']}, "
         f"L0 {info['l0']}, dead {info['dead']} ({info['seconds']} s capture + training).",
@@ -169,6 +174,8 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=16)
     ap.add_argument("--train-tokens", type=int, default=300_000)
     ap.add_argument("--explain-tokens", type=int, default=40, help="the explainer's answer length")
+    ap.add_argument("--explainer", default="smollm2-aligned",
+                    help="the chat model that explains and scores (e.g. smollm2-135m-instruct: no safety LoRA)")
     ap.add_argument("--folder", default=None, help="run folder (resumable); default a fresh temporary one")
     ap.add_argument("--out", default=str(Path(__file__).with_name("RESULTS_explain.md")))
     args = ap.parse_args()
@@ -182,8 +189,9 @@ def main() -> None:
     cfg = ExplainConfig(n_explain=10, n_explain_random=5, n_test=5, n_test_random=5, n_shown=1, window=(12, 4),
                         few_shot=False)
     latents, rule = pick_latents(model, sae, prompts, freq, cfg, args.latents, seed=0)
-    explainer = Timed(LocalChatClient(model, steering.generate, max_new_tokens=args.explain_tokens))
-    scorer = Timed(LocalChatClient(model, steering.generate, max_new_tokens=6))
+    chat_model = model if args.explainer == "smollm2-aligned" else interp.load_model(args.explainer)
+    explainer = Timed(LocalChatClient(chat_model, steering.generate, max_new_tokens=args.explain_tokens))
+    scorer = Timed(LocalChatClient(chat_model, steering.generate, max_new_tokens=6))
     folder = args.folder or tempfile.mkdtemp(prefix="explain_run_")
     res = explain_latents(model, sae, latents, prompts, explainer, scorer=scorer, cfg=cfg, folder=folder)
     times = {"explain_s": explainer.seconds, "explain_calls": explainer.calls, "score_s": scorer.seconds,
