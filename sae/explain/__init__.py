@@ -1,0 +1,19 @@
+"""Explanations of SAE latents with scores, after delphi's definitions.
+
+``explain_latents(model, sae, latents, prompts, explainer)`` writes a one-line explanation of each latent from its
+top-activating and random non-activating contexts, then scores it by detection and fuzzing, each beside the same
+scorer given a shuffled explanation (another latent's) as the control; the result (:class:`LatentExplanations`)
+has ``.summary()``, ``.to_frame()``, ``.plot()`` and saves / loads. Clients: :class:`LocalChatClient` (a local HF
+chat model through ``steering.generate``, passed in) and :class:`HTTPChatClient` (an OpenAI-compatible endpoint).
+"""
+
+from sae.explain.client import ChatClient, ChatClientError, HTTPChatClient, LocalChatClient
+from sae.explain.examples import ExplainConfig, LatentExamples, latent_examples
+from sae.explain.explainer import Explanation, explain
+from sae.explain.result import LatentExplanations
+from sae.explain.run import explain_latents, shuffled_assignment
+from sae.explain.scorers import Verdicts, score, verdict_metrics
+
+__all__ = ["ChatClient", "ChatClientError", "ExplainConfig", "Explanation", "HTTPChatClient", "LatentExamples",
+           "LatentExplanations", "LocalChatClient", "Verdicts", "explain", "explain_latents", "latent_examples",
+           "score", "shuffled_assignment", "verdict_metrics"]
