@@ -79,6 +79,7 @@ RESULTS = [
     "probes.transfer:AblationScores",
     "probes.validation:ProbeScores",
     "probes.validation:DirectionScores",
+    "sae.explain.result:LatentExplanations",
     "sae.analysis:LatentRanking",
     "sae.analysis:LatentSeparation",
     "sae.analysis:LatentDiff",

@@ -26,14 +26,14 @@ def public_signatures() -> list[tuple[str, int]]:
             if any(p.startswith("_") and p != "__init__.py" for p in rel.parts):
                 continue
 
-            def visit(node: ast.AST, prefix: str) -> None:
+            def visit(node: ast.AST, prefix: str, rel: Path = rel) -> None:
                 for n in ast.iter_child_nodes(node):
                     if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and not n.name.startswith("_"):
                         a = n.args
                         names = [x.arg for x in a.posonlyargs + a.args + a.kwonlyargs if x.arg not in ("self", "cls")]
                         rows.append((f"{rel.as_posix()}:{prefix}{n.name}", len(names)))
                     elif isinstance(n, ast.ClassDef) and not n.name.startswith("_"):
-                        visit(n, f"{prefix}{n.name}.")
+                        visit(n, f"{prefix}{n.name}.", rel)
 
             visit(ast.parse(f.read_text()), "")
     return rows
