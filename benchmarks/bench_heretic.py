@@ -72,9 +72,10 @@ def model_folder(name: str) -> Path:
 def test_data():
     """The realistic sets' splits (the refusal job's own, :func:`load_refusal_data` for a non-toy model), with the
     job's test sizes and borderline set."""
+    from interp.studies.kit.config import DataConfig
     from interp.studies.kit.prompt_sets import load_refusal_data
 
-    return load_refusal_data(model="smollm2-aligned", n_train=10**6, n_val=10**6)
+    return load_refusal_data("smollm2-aligned", DataConfig(n_train=10**6, n_val=10**6))
 
 
 def prompt_files() -> dict[str, Path]:

@@ -44,6 +44,19 @@ def test_pareto_is_herectics_rule():
     assert [t["index"] for t in bh.pareto(rows)] == [3, 2, 4]
 
 
+def test_heretic_gets_whole_train_and_val_splits_and_ours_the_jobs_test_split():
+    from interp.studies.kit.config import DataConfig
+    from interp.studies.kit.prompt_sets import load_refusal_data
+
+    got, job = bh.test_data(), load_refusal_data("smollm2-aligned", DataConfig())
+    for what in ("harmful", "harmless"):
+        g, j = getattr(got, what), getattr(job, what)
+        assert g["test"].instructions == j["test"].instructions          # the same held-out prompts as the job
+        assert len(g["train"]) > len(j["train"]) and len(g["val"]) >= len(j["val"])
+        assert not set(g["test"].instructions) & (set(g["train"].instructions) | set(g["val"].instructions))
+    assert got.borderline.instructions == job.borderline.instructions
+
+
 def test_model_folder_refuses_a_folder_of_another_model(tmp_path, monkeypatch):
     monkeypatch.setattr(bh, "RUNS", tmp_path)
     other = tmp_path / "models" / "smollm2-aligned"
