@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -107,11 +108,19 @@ def run_heretic(name: str, trials: int, startup: int, seed: int, batch_size: int
     env = dict(os.environ, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     cmd = ["nice", "-n", "10", str(HERETIC_PY), str(ROOT / "scripts" / "heretic_run.py"), str(out), "--", *flags]
     print(" ".join(cmd), flush=True)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), cpu_seconds(resource.RUSAGE_CHILDREN)
     with open(RUNS / f"{name}.log", "w") as log:
         subprocess.run(cmd, check=True, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
-    print(f"heretic on {name}: {time.perf_counter() - t0:.0f} s", flush=True)
+    took = {"wall_seconds": time.perf_counter() - t0, "cpu_seconds": cpu_seconds(resource.RUSAGE_CHILDREN) - c0}
+    write_text(out / "time.json", json.dumps(took))     # on a shared machine the CPU seconds compare fairer
+    print(f"heretic on {name}: {took['wall_seconds']:.0f} s wall, {took['cpu_seconds']:.0f} s CPU", flush=True)
     return out
+
+
+def cpu_seconds(who: int) -> float:
+    """User + system CPU seconds of this process (``RUSAGE_SELF``) or its finished children (``RUSAGE_CHILDREN``)."""
+    r = resource.getrusage(who)
+    return r.ru_utime + r.ru_stime
 
 
 
@@ -219,6 +228,8 @@ def evaluate(name: str, batch_size: int, max_trials: int) -> dict | None:
               "search_seconds": search_seconds(info["trials"]), "settings": info["settings"], "flags": info["flags"],
               "machine": machine(), "sizes": data.sizes(), "pareto": [t["index"] for t in best],
               "not_evaluated": [t["index"] for t in best[max_trials:]]}
+    if (out / "time.json").exists():
+        result["cpu_seconds"] = json.loads((out / "time.json").read_text())["cpu_seconds"]
     write_text(out / "evaluation.json", json.dumps(result, indent=2))
     return result
 
@@ -267,6 +278,7 @@ def write_results(res: dict) -> None:
              f"{res['trials']} of {s['n_trials']} trials ({s['n_startup_trials']} random, then multivariate TPE), "
              f"seed {s['seed']}, "
              f"batch {s['batch_size']}, float32 on CPU under `nice -n 10`: **{res['heretic_seconds']:.0f} s** in all "
+             + (f"({res['cpu_seconds']:.0f} CPU s) " if "cpu_seconds" in res else "") +
              f"(the trials alone {res['search_seconds']:.0f} s; the rest: loading, the response-prefix check, the "
              f"base evaluation and saving the Pareto models). Machine: {res['machine']}. heretic settings: "
              f"row normalisation `{s['row_normalization']}`, orthogonalised direction {s['orthogonalize_direction']}, "

@@ -103,3 +103,20 @@ def test_results_keep_our_frontier_section_last_and_replace_a_models_rows(tmp_pa
     assert text.count("### heretic-llm 1.4 on smollm2-aligned") == 1 and "0.1230" not in text and "0.7890" in text
     assert "0.4560" in text and text.index(bh.OURS) > text.index("on gemma3-aligned")
     assert text.rstrip().endswith("| our point | 5% |")
+
+
+def test_our_section_replaces_the_placeholder_and_keeps_heretics(tmp_path, monkeypatch):
+    from benchmarks import bench_frontier as bf
+
+    md = tmp_path / "RESULTS_frontier.md"
+    monkeypatch.setattr(bh, "OUT_MD", md)
+    res = _result("smollm2-aligned", 0.123) | {"cpu_seconds": 42.0}
+    bh.write_results(res)
+    assert bh.OURS in md.read_text().split("\n") and "(42 CPU s)" in md.read_text()
+    bf.write_side_by_side("smollm2-aligned", ["| point | 1 |"], md)
+    bf.write_side_by_side("smollm2-aligned", ["| point | 2 |"], md)    # a rerun replaces its own section
+    bh.write_results(_result("smollm2-aligned", 0.456))                 # and heretic's rerun keeps ours
+    text = md.read_text()
+    assert bh.OURS not in text.split("\n") and "(Left for" not in text
+    assert text.count("### Our frontier on smollm2-aligned") == 1 and "| point | 2 |" in text and "| 1 |" not in text
+    assert "0.4560" in text and text.startswith("# The refusal-vs-damage frontier")
