@@ -74,6 +74,7 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--max-points", type=int, default=3)
     ap.add_argument("--out", default=str(HERE / "RESULTS_frontier_ours.md"))
+    ap.add_argument("--save", default="", help="also save the FrontierResult to this path (FrontierResult.load)")
     ap.add_argument("--side-by-side", default=str(RESULTS), help="also our section in this file ('' : not)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
@@ -94,6 +95,8 @@ def main() -> int:
     res = run_frontier(model, data, cand, tokens.tokens, FrontierConfig(trials=a.trials, seed=a.seed,
                                                                          max_points=a.max_points))
     t3, c3 = time.perf_counter(), cpu()
+    if a.save:      # the whole result first, so a failure below loses no measurement
+        res.save(a.save, overwrite=True)
     s = res.seconds
     reach = [i for i, p in enumerate(res.points) if p["harmful"]["rate"] <= 0.10]
     base = res.baseline["harmful"]["rate"]

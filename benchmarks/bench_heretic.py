@@ -93,10 +93,12 @@ def prompt_files() -> dict[str, Path]:
 HERETIC_PY = ROOT / ".heretic-venv" / "bin" / "python"
 
 
-def run_heretic(name: str, trials: int, startup: int, seed: int, batch_size: int, max_tokens: int) -> Path:
+def run_heretic(name: str, trials: int, startup: int, seed: int, batch_size: int, max_tokens: int,
+                stop_after: float | None = None, extra: tuple[str, ...] = (), nice: int = 10) -> Path:
     """heretic on ``name``'s local folder with our text datasets, ``trials`` Optuna trials (``startup`` random),
     its default scorers (refusal markers on ``max_tokens`` new tokens, first-token KL), on CPU under
-    ``nice -n 10``; returns the run folder."""
+    ``nice -n 10`` (``nice``); ``stop_after`` seconds stops the trials as Ctrl+C does (the completed ones are kept);
+    ``extra``: more heretic flags. Returns the run folder."""
     subprocess.run(["bash", str(ROOT / "scripts" / "heretic_venv.sh")], check=True)
     folder, files = model_folder(name), prompt_files()
     out = RUNS / name
@@ -105,8 +107,12 @@ def run_heretic(name: str, trials: int, startup: int, seed: int, batch_size: int
              "--device-map", "cpu", "--dtypes", '["float32"]']
     for key, path in files.items():
         flags += [f"--{key.replace('_', '-')}.dataset", str(path)]
+    flags += list(extra)
     env = dict(os.environ, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    cmd = ["nice", "-n", "10", str(HERETIC_PY), str(ROOT / "scripts" / "heretic_run.py"), str(out), "--", *flags]
+    env.pop("HERETIC_STOP_AFTER", None)
+    if stop_after is not None:
+        env["HERETIC_STOP_AFTER"] = str(stop_after)
+    cmd = ["nice", "-n", str(nice), str(HERETIC_PY), str(ROOT / "scripts" / "heretic_run.py"), str(out), "--", *flags]
     print(" ".join(cmd), flush=True)
     t0, c0 = time.perf_counter(), cpu_seconds(resource.RUSAGE_CHILDREN)
     with open(RUNS / f"{name}.log", "w") as log:
@@ -325,13 +331,19 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--max-response-length", type=int, default=32,
                     help="heretic's new tokens per answer when it counts refusals (its default 100 is 3x slower on CPU)")
+    ap.add_argument("--stop-after", type=float, default=None,
+                    help="seconds after which heretic's trials stop as with Ctrl+C (the completed ones are kept)")
+    ap.add_argument("--nice", type=int, default=10, help="the niceness heretic runs at")
+    ap.add_argument("--heretic-flag", action="append", default=[],
+                    help="one more heretic flag (repeatable), e.g. --heretic-flag=--response-prefix=")
     ap.add_argument("--max-trials", type=int, default=4, help="Pareto trials measured our way, fewest refusals first")
     ap.add_argument("--eval-batch-size", type=int, default=32)
     a = ap.parse_args()
     if a.stage == "prepare":
         print(model_folder(a.model), prompt_files())
     elif a.stage == "run":
-        run_heretic(a.model, a.trials, a.startup, a.seed, a.batch_size, a.max_response_length)
+        run_heretic(a.model, a.trials, a.startup, a.seed, a.batch_size, a.max_response_length, a.stop_after,
+                    tuple(a.heretic_flag), a.nice)
     else:
         for k in range(1, a.max_trials + 1):   # the table after each trial (rows cached): a stop keeps what is done
             res = evaluate(a.model, a.eval_batch_size, k)

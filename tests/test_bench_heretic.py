@@ -120,3 +120,20 @@ def test_our_section_replaces_the_placeholder_and_keeps_heretics(tmp_path, monke
     assert bh.OURS not in text.split("\n") and "(Left for" not in text
     assert text.count("### Our frontier on smollm2-aligned") == 1 and "| point | 2 |" in text and "| 1 |" not in text
     assert "0.4560" in text and text.startswith("# The refusal-vs-damage frontier")
+
+
+def test_heretic_run_time_budget_interrupts_like_ctrl_c_and_is_cancelled_after_the_trials():
+    import time
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import heretic_run
+
+    timer = heretic_run.deadline(0.05)
+    with pytest.raises(KeyboardInterrupt):
+        for _ in range(500):                  # heretic's trials: stopped by the budget, as Ctrl+C stops them
+            time.sleep(0.01)
+    done = heretic_run.deadline(0.05)
+    select, _ = heretic_run._answers(Path("out"), [], done)
+    assert select("Which trial do you want to use?", ["", "continue"]) == ""   # the trials are over: cancelled
+    time.sleep(0.2)                            # no interrupt arrives after the cancel
+    assert not done.is_alive() and heretic_run.deadline(None) is None and timer.finished.is_set()
