@@ -9,6 +9,7 @@ timed; writes the table to ``benchmarks/RESULTS_frontier_ours.md``.
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import resource
 import sys
@@ -103,8 +104,8 @@ def main() -> int:
     off = [i for i, p in enumerate(res.points) if abs(p["control_harmful"]["rate"] - base) > 0.05]
     side = res.side_effect
     lines = [f"# The refusal-vs-damage frontier, ours ({a.model})", "",
-             f"Command: `nice -n 10 python benchmarks/bench_frontier.py --model {a.model} --trials {a.trials} "
-             f"--threads {a.threads} --max-points {a.max_points}`", "",
+             f"Command: `{f'nice -n {os.nice(0)} ' if os.nice(0) else ''}python benchmarks/bench_frontier.py --model {a.model} --trials {a.trials} "
+             f"--threads {a.threads} --max-points {a.max_points}{f' --save {a.save}' if a.save else ''}`", "",
              f"Machine: {platform.machine()}, {a.threads} torch threads on a 2-core machine shared with other jobs; "
              f"python {sys.version.split()[0]}, torch {torch.__version__}. Data: {data.sizes()}.", "",
              f"Search: Optuna {res.settings['sampler'].upper()} (seed {a.seed}), {a.trials} trials, each one forward "
