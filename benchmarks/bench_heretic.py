@@ -230,7 +230,9 @@ def evaluate(name: str, batch_size: int, max_trials: int) -> dict | None:
                     **kl_ce(base, edited, harmless, first["answers"], batch_size)}
 
         rows.append(_cached(out / "eval" / f"{t['index']}.json", key, trial))
-    result = {"model": name, "rows": rows, "heretic_seconds": info["seconds_total"], "trials": len(info["trials"]),
+    done = sum(t["state"] == "COMPLETE" for t in info["trials"])     # a trial the time budget stopped is pruned
+    result = {"model": name, "rows": rows, "heretic_seconds": info["seconds_total"], "trials": done,
+              "stopped_trials": len(info["trials"]) - done, "stop_after": info.get("stop_after"),
               "search_seconds": search_seconds(info["trials"]), "settings": info["settings"], "flags": info["flags"],
               "machine": machine(), "sizes": data.sizes(), "pareto": [t["index"] for t in best],
               "not_evaluated": [t["index"] for t in best[max_trials:]]}
@@ -281,9 +283,11 @@ def write_results(res: dict) -> None:
         write_text(OUT_MD, HEADER + "\n" + OURS_TEXT)
     s = res["settings"]
     lines = [f"### heretic-llm 1.4 on {res['model']}", "",
-             f"{res['trials']} of {s['n_trials']} trials ({s['n_startup_trials']} random, then multivariate TPE), "
+             f"{res['trials']} completed of {s['n_trials']} trials ({s['n_startup_trials']} random, then multivariate "
+             f"TPE)" + (f", stopped by the {res['stop_after']:.0f} s budget ({res['stopped_trials']} trial pruned)"
+                        if res.get("stop_after") else "") + ", "
              f"seed {s['seed']}, "
-             f"batch {s['batch_size']}, float32 on CPU under `nice -n 10`: **{res['heretic_seconds']:.0f} s** in all "
+             f"batch {s['batch_size']}, float32 on CPU: **{res['heretic_seconds']:.0f} s** in all "
              + (f"({res['cpu_seconds']:.0f} CPU s) " if "cpu_seconds" in res else "") +
              f"(the trials alone {res['search_seconds']:.0f} s; the rest: loading, the response-prefix check, the "
              f"base evaluation and saving the Pareto models). Machine: {res['machine']}. heretic settings: "

@@ -110,9 +110,10 @@ def test_our_section_replaces_the_placeholder_and_keeps_heretics(tmp_path, monke
 
     md = tmp_path / "RESULTS_frontier.md"
     monkeypatch.setattr(bh, "OUT_MD", md)
-    res = _result("smollm2-aligned", 0.123) | {"cpu_seconds": 42.0}
+    res = _result("smollm2-aligned", 0.123) | {"cpu_seconds": 42.0, "stop_after": 2400.0, "stopped_trials": 1}
     bh.write_results(res)
     assert bh.OURS in md.read_text().split("\n") and "(42 CPU s)" in md.read_text()
+    assert "2 completed of 2 trials" in md.read_text() and "2400 s budget (1 trial pruned)" in md.read_text()
     bf.write_side_by_side("smollm2-aligned", ["| point | 1 |"], md)
     bf.write_side_by_side("smollm2-aligned", ["| point | 2 |"], md)    # a rerun replaces its own section
     bh.write_results(_result("smollm2-aligned", 0.456))                 # and heretic's rerun keeps ours
