@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -72,9 +73,10 @@ def model_folder(name: str) -> Path:
 def test_data():
     """The realistic sets' splits (the refusal job's own, :func:`load_refusal_data` for a non-toy model), with the
     job's test sizes and borderline set."""
+    from interp.studies.kit.config import DataConfig
     from interp.studies.kit.prompt_sets import load_refusal_data
 
-    return load_refusal_data(model="smollm2-aligned", n_train=10**6, n_val=10**6)
+    return load_refusal_data("smollm2-aligned", DataConfig(n_train=10**6, n_val=10**6))
 
 
 def prompt_files() -> dict[str, Path]:
@@ -91,10 +93,12 @@ def prompt_files() -> dict[str, Path]:
 HERETIC_PY = ROOT / ".heretic-venv" / "bin" / "python"
 
 
-def run_heretic(name: str, trials: int, startup: int, seed: int, batch_size: int, max_tokens: int) -> Path:
+def run_heretic(name: str, trials: int, startup: int, seed: int, batch_size: int, max_tokens: int,
+                stop_after: float | None = None, extra: tuple[str, ...] = (), nice: int = 10) -> Path:
     """heretic on ``name``'s local folder with our text datasets, ``trials`` Optuna trials (``startup`` random),
     its default scorers (refusal markers on ``max_tokens`` new tokens, first-token KL), on CPU under
-    ``nice -n 10``; returns the run folder."""
+    ``nice -n 10`` (``nice``); ``stop_after`` seconds stops the trials as Ctrl+C does (the completed ones are kept);
+    ``extra``: more heretic flags. Returns the run folder."""
     subprocess.run(["bash", str(ROOT / "scripts" / "heretic_venv.sh")], check=True)
     folder, files = model_folder(name), prompt_files()
     out = RUNS / name
@@ -103,14 +107,26 @@ def run_heretic(name: str, trials: int, startup: int, seed: int, batch_size: int
              "--device-map", "cpu", "--dtypes", '["float32"]']
     for key, path in files.items():
         flags += [f"--{key.replace('_', '-')}.dataset", str(path)]
+    flags += list(extra)
     env = dict(os.environ, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    cmd = ["nice", "-n", "10", str(HERETIC_PY), str(ROOT / "scripts" / "heretic_run.py"), str(out), "--", *flags]
+    env.pop("HERETIC_STOP_AFTER", None)
+    if stop_after is not None:
+        env["HERETIC_STOP_AFTER"] = str(stop_after)
+    cmd = ["nice", "-n", str(nice), str(HERETIC_PY), str(ROOT / "scripts" / "heretic_run.py"), str(out), "--", *flags]
     print(" ".join(cmd), flush=True)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), cpu_seconds(resource.RUSAGE_CHILDREN)
     with open(RUNS / f"{name}.log", "w") as log:
         subprocess.run(cmd, check=True, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
-    print(f"heretic on {name}: {time.perf_counter() - t0:.0f} s", flush=True)
+    took = {"wall_seconds": time.perf_counter() - t0, "cpu_seconds": cpu_seconds(resource.RUSAGE_CHILDREN) - c0}
+    write_text(out / "time.json", json.dumps(took))     # on a shared machine the CPU seconds compare fairer
+    print(f"heretic on {name}: {took['wall_seconds']:.0f} s wall, {took['cpu_seconds']:.0f} s CPU", flush=True)
     return out
+
+
+def cpu_seconds(who: int) -> float:
+    """User + system CPU seconds of this process (``RUSAGE_SELF``) or its finished children (``RUSAGE_CHILDREN``)."""
+    r = resource.getrusage(who)
+    return r.ru_utime + r.ru_stime
 
 
 
@@ -214,10 +230,14 @@ def evaluate(name: str, batch_size: int, max_trials: int) -> dict | None:
                     **kl_ce(base, edited, harmless, first["answers"], batch_size)}
 
         rows.append(_cached(out / "eval" / f"{t['index']}.json", key, trial))
-    result = {"model": name, "rows": rows, "heretic_seconds": info["seconds_total"], "trials": len(info["trials"]),
+    done = sum(t["state"] == "COMPLETE" for t in info["trials"])     # a trial the time budget stopped is pruned
+    result = {"model": name, "rows": rows, "heretic_seconds": info["seconds_total"], "trials": done,
+              "stopped_trials": len(info["trials"]) - done, "stop_after": info.get("stop_after"),
               "search_seconds": search_seconds(info["trials"]), "settings": info["settings"], "flags": info["flags"],
               "machine": machine(), "sizes": data.sizes(), "pareto": [t["index"] for t in best],
               "not_evaluated": [t["index"] for t in best[max_trials:]]}
+    if (out / "time.json").exists():
+        result["cpu_seconds"] = json.loads((out / "time.json").read_text())["cpu_seconds"]
     write_text(out / "evaluation.json", json.dumps(result, indent=2))
     return result
 
@@ -263,9 +283,12 @@ def write_results(res: dict) -> None:
         write_text(OUT_MD, HEADER + "\n" + OURS_TEXT)
     s = res["settings"]
     lines = [f"### heretic-llm 1.4 on {res['model']}", "",
-             f"{res['trials']} of {s['n_trials']} trials ({s['n_startup_trials']} random, then multivariate TPE), "
+             f"{res['trials']} completed of {s['n_trials']} trials ({s['n_startup_trials']} random, then multivariate "
+             f"TPE)" + (f", stopped by the {res['stop_after']:.0f} s budget ({res['stopped_trials']} trial pruned)"
+                        if res.get("stop_after") else "") + ", "
              f"seed {s['seed']}, "
-             f"batch {s['batch_size']}, float32 on CPU under `nice -n 10`: **{res['heretic_seconds']:.0f} s** in all "
+             f"batch {s['batch_size']}, float32 on CPU: **{res['heretic_seconds']:.0f} s** in all "
+             + (f"({res['cpu_seconds']:.0f} CPU s) " if "cpu_seconds" in res else "") +
              f"(the trials alone {res['search_seconds']:.0f} s; the rest: loading, the response-prefix check, the "
              f"base evaluation and saving the Pareto models). Machine: {res['machine']}. heretic settings: "
              f"row normalisation `{s['row_normalization']}`, orthogonalised direction {s['orthogonalize_direction']}, "
@@ -312,13 +335,19 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--max-response-length", type=int, default=32,
                     help="heretic's new tokens per answer when it counts refusals (its default 100 is 3x slower on CPU)")
+    ap.add_argument("--stop-after", type=float, default=None,
+                    help="seconds after which heretic's trials stop as with Ctrl+C (the completed ones are kept)")
+    ap.add_argument("--nice", type=int, default=10, help="the niceness heretic runs at")
+    ap.add_argument("--heretic-flag", action="append", default=[],
+                    help="one more heretic flag (repeatable), e.g. --heretic-flag=--response-prefix=")
     ap.add_argument("--max-trials", type=int, default=4, help="Pareto trials measured our way, fewest refusals first")
     ap.add_argument("--eval-batch-size", type=int, default=32)
     a = ap.parse_args()
     if a.stage == "prepare":
         print(model_folder(a.model), prompt_files())
     elif a.stage == "run":
-        run_heretic(a.model, a.trials, a.startup, a.seed, a.batch_size, a.max_response_length)
+        run_heretic(a.model, a.trials, a.startup, a.seed, a.batch_size, a.max_response_length, a.stop_after,
+                    tuple(a.heretic_flag), a.nice)
     else:
         for k in range(1, a.max_trials + 1):   # the table after each trial (rows cached): a stop keeps what is done
             res = evaluate(a.model, a.eval_batch_size, k)

@@ -7,22 +7,44 @@ answered by a script: after the trials, every Pareto-best trial is chosen in tur
 ("Save the model to a local folder") under ``OUT/trials/<index>/``, then the program exits. The study journal
 (``OUT/checkpoints``) is then read back and every trial written to ``OUT/trials.json`` (its parameters, refusal
 count, KL, Optuna values) with the run's seconds and heretic's settings. Imports heretic only, not our packages.
+
+A time budget: ``HERETIC_STOP_AFTER=SECONDS`` (or ``kill -INT``) stops the trials as heretic's own Ctrl+C does (the
+running trial is dropped, the completed ones kept and their Pareto-best saved); the budget stops nothing once the
+trials are over.
 """
 
 from __future__ import annotations
 
+import _thread
 import json
 import os
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
 
-def _answers(out: Path, saved: list[int]):
-    """heretic's ``prompt_select`` / ``prompt_path`` replaced: save each Pareto trial once, then exit."""
+def deadline(seconds: float | None) -> threading.Timer | None:
+    """After ``seconds``, a KeyboardInterrupt in the main thread (heretic's Ctrl+C: stop the trials); SIGINT gets
+    Python's handler even where the shell that started us ignored it (a background job). Cancel it when done."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    if seconds is None:
+        return None
+    timer = threading.Timer(seconds, _thread.interrupt_main)
+    timer.daemon = True
+    timer.start()
+    return timer
+
+
+def _answers(out: Path, saved: list[int], timer: threading.Timer | None = None):
+    """heretic's ``prompt_select`` / ``prompt_path`` replaced: save each Pareto trial once, then exit (the first
+    question comes after the trials: the time budget is cancelled there)."""
     state: dict = {"pending": None}
 
     def select(message: str, choices: list):
+        if timer is not None:
+            timer.cancel()
         values = [getattr(c, "value", c) for c in choices]
         if message.startswith("Which trial"):
             todo = [v for v in values if hasattr(v, "user_attrs") and v.user_attrs["index"] not in saved]
@@ -75,7 +97,9 @@ def main(argv: list[str]) -> None:
     import heretic.main as hm
 
     saved: list[int] = []
-    hm.prompt_select, hm.prompt_path = _answers(out, saved)
+    stop = os.environ.get("HERETIC_STOP_AFTER")
+    timer = deadline(float(stop) if stop else None)
+    hm.prompt_select, hm.prompt_path = _answers(out, saved, timer)
     sys.argv = ["heretic", *flags, "--study-checkpoint-dir", str(out / "checkpoints"), "--export-strategy", "merge"]
     t0 = time.perf_counter()
     hm.run()
@@ -83,7 +107,7 @@ def main(argv: list[str]) -> None:
     rows, settings = _trials(out / "checkpoints")
     tmp = out / "trials.json.tmp"
     tmp.write_text(json.dumps({"seconds_total": seconds, "saved_trials": saved, "settings": settings,
-                               "flags": flags, "trials": rows}, indent=2))
+                               "flags": flags, "stop_after": float(stop) if stop else None, "trials": rows}, indent=2))
     os.replace(tmp, out / "trials.json")
 
 

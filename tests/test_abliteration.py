@@ -325,3 +325,22 @@ def test_reference_bake_saves_and_reloads(cls, tmp_path):
     q = _model("qwen3")
     with pytest.raises(ValueError, match="resid_pre 0"):
         check_saveable(cls(_vec(q.d_model), kernel=KERNELS, reference=0.4).bake(q).model, "save")
+
+
+@pytest.mark.parametrize("cls", (WeightedAblation, NormPreservingAblation))
+def test_a_spec_and_a_per_layer_reference_from_another_model_are_refused(cls, tmp_path):
+    """Issue 36's bad input: per-layer reference levels of another width (table and dict), and a saved edit of this
+    family loaded into a model of another width or depth."""
+    m = _model("llama")
+    r = _vec(m.d_model)
+    if cls is WeightedAblation:
+        for ref in (torch.randn(m.n_layers, 32), {layer: torch.randn(32) for layer in range(m.n_layers)}):
+            with pytest.raises(ValueError, match="width 32"):
+                cls(r, kernel=KERNELS, reference=ref).hook_fns(m)
+    edit = cls(r, KERNELS, ("attn", "mlp"))
+    steering.save_edit(edit, tmp_path / "e", model=m)
+    assert torch.equal(_logits(m, steering.load_edit(tmp_path / "e", model=m)), _logits(m, edit))
+    with pytest.raises(ValueError, match="width 32"):
+        steering.load_edit(tmp_path / "e", model=tiny_model("llama", d_model=32))
+    with pytest.raises(ValueError, match="3 layers"):
+        steering.load_edit(tmp_path / "e", model=tiny_model("llama", n_layers=3))

@@ -44,6 +44,19 @@ def test_pareto_is_herectics_rule():
     assert [t["index"] for t in bh.pareto(rows)] == [3, 2, 4]
 
 
+def test_heretic_gets_whole_train_and_val_splits_and_ours_the_jobs_test_split():
+    from interp.studies.kit.config import DataConfig
+    from interp.studies.kit.prompt_sets import load_refusal_data
+
+    got, job = bh.test_data(), load_refusal_data("smollm2-aligned", DataConfig())
+    for what in ("harmful", "harmless"):
+        g, j = getattr(got, what), getattr(job, what)
+        assert g["test"].instructions == j["test"].instructions          # the same held-out prompts as the job
+        assert len(g["train"]) > len(j["train"]) and len(g["val"]) >= len(j["val"])
+        assert not set(g["test"].instructions) & (set(g["train"].instructions) | set(g["val"].instructions))
+    assert got.borderline.instructions == job.borderline.instructions
+
+
 def test_model_folder_refuses_a_folder_of_another_model(tmp_path, monkeypatch):
     monkeypatch.setattr(bh, "RUNS", tmp_path)
     other = tmp_path / "models" / "smollm2-aligned"
@@ -90,3 +103,38 @@ def test_results_keep_our_frontier_section_last_and_replace_a_models_rows(tmp_pa
     assert text.count("### heretic-llm 1.4 on smollm2-aligned") == 1 and "0.1230" not in text and "0.7890" in text
     assert "0.4560" in text and text.index(bh.OURS) > text.index("on gemma3-aligned")
     assert text.rstrip().endswith("| our point | 5% |")
+
+
+def test_our_section_replaces_the_placeholder_and_keeps_heretics(tmp_path, monkeypatch):
+    from benchmarks import bench_frontier as bf
+
+    md = tmp_path / "RESULTS_frontier.md"
+    monkeypatch.setattr(bh, "OUT_MD", md)
+    res = _result("smollm2-aligned", 0.123) | {"cpu_seconds": 42.0, "stop_after": 2400.0, "stopped_trials": 1}
+    bh.write_results(res)
+    assert bh.OURS in md.read_text().split("\n") and "(42 CPU s)" in md.read_text()
+    assert "2 completed of 2 trials" in md.read_text() and "2400 s budget (1 trial pruned)" in md.read_text()
+    bf.write_side_by_side("smollm2-aligned", ["| point | 1 |"], md)
+    bf.write_side_by_side("smollm2-aligned", ["| point | 2 |"], md)    # a rerun replaces its own section
+    bh.write_results(_result("smollm2-aligned", 0.456))                 # and heretic's rerun keeps ours
+    text = md.read_text()
+    assert bh.OURS not in text.split("\n") and "(Left for" not in text
+    assert text.count("### Our frontier on smollm2-aligned") == 1 and "| point | 2 |" in text and "| 1 |" not in text
+    assert "0.4560" in text and text.startswith("# The refusal-vs-damage frontier")
+
+
+def test_heretic_run_time_budget_interrupts_like_ctrl_c_and_is_cancelled_after_the_trials():
+    import time
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import heretic_run
+
+    timer = heretic_run.deadline(0.05)
+    with pytest.raises(KeyboardInterrupt):
+        for _ in range(500):                  # heretic's trials: stopped by the budget, as Ctrl+C stops them
+            time.sleep(0.01)
+    done = heretic_run.deadline(0.05)
+    select, _ = heretic_run._answers(Path("out"), [], done)
+    assert select("Which trial do you want to use?", ["", "continue"]) == ""   # the trials are over: cancelled
+    time.sleep(0.2)                            # no interrupt arrives after the cancel
+    assert not done.is_alive() and heretic_run.deadline(None) is None and timer.finished.is_set()
