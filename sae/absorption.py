@@ -6,7 +6,8 @@ of class means; ``k`` grows while the held-out F1 gains more than ``f1_jump``, u
 whose probe is right is *absorbed* when every main latent is silent (``< 1e-8``), the latent with the largest
 projection onto the probe direction (``z_j * W_dec[j] . u``) has decoder cosine with the probe at least
 ``cos_threshold``, the residual's projection ``x . u`` is positive, and that latent carries at least
-``proj_threshold`` of it. The control applies the same test with a random unit direction in place of each probe.
+``proj_threshold`` of it. Probes are fitted by the ``solver`` passed in, :func:`probes.logistic.solve_logistic`
+(``sae`` may not import ``probes``). The control applies the same test with a random unit direction in place of each probe.
 """
 
 from __future__ import annotations
@@ -18,11 +19,9 @@ import torch
 from jaxtyping import Float
 
 from interp.bundle import Result
-from interp.evals.rates import wilson
-from probes.config import LogisticConfig
-from probes.logistic import solve_logistic
+from interp.evals.rates import Rate, wilson
 from sae.model import SAE
-from sae.probing import check_sae_site, rank_by_mean_diff
+from sae.probing import Solver, check_sae_site, check_solver, rank_by_mean_diff
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -85,10 +84,9 @@ class Absorption(Result):
         """One row per letter: ``rate`` (``k`` / ``n``, ``low`` / ``high``), ``control``, ``probe_f1``, ``main``."""
         import pandas as pd
 
-        return pd.DataFrame({"letter": self.letters, "rate": self.rate.tolist(), "k": self.k.tolist(),
-                             "n": self.n.tolist(), "low": self.low.tolist(), "high": self.high.tolist(),
-                             "control": self.control.tolist(), "probe_f1": self.probe_f1.tolist(),
-                             "main": [str(m) for m in self.main]})
+        return pd.DataFrame([{"letter": c, **Rate(int(k), int(n)).columns(), "control": float(ctl), "probe_f1": float(f),
+                              "main": str(m)} for c, k, n, ctl, f, m in zip(self.letters, self.k, self.n, self.control,
+                                                                            self.probe_f1, self.main)])
 
     def plot(self, title: str | None = None) -> Any:
         """Absorption rate per letter with its Wilson interval."""
@@ -134,7 +132,8 @@ def _f1(pred: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return 2 * tp / (pred.sum(-1) + y.sum(-1)).float().clamp_min(1)
 
 
-def main_latents(z: torch.Tensor, Y: torch.Tensor, train: torch.Tensor, cfg: AbsorptionConfig) -> list[list[int]]:
+def main_latents(z: torch.Tensor, Y: torch.Tensor, train: torch.Tensor, cfg: AbsorptionConfig, solver: Solver
+                 ) -> list[list[int]]:
     """Per letter (row of ``Y [L, n]``), the top-``k`` latents by mean difference, ``k`` grown while held-out F1
     gains more than ``cfg.f1_jump``; all letters fitted at once (a diagonal of the batched solve)."""
     orders = torch.stack([rank_by_mean_diff(z[train], Y[i][train].long(), absolute=False) for i in range(len(Y))])
@@ -144,7 +143,7 @@ def main_latents(z: torch.Tensor, Y: torch.Tensor, train: torch.Tensor, cfg: Abs
     grow = torch.ones(L, dtype=torch.bool)
     for k in range(1, min(cfg.max_k, z.shape[1]) + 1):
         Xl = torch.stack([z[:, orders[i, :k]] for i in range(L)])
-        fit = solve_logistic(Xl, Y.long(), train.expand(L, -1), cfg.l2, LogisticConfig())
+        fit = solver(Xl, Y.long(), train.expand(L, -1), cfg.l2)
         pred = fit.logits.diagonal(dim1=0, dim2=1).T > 0  # [L, n]: letter i's features, letter i's labels
         f1 = _f1(pred[:, test], Y[:, test])
         grow &= (f1 - prev > cfg.f1_jump) | (k == 1)
@@ -166,10 +165,12 @@ def _absorbed(x: torch.Tensor, z: torch.Tensor, W_dec: torch.Tensor, u: torch.Te
 
 
 def absorption_from(residual: Float[torch.Tensor, "n d"], latents: Float[torch.Tensor, "n d_sae"],
-                    W_dec: Float[torch.Tensor, "d_sae d"], first: list[str], config: AbsorptionConfig | None = None
-                    ) -> Absorption:
-    """Absorption rates from word residuals, their latents, the decoder and each word's first letter ``first``."""
+                    W_dec: Float[torch.Tensor, "d_sae d"], first: list[str], solver: Solver | None = None,
+                    config: AbsorptionConfig | None = None) -> Absorption:
+    """Absorption rates from word residuals, their latents, the decoder and each word's first letter ``first``;
+    ``solver``: :func:`probes.logistic.solve_logistic`."""
     cfg = config or AbsorptionConfig()
+    solver = check_solver(solver)
     if not len(residual) == len(latents) == len(first):
         raise ValueError(f"residual ({len(residual)}), latents ({len(latents)}) and letters ({len(first)}) need one "
                          f"row per word")
@@ -182,11 +183,11 @@ def absorption_from(residual: Float[torch.Tensor, "n d"], latents: Float[torch.T
     lab = torch.tensor([letters.index(f) if f in letters else -1 for f in first])
     Y = torch.stack([lab == i for i in range(len(letters))])
     x, z, W = residual.float(), latents.float(), W_dec.float()
-    fit = solve_logistic(x[None], Y.long(), train.expand(len(letters), -1), cfg.l2, LogisticConfig())
+    fit = solver(x[None], Y.long(), train.expand(len(letters), -1), cfg.l2)
     U = fit.coef[0] / fit.coef[0].norm(dim=-1, keepdim=True)
     pred = fit.logits[0].argmax(0)
     f1 = _f1(fit.logits[0][:, ~train] > 0, Y[:, ~train])
-    mains = main_latents(z, Y, train, cfg)
+    mains = main_latents(z, Y, train, cfg, solver)
     rnd = torch.randn(len(letters), x.shape[1], generator=g)
     rows: list[tuple[Any, ...]] = []
     evaluated, absorbed = torch.zeros(len(first), dtype=torch.bool), torch.zeros(len(first), dtype=torch.bool)
@@ -215,12 +216,14 @@ def _result(rows: list[tuple[Any, ...]], cfg: AbsorptionConfig, evaluated: torch
                       torch.stack([r[6] for r in rows]) if rows else torch.zeros(0, d), evaluated, absorbed)
 
 
-def absorption(sae: SAE, model: Any, config: AbsorptionConfig | None = None, site: str | None = None,
-               max_words: int | None = None, batch_size: int = 64) -> Absorption:
-    """First-letter absorption of ``sae`` on ``model``'s single-token words (at most ``max_words``, spread evenly)."""
+def absorption(sae: SAE, model: Any, solver: Solver | None = None, config: AbsorptionConfig | None = None,
+               site: str | None = None, max_words: int | None = None, batch_size: int = 64) -> Absorption:
+    """First-letter absorption of ``sae`` on ``model``'s single-token words (at most ``max_words``, spread evenly);
+    ``solver``: :func:`probes.logistic.solve_logistic`."""
     from sae.edits import check_site
 
     cfg = config or AbsorptionConfig()
+    check_solver(solver)
     site = check_site(sae, model, check_sae_site(sae, site))
     words = letter_words(model.tokenizer, cfg.letters)
     if max_words is not None and len(words) > max_words:
@@ -229,7 +232,7 @@ def absorption(sae: SAE, model: Any, config: AbsorptionConfig | None = None, sit
     with torch.no_grad():
         z = torch.cat([sae.encode(x[a:a + 4096].to(sae.device)).float().cpu() for a in range(0, len(x), 4096)])
     first = [words[i][1][0].lower() for i in kept]
-    return absorption_from(x, z, sae.W_dec.detach().float().cpu(), first, cfg)
+    return absorption_from(x, z, sae.W_dec.detach().float().cpu(), first, solver, cfg)
 
 
 __all__ = ["Absorption", "AbsorptionConfig", "absorption", "absorption_from", "letter_words", "main_latents",

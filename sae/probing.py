@@ -1,15 +1,16 @@
 """Sparse probing (SAEBench's definition): how well the top-``k`` latents of an SAE read a labelled binary concept.
 
 Latents are mean-pooled over each prompt's real tokens, ranked by ``|mean(class 1) - mean(class 0)|`` on the
-training split, and a logistic probe (:func:`probes.logistic.solve_logistic`) on the top ``k`` is scored on the
-held-out split. Beside it: the same probe on the full pooled residual (the ceiling), on ``k`` random live latents
+training split, and a logistic probe on the top ``k`` is scored on the held-out split. The probe is fitted by the
+``solver`` the caller passes, :func:`probes.logistic.solve_logistic` (``sae`` shares a floor with ``probes`` and may
+not import it; any function with its signature and ``.logits [L, F, n]`` / ``.coef [L, F, d]`` output works). Beside it: the same probe on the full pooled residual (the ceiling), on ``k`` random live latents
 (the control) and on a bag of tokens (the lexical baseline the caller passes, e.g.
 ``interp.studies.directions.biases.lexical_features``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -19,8 +20,6 @@ from jaxtyping import Float
 from interp.bundle import Result
 from interp.evals.rates import wilson
 from interp.sites import parse_site
-from probes.config import LogisticConfig
-from probes.logistic import solve_logistic
 from sae.model import SAE
 
 if TYPE_CHECKING:
@@ -29,10 +28,11 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class SparseProbeConfig:
-    """``ks``: probe sizes; ``test_fraction`` of each class held out (seeded by ``seed``); ``l2``: the probes' ridge
+    """``ks``: probe sizes; ``concept``: the label's name; ``test_fraction`` of each class held out (seeded by ``seed``); ``l2``: the probes' ridge
     on standardised features; ``lexical_l2``: the bag-of-tokens probe's (sparse, wide features)."""
 
     ks: tuple[int, ...] = (1, 2, 5, 10, 20)
+    concept: str = ""
     test_fraction: float = 0.3
     l2: float = 1e-3
     lexical_l2: float = 1.0
@@ -130,9 +130,20 @@ def stratified_split(y: torch.Tensor, test_fraction: float, seed: int) -> torch.
     return train
 
 
-def heldout_accuracy(X: torch.Tensor, y: torch.Tensor, train: torch.Tensor, l2: float) -> tuple[float, int]:
+Solver = Callable[..., Any]
+SOLVER_HELP = "pass solver=probes.logistic.solve_logistic (sae shares a floor with probes and cannot import it)"
+
+
+def check_solver(solver: Solver | None) -> Solver:
+    if not callable(solver):
+        raise TypeError(f"no logistic solver given: {SOLVER_HELP}")
+    return solver
+
+
+def heldout_accuracy(X: torch.Tensor, y: torch.Tensor, train: torch.Tensor, l2: float, solver: Solver
+                     ) -> tuple[float, int]:
     """Fit a logistic probe on the ``train`` rows of ``X [n, d]`` and return (accuracy, correct count) on the rest."""
-    fit = solve_logistic(X.float()[None], y, train[None], l2, LogisticConfig())
+    fit = solver(X.float()[None], y, train[None], l2)
     pred = (fit.logits[0, 0] > 0).long()
     right = int((pred == y)[~train].sum())
     return right / int((~train).sum()), right
@@ -153,11 +164,13 @@ def _labels(y: Any) -> torch.Tensor:
 
 
 def sparse_probing(latents: Float[torch.Tensor, "n d_sae"], residual: Float[torch.Tensor, "n d"], y: Any,
-                   lexical: Float[torch.Tensor, "n v"] | None, config: SparseProbeConfig | None = None,
-                   concept: str = "") -> SparseProbing:
+                   lexical: Float[torch.Tensor, "n v"] | None, solver: Solver | None = None,
+                   config: SparseProbeConfig | None = None) -> SparseProbing:
     """k-sparse probes on pooled ``latents`` against the ``residual`` ceiling, ``k`` random live latents and the
-    ``lexical`` bag of tokens (``None``: reported as NaN, say why); labels ``y [n]`` in {0, 1}."""
+    ``lexical`` bag of tokens (``None``: reported as NaN, say why); labels ``y [n]`` in {0, 1}; ``solver``:
+    :func:`probes.logistic.solve_logistic`."""
     cfg = config or SparseProbeConfig()
+    solver = check_solver(solver)
     y = _labels(y)
     if not (len(latents) == len(residual) == len(y)) or (lexical is not None and len(lexical) != len(y)):
         raise ValueError(f"latents ({len(latents)}), residual ({len(residual)}), labels ({len(y)}) and lexical "
@@ -172,27 +185,29 @@ def sparse_probing(latents: Float[torch.Tensor, "n d_sae"], residual: Float[torc
     acc, low, high, ctrl = [], [], [], []
     n_test = int((~train).sum())
     for k in cfg.ks:
-        a, right = heldout_accuracy(latents[:, order[:k]], y, train, cfg.l2)
+        a, right = heldout_accuracy(latents[:, order[:k]], y, train, cfg.l2, solver)
         lo, hi = wilson(right, n_test)
         pool = live[~torch.isin(live, order[:k])]  # k random live latents, none of the chosen ones
         pool = pool if len(pool) >= k else order[k:]
         rand = pool[torch.randperm(len(pool), generator=g)[:k]]
         acc.append(a), low.append(lo), high.append(hi)
-        ctrl.append(heldout_accuracy(latents[:, rand], y, train, cfg.l2)[0])
-    r_acc, r_right = heldout_accuracy(residual, y, train, cfg.l2)
-    lex = heldout_accuracy(lexical, y, train, cfg.lexical_l2)[0] if lexical is not None else float("nan")
-    return SparseProbing(concept, torch.tensor(cfg.ks), torch.tensor(acc), torch.tensor(low), torch.tensor(high),
+        ctrl.append(heldout_accuracy(latents[:, rand], y, train, cfg.l2, solver)[0])
+    r_acc, r_right = heldout_accuracy(residual, y, train, cfg.l2, solver)
+    lex = heldout_accuracy(lexical, y, train, cfg.lexical_l2, solver)[0] if lexical is not None else float("nan")
+    return SparseProbing(cfg.concept, torch.tensor(cfg.ks), torch.tensor(acc), torch.tensor(low), torch.tensor(high),
                          torch.tensor(ctrl), order[: max(cfg.ks)].clone(), r_acc, list(wilson(r_right, n_test)),
                          lex, int(train.sum()), n_test)
 
 
 def probe_concept(sae: SAE, model: Any, prompts: Sequence[str] | Any, y: Any, lexical: torch.Tensor | None,
-                  config: SparseProbeConfig | None = None, site: str | None = None, concept: str = "") -> SparseProbing:
+                  solver: Solver | None = None, config: SparseProbeConfig | None = None, site: str | None = None
+                  ) -> SparseProbing:
     """:func:`sparse_probing` on ``prompts`` run through ``model`` (latents pooled by :func:`pooled_latents`)."""
     _labels(y)
+    check_solver(solver)
     z, x = pooled_latents(sae, model, prompts, site)
-    return sparse_probing(z, x, y, lexical, config, concept)
+    return sparse_probing(z, x, y, lexical, solver, config)
 
 
-__all__ = ["SparseProbeConfig", "SparseProbing", "check_sae_site", "heldout_accuracy", "pooled_latents",
+__all__ = ["SparseProbeConfig", "SparseProbing", "check_sae_site", "check_solver", "heldout_accuracy", "pooled_latents",
            "probe_concept", "rank_by_mean_diff", "sparse_probing", "stratified_split"]

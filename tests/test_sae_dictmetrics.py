@@ -8,6 +8,7 @@ import torch
 
 import interp
 from interp.studies.kit.prompt_sets import load_refusal_data
+from probes.logistic import solve_logistic as SOLVE
 from sae.absorption import AbsorptionConfig, absorption, absorption_from, letter_words, word_residuals
 from sae.model import SAE, SAEConfig
 from sae.probing import SparseProbeConfig, pooled_latents, probe_concept, sparse_probing, stratified_split
@@ -50,8 +51,8 @@ def test_sparse_probing_finds_the_concept_latent(organism, harm):
     z, x2 = pooled_latents(s, organism, texts)
     torch.testing.assert_close(x2, x)
     assert (z.abs().sum(0) > 0).nonzero().flatten().tolist() == [37]
-    cfg = SparseProbeConfig(ks=(1, 2))
-    res = sparse_probing(z, x, y, None, cfg, concept="harmful")
+    cfg = SparseProbeConfig(ks=(1, 2), concept="harmful")
+    res = sparse_probing(z, x, y, None, SOLVE, cfg)
     assert res.latents[0] == 37 and res.accuracy[0] > res.control[0]
     # oracle: scikit-learn's logistic regression (same objective: C = 1 / (l2 n_train), standardised) on the same
     # split, on latent 37 alone and on the full residual
@@ -76,7 +77,7 @@ def test_sparse_probing_arithmetic_and_lexical(organism, harm):
     z[:, 7] += 3 * y  # latent 7 is the concept; latent 3 is its sign flip (ranked by |mean difference|)
     z[:, 3] -= 2 * y
     res = sparse_probing(z, torch.randn(len(y), 8, generator=g), y, torch.rand(len(y), 5, generator=g),
-                         SparseProbeConfig(ks=(1, 2, 5)))
+                         SOLVE, SparseProbeConfig(ks=(1, 2, 5)))
     assert res.latents[:2].tolist() == [7, 3]
     assert res.accuracy[0] == 1.0 and res.accuracy[1] == 1.0
     assert res.residual_accuracy <= 0.8 and res.lexical_accuracy <= 0.8  # noise features: near chance
@@ -85,7 +86,7 @@ def test_sparse_probing_arithmetic_and_lexical(organism, harm):
     lex = lexical_features(organism, texts)[:, 0]
     res2 = probe_concept(_concept_sae(pooled_latents(SAE(SAEConfig(64, 96, arch="relu", site=SITE)), organism,
                                                      texts)[1], y, 5), organism, texts, y, lex,
-                         SparseProbeConfig(ks=(1,)), concept="harmful")
+                         SOLVE, SparseProbeConfig(ks=(1,), concept="harmful"))
     assert 0.5 <= res2.lexical_accuracy <= 1.0 and res2.latents[0] == 5
     assert set(res2.summary()) >= {"acc_k1", "control_k1", "residual_accuracy", "lexical_accuracy"}
 
@@ -93,16 +94,18 @@ def test_sparse_probing_arithmetic_and_lexical(organism, harm):
 def test_sparse_probing_bad_input(organism, harm):
     z, x = torch.rand(20, 10), torch.rand(20, 4)
     with pytest.raises(ValueError, match="both classes"):
-        sparse_probing(z, x, torch.ones(20, dtype=torch.long), None)
+        sparse_probing(z, x, torch.ones(20, dtype=torch.long), None, SOLVE)
     with pytest.raises(ValueError, match="d_sae=10"):
-        sparse_probing(z, x, torch.arange(20) % 2, None, SparseProbeConfig(ks=(1, 20)))
+        sparse_probing(z, x, torch.arange(20) % 2, None, SOLVE, SparseProbeConfig(ks=(1, 20)))
     with pytest.raises(ValueError, match="one row per prompt"):
-        sparse_probing(z, x[:5], torch.arange(20) % 2, None)
+        sparse_probing(z, x[:5], torch.arange(20) % 2, None, SOLVE)
+    with pytest.raises(TypeError, match="solver=probes.logistic.solve_logistic"):
+        sparse_probing(z, x, torch.arange(20) % 2, None)
     s = SAE(SAEConfig(64, 32, arch="relu", site=SITE))
     with pytest.raises(ValueError, match="trained at 'blocks.2.hook_resid_post'"):
         pooled_latents(s, organism, harm[0][:2], site="blocks.1.hook_resid_post")
     with pytest.raises(ValueError, match="SAE's site"):
-        absorption(s, organism, site="blocks.0.hook_resid_post")
+        absorption(s, organism, SOLVE, site="blocks.0.hook_resid_post")
 
 
 @pytest.fixture(scope="module")
@@ -146,11 +149,11 @@ def test_absorption_by_construction(words):
     x, first = words
     cfg = AbsorptionConfig(max_k=1, min_words=1, min_probe_f1=0.0)
     z0, W0, _ = _constructed(x, first, "c", None, torch.zeros(x.shape[1]))
-    base = absorption_from(x, z0, W0, first, cfg)
+    base = absorption_from(x, z0, W0, first, SOLVE, cfg)
     assert "c" in base.letters and base.k.sum() == 0  # the absorber's decoder is null: nothing absorbs
     u = base.directions[base.letters.index("c")]
     z, W, S = _constructed(x, first, "c", None, u)
-    res = absorption_from(x, z, W, first, cfg)
+    res = absorption_from(x, z, W, first, SOLVE, cfg)
     i = res.letters.index("c")
     assert res.main[i] == [0]
     c_words = torch.tensor([f == "c" for f in first])
@@ -162,15 +165,15 @@ def test_absorption_by_construction(words):
     v = torch.randn(x.shape[1], generator=torch.Generator().manual_seed(3))
     v = v - (v @ u) * u
     z, W, _ = _constructed(x, first, "c", None, v)
-    assert absorption_from(x, z, W, first, cfg).k.sum() == 0
+    assert absorption_from(x, z, W, first, SOLVE, cfg).k.sum() == 0
 
 
 def test_absorption_bad_input(words):
     x, first = words
     with pytest.raises(ValueError, match="one row per word"):
-        absorption_from(x[:3], torch.zeros(3, 4), torch.zeros(4, x.shape[1]), first)
+        absorption_from(x[:3], torch.zeros(3, 4), torch.zeros(4, x.shape[1]), first, SOLVE)
     with pytest.raises(ValueError, match="two letters or more"):
-        absorption_from(x[:3], torch.zeros(3, 4), torch.zeros(4, x.shape[1]), ["a", "a", "a"])
+        absorption_from(x[:3], torch.zeros(3, 4), torch.zeros(4, x.shape[1]), ["a", "a", "a"], SOLVE)
 
 
 def test_results_plot_frame_summary_and_round_trip(words, tmp_path):
@@ -179,9 +182,10 @@ def test_results_plot_frame_summary_and_round_trip(words, tmp_path):
     y = torch.arange(30) % 2
     z = torch.rand(30, 12, generator=torch.Generator().manual_seed(0))
     z[:, 4] += y
-    _check(sparse_probing(z, torch.rand(30, 5), y, torch.rand(30, 3), SparseProbeConfig(ks=(1, 2))), tmp_path / "p")
+    _check(sparse_probing(z, torch.rand(30, 5), y, torch.rand(30, 3), SOLVE, SparseProbeConfig(ks=(1, 2))),
+           tmp_path / "p")
     x, first = words
     zc, W, _ = _constructed(x, first, "c", None, torch.zeros(x.shape[1]))
-    res = absorption_from(x, zc, W, first, AbsorptionConfig(max_k=2, min_words=1, min_probe_f1=0.0))
+    res = absorption_from(x, zc, W, first, SOLVE, AbsorptionConfig(max_k=2, min_words=1, min_probe_f1=0.0))
     assert res.summary()["cos_threshold"] == 0.025 and len(res.to_frame()) == len(res.letters)
     _check(res, tmp_path / "a")
