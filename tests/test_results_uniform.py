@@ -83,6 +83,8 @@ RESULTS = [
     "sae.analysis:LatentRanking",
     "sae.analysis:LatentSeparation",
     "sae.analysis:LatentDiff",
+    "sae.probing:SparseProbing",
+    "sae.absorption:Absorption",
     "sae.quality:SAEMetrics",
     "sae.quality:CELossRecovered",
     "sae.train_config:TrainResult",
