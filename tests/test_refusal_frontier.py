@@ -200,3 +200,24 @@ def test_each_variant_screens_and_its_spec_reloads(organism, variant, tmp_path):
     assert score < screen.baseline and kl > 0        # the edit lowers the refusal score at some cost
     back = steering.load_edit(steering.save_edit(edit, tmp_path / "e", model), model)
     assert type(back) is type(edit) and screen(back) == (score, kl)
+
+
+def test_the_screen_score_is_floored_where_refusal_is_gone(organism):
+    """Each harmful prompt's refusal score counts down to the unedited harmless prompts' mean and no further, so a
+    destructive edit (a huge vector added at every layer) cannot buy a better screen score than an edit that only
+    removes refusal; without the floor its mean would sit far below."""
+    from interp.evals.logits import refusal_score
+    from interp.studies.kit.scoring import prompt_logits
+    from interp.studies.refusal.frontier import Screen
+
+    model, data, tokens, cand = organism
+    screen = Screen(model, data, tokens, 8, 64)
+    assert screen.floor == pytest.approx(float(refusal_score(screen.plain, tokens).mean()))
+    assert screen.floor < screen.baseline
+    push = -cand.raw[:, -1].float().mean(0)
+    wreck = steering.AddVector(push / push.norm(), layers=list(range(model.n_layers)), alpha=1e4)
+    score, kl = screen(wreck)
+    raw = refusal_score(prompt_logits(model, screen.harmful, wreck, batch_size=64), tokens)
+    assert score == pytest.approx(float(raw.clamp(min=screen.floor).mean()))
+    assert score >= screen.floor - 1e-6 and kl > 0
+    assert float(raw.mean()) < score - 1, "the floor binds here: unfloored, the wrecked model scores far lower"

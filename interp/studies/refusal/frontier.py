@@ -112,7 +112,12 @@ def frontier_edit(cand: Candidates, params: dict[str, Any], writers: Sequence[st
 
 class Screen:
     """One forward per setting over ``n`` harmful and ``n`` harmless validation prompts (encoded once): the harmful
-    prompts' mean first-token refusal score and the harmless prompts' mean first-token KL to the plain model."""
+    prompts' mean first-token refusal score, each prompt's score floored at ``floor`` (the unedited harmless prompts'
+    mean score: where refusal is gone), and the harmless prompts' mean first-token KL to the plain model.
+
+    The floor keeps the objective bounded as heretic's refusal count is: an unfloored log-odds keeps paying an edit
+    that drives harmful prompts far below harmless ones, which only a destructive edit does (the 40-trial run in
+    ``benchmarks/RESULTS_frontier.md`` found such a point at validation score -20.7, KL 13.7)."""
 
     def __init__(self, model: Model, data: RefusalData, tokens: Sequence[int], n: int | None, batch_size: int):
         self.model, self.tokens, self.bs = model, list(tokens), batch_size
@@ -121,11 +126,13 @@ class Screen:
         self.plain = prompt_logits(model, self.harmless, batch_size=batch_size)
         self.baseline = float(refusal_score(prompt_logits(model, self.harmful, batch_size=batch_size),
                                             self.tokens).mean())
+        self.floor = float(refusal_score(self.plain, self.tokens).mean())
 
     def __call__(self, edit: Any) -> tuple[float, float]:
         logits = prompt_logits(self.model, self.harmful + self.harmless, edit, batch_size=self.bs)
         h, s = logits[:len(self.harmful)], logits[len(self.harmful):]
-        score, kl = float(refusal_score(h, self.tokens).mean()), float(kl_div(self.plain, s).mean())
+        score = float(refusal_score(h, self.tokens).clamp(min=self.floor).mean())
+        kl = float(kl_div(self.plain, s).mean())
         return (score if math.isfinite(score) else math.inf), (kl if math.isfinite(kl) else math.inf)
 
 
