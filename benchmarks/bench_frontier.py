@@ -59,7 +59,7 @@ def table(res, seconds: dict) -> list[str]:
             f"| baseline | - | - | - | {b['val_refusal_score']:.2f} | 0 | {_ci(b['harmful'])} | 0 | - | {over} | - | - | |"]
     for i in range(len(res.points)):
         r, p = res.point_row(i), res.points[i]
-        rows.append(f"| {i} | {r['variant']} | {r['orthogonalize']} | {r['direction_index']:.2f} | "
+        rows.append(f"| {i} | {r['variant']} ({r['scope']}) | {r['orthogonalize']} | {r['direction_index']:.2f} | "
                     f"{r['val_refusal_score']:.2f} | {r['val_kl']:.3f} | {_ci(p['harmful'])} | {r['kl']:.3f} | "
                     f"{r['ce']:.3f} ({r['ce_baseline']:.3f}) | "
                     f"{'-' if r['over_refusal'] is None else format(r['over_refusal'], '.0%')} | "
@@ -74,6 +74,7 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--max-points", type=int, default=3)
+    ap.add_argument("--ranges", default="heretic", choices=("heretic", "wide"), help="the search space (FrontierConfig)")
     ap.add_argument("--out", default=str(HERE / "RESULTS_frontier_ours.md"))
     ap.add_argument("--save", default="", help="also save the FrontierResult to this path (FrontierResult.load)")
     ap.add_argument("--side-by-side", default=str(RESULTS), help="also our section in this file ('' : not)")
@@ -94,7 +95,7 @@ def main() -> int:
     t2 = time.perf_counter()
     print(f"tokens + candidates: {t2 - t1:.0f} s", file=sys.stderr, flush=True)
     res = run_frontier(model, data, cand, tokens.tokens, FrontierConfig(trials=a.trials, seed=a.seed,
-                                                                         max_points=a.max_points))
+                                                                         max_points=a.max_points, ranges=a.ranges))
     t3, c3 = time.perf_counter(), cpu()
     if a.save:      # the whole result first, so a failure below loses no measurement
         res.save(a.save, overwrite=True)
@@ -105,7 +106,7 @@ def main() -> int:
     side = res.side_effect
     lines = [f"# The refusal-vs-damage frontier, ours ({a.model})", "",
              f"Command: `{f'nice -n {os.nice(0)} ' if os.nice(0) else ''}python benchmarks/bench_frontier.py --model {a.model} --trials {a.trials} "
-             f"--threads {a.threads} --max-points {a.max_points}{f' --save {a.save}' if a.save else ''}`", "",
+             f"--threads {a.threads} --max-points {a.max_points} --ranges {a.ranges}{f' --save {a.save}' if a.save else ''}`", "",
              f"Machine: {platform.machine()}, {a.threads} torch threads on a 2-core machine shared with other jobs; "
              f"python {sys.version.split()[0]}, torch {torch.__version__}. Data: {data.sizes()}.", "",
              f"Search: Optuna {res.settings['sampler'].upper()} (seed {a.seed}), {a.trials} trials, each one forward "

@@ -221,3 +221,56 @@ def test_the_screen_score_is_floored_where_refusal_is_gone(organism):
     assert score == pytest.approx(float(raw.clamp(min=screen.floor).mean()))
     assert score >= screen.floor - 1e-6 and kl > 0
     assert float(raw.mean()) < score - 1, "the floor binds here: unfloored, the wrecked model scores far lower"
+
+
+@pytest.mark.parametrize("variant", ["zero", "reference", "norm_preserving"])
+def test_per_layer_scope_ablates_each_layers_own_direction(organism, variant, tmp_path):
+    """Heretic's per-layer scope: the writers of layer l ablate the candidate of the residual they write into (layer
+    l + 1's resid_pre; the last layer its own), unit, orthogonal to that row's harmless mean; the spec reloads."""
+    from interp.studies.refusal.frontier import Screen, layer_directions, written_rows
+
+    model, data, tokens, cand = organism
+    kern = {"max_weight": 1.0, "max_weight_position": 2.0, "min_weight": 1.0, "min_weight_distance": 3.0}
+    params = {"position": cand.n_positions - 1, "scope": "per_layer", "direction_index": 1.5, "orthogonalize": True,
+              "variant": variant, "attn": kern, "mlp": kern}
+    edit = frontier_edit(cand, params)
+    rows = written_rows(cand)
+    assert rows == {0: 1, 1: 2, 2: 3, 3: 3}
+    dirs = layer_directions(cand, cand.n_positions - 1, True)
+    mean = cand.harmless_acts[:, :, -1].float().mean(0)
+    for layer, r in dirs.items():
+        raw = cand.raw[rows[layer], -1].float()
+        expect = raw - (raw @ mean[rows[layer]]) / (mean[rows[layer]] @ mean[rows[layer]]) * mean[rows[layer]]
+        assert torch.allclose(r, expect / expect.norm(), atol=1e-6)
+        assert abs(float(r @ mean[rows[layer]])) < 1e-3 * float(mean[rows[layer]].norm())
+    plan = (edit._inner if variant == "norm_preserving" else edit).plan(model)
+    assert {layer for _, layer, *_ in plan} == set(range(model.n_layers))
+    for _, layer, _, r, _ in plan:
+        assert torch.allclose(r.float(), dirs[layer], atol=1e-6)
+    screen = Screen(model, data, tokens, 8, 64)
+    score, kl = screen(edit)
+    back = steering.load_edit(steering.save_edit(edit, tmp_path / "e", model), model)
+    assert screen(back) == (score, kl)
+
+
+def test_heretic_ranges_bound_every_trial(organism):
+    from interp.studies.refusal.frontier import index_range
+
+    model, data, tokens, cand = organism
+    cfg = FrontierConfig(trials=6, n_screen=4, seed=2)
+    assert cfg.ranges == "heretic" and cfg.layer_range(4) == (0.6 * 3, 3.0)
+    lo, hi = index_range(cfg, len(cand.layers))
+    assert (lo, hi) == (pytest.approx(0.4 * 3 + 1), 3.0)
+    trials, _ = search(model, data, cand, tokens, cfg)
+    for t in trials:
+        p = t["params"]
+        assert lo <= p["direction_index"] <= hi and p["scope"] in ("global", "per_layer")
+        for w in ("attn", "mlp"):
+            assert 0.8 <= p[w]["max_weight"] <= 1.5 and 1.8 <= p[w]["max_weight_position"] <= 3.0
+            assert 1.0 <= p[w]["min_weight_distance"] <= 1.8 + 1e-9
+    wide = FrontierConfig(trials=1, ranges="wide")
+    assert wide.layer_range(4) == (0.0, 3.0) and index_range(wide, 4) == (0.0, 3.0)
+    with pytest.raises(ValueError, match="ranges must be one of"):
+        FrontierConfig(ranges="narrow")
+    with pytest.raises(ValueError, match="scopes must be"):
+        FrontierConfig(scopes=("everywhere",))

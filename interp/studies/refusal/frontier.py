@@ -20,6 +20,8 @@ from pathlib import Path
 from time import perf_counter
 from typing import Any
 
+import torch
+
 import steering
 from interp.capturing import capture
 from interp.evals.judge import Judge
@@ -37,13 +39,18 @@ from steering.abliteration_norm import NormPreservingAblation
 
 VARIANTS = ("zero", "reference", "norm_preserving")   # ablate to 0, to the harmless mean's level, norm-preserving
 SAMPLERS = ("tpe", "nsga2")
+SCOPES = ("global", "per_layer")   # one interpolated direction for every layer, or each layer's own (heretic's scopes)
+RANGES = ("heretic", "wide")       # heretic 1.4's parameter ranges, or the whole layer stack and weights 0.5-1.5
 
 
 @dataclass
 class FrontierConfig:
     """The search: ``trials`` (Optuna's budget, >= 1), its ``seed`` and ``sampler``; the kernels' peak layers within
-    ``position_range`` (``None``: every layer); ``variants`` searched; ``n_screen`` validation prompts per class per
-    trial; up to ``max_points`` Pareto points confirmed; ``target``: the held-out refusal the rule aims under."""
+    ``position_range`` (``None``: the ``ranges`` rule); ``variants`` and direction ``scopes`` searched; ``ranges``:
+    ``"heretic"`` (heretic 1.4's ranges: peak weight 0.8-1.5 at 0.6-1.0 of the layer stack, reaching 1 to 0.6 x the
+    stack, direction index 0.4-0.9 of the stack; they came from its authors' experiments on many models) or ``"wide"``
+    (peak anywhere, weight 0.5-1.5, any direction); ``n_screen`` validation prompts per class per trial; up to
+    ``max_points`` Pareto points confirmed; ``target``: the held-out refusal the rule aims under."""
 
     trials: int = 48
     seed: int = 0
@@ -53,6 +60,8 @@ class FrontierConfig:
     n_screen: int = 16
     position_range: tuple[float, float] | None = None
     variants: tuple[str, ...] = VARIANTS
+    scopes: tuple[str, ...] = SCOPES
+    ranges: str = "heretic"
     writers: tuple[str, ...] = ("attn", "mlp")
     max_new_tokens: int = 24
     batch_size: int = 64
@@ -66,33 +75,69 @@ class FrontierConfig:
         bad = [v for v in self.variants if v not in VARIANTS]
         if bad or not self.variants:
             raise ValueError(f"variants must be a non-empty subset of {VARIANTS}, got {self.variants!r}")
+        if not self.scopes or any(x not in SCOPES for x in self.scopes):
+            raise ValueError(f"scopes must be a non-empty subset of {SCOPES}, got {self.scopes!r}")
+        if self.ranges not in RANGES:
+            raise ValueError(f"ranges must be one of {RANGES}, got {self.ranges!r}")
         if not 0 <= self.target <= 1 or self.max_points < 1 or self.n_screen < 1:
             raise ValueError(f"target must be a rate in [0, 1], max_points and n_screen >= 1; got {self.target}, "
                              f"{self.max_points}, {self.n_screen}")
 
     def layer_range(self, n_layers: int) -> tuple[float, float]:
         """The kernels' peak-layer range, checked against the model's layers (a kernel outside them is refused)."""
-        lo, hi = self.position_range if self.position_range is not None else (0.0, float(n_layers - 1))
+        top = float(n_layers - 1)
+        lo, hi = self.position_range if self.position_range is not None else \
+            ((0.6 * top, top) if self.ranges == "heretic" else (0.0, top))
         if not 0 <= lo <= hi <= n_layers - 1:
             raise ValueError(f"position_range {self.position_range} puts kernels outside the model's {n_layers} layers; "
                              f"give a range within [0, {n_layers - 1}]")
         return float(lo), float(hi)
 
 
+def index_range(cfg: FrontierConfig, n_rows: int) -> tuple[float, float]:
+    """The direction index's range over the candidate rows: heretic's 0.4-0.9 of the stack, shifted one row because
+    our candidates sit at each layer's ``resid_pre`` where heretic's sit at its output; or every row."""
+    top = float(n_rows - 1)
+    if cfg.ranges != "heretic" or n_rows < 3:
+        return 0.0, top
+    return min(0.4 * top + 1, top), min(0.9 * top + 1, top)
+
+
 def suggest(trial: Any, cfg: FrontierConfig, n_layers: int, n_rows: int, n_pos: int) -> dict[str, Any]:
-    """One trial's parameters: candidate position, direction index, orthogonalisation, variant, a kernel per writer."""
+    """One trial's parameters: candidate position, direction scope and index (sampled in both scopes, as heretic
+    does, since multivariate TPE needs a fixed space), orthogonalisation, variant, a kernel per writer."""
     lo, hi = cfg.layer_range(n_layers)
+    heretic = cfg.ranges == "heretic"
     p: dict[str, Any] = {"position": trial.suggest_int("position", 0, n_pos - 1),
-                         "direction_index": trial.suggest_float("direction_index", 0.0, float(n_rows - 1)),
+                         "scope": trial.suggest_categorical("scope", list(cfg.scopes)),
+                         "direction_index": trial.suggest_float("direction_index", *index_range(cfg, n_rows)),
                          "orthogonalize": trial.suggest_categorical("orthogonalize", [False, True]),
                          "variant": trial.suggest_categorical("variant", list(cfg.variants))}
+    reach = (1.0 if heretic else 0.5, max(1.0, 0.6 * (n_layers - 1)))
     for w in cfg.writers:
-        top = trial.suggest_float(f"{w}.max_weight", 0.5, 1.5)
+        top = trial.suggest_float(f"{w}.max_weight", 0.8 if heretic else 0.5, 1.5)
         p[w] = {"max_weight": top, "max_weight_position": trial.suggest_float(f"{w}.max_weight_position", lo, hi),
                 "min_weight": top * trial.suggest_float(f"{w}.min_weight_fraction", 0.0, 1.0),
-                "min_weight_distance": trial.suggest_float(f"{w}.min_weight_distance", 0.5,
-                                                           max(1.0, 0.6 * (n_layers - 1)))}
+                "min_weight_distance": trial.suggest_float(f"{w}.min_weight_distance", *reach)}
     return p
+
+
+def layer_directions(cand: Candidates, pos: int, orth: bool) -> dict[int, torch.Tensor]:
+    """Heretic's per-layer scope: each layer's writers ablate the direction of the residual they write into (the
+    next layer's ``resid_pre`` candidate; the last layer keeps the last row), orthogonalised per row if asked."""
+    mean = cand.harmless_acts[:, :, pos].float().mean(0)
+    out = {}
+    for layer, i in written_rows(cand).items():
+        r = cand.raw[i, pos].float()
+        out[layer] = orthogonalize(r, mean[i]) if orth else r / r.norm()
+    return out
+
+
+def written_rows(cand: Candidates) -> dict[int, int]:
+    """``{layer: candidate row}``: the row of the residual each layer's writers write into (the next layer's
+    ``resid_pre``; the last layer keeps its own row)."""
+    rows = {layer: i for i, layer in enumerate(cand.layers)}
+    return {layer: rows.get(layer + 1, rows[layer]) for layer in cand.layers}
 
 
 def frontier_edit(cand: Candidates, params: dict[str, Any], writers: Sequence[str] = ("attn", "mlp")) -> Any:
@@ -100,13 +145,18 @@ def frontier_edit(cand: Candidates, params: dict[str, Any], writers: Sequence[st
     layer) or :class:`steering.NormPreservingAblation`, along the interpolated (optionally orthogonalised) direction."""
     pos = int(params["position"])
     mean = cand.harmless_acts[:, :, pos].float().mean(0)                 # [rows, d]: harmless mean per candidate layer
-    r = direction_at(cand.raw[:, pos].float(), float(params["direction_index"]))
-    if params["orthogonalize"]:
-        r = orthogonalize(r, mean[min(round(float(params["direction_index"])), len(cand.layers) - 1)])
+    if params.get("scope", "global") == "per_layer":
+        r: Any = layer_directions(cand, pos, bool(params["orthogonalize"]))
+    else:
+        r = direction_at(cand.raw[:, pos].float(), float(params["direction_index"]))
+        if params["orthogonalize"]:
+            r = orthogonalize(r, mean[min(round(float(params["direction_index"])), len(cand.layers) - 1)])
     kernel = {w: AblationKernel(**params[w]) for w in writers}
     if params["variant"] == "norm_preserving":
         return NormPreservingAblation(r, kernel, tuple(writers))
-    ref = None if params["variant"] == "zero" else {layer: mean[i] for i, layer in enumerate(cand.layers)}
+    own = params.get("scope", "global") == "per_layer"
+    ref = None if params["variant"] == "zero" else {
+        layer: mean[written_rows(cand)[layer] if own else i] for i, layer in enumerate(cand.layers)}
     return WeightedAblation(r, kernel, tuple(writers), reference=ref)
 
 
@@ -223,7 +273,8 @@ def zero_vs_reference(model: Model, data: RefusalData, cand: Candidates, params:
     row = min(round(float(params["direction_index"])), len(cand.layers) - 1)
     acts = capture(model, prompts, sites=cand.sites[0] if cand.sites else "resid_pre", layers=[cand.layers[row]],
                    positions="last", runtime=Runtime(batch_size=cfg.batch_size, progress=False))
-    proj = acts.tensor.reshape(len(prompts), -1).float() @ zero.direction.float()
+    d = zero.direction
+    proj = acts.tensor.reshape(len(prompts), -1).float() @ (d[cand.layers[row]] if isinstance(d, dict) else d).float()
     neg = [p for p, x in zip(prompts, proj.tolist()) if x < 0]
     out: dict[str, Any] = {"n": len(neg), "of": len(prompts), "layer": cand.layers[row], "refused": {}}
     if not neg:
@@ -263,6 +314,7 @@ def run_frontier(model: Model, data: RefusalData, cand: Candidates, tokens: Sequ
                           seconds=seconds, generations=gens,
                           settings={"trials": cfg.trials, "seed": cfg.seed, "sampler": cfg.sampler,
                                     "target": cfg.target, "writers": list(cfg.writers), "n_screen": cfg.n_screen,
+                                    "ranges": cfg.ranges, "scopes": list(cfg.scopes),
                                     "max_new_tokens": cfg.max_new_tokens, "batch_size": cfg.batch_size})
 
 
@@ -310,5 +362,5 @@ def save_point_specs(res: FrontierResult, cand: Candidates, model: Model, folder
     return out
 
 
-__all__ = ["SAMPLERS", "VARIANTS", "FrontierConfig", "Screen", "chosen_edit", "confirm", "frontier_edit", "frontier_outputs",
+__all__ = ["RANGES", "SAMPLERS", "SCOPES", "VARIANTS", "index_range", "layer_directions", "written_rows", "FrontierConfig", "Screen", "chosen_edit", "confirm", "frontier_edit", "frontier_outputs",
            "point_edits", "rescore", "run_frontier", "save_point_specs", "search", "suggest", "zero_vs_reference"]

@@ -69,6 +69,7 @@ class FrontierResult(Result):
         """One confirmed point as a flat row (rates, intervals, KL, CE, the control, its variant)."""
         p, base = self.points[i], self.baseline["harmful"]["rate"]
         row = {"point": i, "trial": p["trial"], "variant": p["params"]["variant"],
+               "scope": p["params"].get("scope", "global"),
                "orthogonalize": p["params"]["orthogonalize"], "direction_index": p["params"]["direction_index"],
                "val_refusal_score": p["val_refusal_score"], "val_kl": p["val_kl"],
                "harmful_refusal": p["harmful"]["rate"], "harmful_ci95": p["harmful"]["ci95"],
