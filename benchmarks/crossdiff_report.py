@@ -35,7 +35,7 @@ def report(args, st, cc, fit: dict, sae_side, r: torch.Tensor, n_tokens: int, n_
     lines = [HEADING, "", f"`python benchmarks/study_crossdiff.py --prompts {args.prompts} --threads {args.threads}"
              f"{' --also-l1' if l1 else ''}` ({machine()}; {wall:.0f} s in all, {t_cap:.0f} s of it capturing; the "
              f"machine shared with other jobs). BatchTopK crosscoder (d_sae {args.d_sae}, k {args.k}) over "
-             f"smollm2-base and smollm2-aligned at `{cc.site}`, trained with the SAE trainer from two activation "
+             f"smollm2-base and smollm2-aligned at `{cc.site}` (lr {args.lr:g}, batch 1024), trained with the SAE trainer from two activation "
              f"stores of the same {n_prompts} prompts of the project's prompt sets (chat template; the refusal "
              f"val / test prompts held out; {n_tokens} tokens, attention sinks left out), {args.epochs} passes: "
              f"FVU {fit['fvu']:.3f}, L0 {fit['l0']:.1f}, dead {fit['dead']:.2f} after {fit['steps']} steps "

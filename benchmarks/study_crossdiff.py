@@ -56,12 +56,13 @@ def tokens(ps: PairedStore) -> torch.Tensor:
 
 
 def crosscoder(ps: PairedStore, args, folder: Path, arch: str) -> tuple[Crosscoder, dict]:
-    out = folder / f"cc_{arch}_{args.d_sae}_k{args.k}_e{args.epochs}"
+    out = folder / f"cc_{arch}_{args.d_sae}_k{args.k}_e{args.epochs}_lr{args.lr:g}" / f"l1_{args.l1:g}" \
+        if arch == "crosscoder_relu" else folder / f"cc_{arch}_{args.d_sae}_k{args.k}_e{args.epochs}_lr{args.lr:g}"
     if (out / "sae" / "meta.json").exists() and (out / "fit.json").exists():
         return Crosscoder.load(out / "sae"), json.loads((out / "fit.json").read_text())
     n = len(tokens_cache(ps))
     cfg = TrainConfig(arch=arch, d_sae=args.d_sae, k=args.k, total_tokens=args.epochs * n, batch_size=1024,
-                      l1_coefficient=args.l1, checkpoint_every=25, progress=False, seed=0)
+                      l1_coefficient=args.l1, lr=args.lr, checkpoint_every=25, progress=False, seed=0)
     t = time.time()
     res = train_crosscoder(ps, cfg, out_dir=out, models=("smollm2-base", "smollm2-aligned"))
     fit = {k: res.history[k][-1] for k in ("fvu", "l0", "dead")} | {"seconds": time.time() - t, "steps": res.steps,
@@ -109,6 +110,8 @@ def main() -> None:
     ap.add_argument("--also-l1", action="store_true", help="train an L1 crosscoder too and report its classes")
     ap.add_argument("--n-steer", type=int, default=10)
     ap.add_argument("--n-random", type=int, default=3)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--save-tokens", default=None, help="save the paired tokens [n, 2d] here (for bench_features.py)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--cache", default=None)
     args = ap.parse_args()
@@ -121,6 +124,8 @@ def main() -> None:
     prompts = training_prompts(data, args.prompts, seed=0)
     ps = stores((base, tuned), prompts, site, folder / f"stores_{len(prompts)}")
     x = tokens_cache(ps)
+    if args.save_tokens:
+        torch.save(x, args.save_tokens)
     t_cap = time.time() - t0
     cc, fit = crosscoder(ps, args, folder, "crosscoder_batchtopk")
     d = x.shape[1] // 2
