@@ -55,11 +55,17 @@ def report(args, st, cc, fit: dict, sae_side, r: torch.Tensor, n_tokens: int, n_
         lines.append(f"| L1 (l1_coefficient {args.l1}; FVU {f1['fvu']:.3f}, L0 {f1['l0']:.1f}) | "
                      f"{c1.get('tuned-only', 0)} | {c1.get('base-only', 0)} | {c1.get('shared', 0)} | "
                      f"{c1.get('other', 0)} | {int((d1.freq == 0).sum())} | {len(d1.true_tuned_only())} |")
-    exist = (f"**Fine-tune-only latents exist in this crosscoder**: {len(only)} latents have r >= 0.9, {len(true)} "
-             f"of them pass latent scaling." if true else
-             f"**No fine-tune-only latent survives here**: {len(only)} latents have r >= 0.9 and none passes latent "
-             f"scaling (each keeps its direction in the base's error or reconstruction), so this run finds no "
-             f"latent the safety fine-tune added alone.")
+    rmax = float(diff.ratios[~diff.ratios.isnan()].max())
+    if true:
+        exist = (f"**Fine-tune-only latents exist in this crosscoder**: {len(only)} latents have r >= 0.9, {len(true)} "
+                 f"of them pass latent scaling.")
+    elif only:
+        exist = (f"**No fine-tune-only latent survives here**: {len(only)} latents have r >= 0.9 and none passes "
+                 f"latent scaling (each keeps its direction in the base's error or reconstruction).")
+    else:
+        exist = (f"**No fine-tune-only latent exists here**: no latent has r >= 0.9 (the largest ratio is "
+                 f"{rmax:.3f}); every latent writes about equally in both models, so latent scaling has nothing to "
+                 f"check and the steered latents below are the most fine-tune-leaning shared ones.")
     lines += ["", exist, ""]
     if only:
         lines += ["| latent | r | firing freq | nu error | nu reconstruction | mean act, harmful val last token | "
@@ -105,3 +111,38 @@ def _vs_sae(cc, diff, sae_top, sae_dec, dec_t, r) -> list[str]:
         lines.append(f"| {rank} | {lat} | {float(sae_dec[lat] @ r.float()):.3f} | {j} | {float(row[j]):.3f} | "
                      f"{float(diff.ratios[j]):.2f} | {diff.classes[j]} |")
     return lines + [""]
+
+
+DELTA_HEADING = "### The fine-tune's difference at the site, and how much of it the crosscoders reconstruct"
+
+
+@torch.no_grad()
+def delta_section(ccs: dict, xs, command: str) -> str:
+    """How large the fine-tune's change of the activations is against their spread, and what share of that change
+    each crosscoder's reconstruction carries (FVU of the difference of its two reconstructions)."""
+    a, b = xs
+    delta = b - a
+    spread = float((a - a.mean(0)).pow(2).sum(-1).mean())
+    dvar = float((delta - delta.mean(0)).pow(2).sum(-1).mean())
+    lines = [DELTA_HEADING, "", f"`{command}` ({machine()}). Over the {len(a)} training tokens: "
+             f"E||x_aligned - x_base||^2 is {float(delta.pow(2).sum(-1).mean()) / spread:.4f} of the base's spread "
+             f"E||x_base - mean||^2 (mean norms {float(a.norm(dim=-1).mean()):.1f} / {float(b.norm(dim=-1).mean()):.1f}).",
+             "", "| crosscoder | FVU base | FVU aligned | FVU of the difference (x_aligned - x_base) | norm ratio min / "
+             "median / max |", "|---|---|---|---|---|"]
+    for name, cc in ccs.items():
+        err = {"a": 0.0, "b": 0.0, "d": 0.0}
+        for i in range(0, len(a), 4096):
+            rec = cc.decode_models(cc.encode(cc.join(a[i:i + 4096], b[i:i + 4096])))
+            ra, rb = rec[:, 0], rec[:, 1]
+            err["a"] += float((ra - a[i:i + 4096]).pow(2).sum())
+            err["b"] += float((rb - b[i:i + 4096]).pow(2).sum())
+            err["d"] += float(((rb - ra) - delta[i:i + 4096]).pow(2).sum())
+        n = len(a)
+        vb = float((b - b.mean(0)).pow(2).sum(-1).mean())
+        from sae.crosscoder_analysis import norm_ratios
+
+        r = norm_ratios(cc)
+        r = r[~r.isnan()]
+        lines.append(f"| {name} | {err['a'] / n / spread:.3f} | {err['b'] / n / vb:.3f} | {err['d'] / n / dvar:.3f} | "
+                     f"{float(r.min()):.3f} / {float(r.median()):.3f} / {float(r.max()):.3f} |")
+    return "\n".join(lines) + "\n"

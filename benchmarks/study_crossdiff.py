@@ -23,7 +23,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks._common import replace_section  # noqa: E402
-from benchmarks.crossdiff_report import HEADING, report  # noqa: E402
+from benchmarks.crossdiff_report import DELTA_HEADING, HEADING, delta_section, report  # noqa: E402
 from interp.data import load_prompts  # noqa: E402
 from interp.models import cache_dir, load_model  # noqa: E402
 from interp.store import ActivationStore  # noqa: E402
@@ -114,6 +114,8 @@ def main() -> None:
     ap.add_argument("--save-tokens", default=None, help="save the paired tokens [n, 2d] here (for bench_features.py)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--cache", default=None)
+    ap.add_argument("--delta-only", action="store_true", help="only the difference section (cached stores and "
+                                                               "crosscoders; no steering)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     t0 = time.time()
@@ -130,6 +132,12 @@ def main() -> None:
     cc, fit = crosscoder(ps, args, folder, "crosscoder_batchtopk")
     d = x.shape[1] // 2
     xs = (x[:, :d], x[:, d:])
+    ccs = {"BatchTopK": cc, **({"L1": crosscoder(ps, args, folder, "crosscoder_relu")[0]} if args.also_l1 else {})}
+    cmd = f"python benchmarks/study_crossdiff.py --prompts {args.prompts} --threads {args.threads}" + \
+        (" --also-l1" if args.also_l1 else "")
+    replace_section(RESULTS, DELTA_HEADING, delta_section(ccs, xs, cmd))
+    if args.delta_only:
+        return
     st = crossdiff_study((base, tuned), cc, xs, data, config=CrossDiffConfig(n_steer=args.n_steer,
                                                                             n_random=args.n_random),
                          runtime=Runtime(seed=0))
