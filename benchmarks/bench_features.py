@@ -44,7 +44,8 @@ def _batches(args) -> tuple[torch.Tensor, str]:
             x = x.repeat((n + len(x) - 1) // len(x), 1)
         g = torch.Generator().manual_seed(0)
         x = x[torch.randperm(len(x), generator=g)[:n]]
-        what = f"the crosscoder study's paired SmolLM2 tokens ({args.tokens})"
+        what = f"the crosscoder study's paired SmolLM2 tokens ({Path(args.tokens).name}, saved by " \
+               f"`study_crossdiff.py --save-tokens`)"
     else:
         g = torch.Generator().manual_seed(0)
         basis = torch.randn(4 * args.d, 2 * args.d, generator=g)
@@ -106,7 +107,7 @@ def crosscoder_section(args) -> str:
     text = "\n".join([
         heading, "",
         f"`python benchmarks/bench_features.py --sections crosscoder --threads {args.threads}"
-        f"{' --tokens ' + args.tokens if args.tokens else ''}` ({machine()}; the machine shared with other jobs, so "
+        f"{' --tokens ' + Path(args.tokens).name if args.tokens else ''}` ({machine()}; the machine shared with other jobs, so "
         f"the ratio is the figure, not the absolute rates). Width 2 x {batches.shape[-1] // 2}, d_sae {args.d_sae}, "
         f"k {args.k}, batch {args.batch} tokens, {what}; {args.rounds} interleaved rounds of {args.steps} steps per "
         f"side, the same batches in the same order.", "",

@@ -33,8 +33,8 @@ def report(args, st, cc, fit: dict, sae_side, r: torch.Tensor, n_tokens: int, n_
     nu = {} if sc is None else {lat: (float(a), float(b)) for lat, a, b in
                                 zip(sc.latents, sc.nu_error, sc.nu_reconstruction)}
     lines = [HEADING, "", f"`python benchmarks/study_crossdiff.py --prompts {args.prompts} --threads {args.threads}"
-             f"{' --also-l1' if l1 else ''}` ({machine()}; {wall:.0f} s in all, {t_cap:.0f} s of it capturing; the "
-             f"machine shared with other jobs). BatchTopK crosscoder (d_sae {args.d_sae}, k {args.k}) over "
+             f"{' --also-l1' if l1 else ''}` ({machine()}; {wall:.0f} s in all, {t_cap:.0f} s of it capturing or "
+             f"reading the cached stores; the machine shared with other jobs). BatchTopK crosscoder (d_sae {args.d_sae}, k {args.k}) over "
              f"smollm2-base and smollm2-aligned at `{cc.site}` (lr {args.lr:g}, batch 1024), trained with the SAE trainer from two activation "
              f"stores of the same {n_prompts} prompts of the project's prompt sets (chat template; the refusal "
              f"val / test prompts held out; {n_tokens} tokens, attention sinks left out), {args.epochs} passes: "
