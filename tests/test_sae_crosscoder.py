@@ -266,3 +266,28 @@ def test_bad_input_is_refused_with_the_fix(tmp_path, two_models):
     cc = _cc()
     with pytest.raises(ValueError, match="reads 2 models"):
         cc.join(torch.zeros(3, D))
+
+
+def _ddp_crosscoder(xa: torch.Tensor, xb: torch.Tensor, cfg: TrainConfig) -> dict:
+    from interp import distributed as dist
+
+    dist.init_from_env()
+    try:
+        return {k: v.clone() for k, v in train_crosscoder((xa, xb), cfg).sae.state_dict().items()}
+    finally:
+        dist.shutdown()
+
+
+def test_data_parallel_crosscoder_training_equals_one_process():
+    """Two ranks (gloo, torchrun's environment) train the L1 crosscoder (a per-token loss) as one process does on
+    the same global batches."""
+    from tests.conftest import run_ranks
+
+    xa, xb = _pair(1000)
+    cfg = TrainConfig(arch="crosscoder_relu", d_sae=32, total_tokens=20 * 64, batch_size=64, lr=3e-3,
+                      l1_coefficient=0.5, progress=False)
+    one = train_crosscoder((xa, xb), cfg).sae.state_dict()
+    s0, s1 = run_ranks(_ddp_crosscoder, xa, xb, cfg)
+    for k, v in one.items():
+        torch.testing.assert_close(s0[k], s1[k], atol=0, rtol=0, msg=k)
+        torch.testing.assert_close(s0[k], v, atol=1e-5, rtol=0, msg=k)
