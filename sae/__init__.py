@@ -3,7 +3,9 @@ BatchTopK: the kinds of ``sae.kinds``, a registry a kind of your own joins with 
 evaluate, read/write sae-lens, load
 published SAEs from the local HF cache (``from_pretrained``), analyse, intervene. Transcoders (an MLP's input ->
 its output): ``Transcoder``, ``train_transcoder``; formats in ``sae.saelens_io`` and ``sae.circuit_tracer_io``,
-quality in ``sae.transcoder_quality``.
+quality in ``sae.transcoder_quality``. Crosscoders for model diffing (one dictionary over a base and a fine-tuned
+model's activations at a site): ``sae.crosscoder`` (``Crosscoder``, ``train_crosscoder``), read with
+``sae.crosscoder_analysis`` (decoder-norm ratios, latent scaling, fine-tune-only / base-only / shared latents).
 
 Submodules load lazily, so ``import sae`` needs neither Triton nor sae-lens. ``sae`` never imports
 ``steering``; interventions follow the shared protocol ``hook_fns(model) -> {site: fn(x, ctx)}``.

@@ -362,13 +362,14 @@ def test_the_docstring_kind_needs_only_activate(monkeypatch):
 
 
 def test_the_cli_offers_every_built_in_kind_and_matryoshka_widths():
-    """`interp sae train --arch` lists the registry's built-in kinds; --widths reaches Matryoshka's options only."""
+    """`interp sae train --arch` lists the registry's built-in kinds (but the crosscoders, which read two models);
+    --widths reaches Matryoshka's options only."""
     import argparse
 
     from interp.cli.sae_train import ARCHS, train_config
-    from sae.kinds import kind_names
+    from sae.kinds import get_kind, kind_names
 
-    assert set(ARCHS) == set(kind_names())
+    assert set(ARCHS) == {n for n in kind_names() if not get_kind(n).crosscoder}
     args = argparse.Namespace(arch="matryoshka_batchtopk", d_sae=64, expansion=8, k=8, steps=2, batch_size=4,
                               lr=None, seed=0, widths="16,32")
     assert train_config(args, "blocks.0.hook_resid_post").options == {"widths": [16, 32]}

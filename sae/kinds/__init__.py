@@ -17,6 +17,7 @@ from typing import Any
 
 from sae.kinds.base import Kind, KindOut
 from sae.kinds.batchtopk import BatchTopKKind
+from sae.kinds.crosscoder import CrossBatchTopKKind, CrossReluKind
 from sae.kinds.gated import GatedKind
 from sae.kinds.jumprelu import JumpReLUKind
 from sae.kinds.jumprelu_target import JumpReLUTargetKind
@@ -75,5 +76,5 @@ def saelens_kind(architecture: str, metadata: dict[str, Any]) -> Kind:
 
 
 for _k in (ReluKind(), TopKKind(), BatchTopKKind(), JumpReLUKind(), JumpReLUTargetKind(), GatedKind(),
-           MatryoshkaKind()):
+           MatryoshkaKind(), CrossReluKind(), CrossBatchTopKKind()):
     register_kind(_k)

@@ -78,6 +78,7 @@ class Kind:
     saelens_names: ClassVar[dict[str, str]] = {}
     saelens_transcoder: ClassVar[tuple[str, str] | None] = None
     circuit_tracer: ClassVar[str | None] = None
+    crosscoder: ClassVar[bool] = False
 
     # --- shape ----------------------------------------------------------------------------------
     def check(self, cfg: SAEConfig) -> None:

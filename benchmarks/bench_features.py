@@ -1,0 +1,156 @@
+"""Feature-dictionary training speed against the anchors, one section per comparison (each prints its ratio).
+
+    python benchmarks/bench_features.py --sections crosscoder --threads 1
+
+``crosscoder``: our crosscoder training (``sae.crosscoder``, BatchTopK, through the SAE trainer's ``train_one``) vs
+PyPI ``dictionary-learning``'s trainer in its own environment (``scripts/dictlearn_venv.sh``; it pins nnsight < 0.4).
+PyPI holds only dictionary-learning 0.1.0, which has no crosscoder trainer (the ``CrossCoder`` classes live in later,
+unreleased versions on GitHub and in forks); its ``BatchTopKTrainer`` on the two models' activations side by side
+(width ``2 d``) is the same computation as an acausal BatchTopK crosscoder but for the per-model norm weighting of the
+selection, so it is the anchor here, said as such in the results. Same batches (saved to a file), same d_sae / k,
+rounds interleaved (ours, theirs, ours, ...), each side's first step untimed; tokens/s are medians over rounds.
+
+Sections write to ``benchmarks/RESULTS_crosscoder.md`` under their own headings (a rerun replaces them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks._common import machine, replace_section  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "RESULTS_crosscoder.md"
+DICTLEARN_PY = ROOT / ".dictlearn-venv" / "bin" / "python"
+
+
+def _batches(args) -> tuple[torch.Tensor, str]:
+    """``[steps + 1, batch, 2 d]``: the study's cached paired tokens if given (``--tokens``), else seeded sparse data
+    with SmolLM2's width."""
+    n = (args.rounds * args.steps + 1) * args.batch
+    if args.tokens:
+        x = torch.load(args.tokens)
+        if len(x) < n:
+            x = x.repeat((n + len(x) - 1) // len(x), 1)
+        g = torch.Generator().manual_seed(0)
+        x = x[torch.randperm(len(x), generator=g)[:n]]
+        what = f"the crosscoder study's paired SmolLM2 tokens ({Path(args.tokens).name}, saved by " \
+               f"`study_crossdiff.py --save-tokens`)"
+    else:
+        g = torch.Generator().manual_seed(0)
+        basis = torch.randn(4 * args.d, 2 * args.d, generator=g)
+        coef = torch.rand(n, 4 * args.d, generator=g) * (torch.rand(n, 4 * args.d, generator=g) < 0.01)
+        x = coef @ basis
+        what = f"seeded sparse synthetic data (2 x {args.d} wide; 576 is SmolLM2's width)"
+    return x.reshape(-1, args.batch, x.shape[-1]).contiguous(), what
+
+
+def _ours(batches: torch.Tensor, args):
+    from sae.crosscoder import Crosscoder
+    from sae.train_config import TrainConfig
+    from sae.trainer import Trainer
+
+    n = batches.shape[0] * batches.shape[1]
+    cfg = TrainConfig(arch="crosscoder_batchtopk", d_sae=args.d_sae, k=args.k, total_tokens=n,
+                      batch_size=args.batch, progress=False, warmup_steps=10, seed=0)
+    cc = Crosscoder.build(batches.shape[-1] // 2, args.d_sae, k=args.k)
+    tr = Trainer(batches.reshape(n, -1), cfg, sae=cc, fresh=True)
+    tr.prepare()
+    tr.train_one(batches[0])
+
+    def run(start: int, steps: int) -> float:
+        t = time.perf_counter()
+        for i in range(start, start + steps):
+            tr.train_one(batches[i])
+        return time.perf_counter() - t
+
+    return run
+
+
+def crosscoder_section(args) -> str:
+    heading = "### Crosscoder training speed vs dictionary_learning"
+    if not DICTLEARN_PY.exists():
+        rc = subprocess.run(["bash", str(ROOT / "scripts" / "dictlearn_venv.sh")]).returncode
+        if rc != 0:
+            return (f"{heading}\n\nNot run: scripts/dictlearn_venv.sh failed (exit {rc}), so PyPI dictionary-learning "
+                    f"could not be installed in its own environment.\n")
+    batches, what = _batches(args)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "batches.pt"
+        torch.save(batches, path)
+        theirs = subprocess.Popen([str(DICTLEARN_PY), str(ROOT / "scripts" / "dictlearn_bench.py"), str(path),
+                                   str(args.d_sae), str(args.k), str(args.threads)], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, text=True)
+        ours = _ours(batches, args)
+        assert theirs.stdout.readline().strip() == "ready"
+        t_ours, t_theirs = [], []
+        for r in range(args.rounds):
+            start = 1 + r * args.steps
+            t_ours.append(ours(start, args.steps))
+            theirs.stdin.write(f"{start} {args.steps}\n")
+            theirs.stdin.flush()
+            t_theirs.append(float(theirs.stdout.readline()))
+        theirs.stdin.close()
+        theirs.wait()
+    tok = args.steps * args.batch
+    ours_tps, theirs_tps = tok / statistics.median(t_ours), tok / statistics.median(t_theirs)
+    text = "\n".join([
+        heading, "",
+        f"`python benchmarks/bench_features.py --sections crosscoder --threads {args.threads}"
+        f"{' --tokens ' + Path(args.tokens).name if args.tokens else ''}` ({machine()}; the machine shared with other jobs, so "
+        f"the ratio is the figure, not the absolute rates). Width 2 x {batches.shape[-1] // 2}, d_sae {args.d_sae}, "
+        f"k {args.k}, batch {args.batch} tokens, {what}; {args.rounds} interleaved rounds of {args.steps} steps per "
+        f"side, the same batches in the same order.", "",
+        "PyPI `dictionary-learning` is 0.1.0 only and has no crosscoder trainer; the anchor is its "
+        "`BatchTopKTrainer` on the two models' activations side by side (the same encoder / decoder shapes and "
+        "BatchTopK selection as our crosscoder, without the per-model norm weighting), in `.dictlearn-venv` "
+        "(`scripts/dictlearn_venv.sh`).", "",
+        "| trainer | tokens/s (median) | rounds (s) |", "|---|---|---|",
+        f"| ours: `sae.crosscoder` BatchTopK via the SAE trainer | {ours_tps:,.0f} | "
+        f"{', '.join(f'{t:.2f}' for t in t_ours)} |",
+        f"| dictionary_learning 0.1.0 BatchTopKTrainer | {theirs_tps:,.0f} | "
+        f"{', '.join(f'{t:.2f}' for t in t_theirs)} |", "",
+        f"Ratio ours / theirs: **{ours_tps / theirs_tps:.2f}x** tokens/s.", ""])
+    print(f"crosscoder: ours {ours_tps:.0f} tok/s, dictionary_learning {theirs_tps:.0f} tok/s, ratio "
+          f"{ours_tps / theirs_tps:.2f}")
+    return text
+
+
+SECTIONS = {"crosscoder": crosscoder_section}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated, of {sorted(SECTIONS)}")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--d", type=int, default=576, help="each model's width (synthetic data)")
+    ap.add_argument("--d-sae", type=int, default=2048)
+    ap.add_argument("--k", type=int, default=32)
+    ap.add_argument("--batch", type=int, default=1024)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--tokens", default=None, help="a saved tensor [n, 2d] of paired tokens to use as the batches")
+    ap.add_argument("--no-write", action="store_true")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    for name in args.sections.split(","):
+        if name not in SECTIONS:
+            raise SystemExit(f"unknown section {name!r}; choose from {sorted(SECTIONS)}")
+        text = SECTIONS[name](args)
+        print(text)
+        if not args.no_write:
+            replace_section(RESULTS, text.splitlines()[0], text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,148 @@
+"""The markdown section of benchmarks/study_crossdiff.py."""
+
+from __future__ import annotations
+
+import torch
+
+from benchmarks._common import machine
+
+HEADING = "### Crosscoder model diffing on smollm2-aligned"
+
+
+def _ctx(st, lat: int) -> str:
+    c = (st.contexts.get(lat) or [None])[0]
+    if c is None:
+        return ""
+    return "".join(c.tokens).replace("|", "/").replace("\n", " ")[-70:]
+
+
+def _unit(w: torch.Tensor) -> torch.Tensor:
+    return w / w.norm(dim=-1, keepdim=True).clamp_min(1e-12)
+
+
+def report(args, st, cc, fit: dict, sae_side, r: torch.Tensor, n_tokens: int, n_prompts: int, wall: float,
+           t_cap: float, l1=None) -> str:
+    sae, sae_top = sae_side
+    diff, counts = st.diff, st.diff.counts()
+    dec_t = _unit(cc.decoders()[:, 1].detach().float())
+    sae_dec = _unit(sae.W_dec.detach().float())
+    cos_r = dec_t @ r.float()
+    true = diff.true_tuned_only()
+    only = diff.of("tuned-only")
+    sc = diff.scaling
+    nu = {} if sc is None else {lat: (float(a), float(b)) for lat, a, b in
+                                zip(sc.latents, sc.nu_error, sc.nu_reconstruction)}
+    lines = [HEADING, "", f"`python benchmarks/study_crossdiff.py --prompts {args.prompts} --threads {args.threads}"
+             f"{' --also-l1' if l1 else ''}` ({machine()}; {wall:.0f} s in all, {t_cap:.0f} s of it capturing or "
+             f"reading the cached stores; the machine shared with other jobs). BatchTopK crosscoder (d_sae {args.d_sae}, k {args.k}) over "
+             f"smollm2-base and smollm2-aligned at `{cc.site}` (lr {args.lr:g}, batch 1024), trained with the SAE trainer from two activation "
+             f"stores of the same {n_prompts} prompts of the project's prompt sets (chat template; the refusal "
+             f"val / test prompts held out; {n_tokens} tokens, attention sinks left out), {args.epochs} passes: "
+             f"FVU {fit['fvu']:.3f}, L0 {fit['l0']:.1f}, dead {fit['dead']:.2f} after {fit['steps']} steps "
+             f"({fit['seconds']:.0f} s). This is far fewer tokens than Minder et al. (100M+): the classes below are "
+             f"what this small run finds, not a bound on what a larger one would.", "",
+             "Norm ratio r = ||d_tuned|| / (||d_base|| + ||d_tuned||); classes: tuned-only r >= 0.9, base-only "
+             "r <= 0.1, shared 0.4-0.6, other between; latent scaling on every tuned-only latent that fires "
+             "(nu = beta_base / beta_tuned for the error and the reconstruction targets; a true tuned-only latent has "
+             "both below 0.3).", "",
+             "| crosscoder | tuned-only | base-only | shared | other | dead (never fires / zero decoder) | tuned-only passing latent scaling |",
+             "|---|---|---|---|---|---|---|",
+             f"| BatchTopK | {counts.get('tuned-only', 0)} | {counts.get('base-only', 0)} | {counts.get('shared', 0)} | "
+             f"{counts.get('other', 0)} | {int((diff.freq == 0).sum())} | {len(true)} |"]
+    if l1 is not None:
+        d1, f1 = l1
+        c1 = d1.counts()
+        lines.append(f"| L1 (l1_coefficient {args.l1}; FVU {f1['fvu']:.3f}, L0 {f1['l0']:.1f}) | "
+                     f"{c1.get('tuned-only', 0)} | {c1.get('base-only', 0)} | {c1.get('shared', 0)} | "
+                     f"{c1.get('other', 0)} | {int((d1.freq == 0).sum())} | {len(d1.true_tuned_only())} |")
+    rmax = float(diff.ratios[~diff.ratios.isnan()].max())
+    if true:
+        exist = (f"**Fine-tune-only latents exist in this crosscoder**: {len(only)} latents have r >= 0.9, {len(true)} "
+                 f"of them pass latent scaling.")
+    elif only:
+        exist = (f"**No fine-tune-only latent survives here**: {len(only)} latents have r >= 0.9 and none passes "
+                 f"latent scaling (each keeps its direction in the base's error or reconstruction).")
+    else:
+        exist = (f"**No fine-tune-only latent exists here**: no latent has r >= 0.9 (the largest ratio is "
+                 f"{rmax:.3f}); every latent writes about equally in both models, so latent scaling has nothing to "
+                 f"check and the steered latents below are the most fine-tune-leaning shared ones.")
+    lines += ["", exist, ""]
+    if only:
+        lines += ["| latent | r | firing freq | nu error | nu reconstruction | mean act, harmful val last token | "
+                  "cos with refusal dir | top context |", "|---|---|---|---|---|---|---|---|"]
+        for lat in sorted(only, key=lambda j: -float(st.mean_act[j]))[:15]:
+            ne, nr = nu.get(lat, (float("nan"), float("nan")))
+            lines.append(f"| {lat} | {float(diff.ratios[lat]):.2f} | {float(diff.freq[lat]):.4f} | {ne:.2f} | "
+                         f"{nr:.2f} | {float(st.mean_act[lat]):.3f} | {float(cos_r[lat]):.3f} | `{_ctx(st, lat)}` |")
+        lines.append("")
+    lines += [f"Steered: {len(st.chosen)} latents ({'; '.join(sorted(set(st.meta['chosen_classes'])))}), each "
+              f"scaled by its mean activation at the harmful val prompts' last token; their fine-tuned-model "
+              f"decoder vectors subtracted in smollm2-aligned (harmful test prompts) and added to smollm2-base "
+              f"(harmless test prompts) x1 and x4, against {args.n_random} draws of random latents matched in firing "
+              f"frequency (within 20 ranks) and scaled to the same vector norm; greedy 24 tokens, the anchored judge, "
+              f"95% Wilson intervals.", "",
+              "| latent | chosen as | r | mean act | cos with refusal dir | max cos with the SAE-diff top 10 | top context |",
+              "|---|---|---|---|---|---|---|"]
+    for lat, why in zip(st.chosen, st.meta["chosen_classes"]):
+        mc = float((sae_dec[sae_top] @ dec_t[lat]).abs().max())
+        lines.append(f"| {lat} | {why} | {float(diff.ratios[lat]):.2f} | {float(st.mean_act[lat]):.3f} | "
+                     f"{float(cos_r[lat]):.3f} | {mc:.3f} | `{_ctx(st, lat)}` |")
+    lines += ["", "| condition | prompts | refused | n | rate | 95% CI |", "|---|---|---|---|---|---|"]
+    lines += [f"| {x['condition']} | {x['split']} | {x['k']} | {x['n']} | {x['rate']:.2f} | "
+              f"{x['ci95'][0]:.2f}-{x['ci95'][1]:.2f} |" for x in st.rates]
+    lines += ["", "One-sided Fisher tests, chosen vs the pooled random draws: " + "; ".join(
+        f"{t['condition']}: {t['hypothesis']}, p = {t['p']:.3g} ({t['chosen']} vs {t['random']})"
+        for t in st.meta["tests"]) + ".", ""]
+    lines += _vs_sae(cc, diff, sae_top, sae_dec, dec_t, r)
+    return "\n".join(lines) + "\n"
+
+
+def _vs_sae(cc, diff, sae_top, sae_dec, dec_t, r) -> list[str]:
+    """Each SAE-diff top latent's nearest crosscoder latent (fine-tuned decoder, |cos|) and that latent's class."""
+    lines = ["Beside the SAE diffing study (`benchmarks/study_diffing.py`, RESULTS_finetune.md: a TopK SAE on the "
+             "base at the same site, latents ranked by their increase at the harmful val prompts' last token; its "
+             "SAE retrained here by that study's recipe, 1 thread): each of its 10 most amplified latents, the "
+             "crosscoder latent whose fine-tuned-model decoder vector is nearest (|cos|), and that latent's class.", "",
+             "| SAE-diff rank | SAE latent | cos with refusal dir | nearest crosscoder latent | |cos| | its r | its class |",
+             "|---|---|---|---|---|---|---|"]
+    cos = (sae_dec[sae_top] @ dec_t.T).abs()
+    for rank, (lat, row) in enumerate(zip(sae_top, cos)):
+        j = int(row.argmax())
+        lines.append(f"| {rank} | {lat} | {float(sae_dec[lat] @ r.float()):.3f} | {j} | {float(row[j]):.3f} | "
+                     f"{float(diff.ratios[j]):.2f} | {diff.classes[j]} |")
+    return lines + [""]
+
+
+DELTA_HEADING = "### The fine-tune's difference at the site, and how much of it the crosscoders reconstruct"
+
+
+@torch.no_grad()
+def delta_section(ccs: dict, xs, command: str) -> str:
+    """How large the fine-tune's change of the activations is against their spread, and what share of that change
+    each crosscoder's reconstruction carries (FVU of the difference of its two reconstructions)."""
+    a, b = xs
+    delta = b - a
+    spread = float((a - a.mean(0)).pow(2).sum(-1).mean())
+    dvar = float((delta - delta.mean(0)).pow(2).sum(-1).mean())
+    lines = [DELTA_HEADING, "", f"`{command}` ({machine()}). Over the {len(a)} training tokens: "
+             f"E||x_aligned - x_base||^2 is {float(delta.pow(2).sum(-1).mean()) / spread:.4f} of the base's spread "
+             f"E||x_base - mean||^2 (mean norms {float(a.norm(dim=-1).mean()):.1f} / {float(b.norm(dim=-1).mean()):.1f}).",
+             "", "| crosscoder | FVU base | FVU aligned | FVU of the difference (x_aligned - x_base) | norm ratio min / "
+             "median / max |", "|---|---|---|---|---|"]
+    for name, cc in ccs.items():
+        err = {"a": 0.0, "b": 0.0, "d": 0.0}
+        for i in range(0, len(a), 4096):
+            rec = cc.decode_models(cc.encode(cc.join(a[i:i + 4096], b[i:i + 4096])))
+            ra, rb = rec[:, 0], rec[:, 1]
+            err["a"] += float((ra - a[i:i + 4096]).pow(2).sum())
+            err["b"] += float((rb - b[i:i + 4096]).pow(2).sum())
+            err["d"] += float(((rb - ra) - delta[i:i + 4096]).pow(2).sum())
+        n = len(a)
+        vb = float((b - b.mean(0)).pow(2).sum(-1).mean())
+        from sae.crosscoder_analysis import norm_ratios
+
+        r = norm_ratios(cc)
+        r = r[~r.isnan()]
+        lines.append(f"| {name} | {err['a'] / n / spread:.3f} | {err['b'] / n / vb:.3f} | {err['d'] / n / dvar:.3f} | "
+                     f"{float(r.min()):.3f} / {float(r.median()):.3f} / {float(r.max()):.3f} |")
+    return "\n".join(lines) + "\n"

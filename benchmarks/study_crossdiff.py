@@ -1,0 +1,159 @@
+"""Crosscoder model diffing on the realistic organism: a BatchTopK crosscoder over smollm2-base's and
+smollm2-aligned's residual stream (``resid_post.19``, the SAE diffing study's site) on the same tokens of the
+project's prompt sets (chat template, val / test prompts held out), latents classed by decoder-norm ratio and checked
+by latent scaling, the fine-tune-only ones read (top contexts) and steered against frequency- and norm-matched random
+latents, side by side with the SAE diffing study's latents (an SAE trained by that study's recipe).
+
+    python benchmarks/study_crossdiff.py --prompts 1300 --threads 1
+
+Stores, the crosscoder and the SAE are cached under ``--cache`` (resumable). The section goes to
+``benchmarks/RESULTS_crosscoder.md`` (a rerun replaces it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks._common import replace_section  # noqa: E402
+from benchmarks.crossdiff_report import DELTA_HEADING, HEADING, delta_section, report  # noqa: E402
+from interp.data import load_prompts  # noqa: E402
+from interp.models import cache_dir, load_model  # noqa: E402
+from interp.store import ActivationStore  # noqa: E402
+from interp.studies.finetune.crossdiff import CrossDiffConfig, crossdiff_study, training_prompts  # noqa: E402
+from interp.studies.finetune.diffing import _train_base_sae  # noqa: E402  (the SAE diffing study's own recipe)
+from interp.studies.kit.prompt_sets import load_refusal_data  # noqa: E402
+from interp.studies.kit.stages import find_candidates  # noqa: E402
+from interp.values import Runtime  # noqa: E402
+from sae.analysis import diff_latents  # noqa: E402
+from sae.crosscoder import Crosscoder, PairedStore, capture_paired, train_crosscoder  # noqa: E402
+from sae.model import SAE  # noqa: E402
+from sae.train_config import TrainConfig  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "RESULTS_crosscoder.md"
+
+
+def stores(models, prompts, site, folder: Path) -> PairedStore:
+    done = [folder / f"model_{i}" for i in range(2)]
+    if all((d / "store.json").exists() and ActivationStore(d).complete for d in done):
+        return PairedStore(*(ActivationStore(d) for d in done), site=site)
+    return capture_paired(models, prompts, site, out=folder, runtime=Runtime(batch_size=16, sort_by_length=True))
+
+
+def tokens(ps: PairedStore) -> torch.Tensor:
+    """Every real token but the sinks, both models side by side ``[n, 2d]``."""
+    out = []
+    for acts in ps.iter_shards():
+        out.append(acts.tensor[:, 0][acts.kept(acts.sites, "exclude")].float())
+    return torch.cat(out)
+
+
+def crosscoder(ps: PairedStore, args, folder: Path, arch: str) -> tuple[Crosscoder, dict]:
+    out = folder / f"cc_{arch}_{args.d_sae}_k{args.k}_e{args.epochs}_lr{args.lr:g}" / f"l1_{args.l1:g}" \
+        if arch == "crosscoder_relu" else folder / f"cc_{arch}_{args.d_sae}_k{args.k}_e{args.epochs}_lr{args.lr:g}"
+    if (out / "sae" / "meta.json").exists() and (out / "fit.json").exists():
+        return Crosscoder.load(out / "sae"), json.loads((out / "fit.json").read_text())
+    n = len(tokens_cache(ps))
+    cfg = TrainConfig(arch=arch, d_sae=args.d_sae, k=args.k, total_tokens=args.epochs * n, batch_size=1024,
+                      l1_coefficient=args.l1, lr=args.lr, checkpoint_every=25, progress=False, seed=0)
+    t = time.time()
+    res = train_crosscoder(ps, cfg, out_dir=out, models=("smollm2-base", "smollm2-aligned"))
+    fit = {k: res.history[k][-1] for k in ("fvu", "l0", "dead")} | {"seconds": time.time() - t, "steps": res.steps,
+                                                                   "tokens": n}
+    (out / "fit.json").write_text(json.dumps(fit))
+    return res.sae, fit
+
+
+_TOK: dict[int, torch.Tensor] = {}
+
+
+def tokens_cache(ps: PairedStore) -> torch.Tensor:
+    if id(ps) not in _TOK:
+        _TOK[id(ps)] = tokens(ps)
+    return _TOK[id(ps)]
+
+
+def sae_side(base, tuned, data, site: str, folder: Path) -> tuple[SAE, list[int]]:
+    """The SAE diffing study's SAE (its recipe: TopK 2048 / 32 on the base, the refusal train splits and our general
+    harmless set) and its 10 most amplified latents at the harmful val prompts' last token."""
+    extra = [r["instruction"] for r in load_prompts("harmless_general")]
+    path = folder / "sae_diffing"
+    if (path / "meta.json").exists():
+        sae = SAE.load(path)
+    else:
+        sae = _train_base_sae(base, site, data.harmful["train"].instructions + data.harmless["train"].instructions
+                              + extra, 2048, 32, 0)
+        sae.save(path)
+    val = data.harmful["val"].instructions
+    from interp.capturing import capture
+
+    acts = [capture(m, val, sites=[site], positions="last", runtime=Runtime(progress=False)).tensor[:, 0]
+            .reshape(len(val), -1) for m in (base, tuned)]
+    return sae, diff_latents(sae, *acts, top=10, site=site).ranking.indices.tolist()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--layer", type=int, default=19)
+    ap.add_argument("--prompts", type=int, default=1300)
+    ap.add_argument("--d-sae", type=int, default=2048)
+    ap.add_argument("--k", type=int, default=32)
+    ap.add_argument("--epochs", type=int, default=4)
+    ap.add_argument("--l1", type=float, default=2.0, help="l1_coefficient of the L1 crosscoder (--also-l1)")
+    ap.add_argument("--also-l1", action="store_true", help="train an L1 crosscoder too and report its classes")
+    ap.add_argument("--n-steer", type=int, default=10)
+    ap.add_argument("--n-random", type=int, default=3)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--save-tokens", default=None, help="save the paired tokens [n, 2d] here (for bench_features.py)")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--cache", default=None)
+    ap.add_argument("--delta-only", action="store_true", help="only the difference section (cached stores and "
+                                                               "crosscoders; no steering)")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    t0 = time.time()
+    site = f"blocks.{args.layer}.hook_resid_post"
+    base, tuned = load_model("smollm2-base"), load_model("smollm2-aligned")
+    data = load_refusal_data("smollm2-aligned")
+    folder = Path(args.cache) if args.cache else cache_dir() / "crossdiff" / "smollm2-aligned" / f"L{args.layer}"
+    prompts = training_prompts(data, args.prompts, seed=0)
+    ps = stores((base, tuned), prompts, site, folder / f"stores_{len(prompts)}")
+    x = tokens_cache(ps)
+    if args.save_tokens:
+        torch.save(x, args.save_tokens)
+    t_cap = time.time() - t0
+    cc, fit = crosscoder(ps, args, folder, "crosscoder_batchtopk")
+    d = x.shape[1] // 2
+    xs = (x[:, :d], x[:, d:])
+    ccs = {"BatchTopK": cc, **({"L1": crosscoder(ps, args, folder, "crosscoder_relu")[0]} if args.also_l1 else {})}
+    cmd = f"python benchmarks/study_crossdiff.py --prompts {args.prompts} --threads {args.threads}" + \
+        (" --also-l1" if args.also_l1 else "")
+    replace_section(RESULTS, DELTA_HEADING, delta_section(ccs, xs, cmd))
+    if args.delta_only:
+        return
+    st = crossdiff_study((base, tuned), cc, xs, data, config=CrossDiffConfig(n_steer=args.n_steer,
+                                                                            n_random=args.n_random),
+                         runtime=Runtime(seed=0))
+    l1 = None
+    if args.also_l1:
+        from sae.crosscoder_analysis import cross_diff
+
+        cc1, fit1 = crosscoder(ps, args, folder, "crosscoder_relu")
+        l1 = (cross_diff(cc1, xs), fit1)
+    sae, sae_top = sae_side(base, tuned, data, site, folder)
+    r = find_candidates(tuned, data, layers=[args.layer + 1]).raw[0, -1]
+    r = r / r.norm()
+    text = report(args, st, cc, fit, (sae, sae_top), r, len(x), len(prompts), time.time() - t0, t_cap, l1)
+    print(text)
+    replace_section(RESULTS, HEADING, text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,216 @@
+"""What did a fine-tune add? Crosscoder model diffing: one BatchTopK crosscoder over the base's and the fine-tuned
+model's residual stream on the same tokens (:mod:`sae.crosscoder`), its latents classed by decoder-norm ratio and
+checked by latent scaling (Minder et al. 2025: a fine-tune-only latent whose direction the base still carries, in
+its error or through other latents, is a sparsity artefact), their top contexts, and steering with them against
+frequency- and norm-matched random latents.
+
+The causal check (as :mod:`interp.studies.finetune.diffing`, with the crosscoder's fine-tuned-model decoder vectors):
+in the tuned model, subtracting the chosen latents' vectors (each scaled by its mean activation at the harmful val
+prompts' last token) should lower refusal on held-out harmful prompts more than random latents' vectors of the same
+norm; in the base, adding them should raise refusal on held-out harmless prompts more than the random ones.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from interp.bundle import Result
+from interp.capturing import capture
+from interp.data import available_prompt_sets, load_prompts
+from interp.evals.controls import matched_random
+from interp.evals.judge import Judge
+from interp.evals.rates import fisher_greater, rate_cells
+from interp.models import Model
+from interp.studies.kit.prompt_sets import RefusalData
+from interp.studies.kit.runs import refusal_rate
+from interp.values import Runtime
+from sae.contexts import Context
+from sae.crosscoder import Crosscoder, check_models
+from sae.crosscoder_analysis import Classes, CrossDiff, cross_contexts, cross_diff
+from sae.edits import LatentSteering
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+
+def training_prompts(data: RefusalData, n: int, seed: int = 0) -> list[str]:
+    """``n`` prompts from the project's prompt sets (every set's ``instruction`` / ``request`` / ``question``),
+    deduplicated, none of the refusal data's val or test prompts (the steering is judged on those), in a seeded
+    order."""
+    held = {p for part in (data.harmful, data.harmless) for s in ("val", "test") for p in part[s].instructions}
+    seen: dict[str, None] = {}
+    for name in available_prompt_sets():
+        for row in load_prompts(name):
+            text = row.get("instruction") or row.get("request") or row.get("question") or ""
+            if text and text not in held:
+                seen.setdefault(text, None)
+    out = sorted(seen)
+    random.Random(seed).shuffle(out)
+    if n > len(out):
+        raise ValueError(f"asked for {n} training prompts; the prompt sets hold {len(out)} outside the val/test splits")
+    return out[:n]
+
+
+@dataclass(frozen=True)
+class CrossDiffConfig:
+    """The study's knobs: the ``n_steer`` latents steered (the fine-tune-only latents that pass latent scaling, most
+    active at the harmful val prompts' last token first; fewer exist: the highest norm ratios among those that fire
+    there fill up, and ``meta['chosen_classes']`` says which), ``n_random`` matched random draws (firing frequency
+    within ``freq_window`` ranks), the ``strengths`` of the added vectors, ``max_new_tokens`` judged, ``classes``."""
+
+    n_steer: int = 10
+    n_random: int = 3
+    strengths: tuple[float, ...] = (1.0, 4.0)
+    max_new_tokens: int = 24
+    freq_window: int = 20
+    n_contexts: int = 3
+    classes: Classes = field(default_factory=Classes)
+
+    def __post_init__(self) -> None:
+        if self.n_steer < 1 or self.n_random < 0 or self.max_new_tokens < 1 or self.freq_window < 1:
+            raise ValueError("n_steer, max_new_tokens and freq_window must be >= 1 and n_random >= 0")
+        object.__setattr__(self, "strengths", tuple(float(s) for s in self.strengths))
+
+
+@dataclass
+class CrossDiffStudy(Result):
+    """``diff``: classes, ratios, frequencies and latent scaling over the training tokens read; ``chosen``: the
+    steered latents with ``mean_act`` (their mean activation at the harmful val prompts' last token); ``contexts``:
+    their top contexts; ``rates``: one row per steering condition (rate, ``k``, ``n``, ``ci95``); ``meta``: site,
+    sizes, tests."""
+
+    diff: CrossDiff
+    chosen: list[int]
+    mean_act: torch.Tensor
+    contexts: dict[int, list[Context]]
+    rates: list[dict[str, Any]]
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def summary(self) -> dict[str, Any]:
+        return {"counts": self.diff.counts(), "true_tuned_only": len(self.diff.true_tuned_only()),
+                "chosen": self.chosen, "chosen_classes": self.meta.get("chosen_classes"),
+                "rates": rate_cells(self.rates, ("condition", "split")), "tests": self.meta.get("tests")}
+
+    def to_frame(self) -> pd.DataFrame:
+        import pandas as pd
+
+        return pd.DataFrame(self.rates)
+
+    def plot(self, title: str | None = None) -> Any:
+        from interp.viz.refusal import refusal_rates
+
+        names = [f"{r['condition']} ({r['split']})" for r in self.rates]
+        fig = refusal_rates(dict(zip(names, (r["rate"] for r in self.rates))),
+                            dict(zip(names, (r["ci95"] for r in self.rates))))
+        return fig.update_layout(title=title or "Refusal when steering with crosscoder latents")
+
+
+def last_token_latents(cc: Crosscoder, base: Model, tuned: Model, prompts: Sequence[str]) -> torch.Tensor:
+    """The crosscoder's latents ``[n, d_sae]`` at each prompt's last token (both models on the same tokens)."""
+    xs = [capture(m, list(prompts), sites=[cc.site], positions="last", runtime=Runtime(progress=False)).tensor[:, 0]
+          for m in (base, tuned)]
+    with torch.no_grad():
+        return cc.encode(cc.join(*(x.reshape(len(prompts), -1).to(cc.device) for x in xs))).float().cpu()
+
+
+def choose(diff: CrossDiff, mean_act: torch.Tensor, n: int) -> tuple[list[int], list[str]]:
+    """The steered latents and the class each was chosen as (module docstring of :class:`CrossDiffConfig`)."""
+    true = sorted(diff.true_tuned_only(), key=lambda j: -float(mean_act[j]))
+    chosen = [j for j in true if mean_act[j] > 0][:n]
+    kinds = ["tuned-only, passes latent scaling"] * len(chosen)
+    if len(chosen) < n:
+        ratio = torch.nan_to_num(diff.ratios, nan=-1.0)
+        rest = [j for j in ratio.argsort(descending=True).tolist() if mean_act[j] > 0 and j not in chosen]
+        for j in rest[:n - len(chosen)]:
+            chosen.append(j)
+            kinds.append(f"{diff.classes[j]} (ratio {float(diff.ratios[j]):.2f})")
+    return chosen, kinds
+
+
+def _random_draws(chosen: list[int], freq: torch.Tensor, n_draws: int, window: int, seed: int) -> list[list[int]]:
+    order = freq.argsort().tolist()
+    pos = {lat: i for i, lat in enumerate(order)}
+    rng = random.Random(seed)
+    return [matched_random(chosen, lambda lat: order[max(0, pos[lat] - window):pos[lat] + window + 1], rng,
+                           what="latent") for _ in range(n_draws)]
+
+
+def _matched(view: Any, rand: list[int], norm: float, sign: float) -> LatentSteering:
+    scale = sign * norm / max(float(LatentSteering(view, rand, 1.0).vector().norm()), 1e-12)
+    return LatentSteering(view, rand, scale, sinks="exclude")
+
+
+def steer_rates(models: tuple[Model, Model], cc: Crosscoder, chosen: list[int], weights: torch.Tensor,
+                draws: list[list[int]], data: RefusalData, c: CrossDiffConfig, judge: Judge | None) -> list[dict]:
+    """Refusal under each condition: the tuned model on harmful test prompts minus the chosen (or random) latents'
+    tuned-model vectors, the base on harmless test prompts plus them at each strength."""
+    base, tuned = models
+    view = cc.view(1)
+    harm, safe = data.harmful["test"].instructions, data.harmless["test"].instructions
+    w = weights.tolist()
+    norm = float(LatentSteering(view, chosen, w).vector().norm())
+
+    def rate(model: Model, prompts: list[str], edits: list) -> Any:
+        return refusal_rate(model, prompts, judge, c.max_new_tokens, edits)
+
+    rows = [{"condition": "tuned", "split": "harmful", **rate(tuned, harm, [])},
+            {"condition": "tuned, chosen latents subtracted", "split": "harmful", "latents": chosen,
+             **rate(tuned, harm, [LatentSteering(view, chosen, [-x for x in w], sinks="exclude")])}]
+    rows += [{"condition": f"tuned, random latents subtracted (draw {i})", "split": "harmful", "latents": r,
+              **rate(tuned, harm, [_matched(view, r, norm, -1.0)])} for i, r in enumerate(draws)]
+    rows.append({"condition": "base", "split": "harmless", **rate(base, safe, [])})
+    for s in c.strengths:
+        rows.append({"condition": f"base, chosen latents added x{s:g}", "split": "harmless", "strength": s,
+                     "latents": chosen,
+                     **rate(base, safe, [LatentSteering(view, chosen, [s * x for x in w], sinks="exclude")])})
+        rows += [{"condition": f"base, random latents added x{s:g} (draw {i})", "split": "harmless", "strength": s,
+                  "latents": r, **rate(base, safe, [_matched(view, r, s * norm, 1.0)])} for i, r in enumerate(draws)]
+    return rows
+
+
+def tests(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One-sided Fisher tests of the chosen latents against the pooled random draws, per comparison."""
+    out = []
+    for split, lower in (("harmful", True), ("harmless", False)):
+        chosen_rows = [r for r in rows if r["split"] == split and "chosen" in r["condition"]]
+        for ch in chosen_rows:
+            tag = ch["condition"].replace("chosen", "random") + " (draw"
+            rand = [r for r in rows if r["condition"].startswith(tag)]
+            if not rand:
+                continue
+            k_r, n_r = sum(r["k"] for r in rand), sum(r["n"] for r in rand)
+            a, b = ((k_r, n_r), (ch["k"], ch["n"])) if lower else ((ch["k"], ch["n"]), (k_r, n_r))
+            out.append({"condition": ch["condition"], "chosen": f"{ch['k']}/{ch['n']}", "random": f"{k_r}/{n_r}",
+                        "p": fisher_greater(a[0], a[1], b[0], b[1]),
+                        "hypothesis": "random refuse more" if lower else "chosen refuse more"})
+    return out
+
+
+def crossdiff_study(models: tuple[Model, Model], cc: Crosscoder, xs: Sequence[torch.Tensor], data: RefusalData,
+                    judge: Judge | None = None, config: CrossDiffConfig | None = None,
+                    runtime: Runtime | None = None) -> CrossDiffStudy:
+    """Read the trained crosscoder ``cc`` (over ``models = (base, tuned)`` at ``cc.site``) on the token rows ``xs``
+    (one ``[n, d]`` per model, e.g. its training data), choose latents, steer (module docstring)."""
+    c = config if config is not None else CrossDiffConfig()
+    base, tuned = models
+    check_models(base, tuned)
+    seed = (runtime or Runtime()).seed
+    diff = cross_diff(cc, xs, c.classes)
+    val = data.harmful["val"].instructions
+    mean_act = last_token_latents(cc, base, tuned, val).mean(0)
+    chosen, kinds = choose(diff, mean_act, c.n_steer)
+    draws = _random_draws(chosen, diff.freq, c.n_random, c.freq_window, seed)
+    probe = val + data.harmless["val"].instructions
+    contexts = cross_contexts(models, cc, chosen, probe, top=c.n_contexts)
+    rows = steer_rates(models, cc, chosen, mean_act[chosen], draws, data, c, judge)
+    return CrossDiffStudy(diff, chosen, mean_act, contexts, rows,
+                          meta={"site": cc.site, "seed": seed, "sizes": data.sizes(), "chosen_classes": kinds,
+                                "draws": draws, "tests": tests(rows)})
+
+
+__all__ = ["CrossDiffConfig", "CrossDiffStudy", "crossdiff_study", "training_prompts"]
