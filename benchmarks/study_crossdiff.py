@@ -28,7 +28,7 @@ from interp.data import load_prompts  # noqa: E402
 from interp.models import cache_dir, load_model  # noqa: E402
 from interp.store import ActivationStore  # noqa: E402
 from interp.studies.finetune.crossdiff import CrossDiffConfig, crossdiff_study, training_prompts  # noqa: E402
-from interp.studies.finetune.diffing import _train_base_sae  # noqa: E402  (the SAE diffing study's own recipe)
+from interp.studies.finetune.diffing import train_base_sae  # noqa: E402  (the SAE diffing study's own recipe)
 from interp.studies.kit.prompt_sets import load_refusal_data  # noqa: E402
 from interp.studies.kit.stages import find_candidates  # noqa: E402
 from interp.values import Runtime  # noqa: E402
@@ -88,7 +88,7 @@ def sae_side(base, tuned, data, site: str, folder: Path) -> tuple[SAE, list[int]
     if (path / "meta.json").exists():
         sae = SAE.load(path)
     else:
-        sae = _train_base_sae(base, site, data.harmful["train"].instructions + data.harmless["train"].instructions
+        sae = train_base_sae(base, site, data.harmful["train"].instructions + data.harmless["train"].instructions
                               + extra, 2048, 32, 0)
         sae.save(path)
     val = data.harmful["val"].instructions

@@ -88,7 +88,7 @@ class DiffStudy(Result):
         return fig.update_layout(title=title or "Refusal when steering the fine-tune's top SAE latents")
 
 
-def _train_base_sae(base: Model, site: str, prompts: list[str], d_sae: int, k: int, seed: int) -> SAE:
+def train_base_sae(base: Model, site: str, prompts: list[str], d_sae: int, k: int, seed: int) -> SAE:
     xs = [x[without_first(b.attention_mask)] for x, b in site_tokens(base, site, prompts, batch_size=16)]
     x = torch.cat(xs)
     steps_tokens = max(len(x) * 8, 4096)
@@ -205,7 +205,7 @@ def diff_study(base: Model, tuned: Model, data: RefusalData, layer: int, sae: SA
         raise ValueError(f"layer {layer} is out of range; {base.name} has layers 0..{base.n_layers - 1}")
     if sae is None:
         sae_prompts = sae_prompts or (data.harmful["train"].instructions + data.harmless["train"].instructions)
-        sae = _train_base_sae(base, site, list(sae_prompts), c.d_sae, c.k, seed)
+        sae = train_base_sae(base, site, list(sae_prompts), c.d_sae, c.k, seed)
     elif sae.d_in != base.d_model:
         raise ValueError(f"the SAE reads width {sae.d_in} but {base.name} has width {base.d_model}; train one on "
                          f"this model (leave sae=None)")
