@@ -210,7 +210,51 @@ def matryoshka_section(args) -> str:
 matryoshka_section.results = RESULTS_FEATURES  # type: ignore[attr-defined]
 
 
-SECTIONS = {"crosscoder": crosscoder_section, "matryoshka": matryoshka_section}
+def explain_section(args) -> str:
+    """Latents explained and scored per minute by ``sae.explain`` with a local 135M chat model (explainer and scorer:
+    SmolLM2-135M-Instruct through ``steering.generate``) on a small TopK SAE of ``smollm2-aligned``."""
+    import interp
+    import sae
+    import steering
+    from interp.data import load_prompts
+    from sae.explain import ExplainConfig, LocalChatClient, explain_latents
+
+    heading = "### Scoring throughput with a local model (sae.explain)"
+    load = os.getloadavg()[0]
+    model, chat = interp.load_model("smollm2-aligned"), interp.load_model("smollm2-base")
+    site = "blocks.9.hook_resid_post"
+    prompts = [r["instruction"] for r in load_prompts("harmless_realistic")][:40]
+    acts = interp.capture(model, prompts, sites=[site], positions="all", runtime=interp.Runtime(progress=False))
+    s = sae.train_sae(acts, arch="topk", d_sae=256, k=16, total_tokens=10_000, batch_size=256, site=site,
+                      progress=False).sae
+    freq = sae.evaluate(s, acts.flat_tokens(site)).frequency
+    latents = ((freq > 0.01) & (freq < 0.2)).nonzero().flatten().tolist()[:args.n_explain]
+    cfg = ExplainConfig(n_explain=8, n_explain_random=2, n_test=3, n_test_random=3, n_shown=1, window=(8, 2),
+                        few_shot=False)
+    t = time.perf_counter()
+    res = explain_latents(model, s, latents, prompts, LocalChatClient(chat, steering.generate, max_new_tokens=32),
+                          scorer=LocalChatClient(chat, steering.generate, max_new_tokens=6), cfg=cfg)
+    sec = time.perf_counter() - t
+    n_prompts = sum(len(v.labels) for k in ("detection", "fuzzing") for c in ("explanation", "shuffled")
+                    for v in res.verdicts(k, c))
+    print(f"explain: {len(latents)} latents in {sec:.0f} s = {60 * len(latents) / sec:.2f} latents/min")
+    return "\n".join([
+        heading, "",
+        f"`nice -n 5 python benchmarks/bench_features.py --sections explain --threads {args.threads} --n-explain "
+        f"{args.n_explain}` ({machine()}; 1-minute load average {load:.1f} at the start: the machine was shared with "
+        f"other jobs, so this is a loaded-machine figure).", "",
+        f"Model under study `smollm2-aligned`, TopK SAE d_sae 256, k 16 on `{site}` (10k tokens of 40 harmless "
+        f"requests); explainer and scorer SmolLM2-135M-Instruct, greedy, 32 / 6 new tokens; per latent 8 top + 2 "
+        f"non-activating contexts to the explainer, 3 + 3 held-out contexts to each of detection and fuzzing, each "
+        f"also with a shuffled explanation ({n_prompts} scorer prompts in all).", "",
+        f"**{len(latents)} latents explained and scored in {sec:.0f} s: {60 * len(latents) / sec:.2f} latents/min.** "
+        f"(A 135M model does not do the task well: see RESULTS_explain.md; this is the pipeline's cost only.)", ""])
+
+
+explain_section.results = RESULTS_FEATURES  # type: ignore[attr-defined]
+
+
+SECTIONS = {"crosscoder": crosscoder_section, "matryoshka": matryoshka_section, "explain": explain_section}
 
 
 def main() -> None:
@@ -224,6 +268,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--tokens", default=None, help="a saved tensor [n, 2d] of paired tokens to use as the batches")
+    ap.add_argument("--n-explain", type=int, default=3, help="latents explained (section explain)")
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
