@@ -143,8 +143,10 @@ def _matryoshka_steps(batches: torch.Tensor, widths: list[int], args) -> dict:
     """``{name: step(batch)}``: our trainer's ``train_one`` and sae-lens's ``SAETrainer.step`` on its
     ``MatryoshkaBatchTopKTrainingSAE``, both prepared on the first batch (untimed)."""
     from sae_lens.config import SAETrainerConfig
-    from sae_lens.saes.matryoshka_batchtopk_sae import (MatryoshkaBatchTopKTrainingSAE,
-                                                        MatryoshkaBatchTopKTrainingSAEConfig)
+    from sae_lens.saes.matryoshka_batchtopk_sae import (
+        MatryoshkaBatchTopKTrainingSAE,
+        MatryoshkaBatchTopKTrainingSAEConfig,
+    )
     from sae_lens.training.sae_trainer import SAETrainer
 
     from sae.train_config import TrainConfig
