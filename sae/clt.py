@@ -142,6 +142,26 @@ class CrossLayerTranscoder(nn.Module):
         zs = {i: self.encode(i, xs[i]) for i in range(self.n_layers)}
         return {i: self.predict(i, zs) for i in range(self.n_layers)}
 
+    @classmethod
+    def from_transcoders(cls, transcoders: Mapping[int, Transcoder] | Sequence[Transcoder]) -> CrossLayerTranscoder:
+        """The CLT of per-layer transcoders (one per layer 0..n-1, one kind and width, no skip): their encoders,
+        decoders and ``b_dec``, with zero cross-layer decoders, so it predicts exactly what they predict."""
+        tcs = dict(transcoders) if isinstance(transcoders, Mapping) else {t.layer: t for t in transcoders}
+        if not tcs or sorted(tcs) != list(range(len(tcs))):
+            raise ValueError(f"a CLT needs one transcoder for every layer 0..n-1; got layers {sorted(tcs)}")
+        c = tcs[0].cfg
+        for i, tc in tcs.items():
+            if (tc.cfg.arch, tc.cfg.k, tc.d_in, tc.d_sae) != (c.arch, c.k, c.d_in, c.d_sae) or tc.W_skip is not None:
+                raise ValueError(f"layer {i}'s transcoder differs from layer 0's (kind, k, width) or has a skip "
+                                 f"connection; a CLT shares one kind and width over its layers and has no skip")
+        cfg = CLTConfig(n_layers=len(tcs), d_in=c.d_in, d_sae=c.d_sae, arch=c.arch, k=c.k, model_id=c.model_id,
+                        dtype=c.dtype, meta=dict(c.meta))
+        clt = cls(cfg, seed=None)
+        with torch.no_grad():
+            for i, tc in tcs.items():
+                clt.layers[i].load_state_dict(tc.state_dict())
+        return clt.to(tcs[0].device)
+
     @property
     def provenance(self) -> Provenance:
         m = dict(self.cfg.meta)

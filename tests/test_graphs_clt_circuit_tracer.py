@@ -129,3 +129,28 @@ def test_cross_layer_edges_matter(both):
                           config=GraphConfig(constant_positions=1))
     assert g.adjacency.shape == A_ct.shape                                              # same encoders, same nodes
     assert float((g.adjacency - A_ct).abs().max()) > 100 * RTOL * float(A_ct.abs().max())
+
+
+def test_we_read_the_files_circuit_tracer_writes(tmp_path):
+    """circuit-tracer loads our CLT files, writes them back with its own ``to_safetensors`` (the cache layout, with
+    the config it keeps beside them); we read those exactly."""
+    from sae.clt_io import load_circuit_tracer_clt
+
+    model = tiny_model("llama", num_hidden_layers=N_LAYERS)
+    clt = seeded_clt(model, seed=2)
+    save_circuit_tracer_clt(clt, tmp_path / "ours")
+    code = ("import sys, yaml, torch\n"
+            "from circuit_tracer.transcoder.cross_layer_transcoder import load_clt\n"
+            "c = load_clt(sys.argv[1], feature_input_hook='mlp.hook_in', feature_output_hook='mlp.hook_out',"
+            " device=torch.device('cpu'), dtype=torch.float32, lazy_decoder=False)\n"
+            "c.to_safetensors(sys.argv[2])\n"
+            "open(sys.argv[2] + '/config.yaml', 'w').write(yaml.dump({'model_kind': 'cross_layer_transcoder',"
+            " 'model_name': 'tiny-llama', 'feature_input_hook': c.feature_input_hook,"
+            " 'feature_output_hook': c.feature_output_hook}))\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    res = subprocess.run([str(ORACLE_PY), "-c", code, str(tmp_path / "ours"), str(tmp_path / "theirs")], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    back = load_circuit_tracer_clt(tmp_path / "theirs", model=model)
+    sa, sb = clt.state_dict(), back.state_dict()
+    assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
