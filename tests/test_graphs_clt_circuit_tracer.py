@@ -60,15 +60,17 @@ def seeded_clt(model, arch: str = "jumprelu", d_sae: int = D_SAE, seed: int = 0)
     return clt
 
 
-def run_oracle(d: Path, model, clt: CrossLayerTranscoder, batch_size: int = 64, repeats: int = 1) -> tuple[dict, dict]:
-    """circuit-tracer's graph of ``IDS`` for ``model`` with ``clt`` (files under ``d``): its tensors and meta."""
+def run_oracle(d: Path, model, clt: CrossLayerTranscoder, ids: list[int] = IDS, repeats: int = 1, threads: int = 1
+               ) -> tuple[dict, dict]:
+    """circuit-tracer's graph of ``ids`` for ``model`` with ``clt`` (files under ``d``; ``repeats``: its attribution
+    timed that many times, the median in ``meta["seconds"]``): its tensors and meta."""
     (d / "in").mkdir(parents=True, exist_ok=True)
     model.hf.save_pretrained(d / "in" / "model")
     model.tokenizer.save_pretrained(d / "in" / "model")
     save_circuit_tracer_clt(clt, d / "in" / "transcoders", overwrite=True)   # ours, read by its load_clt
-    (d / "in" / "prompt.json").write_text(json.dumps({"ids": IDS, "batch_size": batch_size, "repeats": repeats}))
+    (d / "in" / "prompt.json").write_text(json.dumps({"ids": ids, "batch_size": 64, "repeats": repeats}))
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1")
+    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS=str(threads))
     t0 = time.perf_counter()
     res = subprocess.run([str(ORACLE_PY), str(ORACLE), str(d / "in"), str(d / "out")], env=env, cwd=d,
                          capture_output=True, text=True, timeout=600)

@@ -104,8 +104,8 @@ class _Engine:
                 if idx.numel():
                     pos, f = self.feats[idx, 1], self.feats[idx, 2]
                     dec = self._decoder(src, layer)[f].detach()                      # [n_src_feats, d]
-                    per = (g[:, pos].to(dec.dtype) * dec).sum(-1)                     # [n, n_src_feats]
-                    out[:, idx] += per.to(out.dtype) * self.acts[idx]
+                    per = g.to(dec.dtype) @ dec.T                                     # [n, T, n_src_feats]
+                    out[:, idx] += per[:, pos, torch.arange(idx.numel())].to(out.dtype) * self.acts[idx]
             out[:, err0 + layer * self.T: err0 + (layer + 1) * self.T] = (g * self.errors[layer]).sum(-1)
         if grads[-1] is not None:
             out[:, -self.T:] = (grads[-1][:n].detach() * self.run.embed).sum(-1)
