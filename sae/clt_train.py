@@ -70,8 +70,9 @@ class CLTTraining(Result):
                 "cross_steps": len(self.history), "fvu_per_layer": self.fvu_per_layer, "fvu_joint": self.fvu_joint}
 
 
-def _pairs_tensor(pairs: Any, n_layers: int, sinks: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Every layer's MLP input and output on the same tokens: ``x, y [n, n_layers, d]``."""
+def layer_pairs(pairs: Any, n_layers: int, sinks: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every layer's MLP input and output on the same tokens: ``x, y [n, n_layers, d]`` (``pairs``: a capture of
+    :func:`sae.transcoder_train.capture_pairs` over every layer; ``sinks`` as ``Activations.flat_tokens``)."""
     sites = [s for layer in range(n_layers) for s in pair_sites(layer)]
     t = pairs.flat_tokens(None, sinks=sinks, sinks_at=sites)
     order = [pairs.sites.index(s) for s in sites]
@@ -140,7 +141,7 @@ def train_clt(model: Any, inputs: Prompts | Inputs, cfg: TrainConfig | None = No
         pairs.mask = without_first(pairs.mask)
     results = {layer: fit_transcoder(pairs, layer, cfg, model_id=getattr(model, "name", "")) for layer in range(n)}
     clt = CrossLayerTranscoder.from_transcoders({i: r.sae for i, r in results.items()})  # type: ignore[misc]
-    x, y = _pairs_tensor(pairs, n, cfg.sinks)
+    x, y = layer_pairs(pairs, n, cfg.sinks)
     x, y = x.to(clt.layers[0].device), y.to(clt.layers[0].device)
     with torch.no_grad():
         before = float(joint_fvu(clt, x, y))
@@ -163,7 +164,7 @@ def evaluate_clt(model: Any, clt: CrossLayerTranscoder, inputs: Inputs, batch_si
     pairs = capture_pairs(model, inputs, None, batch_size=batch_size)
     if check_sinks(sinks) == "exclude" and pairs.mask is not None:
         pairs.mask = without_first(pairs.mask)
-    x, y = _pairs_tensor(pairs, clt.n_layers, "keep")
+    x, y = layer_pairs(pairs, clt.n_layers, "keep")
     x, y = x.to(clt.layers[0].device), y.to(clt.layers[0].device)
     zs = {i: clt.encode(i, x[:, i].to(clt.dtype)) for i in range(clt.n_layers)}
     layers = {}
@@ -181,4 +182,4 @@ def evaluate_clt(model: Any, clt: CrossLayerTranscoder, inputs: Inputs, batch_si
     return TranscoderQuality(layers=layers, ce=res)
 
 
-__all__ = ["CLTTraining", "CrossConfig", "evaluate_clt", "fit_cross", "train_clt"]
+__all__ = ["CLTTraining", "CrossConfig", "evaluate_clt", "fit_cross", "layer_pairs", "train_clt"]

@@ -124,6 +124,10 @@ def test_a_clt_of_another_model_is_refused(model, clt, tmp_path):
     wide = tiny_model("llama", num_hidden_layers=3, hidden_size=96)
     with pytest.raises(ValueError, match="reads width 64 but tiny-llama has d_model=96"):
         ReplacementModel(wide, clt)
+    resid = CrossLayerTranscoder(CLTConfig(n_layers=3, d_in=model.d_model, d_sae=8, input_hook="hook_resid_mid",
+                                           output_hook="hook_mlp_out"))      # circuit-tracer's default hooks
+    with pytest.raises(ValueError, match="needs transcoders from mlp_in.L to mlp_module_out.L"):
+        ReplacementModel(model, resid)
     other = seeded_clt(model)
     other.cfg.model_id = "google/gemma-3-270m"
     for tc in other.layers:
