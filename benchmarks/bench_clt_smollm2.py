@@ -56,6 +56,7 @@ def main() -> None:
     t0 = time.time()
     tr = train_clt(model, train, cfg=cfg, cross=cross, sinks="exclude", runtime=Runtime(batch_size=16))
     t_clt = time.time() - t0
+    print(f"trained in {t_clt:.0f} s: {tr.summary()}", flush=True)
     per_layer = CrossLayerTranscoder.from_transcoders({i: r.sae for i, r in tr.per_layer.items()})
     control = copy.deepcopy(per_layer)
     pairs = capture_pairs(model, train, None, batch_size=16)

@@ -170,6 +170,11 @@ class TranscoderAblation:
     @moved_keywords(SINK_MOVED)
     def __init__(self, transcoders: Any, features: Sequence[tuple[int, int]], value: float = 0.0,
                  only_active: bool = True, sinks: str = "keep"):
+        from sae.clt import CrossLayerTranscoder
+
+        if isinstance(transcoders, CrossLayerTranscoder):
+            raise TypeError("TranscoderAblation writes through per-layer decoders only; for a cross-layer transcoder "
+                            "use interp.patching.graph_edits.DecoderEdit(clt, edits), which writes into every later MLP")
         tcs = dict(transcoders) if isinstance(transcoders, dict) else {t.layer: t for t in transcoders}
         self.features = [(int(la), int(f)) for la, f in features]
         if not self.features:

@@ -168,6 +168,10 @@ def test_interventions_follow_the_cross_layer_decoders(model, clt):
         want = model.block(2).mlp(seen["x"].clone())
         want[0, p] += (5.0 - z) * clt.decoder(0, 2)[f]
     assert (seen["y"] - want).abs().max() < 1e-5 and float((5.0 - z).abs()) > 0
+    from sae.edits import TranscoderAblation
+
+    with pytest.raises(TypeError, match="DecoderEdit"):
+        TranscoderAblation(clt, [(0, f)])
 
 
 @pytest.fixture(scope="module")
