@@ -136,8 +136,9 @@ def load_circuit_tracer(path: str | os.PathLike, device: str | torch.device | No
     config = yaml.safe_load((p / CONFIG).read_text()) or {}
     kind = config.get("model_kind")
     if kind != "transcoder_set":
-        raise ValueError(f"{p}: model_kind {kind!r} is not supported; only per-layer transcoders (transcoder_set) "
-                         f"load, not cross-layer transcoders")
+        hint = ("a cross-layer transcoder: load it with sae.clt_io.load_circuit_tracer_clt" if kind ==
+                "cross_layer_transcoder" else "only per-layer transcoders (transcoder_set) load here")
+        raise ValueError(f"{p}: model_kind {kind!r} is not a per-layer transcoder set; {hint}")
     for key in ("feature_input_hook", "feature_output_hook"):
         if not config.get(key):
             raise ValueError(f"{p / CONFIG} has no {key}")

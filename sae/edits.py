@@ -125,7 +125,8 @@ class SAESplice:
 class TranscoderSplice:
     """Replace each MLP's output (``mlp_module_out.L``) by its transcoder's prediction from that MLP's input
     (``mlp_in.L``, read in the same pass): every MLP of ``transcoders`` at once. ``transcoders``: ``{layer: tc}`` or
-    one per layer (checked by :func:`sae.transcoder.check_transcoders`). ``keep_error=True`` adds the error back
+    one per layer (checked by :func:`sae.transcoder.check_transcoders`), or a :class:`sae.clt.CrossLayerTranscoder`
+    (each MLP's prediction adds the earlier layers' cross-layer writes of the same pass). ``keep_error=True`` adds the error back
     (outputs unchanged, the computation routed through the latents). ``last_latents``: ``{layer: z}`` of the last run."""
 
     def __init__(self, transcoders: Any, keep_error: bool = False):
@@ -134,10 +135,13 @@ class TranscoderSplice:
 
     def hook_fns(self, model: Any) -> dict[str, HookFn]:
         from interp.sites import Site
+        from sae.clt import CrossLayerTranscoder, check_clt
         from sae.transcoder import check_transcoders
 
+        clt = self.transcoders if isinstance(self.transcoders, CrossLayerTranscoder) else None
+        tcs = check_clt(model, clt) if clt is not None else check_transcoders(model, self.transcoders)
         fns: dict[str, HookFn] = {}
-        for layer, tc in check_transcoders(model, self.transcoders).items():
+        for layer, tc in tcs.items():
             key = f"transcoder_in.{layer}"
 
             def stash(x: torch.Tensor, ctx: Any, key: str = key) -> None:
@@ -147,7 +151,9 @@ class TranscoderSplice:
                 x = ctx.data.pop(key).to(tc.device)
                 z = tc.encode(x)
                 self.last_latents[layer] = z.detach()
-                pred = tc.decode(z, x).to(y.device, y.dtype)
+                pred = tc.decode(z, x)
+                cross = None if clt is None else clt.cross_write(layer, self.last_latents)  # this pass's earlier layers
+                pred = (pred if cross is None else pred + cross).to(y.device, y.dtype)
                 return pred + (y - pred).detach() if self.keep_error else pred
 
             fns[Site("mlp_in", layer).name] = stash
@@ -164,6 +170,11 @@ class TranscoderAblation:
     @moved_keywords(SINK_MOVED)
     def __init__(self, transcoders: Any, features: Sequence[tuple[int, int]], value: float = 0.0,
                  only_active: bool = True, sinks: str = "keep"):
+        from sae.clt import CrossLayerTranscoder
+
+        if isinstance(transcoders, CrossLayerTranscoder):
+            raise TypeError("TranscoderAblation writes through per-layer decoders only; for a cross-layer transcoder "
+                            "use interp.patching.graph_edits.DecoderEdit(clt, edits), which writes into every later MLP")
         tcs = dict(transcoders) if isinstance(transcoders, dict) else {t.layer: t for t in transcoders}
         self.features = [(int(la), int(f)) for la, f in features]
         if not self.features:

@@ -6,7 +6,9 @@ IN_DIR (written by tests/test_graphs_circuit_tracer.py):
   model/                        an HF Llama folder (``save_pretrained``: config, safetensors weights, tokenizer)
   transcoders/layer_{i}.safetensors   one per layer, in circuit-tracer's own file layout (``W_enc [d_sae, d]``,
                                 ``W_dec [d_sae, d]``, ``b_enc``, ``b_dec``, optional ``W_skip [d_out, d_in]`` and
-                                ``activation_function.threshold``), read by ``circuit_tracer.transcoder.load_transcoder_set``
+                                ``activation_function.threshold``), read by ``circuit_tracer.transcoder.load_transcoder_set``;
+                                or, when ``transcoders/config.yaml`` says ``model_kind: cross_layer_transcoder``, a
+                                cross-layer transcoder (``W_enc_{i}`` / ``W_dec_{i}`` files) read by its ``load_clt``
   prompt.json                   ``{"ids": [...], "batch_size": int, "max_n_logits": int, "desired_logit_prob": float,
                                 "repeats": int}`` (``repeats``: time the attribution this many times, report the median)
 
@@ -69,6 +71,15 @@ def tokenizer(folder: Path, out: Path):
     return AutoTokenizer.from_pretrained(out)
 
 
+def model_kind(folder: Path) -> str:
+    """``model_kind`` of the folder's ``config.yaml`` (``transcoder_set`` when there is none)."""
+    import yaml
+
+    cfg = folder / "config.yaml"
+    return (yaml.safe_load(cfg.read_text()) or {}).get("model_kind", "transcoder_set") if cfg.exists() else \
+        "transcoder_set"
+
+
 def build(in_dir: Path, out_dir: Path):
     """circuit-tracer's ReplacementModel on the saved Llama and transcoders."""
     from circuit_tracer import ReplacementModel
@@ -80,10 +91,17 @@ def build(in_dir: Path, out_dir: Path):
     tok = tokenizer(in_dir / "model", out_dir / "tokenizer")
     cfg = tl_config(hf.config)
     n = cfg.n_layers
-    paths = {i: str(in_dir / "transcoders" / f"layer_{i}.safetensors") for i in range(n)}
-    tcs = load_transcoder_set(paths, scan="tiny-llama-test", feature_input_hook=FEATURE_INPUT_HOOK,
-                              feature_output_hook=FEATURE_OUTPUT_HOOK, device=torch.device("cpu"),
-                              dtype=torch.float32, lazy_encoder=False, lazy_decoder=False)
+    if model_kind(in_dir / "transcoders") == "cross_layer_transcoder":
+        from circuit_tracer.transcoder.cross_layer_transcoder import load_clt
+
+        tcs = load_clt(str(in_dir / "transcoders"), feature_input_hook=FEATURE_INPUT_HOOK,
+                       feature_output_hook=FEATURE_OUTPUT_HOOK, scan="tiny-llama-test", device=torch.device("cpu"),
+                       dtype=torch.float32, lazy_decoder=False, lazy_encoder=False)
+    else:
+        paths = {i: str(in_dir / "transcoders" / f"layer_{i}.safetensors") for i in range(n)}
+        tcs = load_transcoder_set(paths, scan="tiny-llama-test", feature_input_hook=FEATURE_INPUT_HOOK,
+                                  feature_output_hook=FEATURE_OUTPUT_HOOK, device=torch.device("cpu"),
+                                  dtype=torch.float32, lazy_encoder=False, lazy_decoder=False)
     rm = ReplacementModel.from_config(cfg, tcs, backend="transformerlens", tokenizer=tok)
     sd = convert_llama_weights(hf, cfg)
     # circuit-tracer wraps each MLP and the unembedding in a module with extra hooks
@@ -138,6 +156,7 @@ def main(in_dir: Path, out_dir: Path) -> None:
         "feature_output_hook": FEATURE_OUTPUT_HOOK, "n_layers": rm.cfg.n_layers, "n_positions": int(ids.numel()),
         "n_active": int(g.active_features.shape[0]), "n_selected": int(g.selected_features.shape[0]),
         "n_logits": len(g.logit_targets), "seconds": round(seconds, 4),
+        "transcoders": type(rm.transcoders).__name__,
         "tl_vs_hf_logits_max_abs": float((tl_logits - hf_logits).abs().max()),
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }

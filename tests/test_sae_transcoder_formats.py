@@ -150,5 +150,5 @@ def test_circuit_tracer_bad_input(tmp_path):
         load_circuit_tracer(tmp_path / "one")
     (tmp_path / "clt").mkdir()
     (tmp_path / "clt" / "config.yaml").write_text("model_kind: cross_layer_transcoder\n")
-    with pytest.raises(ValueError, match="not cross-layer transcoders"):
+    with pytest.raises(ValueError, match="load_circuit_tracer_clt"):
         load_circuit_tracer(tmp_path / "clt")

@@ -24,6 +24,7 @@ from interp.models import Model
 from interp.patching.graph_result import AttributionGraph
 from interp.patching.graph_targets import Readout
 from interp.patching.replacement import ReplacementModel, ReplacementRun, check_transcoder
+from sae.clt import CrossLayerTranscoder
 from sae.transcoder import Transcoder
 
 if TYPE_CHECKING:
@@ -89,13 +90,18 @@ def apply_to_acts(z: torch.Tensor, edits: Sequence[FeatureEdit], layer: int) -> 
 class DecoderEdit:
     """The edits in the real model: at ``mlp_module_out.L`` add ``(new - old) * W_dec[f]`` at each edit's
     position, ``old`` being the feature's activation on the MLP's current input (read at ``mlp_in.L``).
-    ``transcoders``: a list or ``{layer: Transcoder}`` (only the edited layers are needed). Positions index the
+    ``transcoders``: a list or ``{layer: Transcoder}`` (only the edited layers are needed), a
+    :class:`~sae.clt.CrossLayerTranscoder` (the change is written through its decoders into MLP ``L`` and every
+    later MLP) or a :class:`ReplacementModel`. Positions index the
     tokens of a full forward over the prompt; a shorter pass (a KV-cached generation step) sees only the edits
     whose position it contains, counted from its own start."""
 
-    def __init__(self, transcoders: Sequence[Transcoder] | Mapping[int, Transcoder] | ReplacementModel,
-                 edits: FeatureEdit | Sequence[FeatureEdit | tuple[int, int, int]]):
-        tcs = transcoders.transcoders if isinstance(transcoders, ReplacementModel) else transcoders
+    def __init__(self, transcoders: Sequence[Transcoder] | Mapping[int, Transcoder] | CrossLayerTranscoder
+                 | ReplacementModel, edits: FeatureEdit | Sequence[FeatureEdit | tuple[int, int, int]]):
+        self.clt = transcoders.clt if isinstance(transcoders, ReplacementModel) else \
+            transcoders if isinstance(transcoders, CrossLayerTranscoder) else None
+        tcs = self.clt.transcoders if self.clt is not None else \
+            transcoders.transcoders if isinstance(transcoders, ReplacementModel) else transcoders
         self.transcoders = dict(tcs) if isinstance(tcs, Mapping) else {t.layer: t for t in tcs}
         self.edits = as_edits(edits)
         _check(self.edits, self.transcoders, None)
@@ -103,6 +109,8 @@ class DecoderEdit:
     def hook_fns(self, model: Model) -> dict[str, Any]:
         for layer, tc in self.transcoders.items():
             check_transcoder(model, layer, tc)
+        if self.clt is not None:
+            return self._clt_fns(self.clt)
         fns: dict[str, Any] = {}
         for layer in sorted({e.layer for e in self.edits}):
             fns.update(self._layer_fns(layer))
@@ -121,6 +129,24 @@ class DecoderEdit:
             return out + delta.to(out.device, out.dtype)
 
         return {f"mlp_in.{layer}": read, f"mlp_module_out.{layer}": write}
+
+    def _clt_fns(self, clt: CrossLayerTranscoder) -> dict[str, Any]:
+        """Each edited layer's change ``delta_l`` read at its MLP; MLP ``L`` gets ``sum_{l <= L} delta_l @ D(l, L)``."""
+        edited = sorted({e.layer for e in self.edits})
+        seen: dict[int, torch.Tensor] = {}
+        deltas: dict[int, torch.Tensor] = {}
+        fns: dict[str, Any] = {}
+        for layer in range(edited[0], clt.n_layers):
+            def write(out: torch.Tensor, ctx: Any, layer: int = layer) -> torch.Tensor:
+                if layer in edited:
+                    z = clt.encode(layer, seen.pop(layer).to(clt.layers[layer].device))
+                    deltas[layer] = apply_to_acts(z, self.edits, layer) - z
+                total = sum(d @ clt.decoder(src, layer) for src, d in deltas.items() if src <= layer)
+                return out + total.to(out.device, out.dtype)
+            if layer in edited:
+                fns[f"mlp_in.{layer}"] = lambda x, ctx, layer=layer: seen.__setitem__(layer, x)
+            fns[f"mlp_module_out.{layer}"] = write
+        return fns
 
 
 @dataclass

@@ -2,7 +2,8 @@
 
 In the linearised replacement model of one prompt (:meth:`patching.replacement.ReplacementModel.frozen`:
 attention patterns, norm scales and feature activations fixed) every node writes a vector into the residual
-stream (a feature: ``activation * W_dec[f]`` at its MLP's output; an error node: the error term; a token: its
+stream (a feature: ``activation * W_dec[f]`` at its MLP's output, and with a cross-layer transcoder
+``activation * D(l, L)[f]`` at every later MLP ``L`` too, its edges summed over those writes; an error node: the error term; a token: its
 embedding), and every feature and target reads one linear function of it (a feature: its encoder pre-activation
 ``W_enc[:, f] . mlp_in + b_enc``; a target: :class:`patching.graph_targets.Readout`). The edge ``s -> t`` is
 ``activation_s * (d t / d written_s) . vector_s``: one backward pass per target row, batched: the linearised
@@ -98,16 +99,22 @@ class _Engine:
             if g is None:
                 continue
             g = g[:n].detach()
-            idx = self.by_layer[layer]
-            if idx.numel():
-                tc = self.rm.transcoders[layer]
-                pos, f = self.feats[idx, 1], self.feats[idx, 2]
-                per = g.to(tc.dtype) @ tc.W_dec[f].detach().T                      # [n, T, n_layer_feats]
-                out[:, idx] = per[:, pos, torch.arange(idx.numel())] * self.acts[idx]
+            for src in (range(layer + 1) if self.rm.clt is not None else [layer]):
+                idx = self.by_layer[src]
+                if idx.numel():
+                    pos, f = self.feats[idx, 1], self.feats[idx, 2]
+                    dec = self._decoder(src, layer)[f].detach()                      # [n_src_feats, d]
+                    per = g.to(dec.dtype) @ dec.T                                     # [n, T, n_src_feats]
+                    out[:, idx] += per[:, pos, torch.arange(idx.numel())].to(out.dtype) * self.acts[idx]
             out[:, err0 + layer * self.T: err0 + (layer + 1) * self.T] = (g * self.errors[layer]).sum(-1)
         if grads[-1] is not None:
             out[:, -self.T:] = (grads[-1][:n].detach() * self.run.embed).sum(-1)
         return out
+
+    def _decoder(self, source: int, target: int) -> torch.Tensor:
+        """How layer ``source``'s features write into MLP ``target`` ``[d_sae, d]`` (a CLT's cross-layer decoder)."""
+        clt = self.rm.clt
+        return self.rm.transcoders[source].W_dec if clt is None else clt.decoder(source, target)
 
     def values(self, stash: dict[str, Any], rows: Sequence[Row]) -> torch.Tensor:
         """Each row's value read from a pass's stash (row 0 of its batch)."""

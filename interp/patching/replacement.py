@@ -32,6 +32,7 @@ from interp.models import Model
 from interp.sites import parse_site
 from interp.values import Prompts
 from interp.weights import unembed
+from sae.clt import CrossLayerTranscoder, check_clt
 from sae.transcoder import Transcoder
 from sae.transcoder import check_transcoders as sae_checks
 
@@ -131,11 +132,17 @@ def _centred(x: torch.Tensor, centre: bool) -> torch.Tensor:
 
 class ReplacementModel:
     """The HF ``model`` with every MLP replaced by its transcoder plus an error term (``transcoders``: one per
-    layer, a list or ``{layer: Transcoder}``). Its logits equal the real model's; :meth:`frozen` is the
-    linearised model attribution graphs differentiate."""
+    layer, a list or ``{layer: Transcoder}``, or a :class:`~sae.clt.CrossLayerTranscoder`, whose layer ``l``
+    features also write into every later MLP's output). Its logits equal the real model's; :meth:`frozen` is the
+    linearised model attribution graphs differentiate. ``transcoders`` holds the per-layer parts (for a CLT:
+    encoders, same-layer decoders, ``b_dec``), ``clt`` the CLT (``None`` for per-layer transcoders)."""
 
-    def __init__(self, model: Model, transcoders: Sequence[Transcoder] | Mapping[int, Transcoder]):
+    def __init__(self, model: Model,
+                 transcoders: Sequence[Transcoder] | Mapping[int, Transcoder] | CrossLayerTranscoder):
         self.model = model
+        self.clt = transcoders if isinstance(transcoders, CrossLayerTranscoder) else None
+        if self.clt is not None:
+            transcoders = check_clt(model, self.clt)
         self.transcoders = check_transcoders(model, transcoders)
         self.qk_modules = {i: _qk_modules(model, i) for i in range(model.n_layers)}
         self.norms = _norm_modules(model)
@@ -144,6 +151,12 @@ class ReplacementModel:
     @property
     def n_layers(self) -> int:
         return self.model.n_layers
+
+    def cross(self, layer: int, zs: Acts, out: torch.Tensor) -> torch.Tensor:
+        """``out`` plus what the CLT's earlier layers' latents ``zs`` write into MLP ``layer`` (``out`` itself for
+        per-layer transcoders)."""
+        extra = None if self.clt is None else self.clt.cross_write(layer, zs)
+        return out if extra is None else out + extra.to(out.dtype)
 
     @property
     def d_model(self) -> int:
@@ -170,7 +183,7 @@ class ReplacementModel:
         fns: list[tuple[str, Any]] = [("resid_pre.0", lambda x, ctx: rec.__setitem__("embed", x[0].detach()))]
         for layer, tc in self.transcoders.items():
             fns.append((f"mlp_in.{layer}", self._record_in(rec, layer)))
-            fns.append((f"mlp_module_out.{layer}", self._splice(rec, layer, tc)))
+            fns.append((f"mlp_module_out.{layer}", self._splice(rec, layer, tc, self.cross)))
         with torch.no_grad(), module_hooks(self._record_module_hooks(rec)):
             logits = forward(self.model, batch, fns, grad=True)
         assert logits is not None
@@ -184,11 +197,11 @@ class ReplacementModel:
         return fn
 
     @staticmethod
-    def _splice(rec: dict[str, Any], layer: int, tc: Transcoder) -> Any:
+    def _splice(rec: dict[str, Any], layer: int, tc: Transcoder, cross: Any) -> Any:
         def fn(out: torch.Tensor, ctx: Any) -> torch.Tensor:
             x = rec["mlp_in"][layer][None]
             z = tc.encode(x)
-            pred = tc.decode(z, x).to(out.dtype)
+            pred = cross(layer, {i: a[None] for i, a in rec["acts"].items()}, tc.decode(z, x)).to(out.dtype)
             err = out - pred
             rec["acts"][layer], rec["errors"][layer] = z[0].detach(), err[0].detach()
             return pred + err
@@ -246,10 +259,11 @@ class ReplacementModel:
         e = (run.embed[None] if embed is None else embed).expand(batch, *run.embed.shape).clone()
         stash["embed"] = e.requires_grad_(grad)
         fns: list[tuple[str, Any]] = [("resid_pre.0", lambda x, ctx: stash["embed"])]
+        given = {i: run.acts[i][None] if acts is None or i not in acts else acts[i] for i in self.transcoders}
         for layer, tc in self.transcoders.items():
-            a = run.acts[layer][None] if acts is None or layer not in acts else acts[layer]
+            a = given[layer]
             er = run.errors[layer][None] if errors is None or layer not in errors else errors[layer]
-            const = (a.to(tc.dtype) @ tc.W_dec + tc.b_dec + er.to(tc.dtype)).detach()
+            const = self.cross(layer, given, a.to(tc.dtype) @ tc.W_dec + tc.b_dec + er.to(tc.dtype)).detach()
             fns.append((f"mlp_in.{layer}", lambda x, ctx, layer=layer: stash["mlp_in"].__setitem__(layer, x)))
             fns.append((f"mlp_module_out.{layer}", self._linear_write(stash, layer, tc, const)))
         fns += [(s, self._reader(stash, s)) for s in read]
@@ -307,7 +321,8 @@ class ReplacementModel:
                 z = tc.encode(x)
                 z = z if edit is None else edit(layer, z)
                 stash["acts"][layer] = z
-                return (tc.decode(z, x) + run.errors[layer].to(tc.dtype)).to(out.dtype)
+                pred = self.cross(layer, stash["acts"], tc.decode(z, x))
+                return (pred + run.errors[layer].to(tc.dtype)).to(out.dtype)
             fns.append((f"mlp_module_out.{layer}", write))
         fns += [(s, self._reader(stash, s)) for s in read]
         frozen = self._freeze_module_hooks(run, batch) if freeze else []
