@@ -132,3 +132,9 @@ def test_bad_input_names_the_fix(moe, unit):
     with pytest.raises(ValueError, match="no harmful prompts of categories \\['sexual'\\]"):
         moe_refusal(moe, MoeConfig(n_eval=4, n_generate=0, ranks=(1,), categories=("sexual",), n_boot=10),
                     direction=unit, tokens=moe.tokenizer.convert_tokens_to_ids(["no", "i"]))
+
+
+def test_a_model_that_never_refuses_is_told_so(moe):
+    with pytest.raises(ValueError, match="refused none of the 4 harmful train prompts.*smollm2-moe-aligned"):
+        moe_refusal(moe, MoeConfig(n_direction=4, n_eval=4, n_generate=0, ranks=(1,), n_boot=10),
+                    runtime=Runtime(batch_size=8, progress=False))
