@@ -138,3 +138,32 @@ def test_a_model_that_never_refuses_is_told_so(moe):
     with pytest.raises(ValueError, match="refused none of the 4 harmful train prompts.*smollm2-moe-aligned"):
         moe_refusal(moe, MoeConfig(n_direction=4, n_eval=4, n_generate=0, ranks=(1,), n_boot=10),
                     runtime=Runtime(batch_size=8, progress=False))
+
+
+def test_category_bases_are_orthonormal_and_can_exclude_a_direction():
+    g = torch.Generator().manual_seed(1)
+    acts, labels = torch.randn(12, 16, generator=g), ["a"] * 6 + ["b"] * 6
+    e = torch.randn(16, generator=g)
+    e = e / e.norm()
+    raw = category_bases(acts, labels, ["a", "b"], 6, 4)
+    kept = category_bases(acts, labels, ["a", "b"], 6, 4, exclude=e)
+    for q in (*raw.values(), *kept.values()):
+        assert q.shape == (4, 16)
+        torch.testing.assert_close(q @ q.T, torch.eye(4), atol=1e-5, rtol=0)
+    assert all(float((q @ e).abs().max()) < 1e-6 for q in kept.values())
+    assert any(float((q @ e).abs().max()) > 1e-3 for q in raw.values())
+
+
+def test_own_direction_searches_only_the_layers_asked():
+    from interp import load_model
+    from interp.studies.kit.config import DataConfig
+    from interp.studies.kit.direction import own_direction
+    from interp.studies.kit.prompt_sets import load_refusal_data
+    from interp.studies.kit.stages import find_refusal_tokens
+
+    org = load_model("organism")
+    rd = load_refusal_data("organism", DataConfig(n_train=8, n_val=8, n_test=2, borderline="none"))
+    toks = find_refusal_tokens(org, rd, batch_size=16)
+    layers = list(range(1, org.n_layers, 2))
+    d = own_direction(org, rd, toks, 16, layers)
+    assert d.layer in layers and abs(float(d.unit.norm()) - 1) < 1e-5

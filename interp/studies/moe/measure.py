@@ -76,11 +76,12 @@ def category_rows(model: Model, prompts: Sequence[str], categories: Sequence[str
     return acts.tensor.float().reshape(len(prompts), -1)
 
 
-def category_bases(acts: torch.Tensor, labels: Sequence[str], wanted: Sequence[str], n_max: int, rank: int
-                   ) -> dict[str, torch.Tensor]:
+def category_bases(acts: torch.Tensor, labels: Sequence[str], wanted: Sequence[str], n_max: int, rank: int,
+                   exclude: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """Per category: its prompts' activations minus the mean of the other harmful categories' prompts (one
     difference-of-means direction per prompt, at most ``n_max``), and their top-``rank`` right singular vectors
-    ``[rank, d]`` (orthonormal; rank 1 is the category's difference of means up to the spread)."""
+    ``[rank, d]`` (orthonormal; rank 1 is the category's difference of means up to the spread). ``exclude``: a
+    unit direction projected out of the differences first, so the subspace is orthogonal to it."""
     lab = list(labels)
     out = {}
     for c in wanted:
@@ -94,6 +95,9 @@ def category_bases(acts: torch.Tensor, labels: Sequence[str], wanted: Sequence[s
         if not rest:
             raise ValueError(f"every prompt is in category {c!r}: there is no other harmful category to contrast it with")
         diffs = acts[mine].double() - acts[rest].double().mean(0)
+        if exclude is not None:
+            e = exclude.double()
+            diffs = diffs - (diffs @ e)[:, None] * e
         _, _, vh = torch.linalg.svd(diffs, full_matrices=False)
         out[c] = vh[:rank].float()
     return out

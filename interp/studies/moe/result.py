@@ -22,7 +22,7 @@ class MoeRefusal(Result):
     one row per random unit direction orthogonal to the refusal direction, ablated jointly (``cos``: its cosine
     with it); ``subspaces[name]``:
     one row per rank ``{rank, removed, lo, hi, overlap}`` (``overlap``: the refusal direction's projection norm
-    into the subspace), for each category and a ``random subspace`` control; ``rates``: judged refusal rates
+    into the subspace built without projecting it out; the ablated one excludes it unless the config says not), for each category and a ``random subspace`` control; ``rates``: judged refusal rates
     (Wilson 95%) of greedy answers; ``bake``: the joint edit baked into the weights vs the hooks."""
 
     model_id: str

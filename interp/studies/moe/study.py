@@ -38,7 +38,7 @@ def refusal_direction(model: Model, cfg: MoeConfig, rt: Runtime) -> tuple[list[i
         raise ValueError(f"{model.name} refused none of the {n} harmful train prompts, so it has no refusal to "
                          f"remove; use a safety-tuned model (load_model('smollm2-moe-aligned')) or pass direction= "
                          f"and tokens=")
-    d = own_direction(model, rd, toks, rt.batch_size)
+    d = own_direction(model, rd, toks, rt.batch_size, list(range(0, model.n_layers, cfg.layer_stride)))
     return toks.tokens, {"layer": d.layer, "how": d.how, "raw_norm": float(d.raw.norm())}, d.unit
 
 
@@ -81,14 +81,15 @@ def subspace_sweep(model: Model, rem: Removal, encs: Any, r: torch.Tensor, toks:
     missing = [c for c in cfg.categories if c not in labels]
     if missing:
         raise ValueError(f"no harmful prompts of categories {missing}; choose among {sorted(set(labels))}")
-    top = max(cfg.ranks)
-    bases = category_bases(category_rows(model, prompts, labels, layer, rt), labels, cfg.categories, cfg.n_category,
-                           top)
-    bases["random subspace"] = torch.stack([q.vectors[0] for q in random_orthogonal(r[None], top, seed=rt.seed + 7)])
+    top, acts = max(cfg.ranks), category_rows(model, prompts, labels, layer, rt)
+    raw = category_bases(acts, labels, cfg.categories, cfg.n_category, top)
+    bases = category_bases(acts, labels, cfg.categories, cfg.n_category, top, r) if cfg.exclude_refusal else raw
+    bases["random subspace"] = raw["random subspace"] = torch.stack(
+        [q.vectors[0] for q in random_orthogonal(r[None], top, seed=rt.seed + 7)])
     out = {}
     for name, q in bases.items():
         out[name] = [{"rank": k, **rem.fraction(scores(model, encs, writer_conditions(model, q[:k])[JOINT], toks,
-                                                       rt.batch_size)), "overlap": overlap(q[:k], r)}
+                                                       rt.batch_size)), "overlap": overlap(raw[name][:k], r)}
                      for k in cfg.ranks]
     return out
 
@@ -138,7 +139,9 @@ def moe_refusal(model: Model, config: MoeConfig | None = None, direction: Any = 
 def _notes(test: RefusalData, cfg: MoeConfig) -> list[str]:
     return [f"prompts: {test.source['harmful']} (harmful, test split) and {test.source['harmless']} (harmless)",
             "category subspaces: per prompt of the category, its resid_pre at the direction's layer minus the mean of "
-            "the other harmful categories' prompts; top singular vectors (train + val splits)",
+            "the other harmful categories' prompts" + (", the refusal direction projected out" if cfg.exclude_refusal
+                                                       else "") + "; top singular vectors (train + val splits); "
+            "overlap: the refusal direction's projection norm into the subspace built without projecting it out",
             *(["the seed's 'sexual content' category is not in our set; 'harassment' stands in"]
               if "harassment" in cfg.categories else [])]
 
