@@ -50,14 +50,14 @@ def plainly(res: MoeRefusal) -> list[str]:
     out.append(f"- **Joint-only share** 1 - sum(alone) / joint = {jo['share']:.3f} [{jo['lo']:.3f}, {jo['hi']:.3f}] "
                f"(seed study: 0.74 on a 320B MoE, alone 0.039 / 0.016 / 0.148, joint 0.776).")
     flat = all(v["lo"] <= 0 <= v["hi"] or abs(v["removed"]) < 0.05 for v in res.random)
-    out.append(f"- **Random orthogonal directions** (unit, orthogonal to the refusal direction, ablated jointly): "
+    out.append("- **Random orthogonal directions** (unit, orthogonal to the refusal direction, ablated jointly): "
                + ", ".join(_iv(v) for v in res.random)
                + f"; flat (interval holds 0 or |removed| < 0.05): **{'yes' if flat else 'no'}**.")
     for name, rows in res.subspaces.items():
-        hi = max(rows, key=lambda v: v["removed"])
-        out.append(f"- **{name if name.endswith("subspace") else name + " subspace"}**, ranks {res.ranks[0]}-{res.ranks[-1]}: removed from "
+        hi, label = max(rows, key=lambda v: v["removed"]), name if name.endswith("subspace") else f"{name} subspace"
+        out.append(f"- **{label}**, ranks {res.ranks[0]}-{res.ranks[-1]}: removed from "
                    f"{min(v['removed'] for v in rows):.3f} to {hi['removed']:.3f} (rank {hi['rank']}, "
-                   f"[{hi['lo']:.3f}, {hi['hi']:.3f}]); the refusal direction's projection into it at the top rank "
+                   f"[{hi['lo']:.3f}, {hi['hi']:.3f}]); the refusal direction's projection into the raw subspace at the top rank "
                    f"{rows[-1]['overlap']:.3f}.")
     b = s["bake"]
     out.append(f"- **Bake = hooks**: the joint edit baked into {b['edited']} weights ({b['per_writer']}) vs the hooks: "
@@ -102,6 +102,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--model", default="smollm2-moe-aligned")
     ap.add_argument("--n-direction", type=int, default=32)
+    ap.add_argument("--layer-stride", type=int, default=1, help="search the direction at every k-th layer")
     ap.add_argument("--n-eval", type=int, default=64)
     ap.add_argument("--n-generate", type=int, default=32)
     ap.add_argument("--max-new-tokens", type=int, default=24)
@@ -120,8 +121,8 @@ def main() -> None:
         torch.set_num_threads(a.threads)
         t0 = time.time()
         model = load_model(a.model)
-        cfg = MoeConfig(n_direction=a.n_direction, n_eval=a.n_eval, n_generate=a.n_generate,
-                        max_new_tokens=a.max_new_tokens, n_random=a.n_random, ranks=tuple(range(1, a.max_rank + 1)),
+        cfg = MoeConfig(n_direction=a.n_direction, layer_stride=a.layer_stride, n_eval=a.n_eval,
+                        n_generate=a.n_generate, max_new_tokens=a.max_new_tokens, n_random=a.n_random, ranks=tuple(range(1, a.max_rank + 1)),
                         n_boot=a.n_boot)
         res = moe_refusal(model, cfg, runtime=Runtime(batch_size=a.batch_size, progress=False, seed=0))
         res.config["run"] = {"command": "nice -n 10 python benchmarks/study_moe.py " + " ".join(sys.argv[1:]),

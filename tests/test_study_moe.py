@@ -78,7 +78,7 @@ def test_the_study_measures_every_part(result, unit):
     assert math.isclose(jo["share"], 1 - total / res.writers[JOINT]["removed"], rel_tol=1e-9)
     assert len(res.random) == CFG.n_random and all(abs(v["cos"]) < 1e-6 for v in res.random)
     assert set(res.subspaces) == {*CFG.categories, "random subspace"} and res.ranks == list(CFG.ranks)
-    for name, rows in res.subspaces.items():
+    for rows in res.subspaces.values():
         assert [v["rank"] for v in rows] == list(CFG.ranks)
         ov = [v["overlap"] for v in rows]
         assert all(0 <= o <= 1 + 1e-6 for o in ov) and ov == sorted(ov)   # nested subspaces
