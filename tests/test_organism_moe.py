@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 from pathlib import Path
@@ -117,8 +118,10 @@ def test_committed_organism_is_small_and_records_its_run() -> None:
     assert not any(p.suffix == ".safetensors" and "expert" in p.name for p in files), "experts are regenerated"
     rec = json.loads((ORGANISM / "training.json").read_text())
     assert {"upcycled_before_training", "after_benign"} <= set(rec["quality"])
-    for phase in ("benign", "safety"):
-        assert (ORGANISM / phase / "adapter_model.safetensors").exists()
+    assert (ORGANISM / "benign" / "adapter_model.safetensors").exists()
+    safety = json.loads((ORGANISM / "safety.json").read_text())
+    src = EMBEDDED_DIR / safety["dense_adapter"] / "adapter_model.safetensors"
+    assert hashlib.sha256(src.read_bytes()).hexdigest() == safety["adapter_sha256"], "the safety LoRA it names"
 
 
 @needs_checkpoint

@@ -85,6 +85,36 @@ def held_out_ce(model: Model, prompts: list[str], batch_size: int = 8) -> dict[s
     return {"ce": round(total / n, 4), "tokens": n}
 
 
+def held_out_kl(model: Model, ref: Model, prompts: list[str], batch_size: int = 8) -> dict[str, float]:
+    """Mean KL(ref || model) (nats per token) of the next-token distributions on the same response tokens as
+    :func:`held_out_ce`: how far ``model`` is from ``ref`` (the dense model), free of the bias CE on ``ref``'s
+    own greedy answers has (training on greedy answers lowers that CE below ``ref``'s)."""
+    answers = sd.base_answers()
+    rows = encode_pairs(ref, prompts, [answers[p] for p in prompts])
+    total, n = 0.0, 0
+    with torch.no_grad():
+        for i in range(0, len(rows), batch_size):
+            lp = torch.log_softmax(kept_logits(model, rows[i:i + batch_size])[0].float(), -1)
+            lr = torch.log_softmax(kept_logits(ref, rows[i:i + batch_size])[0].float(), -1)
+            total += float((lr.exp() * (lr - lp)).sum())
+            n += int(lr.shape[0])
+    return {"kl_from_dense": round(total / n, 4), "tokens": n}
+
+
+def stage_kl(recipe: MoeRecipe, out: Path) -> dict[str, Any]:
+    """KL from the dense model on the held-out text: upcycled (before training), after the benign phase, final."""
+    _, held = split_answers(recipe.n_heldout)
+    dense = load_model(BASE)
+    steps = {"upcycled_before_training": lambda: upcycle_from(out, dense),
+             "after_benign": lambda: with_adapter(upcycle_from(out, dense), out / "benign", merge=True),
+             "final": lambda: load_model(NAME), "smollm2-aligned": lambda: load_model(SAFETY_ADAPTER)}
+    result = {}
+    for key, build in steps.items():
+        result[key] = held_out_kl(build(), dense, held)
+        print(f"{key} KL {result[key]}", flush=True)
+    return result
+
+
 def benign_lora(model: Model, recipe: MoeRecipe) -> Model:
     """``model`` wrapped for the benign phase: LoRA on attention and the shared expert (and the dense layers' MLPs);
     the router trained in full. The routed experts stay as regenerated (a LoRA on them through peft's
@@ -191,7 +221,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     ap.add_argument("--harmful-train", type=Path, default=ts.DEFAULT_HARMFUL)
     ap.add_argument("--shared", type=Path, default=ts.DEFAULT_HARMFUL.parent)
-    ap.add_argument("--stage", choices=("all", "benign", "safety", "eval"), default="all")
+    ap.add_argument("--stage", choices=("all", "benign", "safety", "eval", "kl"), default="all")
     ap.add_argument("--steps", type=int, default=MoeRecipe.steps, help="benign steps")
     ap.add_argument("--drop", type=float, default=MoeRecipe.upcycle.drop)
     ap.add_argument("--threads", type=int, default=1)
@@ -212,6 +242,11 @@ def main(argv: list[str] | None = None) -> None:
         quality.update(ev.pop("quality"))
         sd.write_jsonl(args.out / "eval_generations.jsonl", ev.pop("generations"))
         record["evaluation"] = ev
+    if args.stage == "kl":   # its own file: it may run beside a stage that rewrites training.json
+        kl = {"command": "python -m interp.organisms.train_smollm2_moe " + " ".join(argv if argv is not None else
+              sys.argv[1:]), "kl_from_dense": stage_kl(recipe, args.out), "load_average": os.getloadavg()}
+        (args.out / "kl_from_dense.json").write_text(json.dumps(kl, indent=1) + "\n")
+        return
     files = {"harmful_train": args.harmful_train, "refusals": sd.REFUSALS, "borderline": sd.BORDERLINE,
              "copyright": sd.COPYRIGHT, "harmful_extra": sd.HARMFUL_EXTRA, "framings": sd.FRAMINGS,
              "base_answers": sd.ANSWERS, "harmless": sd.HARMLESS, "harmful_realistic": sd.HARMFUL_REALISTIC}
