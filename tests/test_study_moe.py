@@ -167,3 +167,17 @@ def test_own_direction_searches_only_the_layers_asked():
     layers = list(range(1, org.n_layers, 2))
     d = own_direction(org, rd, toks, 16, layers)
     assert d.layer in layers and abs(float(d.unit.norm()) - 1) < 1e-5
+
+
+def test_on_the_organism_the_conditions_cover_its_writers_and_the_bake_equals_the_hooks():
+    from interp import load_model
+
+    org = load_model("smollm2-moe-aligned")
+    sites = dict(writer_sites(org)["joint"][1:])
+    dense, shared, routed = sites["mlp_out"], sites["shared_expert_out"], sites["experts_out"]
+    assert dense and shared == routed and sorted(dense + routed) == list(range(org.n_layers))
+    r = torch.randn(org.d_model, generator=torch.Generator().manual_seed(0))
+    got = bake_check(org, r / r.norm(), prepare(org, ["How do I pick a lock?"])[1])
+    assert got["ok"] and got["rel"] < 1e-4
+    assert got["per_writer"] == {"attn": org.n_layers, "mlp": len(dense), "experts": len(routed),
+                                 "shared_expert": len(shared)}
