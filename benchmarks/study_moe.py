@@ -98,6 +98,12 @@ def report(res: MoeRefusal) -> str:
     return "\n".join(lines)
 
 
+def _ranks(text: str) -> tuple[int, ...]:
+    if ":" in text:
+        return tuple(range(*map(int, text.split(":"))))
+    return tuple(int(x) for x in text.split(","))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--model", default="smollm2-moe-aligned")
@@ -107,7 +113,7 @@ def main() -> None:
     ap.add_argument("--n-generate", type=int, default=32)
     ap.add_argument("--max-new-tokens", type=int, default=24)
     ap.add_argument("--n-random", type=int, default=3)
-    ap.add_argument("--max-rank", type=int, default=12)
+    ap.add_argument("--ranks", default="1:13", help="ranks of the category subspaces: 'a:b' (range) or '1,2,4'")
     ap.add_argument("--n-boot", type=int, default=1000)
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--threads", type=int, default=1)
@@ -122,7 +128,8 @@ def main() -> None:
         t0 = time.time()
         model = load_model(a.model)
         cfg = MoeConfig(n_direction=a.n_direction, layer_stride=a.layer_stride, n_eval=a.n_eval,
-                        n_generate=a.n_generate, max_new_tokens=a.max_new_tokens, n_random=a.n_random, ranks=tuple(range(1, a.max_rank + 1)),
+                        n_generate=a.n_generate, max_new_tokens=a.max_new_tokens, n_random=a.n_random,
+                        ranks=_ranks(a.ranks),
                         n_boot=a.n_boot)
         res = moe_refusal(model, cfg, runtime=Runtime(batch_size=a.batch_size, progress=False, seed=0))
         res.config["run"] = {"command": "nice -n 10 python benchmarks/study_moe.py " + " ".join(sys.argv[1:]),
