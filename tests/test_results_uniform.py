@@ -71,6 +71,7 @@ RESULTS = [
     "interp.studies.multilingual.retention:Retention",
     "interp.studies.multilingual.updates:RestrictedUpdate",
     "interp.studies.syntax.study:SyntaxRefusal",
+    "interp.studies.moe.result:MoeRefusal",
     "interp.studies.refusal.writers:Writers",
     "probes.compare:Signature",
     "probes.graded:GradedDirection",

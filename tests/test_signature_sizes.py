@@ -56,6 +56,7 @@ def test_the_plumbing_list_is_current():
 
 @pytest.mark.parametrize("path", ["interp.studies.entrainment:entrainment_study",
                                   "interp.studies.syntax:syntactic_refusal",
+                                  "interp.studies.moe:moe_refusal",
                                   "interp.studies.refusal.frontier:run_frontier"])
 def test_new_study_entry_points_take_at_most_eight(path):
     import importlib

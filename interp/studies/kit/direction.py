@@ -28,9 +28,11 @@ class OwnDirection:
     how: str
 
 
-def own_direction(model: Model, data: RefusalData, tokens: RefusalTokens, batch_size: int) -> OwnDirection:
-    """Difference of means at every layer's resid_pre, last post-instruction token; the refusal job's selection."""
-    cand = find_candidates(model, data, batch_size=batch_size)
+def own_direction(model: Model, data: RefusalData, tokens: RefusalTokens, batch_size: int,
+                  layers: list[int] | None = None) -> OwnDirection:
+    """Difference of means at every layer's resid_pre (or only at ``layers``, a cheaper search), last
+    post-instruction token; the refusal job's selection."""
+    cand = find_candidates(model, data, layers=layers, batch_size=batch_size)
     only = torch.zeros(cand.raw.shape[:2], dtype=torch.bool)
     only[:, -1] = True
     scores = score_candidates(model, data, cand, tokens, only=only, runtime=Runtime(batch_size=batch_size, progress=False))
@@ -41,7 +43,8 @@ def own_direction(model: Model, data: RefusalData, tokens: RefusalTokens, batch_
         cut = max(1, math.floor(model.n_layers * (1 - SelectionConfig().prune_layer_fraction)))
         bypass = torch.nan_to_num(scores.bypass[:, -1], nan=math.inf)
         bypass[cand.raw[:, -1].norm(dim=-1) < 1e-6] = math.inf  # e.g. layer 0: one template token, no difference
-        li, how = int(bypass[:cut].argmin()), "lowest bypass"
+        bypass[torch.tensor(cand.layers) >= cut] = math.inf     # the layers the filters prune
+        li, how = int(bypass.argmin()), "lowest bypass"
     if not cand.raw[li, -1].norm() > 1e-6:
         raise ValueError("harmful and harmless prompts have the same mean activation at every layer, so there is no "
                          "refusal direction; check the prompt sets")
