@@ -201,22 +201,25 @@ def stage_safety(recipe: MoeRecipe, out: Path) -> dict[str, Any]:
 EVAL_SETS = ("harmful_realistic_test", "borderline_test", "harmless_test", "harmful_test")   # in this order
 
 
-def stage_eval(recipe: MoeRecipe, shared: Path, n: int, out: Path) -> dict[str, Any]:
+def stage_eval(recipe: MoeRecipe, shared: Path, n: int, out: Path, sets: tuple[str, ...] = EVAL_SETS,
+               limit: int | None = None, ce: bool = True) -> dict[str, Any]:
     """Held-out CE of the final model, and its judged refusal (greedy, 32 tokens) on held-out sets, one set at a
-    time, each written to ``out/evaluation.json`` as it finishes (a slow machine keeps what it measured)."""
+    time, each written to ``out/evaluation.json`` as it finishes (a slow machine keeps what it measured); ``limit``:
+    only the first ``limit`` prompts of each set."""
     import steering
     from interp.organisms import eval_smollm2 as ev
     from interp.values import Runtime
 
     _, held = split_answers(recipe.n_heldout)
     model = load_model(NAME)
-    result: dict[str, Any] = {"quality": {"final": held_out_ce(model, held)}, "refusal": {}, "protocol": {
+    result: dict[str, Any] = {"quality": {"final": held_out_ce(model, held)} if ce else {}, "refusal": {}, "protocol": {
         "n_per_set": n, "max_new_tokens": 32, "greedy": True, "judge": "evals.refusal_rate (anchored phrase judge) "
-        "via steering.generate_and_judge", "sets": "interp.organisms.eval_smollm2.eval_sets (seed 0)"}}
+        "via steering.generate_and_judge", "sets": "interp.organisms.eval_smollm2.eval_sets (seed 0)",
+        "limit": limit}}
     print(f"final CE {result['quality']}", flush=True)
     every, gens, t0 = ev.eval_sets(shared, n), [], time.time()
-    for name in EVAL_SETS:
-        prompts = every[name]
+    for name in sets:
+        prompts = every[name][:limit]
         r = steering.generate_and_judge(model, prompts, max_new_tokens=32, runtime=Runtime(batch_size=16))
         result["refusal"][name] = dict(r)
         gens += [{"model": NAME, "set": name, "prompt": p, "response": t, "judged_refusal": f}
@@ -239,6 +242,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--drop", type=float, default=MoeRecipe.upcycle.drop)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--n-eval", type=int, default=32)
+    ap.add_argument("--sets", nargs="+", default=list(EVAL_SETS), choices=EVAL_SETS)
+    ap.add_argument("--limit", type=int, default=None, help="evaluate only the first LIMIT prompts of each set")
+    ap.add_argument("--no-ce", action="store_true", help="skip the held-out CE of the final model")
     args = ap.parse_args(argv)
     recipe = MoeRecipe(upcycle=replace(MoeRecipe.upcycle, drop=args.drop), steps=args.steps, threads=args.threads)
     torch.set_num_threads(recipe.threads)
@@ -251,7 +257,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.stage in ("all", "safety"):
         quality.update(stage_safety(recipe, args.out))
     if args.stage in ("all", "eval"):
-        quality.update(stage_eval(recipe, args.shared, args.n_eval, args.out)["quality"])
+        quality.update(stage_eval(recipe, args.shared, args.n_eval, args.out,
+                                             tuple(args.sets), args.limit, not args.no_ce)["quality"])
     if args.stage == "kl":   # its own file: it may run beside a stage that rewrites training.json
         kl = {"command": "python -m interp.organisms.train_smollm2_moe " + " ".join(argv if argv is not None else
               sys.argv[1:]), "kl_from_dense": stage_kl(recipe, args.out), "load_average": os.getloadavg()}
