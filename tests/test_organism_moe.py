@@ -25,9 +25,9 @@ def _ids(vocab: int, seed: int = 0) -> torch.Tensor:
     return torch.randint(0, vocab, (3, 11), generator=torch.Generator().manual_seed(seed))
 
 
-def _close(a: torch.Tensor, b: torch.Tensor) -> None:
+def _close(a: torch.Tensor, b: torch.Tensor, rel: float = 1e-5) -> None:
     """Equal to float32 rounding (relative to the logits' scale)."""
-    assert (a - b).abs().max() <= 1e-5 * max(1.0, float(a.abs().max())), float((a - b).abs().max())
+    assert (a - b).abs().max() <= rel * max(1.0, float(a.abs().max())), float((a - b).abs().max())
 
 
 def test_upcycled_tiny_llama_equals_the_dense_model() -> None:
@@ -132,7 +132,9 @@ def test_smollm2_upcycle_is_exact_and_the_organism_loads_as_moe() -> None:
                           padding=True)
     with torch.no_grad():
         ref = dense.hf(**ids).logits
-        _close(ref, upcycle(dense, UpcycleConfig(drop=0.0)).hf(**ids).logits)
+        # 30 layers whose residual stream holds a ~6000-sized dimension: the rounding of w1 * E(x) + w2 * E(x)
+        # (w1 + w2 = 1 in float32) reaches ~1e-5 of the logits' scale
+        _close(ref, upcycle(dense, UpcycleConfig(drop=0.0)).hf(**ids).logits, rel=3e-5)
     org = load_model("smollm2-moe-aligned")
     assert org.hf.config.model_type == "qwen2_moe" and org.spec.is_moe and org.name == "smollm2-moe-aligned"
     assert type(org.hf).__name__ == "Qwen2MoeForCausalLM", "adapters merged: a plain HF model"

@@ -198,21 +198,37 @@ def stage_safety(recipe: MoeRecipe, out: Path) -> dict[str, Any]:
     return quality
 
 
-def stage_eval(recipe: MoeRecipe, shared: Path, n: int) -> dict[str, Any]:
-    """Held-out CE of the dense and the final model, and judged refusal of the final model on held-out sets."""
+EVAL_SETS = ("harmful_realistic_test", "borderline_test", "harmless_test", "harmful_test")   # in this order
+
+
+def stage_eval(recipe: MoeRecipe, shared: Path, n: int, out: Path, sets: tuple[str, ...] = EVAL_SETS,
+               limit: int | None = None, ce: bool = True) -> dict[str, Any]:
+    """Held-out CE of the final model, and its judged refusal (greedy, 32 tokens) on held-out sets, one set at a
+    time, each written to ``out/evaluation.json`` as it finishes (a slow machine keeps what it measured); ``limit``:
+    only the first ``limit`` prompts of each set."""
+    import steering
     from interp.organisms import eval_smollm2 as ev
+    from interp.values import Runtime
 
     _, held = split_answers(recipe.n_heldout)
-    quality = {"dense": held_out_ce(load_model(BASE), held), "final": held_out_ce(load_model(NAME), held)}
-    print(f"dense / final CE {quality}", flush=True)
-    sets = {k: v for k, v in ev.eval_sets(shared, n).items()
-            if k in ("harmful_realistic_test", "harmful_test", "harmless_test", "borderline_test")}
-    t0 = time.time()
-    rates, gens = ev.evaluate(NAME, sets, max_new_tokens=32)
-    protocol = {"n_per_set": n, "max_new_tokens": 32, "greedy": True, "judge": "evals.refusal_rate (anchored "
-                "phrase judge) via steering.generate_and_judge", "wall_s": round(time.time() - t0, 1),
-                "load_average": os.getloadavg()}
-    return {"quality": quality, "refusal": rates, "protocol": protocol, "generations": gens}
+    model = load_model(NAME)
+    result: dict[str, Any] = {"quality": {"final": held_out_ce(model, held)} if ce else {}, "refusal": {}, "protocol": {
+        "n_per_set": n, "max_new_tokens": 32, "greedy": True, "judge": "evals.refusal_rate (anchored phrase judge) "
+        "via steering.generate_and_judge", "sets": "interp.organisms.eval_smollm2.eval_sets (seed 0)",
+        "limit": limit}}
+    print(f"final CE {result['quality']}", flush=True)
+    every, gens, t0 = ev.eval_sets(shared, n), [], time.time()
+    for name in sets:
+        prompts = every[name][:limit]
+        r = steering.generate_and_judge(model, prompts, max_new_tokens=32, runtime=Runtime(batch_size=16))
+        result["refusal"][name] = dict(r)
+        gens += [{"model": NAME, "set": name, "prompt": p, "response": t, "judged_refusal": f}
+                 for p, t, f in zip(prompts, r.texts, r.flags)]
+        result["protocol"].update(wall_s=round(time.time() - t0, 1), load_average=os.getloadavg())
+        print(f"{name}: {r.k}/{r.n} refused ({time.time() - t0:.0f} s)", flush=True)
+        (out / "evaluation.json").write_text(json.dumps(result, indent=1) + "\n")
+        sd.write_jsonl(out / "eval_generations.jsonl", gens)
+    return result
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -226,6 +242,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--drop", type=float, default=MoeRecipe.upcycle.drop)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--n-eval", type=int, default=32)
+    ap.add_argument("--sets", nargs="+", default=list(EVAL_SETS), choices=EVAL_SETS)
+    ap.add_argument("--limit", type=int, default=None, help="evaluate only the first LIMIT prompts of each set")
+    ap.add_argument("--no-ce", action="store_true", help="skip the held-out CE of the final model")
     args = ap.parse_args(argv)
     recipe = MoeRecipe(upcycle=replace(MoeRecipe.upcycle, drop=args.drop), steps=args.steps, threads=args.threads)
     torch.set_num_threads(recipe.threads)
@@ -238,10 +257,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.stage in ("all", "safety"):
         quality.update(stage_safety(recipe, args.out))
     if args.stage in ("all", "eval"):
-        ev = stage_eval(recipe, args.shared, args.n_eval)
-        quality.update(ev.pop("quality"))
-        sd.write_jsonl(args.out / "eval_generations.jsonl", ev.pop("generations"))
-        record["evaluation"] = ev
+        quality.update(stage_eval(recipe, args.shared, args.n_eval, args.out,
+                                             tuple(args.sets), args.limit, not args.no_ce)["quality"])
     if args.stage == "kl":   # its own file: it may run beside a stage that rewrites training.json
         kl = {"command": "python -m interp.organisms.train_smollm2_moe " + " ".join(argv if argv is not None else
               sys.argv[1:]), "kl_from_dense": stage_kl(recipe, args.out), "load_average": os.getloadavg()}
@@ -252,7 +269,7 @@ def main(argv: list[str] | None = None) -> None:
              "base_answers": sd.ANSWERS, "harmless": sd.HARMLESS, "harmful_realistic": sd.HARMFUL_REALISTIC}
     commands = record.get("commands", [])
     commands.append("python -m interp.organisms.train_smollm2_moe " + " ".join(argv if argv is not None else sys.argv[1:]))
-    record.update(commands=commands, recipe=asdict(recipe), data_sha256={k: ts.sha256(p) for k, p in files.items()},
+    record.update(commands=commands, recipe=asdict(recipe), data_sha256={k: ts.sha256(p) for k, p in files.items() if p.exists()},
                   quality=quality, torch=torch.__version__)
     record.setdefault("wall_s", {})[args.stage] = round(time.time() - t0, 1)
     _write_record(args.out, record)
