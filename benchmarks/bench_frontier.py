@@ -74,6 +74,8 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--max-points", type=int, default=3)
+    ap.add_argument("--reuse-search", default="", help="a saved FrontierResult whose trials are rescored and "
+                    "confirmed again instead of a new search (same model and data)")
     ap.add_argument("--ranges", default="heretic", choices=("heretic", "wide"), help="the search space (FrontierConfig)")
     ap.add_argument("--out", default=str(HERE / "RESULTS_frontier_ours.md"))
     ap.add_argument("--save", default="", help="also save the FrontierResult to this path (FrontierResult.load)")
@@ -85,6 +87,7 @@ def main() -> int:
     from interp.studies.kit.prompt_sets import load_refusal_data
     from interp.studies.kit.stages import find_candidates, find_refusal_tokens
     from interp.studies.refusal.frontier import FrontierConfig, run_frontier
+    from interp.studies.refusal.frontier_result import FrontierResult
 
     t0, c0 = time.perf_counter(), cpu()
     model = interp.load_model(a.model)
@@ -95,7 +98,8 @@ def main() -> int:
     t2 = time.perf_counter()
     print(f"tokens + candidates: {t2 - t1:.0f} s", file=sys.stderr, flush=True)
     res = run_frontier(model, data, cand, tokens.tokens, FrontierConfig(trials=a.trials, seed=a.seed,
-                                                                         max_points=a.max_points, ranges=a.ranges))
+                                                                         max_points=a.max_points, ranges=a.ranges),
+                       searched=FrontierResult.load(a.reuse_search) if a.reuse_search else None)
     t3, c3 = time.perf_counter(), cpu()
     if a.save:      # the whole result first, so a failure below loses no measurement
         res.save(a.save, overwrite=True)
@@ -106,7 +110,7 @@ def main() -> int:
     side = res.side_effect
     lines = [f"# The refusal-vs-damage frontier, ours ({a.model})", "",
              f"Command: `{f'nice -n {os.nice(0)} ' if os.nice(0) else ''}python benchmarks/bench_frontier.py --model {a.model} --trials {a.trials} "
-             f"--threads {a.threads} --max-points {a.max_points} --ranges {a.ranges}{f' --save {a.save}' if a.save else ''}`", "",
+             f"--threads {a.threads} --max-points {a.max_points} --ranges {a.ranges}{f' --reuse-search {a.reuse_search}' if a.reuse_search else ''}{f' --save {a.save}' if a.save else ''}`", "",
              f"Machine: {platform.machine()}, {a.threads} torch threads on a 2-core machine shared with other jobs; "
              f"python {sys.version.split()[0]}, torch {torch.__version__}. Data: {data.sizes()}.", "",
              f"Search: Optuna {res.settings['sampler'].upper()} (seed {a.seed}), {a.trials} trials, each one forward "

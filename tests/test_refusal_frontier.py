@@ -274,3 +274,18 @@ def test_heretic_ranges_bound_every_trial(organism):
         FrontierConfig(ranges="narrow")
     with pytest.raises(ValueError, match="scopes must be"):
         FrontierConfig(scopes=("everywhere",))
+
+
+def test_confirmation_takes_the_knee_before_the_spread():
+    """The run in RESULTS_frontier.md whose front had a point at the floor (score -4.17, floor -4.46) at KL 0.24
+    between spread points at KL 0.15 and 7.1: the knee is confirmed first, then the spread fills up."""
+    from interp.studies.refusal.frontier_result import knee_then_spread
+
+    scores = [1.4, 0.5, -0.7, -1.0, -4.17, -4.38, -5.57]
+    kls = [0.005, 0.022, 0.15, 0.19, 0.236, 0.268, 7.09]
+    picked = knee_then_spread(scores, kls, 4, floor=-4.46, baseline=0.97)
+    assert 4 in picked and len(picked) == 4 and picked == sorted(picked, key=lambda i: kls[i])
+    assert picked[:1] == [0] and 6 in picked                 # both ends of the even spread kept
+    assert knee_then_spread(scores, kls, 1, -4.46, 0.97) == [4]
+    assert knee_then_spread(scores[:2], kls[:2], 4, -4.46, 0.97) == [0, 1]     # no knee: the spread alone
+    assert knee_then_spread(scores, kls, 10, -4.46, 0.97) == list(range(7))

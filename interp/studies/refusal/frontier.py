@@ -32,7 +32,7 @@ from interp.studies.kit.prompt_sets import RefusalData
 from interp.studies.kit.scoring import prompt_logits
 from interp.studies.kit.stages import Candidates
 from interp.studies.refusal.evaluation import harmless_kl_ce
-from interp.studies.refusal.frontier_result import RULE, FrontierResult, choose, pareto, spread
+from interp.studies.refusal.frontier_result import RULE, FrontierResult, choose, knee_then_spread, pareto
 from interp.values import Runtime
 from steering.abliteration import AblationKernel, WeightedAblation, direction_at, orthogonalize
 from steering.abliteration_norm import NormPreservingAblation
@@ -220,7 +220,7 @@ def search(model: Model, data: RefusalData, cand: Candidates, tokens: Sequence[i
 def rescore(model: Model, data: RefusalData, cand: Candidates, tokens: Sequence[int], trials: list[dict[str, Any]],
             cfg: FrontierConfig) -> list[dict[str, Any]]:
     """The screen's Pareto-optimal trials scored on the whole validation split; up to ``max_points`` of their own
-    front, spread along it: ``[{"trial", "params", "val_refusal_score", "val_kl"}]``."""
+    front, the knees first (:func:`knee_then_spread`), by KL: ``[{"trial", "params", "val_refusal_score", "val_kl"}]``."""
     front = pareto([(t["refusal_score"], t["kl"]) for t in trials])
     full = Screen(model, data, tokens, None, cfg.batch_size)
     scored = []
@@ -229,8 +229,9 @@ def rescore(model: Model, data: RefusalData, cand: Candidates, tokens: Sequence[
         scored.append({"trial": trials[i]["number"], "params": trials[i]["params"], "val_refusal_score": score,
                        "val_kl": kl})
     keep = pareto([(p["val_refusal_score"], p["val_kl"]) for p in scored])
-    keep = sorted(keep, key=lambda i: scored[i]["val_kl"])
-    return [scored[keep[j]] for j in spread(len(keep), cfg.max_points)]
+    picked = knee_then_spread([scored[i]["val_refusal_score"] for i in keep], [scored[i]["val_kl"] for i in keep],
+                              cfg.max_points, full.floor, full.baseline)
+    return [scored[keep[j]] for j in picked]
 
 
 def confirm(model: Model, data: RefusalData, edits: Sequence[Any], cfg: FrontierConfig, judge: Judge | None = None
@@ -290,15 +291,20 @@ def zero_vs_reference(model: Model, data: RefusalData, cand: Candidates, params:
 
 
 def run_frontier(model: Model, data: RefusalData, cand: Candidates, tokens: Sequence[int],
-                 cfg: FrontierConfig | None = None, judge: Judge | None = None) -> FrontierResult:
+                 cfg: FrontierConfig | None = None, judge: Judge | None = None,
+                 searched: FrontierResult | None = None) -> FrontierResult:
     """Search, score, confirm and choose (see the module); the result holds every trial, the confirmed points, the
-    chosen one by :data:`RULE`, the zero-vs-reference side effect and the seconds each part took."""
+    chosen one by :data:`RULE`, the zero-vs-reference side effect and the seconds each part took. ``searched``: an
+    earlier result on the same model and data whose trials are rescored and confirmed again (no new search)."""
     cfg = cfg or FrontierConfig()
     if not tokens:
         raise ValueError("the frontier needs the job's refusal tokens (the refusal score); this model has none: "
                          "it does not refuse, so there is no refusal to remove")
     t0 = perf_counter()
-    trials, baseline_score = search(model, data, cand, tokens, cfg)
+    if searched is not None:
+        trials, baseline_score = searched.trials, searched.baseline["val_refusal_score"]
+    else:
+        trials, baseline_score = search(model, data, cand, tokens, cfg)
     t1 = perf_counter()
     points = rescore(model, data, cand, tokens, trials, cfg)
     t2 = perf_counter()

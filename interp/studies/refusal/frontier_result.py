@@ -37,6 +37,28 @@ def spread(n: int, k: int) -> list[int]:
     return sorted({round(j * (n - 1) / (k - 1)) for j in range(k)})
 
 
+KNEES = (0.1, 0.3)   # where refusal is gone on the screen: within these fractions of (baseline - floor) of the floor
+
+
+def knee_then_spread(scores: Sequence[float], kls: Sequence[float], k: int, floor: float, baseline: float
+                     ) -> list[int]:
+    """Up to ``k`` front points to confirm, by KL: first the lowest-KL point whose score is within each fraction in
+    :data:`KNEES` of the gap above the floor (where the rule's target is likely reached, at the least damage), then
+    points spread evenly along the front. Spreading alone can step over the knee, where the rule's point lies."""
+    order = sorted(range(len(kls)), key=lambda i: kls[i])
+    out: list[int] = []
+    for frac in KNEES:
+        near = [i for i in order if scores[i] <= floor + frac * (baseline - floor)]
+        if near and near[0] not in out and len(out) < k:
+            out.append(near[0])
+    for i in [order[j] for j in spread(len(order), k)] + order:    # then the even spread, then the rest by KL
+        if len(out) >= k:
+            break
+        if i not in out:
+            out.append(i)
+    return sorted(out, key=lambda i: kls[i])
+
+
 def choose(points: Sequence[dict[str, Any]], target: float) -> tuple[int, str]:
     """:data:`RULE`: ``(index, which branch)`` over points with ``harmful["rate"]`` and ``kl``."""
     if not points:
