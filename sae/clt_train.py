@@ -19,7 +19,7 @@ MLP replaced by the CLT at once.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -29,6 +29,9 @@ from interp.positions import check_sinks, without_first
 from interp.sites import Site
 from interp.values import Prompts, Runtime
 from sae.clt import CrossLayerTranscoder, check_clt
+
+if TYPE_CHECKING:
+    import pandas as pd
 from sae.edits import TranscoderSplice
 from sae.quality import SAEMetrics, ce_recovered
 from sae.train_config import TrainConfig, TrainResult
@@ -68,6 +71,22 @@ class CLTTraining(Result):
     def summary(self) -> dict[str, Any]:
         return {"n_layers": self.clt.n_layers, "d_sae": self.clt.d_sae, "arch": self.clt.cfg.arch,
                 "cross_steps": len(self.history), "fvu_per_layer": self.fvu_per_layer, "fvu_joint": self.fvu_joint}
+
+    def to_frame(self) -> pd.DataFrame:
+        """Stage 2's curve: one row per cross-layer step with the mean FVU over layers on its batch."""
+        import pandas as pd
+
+        return pd.DataFrame({"step": range(len(self.history)), "fvu": self.history})
+
+    def plot(self, title: str = "cross-layer transcoder, stage 2") -> Any:
+        """Stage 2's mean FVU by step, with stage 1's and stage 2's whole-capture FVU as lines."""
+        import plotly.graph_objects as go
+
+        fig = go.Figure(go.Scatter(x=list(range(len(self.history))), y=self.history, name="batch FVU (mean over layers)"))
+        for name, v in (("after stage 1 (per layer)", self.fvu_per_layer), ("after stage 2 (joint)", self.fvu_joint)):
+            if v == v:
+                fig.add_hline(y=v, line_dash="dot", annotation_text=name)
+        return fig.update_layout(title=title, xaxis_title="step", yaxis_title="FVU")
 
 
 def layer_pairs(pairs: Any, n_layers: int, sinks: str) -> tuple[torch.Tensor, torch.Tensor]:

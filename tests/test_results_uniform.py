@@ -91,6 +91,10 @@ RESULTS = [
     "sae.train_config:TrainResult",
     "sae.transcoder_quality:TranscoderQuality",
     "sae.transcoder_train:TranscoderTraining",
+    "sae.clt_train:CLTTraining",
+    "sae.crosscoder_analysis:LatentScaling",
+    "sae.crosscoder_analysis:CrossDiff",
+    "interp.studies.finetune.crossdiff:CrossDiffStudy",
     "steering.baking:BakeResult",
     "steering.generation:Generations",
     "steering.strength:ResidualNorms",
@@ -109,7 +113,7 @@ RESULTS = [
 # per-row helpers (a batch's rows, a prompt's token state)
 NOT_RESULTS = {"Direction", "Subspace", "INLPEraser", "TunedLens", "RowEdits", "PromptRecord", "TokenState"}
 # results holding an object that has its own save (a model, an SAE): they refuse save() with a clear error
-HOLDS_A_MODEL = {"BakeResult", "TrainResult", "TranscoderTraining", "DiffStudy"}
+HOLDS_A_MODEL = {"BakeResult", "TrainResult", "TranscoderTraining", "DiffStudy", "CLTTraining"}
 # results whose scalar fields are their headline numbers, so Result.summary's default (scalar fields) is theirs
 TRIVIALLY_SCALAR: dict[str, str] = {
     "CELossRecovered": "its fields are the CE per condition and the two recovered fractions, all scalars",
