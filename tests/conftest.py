@@ -73,6 +73,21 @@ def tiny_models():
 
 
 @pytest.fixture(scope="module")
+def organism():
+    """The embedded organism with its train prompts and 48 val prompts (a test module may define its own)."""
+    if not (REPO / "interp" / "embedded" / "organism" / "config.json").exists():
+        pytest.fail("the embedded organism is missing (interp/embedded/organism); regenerate it with "
+                    "`python -m interp.organisms.train --out interp/embedded --overwrite`")
+    import interp
+    from interp.data import load_prompts
+
+    m = interp.load_model("organism")
+    P = {s: [r["instruction"] for r in load_prompts(f"organism_{s}")]
+         for s in ("harmful_train", "harmless_train", "harmful_val", "harmless_val")}
+    return m, P["harmful_train"] + P["harmless_train"], P["harmful_val"][:24] + P["harmless_val"][:24]
+
+
+@pytest.fixture(scope="module")
 def sae():
     """A small ReLU SAE with a negative encoder bias (sparse codes), shared by the SAE analysis tests."""
     from sae.model import SAE, SAEConfig

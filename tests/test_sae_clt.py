@@ -23,7 +23,6 @@ from sae.clt_io import load_circuit_tracer_clt, save_circuit_tracer_clt
 from sae.train_config import TrainConfig
 from sae.transcoder import Transcoder, TranscoderConfig
 
-from .conftest import REPO
 from .test_graphs_clt_circuit_tracer import IDS, seeded_clt
 
 
@@ -174,23 +173,10 @@ def test_interventions_follow_the_cross_layer_decoders(model, clt):
         TranscoderAblation(clt, [(0, f)])
 
 
-@pytest.fixture(scope="module")
-def organism():
-    if not (REPO / "interp" / "embedded" / "organism" / "config.json").exists():
-        pytest.fail("the embedded organism is missing (interp/embedded/organism); regenerate it with "
-                    "`python -m interp.organisms.train --out interp/embedded --overwrite`")
-    import interp
-    from interp.data import load_prompts
-
-    m = interp.load_model("organism")
-    P = {s: [r["instruction"] for r in load_prompts(f"organism_{s}")] for s in ("harmful_train", "harmless_train")}
-    return m, P["harmful_train"] + P["harmless_train"]
-
-
 def test_training_a_clt_on_the_organism(organism, tmp_path):
     from sae.clt_train import CrossConfig, evaluate_clt, train_clt
 
-    m, train = organism
+    m, train, _ = organism
     cfg = TrainConfig(arch="jumprelu", d_sae=256, k=16, total_tokens=25_600, batch_size=256, lr=3e-3, progress=False)
     tr = train_clt(m, train, cfg=cfg, cross=CrossConfig(steps=100, batch_size=512))
     ctl = train_clt(m, train, cfg=cfg, cross=CrossConfig(steps=100, batch_size=512, cross_layer=False))

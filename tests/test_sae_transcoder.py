@@ -20,23 +20,7 @@ from sae.transcoder import Transcoder, TranscoderConfig, check_transcoders
 from sae.transcoder_quality import ce_loss_recovered_transcoders, evaluate_transcoders
 from sae.transcoder_train import capture_pairs, fit_transcoder, pair_sites, train_transcoder
 
-from .conftest import REPO
-
 FAST = dict(d_sae=256, k=16, total_tokens=76_800, batch_size=256, lr=3e-3, progress=False)
-
-
-@pytest.fixture(scope="module")
-def organism():
-    if not (REPO / "interp" / "embedded" / "organism" / "config.json").exists():
-        pytest.fail("the embedded organism is missing (interp/embedded/organism); regenerate it with "
-                    "`python -m interp.organisms.train --out interp/embedded --overwrite`")
-    import interp
-    from interp.data import load_prompts
-
-    m = interp.load_model("organism")
-    P = {s: [r["instruction"] for r in load_prompts(f"organism_{s}")]
-         for s in ("harmful_train", "harmless_train", "harmful_val", "harmless_val")}
-    return m, P["harmful_train"] + P["harmless_train"], P["harmful_val"][:24] + P["harmless_val"][:24]
 
 
 @pytest.fixture(scope="module")
