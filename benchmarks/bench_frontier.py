@@ -126,8 +126,9 @@ def main() -> int:
              + (f" (lowest KL among them: {min(res.points[i]['kl'] for i in reach):.3f})." if reach else "."),
              f"Random controls more than 5 points from the baseline refusal ({base:.0%}): {off or 'none'}.", "",
              f"Ablation-to-zero side effect at the chosen point (layer {side.get('layer')}): {side.get('n')} of "
-             f"{side.get('of')} harmless + borderline test prompts project negatively on the direction; refused "
-             + ", ".join(f"{k} {_ci(v)}" for k, v in side.get("refused", {}).items()) + "."]
+             f"{side.get('of')} harmless + borderline test prompts project negatively on the direction; "
+             + ("refused " + ", ".join(f"{k} {_ci(v)}" for k, v in side["refused"].items()) if side.get("refused")
+                else "none, so ablating to 0 raises no prompt's projection here and there is nothing to judge") + "."]
     sys.path.insert(0, str(HERE.parent))
     from benchmarks._common import write_text
 

@@ -303,12 +303,15 @@ def write_results(res: dict) -> None:
         lines.append(f"| {r['trial']} | {her[0]} | {her[1]} | {_pct(r['harmful'])} | {_pct(r['borderline'])} | "
                      f"{r['kl_first_token']:.4f} | {ce} |")
     cli = (f"--trials {s['n_trials']} --startup {s['n_startup_trials']} --seed {s['seed']} --batch-size "
-           f"{s['batch_size']} --max-response-length {s['max_response_length']}")
+           f"{s['batch_size']} --max-response-length {s['max_response_length']}"
+           + (f" --stop-after {res['stop_after']:.0f}" if res.get("stop_after") else "")
+           + "".join(f" --heretic-flag={f}" for f in res["flags"] if f.startswith("--response-prefix")))
+    flags = " ".join(res["flags"]).replace(f"{ROOT}/", "")     # paths relative to the repository
     lines += ["", f"heretic's Pareto set (its rule: fewest refusals, then lower KL): trials {res.get('pareto')}; "
               f"not measured our way (time): {res.get('not_evaluated') or 'none'}."]
     lines += ["", "Commands: `bash scripts/heretic_venv.sh`; `python benchmarks/bench_heretic.py run --model "
               f"{res['model']} {cli}`; `python benchmarks/bench_heretic.py evaluate --model "
-              f"{res['model']}`. heretic's flags: `{' '.join(res['flags'])}`.", ""]
+              f"{res['model']} --max-trials {len(res['rows']) - 1}`. heretic's flags: `{flags}`.", ""]
     replace_section(OUT_MD, lines[0], "\n".join(lines))
     _ours_last()
 

@@ -139,7 +139,8 @@ class FrontierResult(Result):
         s = self.side_effect
         side = (f"ablation to 0 vs to the harmless mean's level at the chosen point: {s.get('n')} of {s.get('of')} "
                 f"harmless + borderline test prompts project negatively on the direction (layer {s.get('layer')}); "
-                "refused: " + ", ".join(f"{k} {v['k']}/{v['n']}" for k, v in s.get("refused", {}).items()))
+                + ("refused: " + ", ".join(f"{k} {v['k']}/{v['n']}" for k, v in s["refused"].items())
+                   if s.get("refused") else "none, so no prompt's projection is raised and nothing is judged"))
         base = self.baseline["harmful"]
         notes = [f"chosen: point {self.chosen}, by the rule: {self.rule}",
                  f"baseline held-out harmful refusal {base['k']}/{base['n']}; {len(self.trials)} trials "
