@@ -51,7 +51,7 @@ def main() -> int:
     prompts, seed = data.harmful["test"].instructions, int(res.settings["seed"])
     rt = Runtime(batch_size=int(res.settings["batch_size"]), progress=False)
     base = res.baseline["harmful"]
-    print(f"| point | run's control (seed) | further draws (seeds) | pooled [95% CI] | baseline |\n|---|---|---|---|---|")
+    print("| point | run's control (seed) | further draws (seeds) | pooled [95% CI] | baseline |\n|---|---|---|---|---|")
     for i in points:
         own = res.points[i]["control_harmful"]
         ks, ns, seeds = [own["k"]], [own["n"]], [seed + 1000 * (j + 1) + i for j in range(a.draws)]
