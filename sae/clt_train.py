@@ -10,14 +10,16 @@
    cross-layer ones included, and every ``b_dec`` fitted by Adam to the mean over layers of each MLP output's
    fraction of variance unexplained, each layer's prediction summing the writes of all layers up to it.
 
-This is not end-to-end CLT training (encoders trained against the joint loss, as Ameisen et al. 2025 do): the
-features are the per-layer transcoders' and the cross-layer decoders explain what they leave in later MLPs.
+The two stages are not end-to-end CLT training: the features are the per-layer transcoders' and the cross-layer
+decoders explain what they leave in later MLPs. ``train_clt(..., method="end_to_end")`` trains the encoders against
+the joint loss too, as Ameisen et al. 2025 do (:mod:`sae.clt_e2e`).
 :func:`evaluate_clt`: per layer FVU of the MLP output, L0 and dead latents, and the CE loss recovered with every
 MLP replaced by the CLT at once.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -60,16 +62,18 @@ class CrossConfig:
 class CLTTraining(Result):
     """The trained ``clt``; ``per_layer``: stage 1's result per layer; ``history``: stage 2's mean FVU over layers
     on its batches by step; ``fvu_per_layer`` / ``fvu_joint``: mean FVU over layers on the whole training capture
-    after stage 1 (zero cross-layer decoders) and after stage 2."""
+    after stage 1 (zero cross-layer decoders) and after stage 2. ``method="end_to_end"``: no stage 1 (``per_layer``
+    empty, ``fvu_per_layer`` NaN), ``history`` the logged batches' mean FVU, ``fvu_joint`` the trained CLT's."""
 
     clt: CrossLayerTranscoder
     per_layer: dict[int, TrainResult]
     history: list[float] = field(default_factory=list)
     fvu_per_layer: float = float("nan")
     fvu_joint: float = float("nan")
+    method: str = "two_stage"
 
     def summary(self) -> dict[str, Any]:
-        return {"n_layers": self.clt.n_layers, "d_sae": self.clt.d_sae, "arch": self.clt.cfg.arch,
+        return {"method": self.method, "n_layers": self.clt.n_layers, "d_sae": self.clt.d_sae, "arch": self.clt.cfg.arch,
                 "cross_steps": len(self.history), "fvu_per_layer": self.fvu_per_layer, "fvu_joint": self.fvu_joint}
 
     def to_frame(self) -> pd.DataFrame:
@@ -145,12 +149,20 @@ def fit_cross(clt: CrossLayerTranscoder, x: torch.Tensor, y: torch.Tensor, cfg: 
     return history
 
 
+METHODS = ("two_stage", "end_to_end")
+
+
 def train_clt(model: Any, inputs: Prompts | Inputs, cfg: TrainConfig | None = None, cross: CrossConfig | None = None,
-              sinks: str = "keep", runtime: Runtime | None = None) -> CLTTraining:
-    """A CLT of every MLP of ``model`` trained on ``inputs`` (prompts or token ids ``[n, T]``) in the two stages of
-    the module docstring. ``cfg``: stage 1's per-layer training (``arch`` ``relu`` / ``jumprelu`` / ``topk``,
-    ``d_sae``, ``k``, ``total_tokens``, ...); ``cross``: stage 2; ``sinks="exclude"``: each prompt's first token
-    left out of the data; ``runtime.batch_size``: prompts per capture pass."""
+              sinks: str = "keep", runtime: Runtime | None = None, method: str = "two_stage",
+              out_dir: str | os.PathLike | None = None) -> CLTTraining:
+    """A CLT of every MLP of ``model`` trained on ``inputs`` (prompts or token ids ``[n, T]``). ``method``:
+    ``"two_stage"`` (the module docstring; ``cross`` is stage 2) or ``"end_to_end"`` (:mod:`sae.clt_e2e`: encoders and
+    all decoders trained together; ``cross`` unused; ``out_dir``: its checkpoint, from which a run resumes).
+    ``cfg``: the per-layer (or end-to-end) training (``arch`` ``relu`` / ``jumprelu`` / ``topk``, ``d_sae``, ``k``,
+    ``total_tokens``, ...); ``sinks="exclude"``: each prompt's first token left out of the data;
+    ``runtime.batch_size``: prompts per capture pass."""
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     cfg = TrainConfig(**{**asdict(cfg or TrainConfig()), "site": None, "target_site": None})
     n = int(model.n_layers)
     pairs = capture_pairs(model, inputs, None, batch_size=8 if runtime is None else runtime.batch_size)
@@ -158,6 +170,8 @@ def train_clt(model: Any, inputs: Prompts | Inputs, cfg: TrainConfig | None = No
         if pairs.mask is None:
             raise ValueError('sinks="exclude" needs per-token activations with a mask (prompts or token ids as inputs)')
         pairs.mask = without_first(pairs.mask)
+    if method == "end_to_end":
+        return _train_end_to_end(model, pairs, cfg, out_dir)
     results = {layer: fit_transcoder(pairs, layer, cfg, model_id=getattr(model, "name", "")) for layer in range(n)}
     clt = CrossLayerTranscoder.from_transcoders({i: r.sae for i, r in results.items()})  # type: ignore[misc]
     x, y = layer_pairs(pairs, n, cfg.sinks)
@@ -170,6 +184,18 @@ def train_clt(model: Any, inputs: Prompts | Inputs, cfg: TrainConfig | None = No
     clt.cfg.meta.update({"trained": "per-layer transcoders, then decoders jointly (sae.clt_train)",
                          "n_tokens": int(x.shape[0])})
     return CLTTraining(clt, results, history, before, after)
+
+
+def _train_end_to_end(model: Any, pairs: Any, cfg: TrainConfig, out_dir: str | os.PathLike | None) -> CLTTraining:
+    from sae.clt_e2e import fit_clt
+
+    x, y = layer_pairs(pairs, int(model.n_layers), cfg.sinks)
+    tr = fit_clt(x, y, cfg, out_dir=out_dir, model_id=getattr(model, "name", ""))
+    clt = tr.clt
+    clt.cfg.meta["n_tokens"] = int(x.shape[0])
+    with torch.no_grad():
+        fvu = float(joint_fvu(clt, x.to(tr.device), y.to(tr.device)))
+    return CLTTraining(clt, {}, list(tr.history["fvu"]), float("nan"), fvu, method="end_to_end")
 
 
 @torch.no_grad()
