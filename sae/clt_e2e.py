@@ -259,11 +259,16 @@ class CLTTrainer:
 def fit_clt(x: torch.Tensor, y: torch.Tensor, cfg: TrainConfig, out_dir: str | os.PathLike | None = None,
             model_id: str = "", callback: Callable[[CLTTrainer], None] | None = None) -> CLTTrainer:
     """Train a CLT end to end on ``x, y [n, n_layers, d]`` (every layer's MLP input and output on the same tokens);
-    with ``out_dir`` a run resumes from ``OUT/checkpoint.pt``. The trainer, its ``clt`` trained and folded."""
+    with ``out_dir`` a run resumes from ``OUT/checkpoint.pt`` and the result is saved to ``OUT/clt``. The trainer, its ``clt`` trained and folded."""
+    if out_dir is not None and (Path(out_dir) / "clt").exists():
+        raise FileExistsError(f"{Path(out_dir) / 'clt'} already holds a trained CLT; load it with "
+                              f"CrossLayerTranscoder.load(...) or choose another out_dir")
     tr = CLTTrainer(x, y, cfg, out_dir=out_dir, model_id=model_id)
     if out_dir is not None and (Path(out_dir) / "checkpoint.pt").exists():
         tr.load_checkpoint(Path(out_dir) / "checkpoint.pt")
     tr.run(callback=callback)
+    if out_dir is not None:
+        tr.clt.save(Path(out_dir) / "clt")
     return tr
 
 
