@@ -1,7 +1,8 @@
 """Train and evaluate cross-layer transcoders.
 
-:func:`train_clt` trains in two stages on one capture of every MLP's input and output
-(:func:`sae.transcoder_train.capture_pairs`):
+:func:`train_clt` trains on one capture of every MLP's input and output (:func:`sae.transcoder_train.capture_pairs`),
+end to end by default (:mod:`sae.clt_e2e`: every encoder and decoder against the joint loss, as Ameisen et al. 2025
+do; lower FVU at the same L0 on the organism, benchmarks/RESULTS_graphs.md), or in two stages:
 
 1. per layer, a transcoder from MLP input to MLP output with the SAE trainer (:func:`sae.transcoder_train.
    fit_transcoder`: the kind's activation, sparsity terms, thresholds, input normalisation), gathered into a CLT
@@ -10,9 +11,8 @@
    cross-layer ones included, and every ``b_dec`` fitted by Adam to the mean over layers of each MLP output's
    fraction of variance unexplained, each layer's prediction summing the writes of all layers up to it.
 
-The two stages are not end-to-end CLT training: the features are the per-layer transcoders' and the cross-layer
-decoders explain what they leave in later MLPs. ``train_clt(..., method="end_to_end")`` trains the encoders against
-the joint loss too, as Ameisen et al. 2025 do (:mod:`sae.clt_e2e`).
+In the two stages the features are the per-layer transcoders' and the cross-layer decoders explain what they leave
+in later MLPs; end to end the encoders are trained against the joint loss too.
 :func:`evaluate_clt`: per layer FVU of the MLP output, L0 and dead latents, and the CE loss recovered with every
 MLP replaced by the CLT at once.
 """
@@ -82,8 +82,8 @@ class CLTTraining(Result):
 
         return pd.DataFrame({"step": range(len(self.history)), "fvu": self.history})
 
-    def plot(self, title: str = "cross-layer transcoder, stage 2") -> Any:
-        """Stage 2's mean FVU by step, with stage 1's and stage 2's whole-capture FVU as lines."""
+    def plot(self, title: str = "cross-layer transcoder training") -> Any:
+        """The ``history`` (stage 2's or the end-to-end run's batch FVU), with the whole-capture FVUs as lines."""
         import plotly.graph_objects as go
 
         fig = go.Figure(go.Scatter(x=list(range(len(self.history))), y=self.history, name="batch FVU (mean over layers)"))
@@ -153,16 +153,22 @@ METHODS = ("two_stage", "end_to_end")
 
 
 def train_clt(model: Any, inputs: Prompts | Inputs, cfg: TrainConfig | None = None, cross: CrossConfig | None = None,
-              sinks: str = "keep", runtime: Runtime | None = None, method: str = "two_stage",
+              sinks: str = "keep", runtime: Runtime | None = None, method: str | None = None,
               out_dir: str | os.PathLike | None = None) -> CLTTraining:
     """A CLT of every MLP of ``model`` trained on ``inputs`` (prompts or token ids ``[n, T]``). ``method``:
-    ``"two_stage"`` (the module docstring; ``cross`` is stage 2) or ``"end_to_end"`` (:mod:`sae.clt_e2e`: encoders and
-    all decoders trained together; ``cross`` unused; ``out_dir``: its checkpoint, from which a run resumes).
+    ``"end_to_end"`` (:mod:`sae.clt_e2e`: encoders and all decoders trained together; ``out_dir``: its checkpoint,
+    from which a run resumes, and its result) or ``"two_stage"`` (the module docstring; ``cross`` is stage 2).
+    Default: two-stage when ``cross`` is given, else end to end (lower FVU at the same L0 on the organism:
+    benchmarks/RESULTS_graphs.md).
     ``cfg``: the per-layer (or end-to-end) training (``arch`` ``relu`` / ``jumprelu`` / ``topk``, ``d_sae``, ``k``,
     ``total_tokens``, ...); ``sinks="exclude"``: each prompt's first token left out of the data;
     ``runtime.batch_size``: prompts per capture pass."""
+    method = method or ("two_stage" if cross is not None else "end_to_end")
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    if (cross is not None and method == "end_to_end") or (out_dir is not None and method == "two_stage"):
+        raise ValueError("cross= configures the two-stage trainer's stage 2 and out_dir= the end-to-end trainer's "
+                         "checkpoints; pass the one that fits method=")
     cfg = TrainConfig(**{**asdict(cfg or TrainConfig()), "site": None, "target_site": None})
     n = int(model.n_layers)
     pairs = capture_pairs(model, inputs, None, batch_size=8 if runtime is None else runtime.batch_size)

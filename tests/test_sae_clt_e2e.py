@@ -127,8 +127,12 @@ def test_bad_input_names_the_fix(model, xy):
         CLTTrainer(*xy, _cfg("batchtopk"))
     with pytest.raises(ValueError, match=r"\[n, n_layers, d\]"):
         CLTTrainer(xy[0][:, 0], xy[1][:, 0], _cfg("relu"))
+    from sae.clt_train import CrossConfig
+
     with pytest.raises(ValueError, match="method must be one of"):
         train_clt(model, torch.tensor([IDS]), cfg=_cfg("relu"), method="joint")
+    with pytest.raises(ValueError, match="cross= configures the two-stage"):
+        train_clt(model, torch.tensor([IDS]), cfg=_cfg("relu"), cross=CrossConfig(), method="end_to_end")
 
 
 def test_end_to_end_on_the_organism_beats_two_stage_and_feeds_the_graphs(organism, tmp_path):
@@ -136,7 +140,7 @@ def test_end_to_end_on_the_organism_beats_two_stage_and_feeds_the_graphs(organis
 
     m, train, val = organism
     cfg = TrainConfig(arch="jumprelu", d_sae=256, k=16, total_tokens=25_600, batch_size=256, lr=3e-3, progress=False)
-    e2e = train_clt(m, train, cfg=cfg, method="end_to_end")
+    e2e = train_clt(m, train, cfg=cfg)                          # end to end: the default
     two = train_clt(m, train, cfg=cfg, cross=CrossConfig(steps=100, batch_size=512))
     print(e2e.summary(), two.summary())
     assert e2e.fvu_joint < two.fvu_joint                      # seed 0: 0.057 vs 0.059
