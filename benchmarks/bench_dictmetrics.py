@@ -3,6 +3,9 @@ and first-letter absorption. Both SAEs train on the same activation tokens with 
 
     python benchmarks/bench_dictmetrics.py --layer 15 --tokens 60000 --train-tokens 400000 --out /tmp/dictmetrics
 
+``--match-l0``: Matryoshka BatchTopK trains first at ``--k``; its inference L0 (learned threshold) is measured on
+the held-out tokens and TopK trains at k = that L0 rounded, so both are compared at the same L0.
+
 Prints a markdown table (paste into benchmarks/RESULTS_dictmetrics.md) and writes the results under ``--out``.
 """
 
@@ -81,6 +84,8 @@ def main() -> None:
     ap.add_argument("--n-probe", type=int, default=150, help="prompts per class for sparse probing")
     ap.add_argument("--max-words", type=int, default=3000)
     ap.add_argument("--out", default="/tmp/dictmetrics")
+    ap.add_argument("--match-l0", action="store_true",
+                    help="train TopK at k = Matryoshka's measured inference L0 (rounded); default: both at --k")
     args = ap.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -90,42 +95,51 @@ def main() -> None:
     x = activations(model, site, training_texts(), args.tokens)
     held = x[-4096:]
     print(f"# {len(x)} activation tokens at {site} in {time.time() - t0:.0f}s")
-    kinds = {"topk": {"arch": "topk"},
-             "matryoshka_batchtopk": {"arch": "matryoshka_batchtopk",
-                                      "options": {"widths": [args.d_sae // 16, args.d_sae // 4, args.d_sae]}}}
+    kinds = {"matryoshka_batchtopk": {"arch": "matryoshka_batchtopk", "k": args.k,
+                                      "options": {"widths": [args.d_sae // 16, args.d_sae // 4, args.d_sae]}},
+             "topk": {"arch": "topk", "k": args.k}}
     sets = concepts(args.n_probe, 0)
     lex = {c: lexical_features(model, t)[:, 0] for c, (t, _) in sets.items()}
     rows = []
     for name, kw in kinds.items():
-        t0 = time.time()
-        tr = train_sae(x[:-4096], d_sae=args.d_sae, k=args.k, total_tokens=args.train_tokens, batch_size=1024,
-                       site=site, seed=0, log_every=10**9, **kw)
-        s, secs = tr.sae.eval(), time.time() - t0
-        q = evaluate(s, held)
-        row = {"sae": name, "train_s": round(secs), "l0": round(q.l0, 1), "fvu": round(q.fvu, 3),
-               "dead": round(q.dead_fraction, 3)}
-        for c, (texts, y) in sets.items():
-            r = probe_concept(s, model, texts, y, lex[c], solve_logistic,
-                              SparseProbeConfig(ks=(1, 2, 5, 10, 20), concept=c))
-            r.save(Path(args.out) / name / c.replace(" ", "_"), overwrite=True)
-            row[c] = r.summary()
-        a = absorption(s, model, solve_logistic, AbsorptionConfig(), max_words=args.max_words)
-        a.save(Path(args.out) / name / "absorption", overwrite=True)
-        row["absorption"] = a.summary()
-        rows.append(row)
-        print(json.dumps(row), flush=True)
+        if name == "topk" and args.match_l0:
+            # matched L0: TopK keeps exactly k per token, so its k is Matryoshka's measured inference L0, rounded
+            kw = {**kw, "k": max(1, round(rows[0]["l0"]))}
+        rows.append(_measure(name, kw, x, held, model, sets, lex, args))
     print(f"\nmachine: {platform.processor() or platform.machine()}, torch {torch.__version__}, 1 thread")
     _table(rows)
 
 
+def _measure(name: str, kw: dict, x: torch.Tensor, held: torch.Tensor, model, sets: dict, lex: dict,
+             args: argparse.Namespace) -> dict:
+    """Train one SAE on ``x`` minus the held-out tail, then its quality, sparse probing and absorption row."""
+    t0 = time.time()
+    tr = train_sae(x[:-4096], d_sae=args.d_sae, total_tokens=args.train_tokens, batch_size=1024,
+                   site=f"blocks.{args.layer}.hook_resid_post", seed=0, log_every=10**9, **kw)
+    s, secs = tr.sae.eval(), time.time() - t0
+    q = evaluate(s, held)
+    row = {"sae": name, "k": kw["k"], "train_s": round(secs), "l0": round(q.l0, 1), "fvu": round(q.fvu, 3),
+           "dead": round(q.dead_fraction, 3)}
+    for c, (texts, y) in sets.items():
+        r = probe_concept(s, model, texts, y, lex[c], solve_logistic,
+                          SparseProbeConfig(ks=(1, 2, 5, 10, 20), concept=c))
+        r.save(Path(args.out) / name / c.replace(" ", "_"), overwrite=True)
+        row[c] = r.summary()
+    a = absorption(s, model, solve_logistic, AbsorptionConfig(), max_words=args.max_words)
+    a.save(Path(args.out) / name / "absorption", overwrite=True)
+    row["absorption"] = a.summary()
+    print(json.dumps(row), flush=True)
+    return row
+
+
 def _table(rows: list[dict]) -> None:
-    print("\n| SAE | L0 | FVU | dead | concept | k=1 | k=2 | k=5 | k=10 | k=20 | random k=5 | residual | bag of tokens |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("\n| SAE | train k | L0 | FVU | dead | concept | k=1 | k=2 | k=5 | k=10 | k=20 | random k=5 | residual | bag of tokens |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         for c in ("harmful vs harmless", "French vs German"):
             s = r[c]
             ks = " | ".join(f"{s[f'acc_k{k}']:.3f}" for k in (1, 2, 5, 10, 20))
-            print(f"| {r['sae']} | {r['l0']} | {r['fvu']} | {r['dead']} | {c} | {ks} | {s['control_k5']:.3f} | "
+            print(f"| {r['sae']} | {r['k']} | {r['l0']} | {r['fvu']} | {r['dead']} | {c} | {ks} | {s['control_k5']:.3f} | "
                   f"{s['residual_accuracy']:.3f} | {s['lexical_accuracy']:.3f} |")
     print("\n| SAE | mean absorption | random-direction control | absorbed / words | letters | mean main latents |")
     print("|---|---|---|---|---|---|")

@@ -1,7 +1,8 @@
 """Train and evaluate cross-layer transcoders.
 
-:func:`train_clt` trains in two stages on one capture of every MLP's input and output
-(:func:`sae.transcoder_train.capture_pairs`):
+:func:`train_clt` trains on one capture of every MLP's input and output (:func:`sae.transcoder_train.capture_pairs`),
+end to end by default (:mod:`sae.clt_e2e`: every encoder and decoder against the joint loss, as Ameisen et al. 2025
+do; lower FVU at the same L0 on the organism, benchmarks/RESULTS_graphs.md), or in two stages:
 
 1. per layer, a transcoder from MLP input to MLP output with the SAE trainer (:func:`sae.transcoder_train.
    fit_transcoder`: the kind's activation, sparsity terms, thresholds, input normalisation), gathered into a CLT
@@ -10,14 +11,15 @@
    cross-layer ones included, and every ``b_dec`` fitted by Adam to the mean over layers of each MLP output's
    fraction of variance unexplained, each layer's prediction summing the writes of all layers up to it.
 
-This is not end-to-end CLT training (encoders trained against the joint loss, as Ameisen et al. 2025 do): the
-features are the per-layer transcoders' and the cross-layer decoders explain what they leave in later MLPs.
+In the two stages the features are the per-layer transcoders' and the cross-layer decoders explain what they leave
+in later MLPs; end to end the encoders are trained against the joint loss too.
 :func:`evaluate_clt`: per layer FVU of the MLP output, L0 and dead latents, and the CE loss recovered with every
 MLP replaced by the CLT at once.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -60,16 +62,18 @@ class CrossConfig:
 class CLTTraining(Result):
     """The trained ``clt``; ``per_layer``: stage 1's result per layer; ``history``: stage 2's mean FVU over layers
     on its batches by step; ``fvu_per_layer`` / ``fvu_joint``: mean FVU over layers on the whole training capture
-    after stage 1 (zero cross-layer decoders) and after stage 2."""
+    after stage 1 (zero cross-layer decoders) and after stage 2. ``method="end_to_end"``: no stage 1 (``per_layer``
+    empty, ``fvu_per_layer`` NaN), ``history`` the logged batches' mean FVU, ``fvu_joint`` the trained CLT's."""
 
     clt: CrossLayerTranscoder
     per_layer: dict[int, TrainResult]
     history: list[float] = field(default_factory=list)
     fvu_per_layer: float = float("nan")
     fvu_joint: float = float("nan")
+    method: str = "two_stage"
 
     def summary(self) -> dict[str, Any]:
-        return {"n_layers": self.clt.n_layers, "d_sae": self.clt.d_sae, "arch": self.clt.cfg.arch,
+        return {"method": self.method, "n_layers": self.clt.n_layers, "d_sae": self.clt.d_sae, "arch": self.clt.cfg.arch,
                 "cross_steps": len(self.history), "fvu_per_layer": self.fvu_per_layer, "fvu_joint": self.fvu_joint}
 
     def to_frame(self) -> pd.DataFrame:
@@ -78,8 +82,8 @@ class CLTTraining(Result):
 
         return pd.DataFrame({"step": range(len(self.history)), "fvu": self.history})
 
-    def plot(self, title: str = "cross-layer transcoder, stage 2") -> Any:
-        """Stage 2's mean FVU by step, with stage 1's and stage 2's whole-capture FVU as lines."""
+    def plot(self, title: str = "cross-layer transcoder training") -> Any:
+        """The ``history`` (stage 2's or the end-to-end run's batch FVU), with the whole-capture FVUs as lines."""
         import plotly.graph_objects as go
 
         fig = go.Figure(go.Scatter(x=list(range(len(self.history))), y=self.history, name="batch FVU (mean over layers)"))
@@ -145,12 +149,26 @@ def fit_cross(clt: CrossLayerTranscoder, x: torch.Tensor, y: torch.Tensor, cfg: 
     return history
 
 
+METHODS = ("two_stage", "end_to_end")
+
+
 def train_clt(model: Any, inputs: Prompts | Inputs, cfg: TrainConfig | None = None, cross: CrossConfig | None = None,
-              sinks: str = "keep", runtime: Runtime | None = None) -> CLTTraining:
-    """A CLT of every MLP of ``model`` trained on ``inputs`` (prompts or token ids ``[n, T]``) in the two stages of
-    the module docstring. ``cfg``: stage 1's per-layer training (``arch`` ``relu`` / ``jumprelu`` / ``topk``,
-    ``d_sae``, ``k``, ``total_tokens``, ...); ``cross``: stage 2; ``sinks="exclude"``: each prompt's first token
-    left out of the data; ``runtime.batch_size``: prompts per capture pass."""
+              sinks: str = "keep", runtime: Runtime | None = None, method: str | None = None,
+              out_dir: str | os.PathLike | None = None) -> CLTTraining:
+    """A CLT of every MLP of ``model`` trained on ``inputs`` (prompts or token ids ``[n, T]``). ``method``:
+    ``"end_to_end"`` (:mod:`sae.clt_e2e`: encoders and all decoders trained together; ``out_dir``: its checkpoint,
+    from which a run resumes, and its result) or ``"two_stage"`` (the module docstring; ``cross`` is stage 2).
+    Default: two-stage when ``cross`` is given, else end to end (lower FVU at the same L0 on the organism:
+    benchmarks/RESULTS_graphs.md).
+    ``cfg``: the per-layer (or end-to-end) training (``arch`` ``relu`` / ``jumprelu`` / ``topk``, ``d_sae``, ``k``,
+    ``total_tokens``, ...); ``sinks="exclude"``: each prompt's first token left out of the data;
+    ``runtime.batch_size``: prompts per capture pass."""
+    method = method or ("two_stage" if cross is not None else "end_to_end")
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    if (cross is not None and method == "end_to_end") or (out_dir is not None and method == "two_stage"):
+        raise ValueError("cross= configures the two-stage trainer's stage 2 and out_dir= the end-to-end trainer's "
+                         "checkpoints; pass the one that fits method=")
     cfg = TrainConfig(**{**asdict(cfg or TrainConfig()), "site": None, "target_site": None})
     n = int(model.n_layers)
     pairs = capture_pairs(model, inputs, None, batch_size=8 if runtime is None else runtime.batch_size)
@@ -158,6 +176,8 @@ def train_clt(model: Any, inputs: Prompts | Inputs, cfg: TrainConfig | None = No
         if pairs.mask is None:
             raise ValueError('sinks="exclude" needs per-token activations with a mask (prompts or token ids as inputs)')
         pairs.mask = without_first(pairs.mask)
+    if method == "end_to_end":
+        return _train_end_to_end(model, pairs, cfg, out_dir)
     results = {layer: fit_transcoder(pairs, layer, cfg, model_id=getattr(model, "name", "")) for layer in range(n)}
     clt = CrossLayerTranscoder.from_transcoders({i: r.sae for i, r in results.items()})  # type: ignore[misc]
     x, y = layer_pairs(pairs, n, cfg.sinks)
@@ -170,6 +190,18 @@ def train_clt(model: Any, inputs: Prompts | Inputs, cfg: TrainConfig | None = No
     clt.cfg.meta.update({"trained": "per-layer transcoders, then decoders jointly (sae.clt_train)",
                          "n_tokens": int(x.shape[0])})
     return CLTTraining(clt, results, history, before, after)
+
+
+def _train_end_to_end(model: Any, pairs: Any, cfg: TrainConfig, out_dir: str | os.PathLike | None) -> CLTTraining:
+    from sae.clt_e2e import fit_clt
+
+    x, y = layer_pairs(pairs, int(model.n_layers), cfg.sinks)
+    tr = fit_clt(x, y, cfg, out_dir=out_dir, model_id=getattr(model, "name", ""))
+    clt = tr.clt
+    clt.cfg.meta["n_tokens"] = int(x.shape[0])
+    with torch.no_grad():
+        fvu = float(joint_fvu(clt, x.to(tr.device), y.to(tr.device)))
+    return CLTTraining(clt, {}, list(tr.history["fvu"]), float("nan"), fvu, method="end_to_end")
 
 
 @torch.no_grad()

@@ -20,7 +20,9 @@ class KindOut:
     the caller); ``terms`` the kind's loss terms, already weighted, added to the MSE; ``pre`` the encoder
     pre-activations without gradient (AuxK reads and overwrites them), ``fired [d_sae]`` the latents active in the
     batch, ``l0`` their mean count per row; ``sparsity`` the unweighted penalty (for logs); ``stats`` what the
-    kind's :meth:`Kind.after_step` reads (e.g. BatchTopK's smallest active value)."""
+    kind's :meth:`Kind.after_step` reads (e.g. BatchTopK's smallest active value); ``latents [B, d_sae]`` the
+    activations with their gradient, where the kind made them dense (a cross-layer transcoder's later layers read
+    them; TopK makes them only when ``opts["latents"]`` is set and the sparse kernels are off)."""
 
     x_hat: torch.Tensor
     pre: torch.Tensor
@@ -30,6 +32,7 @@ class KindOut:
     sparsity: torch.Tensor | None = None
     sparse: bool = False
     stats: dict[str, Any] = field(default_factory=dict)
+    latents: torch.Tensor | None = None
 
 
 def enc_shift(sae: SAE, x: torch.Tensor) -> torch.Tensor:

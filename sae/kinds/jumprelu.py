@@ -50,7 +50,7 @@ class JumpReLUKind(Kind):
             terms["preact"] = coeffs["preact"] * (torch.relu(thr - pre) * dead).sum(-1).mean()
         fired, l0 = fired_and_l0(z)
         return KindOut(x_hat=z @ sae.W_dec + sae.b_dec, pre=pre.detach().clone(), fired=fired, l0=l0, terms=terms,
-                       sparsity=sparsity.detach())
+                       sparsity=sparsity.detach(), latents=z)
 
     @torch.no_grad()
     def init_from_data(self, sae: Any, xs: torch.Tensor, opts: dict[str, Any]) -> None:

@@ -34,4 +34,4 @@ class ReluKind(Kind):
         sparsity = (z * self.penalty_norms(sae)).sum(-1).mean()
         fired, l0 = fired_and_l0(z)
         return KindOut(x_hat=z @ sae.W_dec + sae.b_dec, pre=pre.detach().clone(), fired=fired, l0=l0,
-                       terms={"sparsity": coeffs["sparsity"] * sparsity}, sparsity=sparsity.detach())
+                       terms={"sparsity": coeffs["sparsity"] * sparsity}, sparsity=sparsity.detach(), latents=z)

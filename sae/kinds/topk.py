@@ -60,8 +60,11 @@ class TopKKind(Kind):
             act, pre_vals = self.select(sae, pre)
         x_hat, v = k_sparse_forward(sae, x, act, pre, pre_vals, opts["sparse"], opts["backend"])
         fired, l0, on = active_stats(sae, act, v, x.shape[0])
+        dense = None
+        if opts.get("latents") and not opts["sparse"]:
+            dense = torch.zeros_like(pre).index_put((act.rows, act.cols), v)
         return KindOut(x_hat=x_hat, pre=pre, fired=fired, l0=l0, sparse=opts["sparse"],
-                       stats=self.stats(v, on))
+                       stats=self.stats(v, on), latents=dense)
 
     def stats(self, v: torch.Tensor, on: torch.Tensor) -> dict[str, Any]:
         return {}
