@@ -37,6 +37,7 @@ from interp.upcycle import UpcycleConfig, upcycle_from
 
 NAME = "smollm2-moe-aligned"
 DEFAULT_OUT = EMBEDDED_DIR / NAME
+CHECKPOINTS = ts.REPO / "runs" / f"{NAME}-checkpoints"   # git-ignored
 BASE = "smollm2-base"
 ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP = ("gate_proj", "up_proj", "down_proj")          # the shared expert (and the dense layers' MLPs)
@@ -264,8 +265,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--shared", type=Path, default=ts.DEFAULT_HARMFUL.parent)
     ap.add_argument("--stage", choices=("all", "benign", "safety", "eval", "kl"), default="all")
     ap.add_argument("--checkpoints", type=Path, default=None,
-                    help="the safety phase's resumable checkpoints (default OUT/checkpoints, git-ignored); a rerun "
-                         "resumes from the latest; delete the folder to start afresh")
+                    help="the safety phase's resumable checkpoints (default runs/smollm2-moe-aligned-checkpoints, "
+                         "git-ignored); a rerun resumes from the latest; delete the folder to start afresh")
     ap.add_argument("--steps", type=int, default=MoeRecipe.steps, help="benign steps")
     ap.add_argument("--drop", type=float, default=MoeRecipe.upcycle.drop)
     ap.add_argument("--threads", type=int, default=1)
@@ -283,7 +284,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.stage in ("all", "benign"):
         quality.update(stage_benign(recipe, args.out))
     if args.stage in ("all", "safety"):
-        quality.update(stage_safety(recipe, args.out, args.harmful_train, args.checkpoints or args.out / "checkpoints"))
+        quality.update(stage_safety(recipe, args.out, args.harmful_train, args.checkpoints or CHECKPOINTS))
     if args.stage in ("all", "eval"):
         quality.update(stage_eval(recipe, args.shared, args.n_eval, args.out,
                                              tuple(args.sets), args.limit, not args.no_ce)["quality"])
