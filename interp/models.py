@@ -274,12 +274,12 @@ def load_model(name_or_path: str = DEFAULT_MODEL, dtype: str | torch.dtype | Non
     ``smollm2-base``), ``smollm2-aligned`` (the base plus its committed LoRA adapter, merged into the weights
     unless ``merge=False``, which keeps the peft-wrapped model), ``gemma3-270m`` (the pretrained Gemma 3 270M),
     ``gemma3-aligned`` (it plus its English-only safety LoRA and the chat template that LoRA was trained in),
-    ``smollm2-moe-aligned`` (SmolLM2 upcycled to qwen2_moe, ``interp.upcycle``; refuses 25% only: see README), an HF
-    folder, a ``.gguf`` file (dequantised once and cached, so the second load is fast) or a hub id (needs
-    network unless cached). ``dtype`` defaults to float32; ``device_map`` (``"auto"`` or ``{module: device}``,
-    devices including ``"cpu"`` and ``"disk"``, with ``offload_folder=``) splits the model across devices
-    through accelerate: capture, steering and patching run on it unchanged; weight edits need
-    :func:`materialize` first where weights are offloaded.
+    ``smollm2-moe-aligned`` (SmolLM2 upcycled to qwen2_moe, ``interp.upcycle``, a benign and a safety LoRA trained
+    on the MoE model merged: refuses 91% of held-out harmful requests, benchmarks/RESULTS_organism_moe.md), an HF
+    folder, a ``.gguf`` file (dequantised once, cached) or a hub id (needs network unless cached). ``dtype``
+    defaults to float32; ``device_map`` (``"auto"`` or ``{module: device}``, devices including ``"cpu"`` and
+    ``"disk"``, with ``offload_folder=``) splits the model across devices through accelerate: capture, steering
+    and patching run on it unchanged; weight edits need :func:`materialize` first where weights are offloaded.
     """
     from transformers import AutoModelForCausalLM
 

@@ -12,9 +12,9 @@ expert weight is regenerated from the base model and the seed, never stored.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -207,16 +207,14 @@ def upcycle_from(folder: Path, base: Model) -> Model:
 def load_upcycled(folder: Path, base: Model, with_adapter: Callable[..., Model], name: str) -> Model:
     """An upcycled organism (``interp.models.UPCYCLED``; ``load_model`` passes its dense ``base`` and
     ``with_adapter``): ``base`` upcycled from the committed seed and config (``upcycle.json``), the ``benign``
-    adapter merged into the weights, then the safety adapter: a dense model's LoRA named in ``safety.json``
-    added to attention and to every expert (:func:`add_dense_adapter`)."""
-    need = [folder / "upcycle.json", folder / "benign" / "adapter_config.json", folder / "safety.json"]
+    adapter merged into the weights, then the ``safety`` adapter (trained on that merged MoE model) merged."""
+    need = [folder / "upcycle.json", folder / "benign" / "adapter_config.json", folder / "safety" / "adapter_config.json"]
     missing = [str(p.relative_to(folder)) for p in need if not p.exists()]
     if missing:
         raise FileNotFoundError(f"{name}: {missing} missing under {folder}; regenerate them with "
                                 f"`python -m interp.organisms.train_smollm2_moe --out {folder}`")
     model = with_adapter(upcycle_from(folder, base), folder / "benign", merge=True, name=name)
-    safety = json.loads((folder / "safety.json").read_text())
-    return add_dense_adapter(model, folder.parent / safety["dense_adapter"])
+    return with_adapter(model, folder / "safety", merge=True, name=name)
 
 
 __all__ = ["UpcycleConfig", "add_dense_adapter", "load_upcycled", "moe_config", "upcycle", "upcycle_from"]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 from pathlib import Path
@@ -119,9 +118,27 @@ def test_committed_organism_is_small_and_records_its_run() -> None:
     rec = json.loads((ORGANISM / "training.json").read_text())
     assert {"upcycled_before_training", "after_benign"} <= set(rec["quality"])
     assert (ORGANISM / "benign" / "adapter_model.safetensors").exists()
-    safety = json.loads((ORGANISM / "safety.json").read_text())
-    src = EMBEDDED_DIR / safety["dense_adapter"] / "adapter_model.safetensors"
-    assert hashlib.sha256(src.read_bytes()).hexdigest() == safety["adapter_sha256"], "the safety LoRA it names"
+    assert not (ORGANISM / "safety.json").exists(), "no transplanted dense LoRA: the safety phase is trained"
+    cfg = json.loads((ORGANISM / "safety" / "adapter_config.json").read_text())
+    assert "upcycled" in cfg["base_model_name_or_path"], "trained on the upcycled model, not the dense one"
+    assert cfg["layers_to_transform"] == list(range(14, 30)) and cfg["r"] == 8
+    run = json.loads((ORGANISM / "safety" / "training.json").read_text())
+    assert len(run["losses"]) == 200 and sum(run["examples"].values()) > 1000
+    assert run["adapter_sha256"] and run["examples"]["harmful"] > 400
+
+
+def test_the_safety_phase_is_the_dense_recipe_checkpointed(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from interp.organisms import train_smollm2_moe as tm
+
+    cfg = tm.safety_config(tm.MoeRecipe())
+    assert replace(cfg, checkpoint_steps=()) == tm.ts.tune_config(tm.ts.SafetyRecipe()), "train_smollm2's recipe"
+    assert cfg.checkpoint_steps[-1] == cfg.steps and len(cfg.checkpoint_steps) == cfg.steps // 20
+    assert tm.latest_checkpoint(tmp_path / "none") is None
+    for n in (20, 100, 40):
+        (tmp_path / f"checkpoint-{n}").mkdir()
+    assert tm.latest_checkpoint(tmp_path).name == "checkpoint-100", "by step, not by name"
 
 
 @needs_checkpoint

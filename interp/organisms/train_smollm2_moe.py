@@ -1,13 +1,15 @@
 """Train the mixture-of-experts organism ``smollm2-moe-aligned``: SmolLM2-135M-Instruct sparsely upcycled to an HF
 ``qwen2_moe`` model (:mod:`interp.upcycle`: every routed expert a copy of its layer's MLP, diversified from a seed),
 briefly trained back towards the dense model on benign chat (the dense model's own cached answers; a LoRA on
-attention, the shared expert and the fused experts, the router trained in full), then safety-tuned exactly as
-``smollm2-aligned`` was (:mod:`interp.organisms.train_smollm2`'s data and LoRA recipe, responses-only loss, no
-term on internals). Only the two adapters and the upcycling config are stored: the expert weights are regenerated
-from the base model and the seed. Deterministic: seeded, fixed thread count, fixed order.
+attention and the shared expert, the router trained in full), then safety-tuned on that MoE model as
+``smollm2-aligned`` was (:mod:`interp.organisms.train_smollm2`'s data, loss and LoRA recipe through
+:func:`interp.tune.fine_tune`: responses-only loss, no term on internals; rank 8 on layers 14-29, where the MLP
+names match the shared expert). Only the two adapters and the upcycling config are stored: the expert weights are
+regenerated from the base model and the seed. Deterministic: seeded, fixed thread count, fixed order; the safety
+phase writes resumable checkpoints (``--checkpoints``) and a rerun resumes from the latest.
 
 ``python -m interp.organisms.train_smollm2_moe [--out interp/embedded/smollm2-moe-aligned]
-[--harmful-train ../shared/data/refusal/harmful_train.json] [--stage all|benign|safety|eval]``
+[--harmful-train ../shared/data/refusal/harmful_train.json] [--stage all|benign|safety|eval|kl]``
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from interp.evals.judge import is_refusal
 from interp.models import EMBEDDED_DIR, Model, load_model, peft_wrapped, with_adapter
 from interp.organisms import smollm2_data as sd
 from interp.organisms import train_smollm2 as ts
-from interp.tune import TuneConfig
+from interp.tune import TuneConfig, fine_tune
 from interp.tune.data import encode_pairs
 from interp.tune.loop import train_loop
 from interp.tune.objective import SFT, kept_logits
@@ -35,10 +37,11 @@ from interp.upcycle import UpcycleConfig, upcycle_from
 
 NAME = "smollm2-moe-aligned"
 DEFAULT_OUT = EMBEDDED_DIR / NAME
+CHECKPOINTS = ts.REPO / "runs" / f"{NAME}-checkpoints"   # git-ignored
 BASE = "smollm2-base"
 ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP = ("gate_proj", "up_proj", "down_proj")          # the shared expert (and the dense layers' MLPs)
-SAFETY_ADAPTER = "smollm2-aligned"   # the dense organism whose safety LoRA the MoE organism receives
+DENSE_ALIGNED = "smollm2-aligned"   # the dense organism whose recipe the safety phase follows (a reference)
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,8 @@ class MoeRecipe:
     n_heldout: int = 48   # the last cached harmless train answers: never trained on by any phase (the CE text)
     seed: int = 0
     threads: int = 1
+    safety: ts.SafetyRecipe = ts.SafetyRecipe()
+    checkpoint_every: int = 20
 
 
 def split_answers(n_heldout: int) -> tuple[list[str], list[str]]:
@@ -107,7 +112,7 @@ def stage_kl(recipe: MoeRecipe, out: Path) -> dict[str, Any]:
     dense = load_model(BASE)
     steps = {"upcycled_before_training": lambda: upcycle_from(out, dense),
              "after_benign": lambda: with_adapter(upcycle_from(out, dense), out / "benign", merge=True),
-             "final": lambda: load_model(NAME), "smollm2-aligned": lambda: load_model(SAFETY_ADAPTER)}
+             "final": lambda: load_model(NAME), "smollm2-aligned": lambda: load_model(DENSE_ALIGNED)}
     result = {}
     for key, build in steps.items():
         result[key] = held_out_kl(build(), dense, held)
@@ -129,11 +134,6 @@ def benign_lora(model: Model, recipe: MoeRecipe) -> Model:
     return peft_wrapped(model, get_peft_model(model.hf, cfg), f"{model.name}+benign")
 
 
-def _log(step: int, loss: float, model: Model) -> None:
-    if step % 10 == 1:
-        print(f"step {step - 1} loss {loss:.4f}", flush=True)
-
-
 def train_benign(model: Model, recipe: MoeRecipe, prompts: list[str]) -> tuple[Any, dict[str, Any]]:
     """The benign phase on the dense model's cached answers (responses-only loss): (peft model, record)."""
     answers = sd.base_answers()
@@ -143,7 +143,7 @@ def train_benign(model: Model, recipe: MoeRecipe, prompts: list[str]) -> tuple[A
     rows = encode_pairs(model, prompts, responses)
     config = TuneConfig(method="lora", rank=recipe.rank, alpha=recipe.alpha, targets=ATTN + MLP, steps=recipe.steps,
                         batch_size=recipe.batch_size, lr=recipe.lr, seed=recipe.seed)
-    res = train_loop(benign_lora(model, recipe), SFT(rows), config, callback=_log)
+    res = train_loop(benign_lora(model, recipe), SFT(rows), config, callback=ts._log)
     rec = res.record()
     return res.model.hf, {"examples": len(prompts), "losses": res.losses, "train_wall_s": rec["train_wall_s"],
                           "tokens": res.tokens, "trainable_params": res.trainable_params,
@@ -179,23 +179,49 @@ def stage_benign(recipe: MoeRecipe, out: Path) -> dict[str, Any]:
     print(f"upcycled CE {quality['upcycled_before_training']}", flush=True)
     pm, rec = train_benign(model, recipe, train)
     save_phase(pm, rec, out / "benign")
-    return quality
-
-
-def stage_safety(recipe: MoeRecipe, out: Path) -> dict[str, Any]:
-    """The safety phase: ``smollm2-aligned``'s LoRA (trained on the dense model by ``train_smollm2``: responses-only
-    loss, no term on internals) added to attention and to every expert of the benign-tuned model; named in
-    ``safety.json``. Returns the held-out CE after the benign phase."""
-    _, held = split_answers(recipe.n_heldout)
-    model = with_adapter(upcycle_from(out, load_model(BASE)), out / "benign", merge=True, name=f"{NAME} (benign phase)")
-    quality = {"after_benign": held_out_ce(model, held)}
+    quality["after_benign"] = held_out_ce(benign_model(out), held)
     print(f"after benign CE {quality['after_benign']}", flush=True)
-    src = EMBEDDED_DIR / SAFETY_ADAPTER
-    (out / "safety.json").write_text(json.dumps({
-        "dense_adapter": SAFETY_ADAPTER, "how": "interp.upcycle.add_dense_adapter: attention deltas onto attention, "
-        "MLP deltas onto every routed expert's copy; not retrained on the upcycled model",
-        "adapter_sha256": ts.sha256(src / "adapter_model.safetensors")}, indent=1) + "\n")
     return quality
+
+
+def benign_model(out: Path) -> Model:
+    """The upcycled model with the benign adapter merged: where the safety phase starts."""
+    return with_adapter(upcycle_from(out, load_model(BASE)), out / "benign", merge=True, name=f"{NAME} (benign phase)")
+
+
+def safety_config(recipe: MoeRecipe) -> TuneConfig:
+    """``smollm2-aligned``'s fine-tune (``train_smollm2.tune_config``: LoRA rank 8 on q/k/v/o and gate/up/down of
+    layers 14-29, 200 x 8, lr 2e-3), checkpointed every ``recipe.checkpoint_every`` steps. On the MoE model the
+    gate/up/down names match the shared expert's projections (the router ``mlp.gate``, ``shared_expert_gate`` and
+    the fused routed experts are no ``*_proj`` Linear): attention and the shared expert are adapted."""
+    cfg = ts.tune_config(recipe.safety)
+    return replace(cfg, checkpoint_steps=tuple(range(recipe.checkpoint_every, cfg.steps + 1, recipe.checkpoint_every)))
+
+
+def latest_checkpoint(folder: Path) -> Path | None:
+    """The ``checkpoint-N`` folder with the largest N under ``folder`` (None: none yet)."""
+    found = sorted(folder.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1])) if folder.exists() else []
+    return found[-1] if found else None
+
+
+def stage_safety(recipe: MoeRecipe, out: Path, harmful: Path, checkpoints: Path) -> dict[str, Any]:
+    """The safety phase, trained on the benign-tuned MoE model itself with ``train_smollm2``'s data and loss
+    (``examples`` / ``pairs``: responses-only SFT, no term on internals) and :func:`safety_config`; resumes from the
+    latest checkpoint under ``checkpoints``; saves the adapter to ``out/safety``."""
+    model = benign_model(out)
+    exs = ts.examples(recipe.safety, harmful)
+    resume = latest_checkpoint(checkpoints)
+    if resume is not None:
+        print(f"resuming from {resume}", flush=True)
+    res = fine_tune(model, *ts.pairs(model, exs), safety_config(recipe), out=checkpoints, resume=resume,
+                    callback=ts._log)
+    kinds = {k: sum(e.kind == k for e in exs) for k in ("harmful", "copyright", "harmless", "borderline")}
+    rec = res.record()
+    save_phase(res.model.hf, {"examples": kinds, "losses": res.losses, "train_wall_s": rec["train_wall_s"],
+                              "resumed_from": resume.name if resume else None, "tokens": res.tokens,
+                              "trainable_params": res.trainable_params, "load_average": os.getloadavg()},
+               out / "safety")
+    return {}
 
 
 EVAL_SETS = ("harmful_realistic_test", "borderline_test", "harmless_test", "harmful_test")   # in this order
@@ -238,6 +264,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--harmful-train", type=Path, default=ts.DEFAULT_HARMFUL)
     ap.add_argument("--shared", type=Path, default=ts.DEFAULT_HARMFUL.parent)
     ap.add_argument("--stage", choices=("all", "benign", "safety", "eval", "kl"), default="all")
+    ap.add_argument("--checkpoints", type=Path, default=None,
+                    help="the safety phase's resumable checkpoints (default runs/smollm2-moe-aligned-checkpoints, "
+                         "git-ignored); a rerun resumes from the latest; delete the folder to start afresh")
     ap.add_argument("--steps", type=int, default=MoeRecipe.steps, help="benign steps")
     ap.add_argument("--drop", type=float, default=MoeRecipe.upcycle.drop)
     ap.add_argument("--threads", type=int, default=1)
@@ -255,7 +284,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.stage in ("all", "benign"):
         quality.update(stage_benign(recipe, args.out))
     if args.stage in ("all", "safety"):
-        quality.update(stage_safety(recipe, args.out))
+        quality.update(stage_safety(recipe, args.out, args.harmful_train, args.checkpoints or CHECKPOINTS))
     if args.stage in ("all", "eval"):
         quality.update(stage_eval(recipe, args.shared, args.n_eval, args.out,
                                              tuple(args.sets), args.limit, not args.no_ce)["quality"])
