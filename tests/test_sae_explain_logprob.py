@@ -150,3 +150,20 @@ def test_reference_explanation_names_the_top_contexts_peak_tokens():
     ex.explain = []
     with pytest.raises(ValueError, match="no top contexts"):
         reference_explanation(ex)
+
+
+def test_paired_auroc_difference_resamples_both_conditions_together():
+    from sae.explain import Verdicts
+    from sae.explain.scorers import auroc_difference
+
+    labels, texts = [1, 1, 1, 0, 0, 0], list("abcdef")
+    good = Verdicts("detection", "x", 1, labels, [1, 1, 1, 0, 0, 0], texts, [], "logprob", [3.0, 2.0, 1.0, -1.0, -2.0, 0.5])
+    flat = Verdicts("detection", "y", 2, labels, [1] * 6, texts, [], "logprob", [0.1, -0.2, 0.3, 0.2, -0.1, 0.0])
+    d, (lo, hi) = auroc_difference([good], [flat], n_boot=500)
+    want = verdict_metrics(labels, good.preds, margins=good.margins)["auroc"] - \
+        verdict_metrics(labels, flat.preds, margins=flat.margins)["auroc"]
+    assert d == pytest.approx(want) and lo <= d <= hi
+    assert auroc_difference([good], [good], n_boot=200) == (0.0, [0.0, 0.0])  # paired: identical -> exactly 0
+    other = Verdicts("detection", "y", 2, labels, [1] * 6, list("abcdeg"), [], "logprob", [0.0] * 6)
+    with pytest.raises(ValueError, match="different examples"):
+        auroc_difference([good], [other])
