@@ -167,3 +167,26 @@ def test_paired_auroc_difference_resamples_both_conditions_together():
     other = Verdicts("detection", "y", 2, labels, [1] * 6, list("abcdeg"), [], "logprob", [0.0] * 6)
     with pytest.raises(ValueError, match="different examples"):
         auroc_difference([good], [other])
+
+
+def test_logprob_results_save_load_and_summarise_with_their_mode(tmp_path):
+    from sae.explain import Explanation, LatentExplanations, Verdicts
+
+    labels, texts = [1, 1, 0, 0], list("abcd")
+
+    def v(of, margins):
+        return Verdicts("detection", f"expl {of}", of, labels, [int(m > 0) for m in margins], texts, [], "logprob",
+                        margins)
+
+    own, ctl = [v(1, [2.0, 1.0, -1.0, 0.5]), v(2, [1.0, -math.inf, 0.0, -2.0])], [v(2, [0.1] * 4), v(1, [0.0] * 4)]
+    res = LatentExplanations([1, 2], [Explanation(k, f"expl {k}", True, "", "x") for k in (1, 2)], [2, 1],
+                             own, own, ctl, ctl, explainer="x", scorer="y")
+    s = res.summary()
+    assert s["detection/explanation"]["mode"] == "logprob" and s["fuzzing/shuffled"]["auroc"] == 0.5
+    assert s["detection/explanation"]["auroc"] == pytest.approx(
+        verdict_metrics(labels * 2, [q for x in own for q in x.preds], margins=own[0].margins + own[1].margins)["auroc"])
+    frame = res.to_frame()
+    assert {"auroc", "auroc_low", "auroc_high", "mode"} <= set(frame.columns) and set(frame["mode"]) == {"logprob"}
+    back = LatentExplanations.load(res.save(tmp_path / "res"))
+    assert back.detection[1].margins == own[1].margins and back.detection[1].mode == "logprob"
+    assert str(back.summary()) == str(s)
