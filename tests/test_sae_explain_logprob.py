@@ -77,6 +77,8 @@ def test_bad_options_are_refused_with_the_fix(local):
         local.option_logprobs(convs, ("1",))
     with pytest.raises(ValueError, match="two or more"):
         local.option_logprobs(convs, "10")
+    with pytest.raises(ValueError, match=r"'1' does not follow the prompt as its own token.*end the cue where"):
+        local.option_logprobs(convs, ("1", "0"), cue="[1")  # this tokenizer reads '[11' as unknown tokens
 
 
 def _ctx(words, acts, prompt=0):

@@ -62,9 +62,11 @@ def chat_prompt(tokenizer: Any, messages: Messages) -> str:
     return "".join(f"{m['role'].capitalize()}: {m['content']}\n" for m in msgs) + "Assistant:"
 
 
-def option_tokens(tokenizer: Any, options: Sequence[str]) -> list[int]:
+def option_tokens(tokenizer: Any, options: Sequence[str], context: str | None = None) -> list[int]:
     """The token id of each option: each must be one token of ``tokenizer`` (not its unknown token) and no two
-    may share one; else a ``ValueError`` naming the option and the fix."""
+    may share one; with ``context`` (a prompt and its cue), ``context + option`` must tokenize as ``context``'s
+    tokens and then that one token (a tokenizer that merges the option with the text before it, or spells it
+    differently inside text, would make its log-prob the wrong token's). Else a ``ValueError`` naming the fix."""
     if isinstance(options, str) or len(options) < 2:
         raise ValueError(f"options must be two or more answer strings, e.g. ('1', '0'), got {options!r}")
     ids = []
@@ -80,6 +82,13 @@ def option_tokens(tokenizer: Any, options: Sequence[str]) -> list[int]:
     if len(set(ids)) != len(ids):
         raise ValueError(f"options {list(options)!r} map to the same token(s) {ids}; pick answers that are "
                          f"distinct tokens")
+    if context is not None:
+        head = tokenizer.encode(context, add_special_tokens=False)
+        for o, i in zip(options, ids):
+            if tokenizer.encode(context + o, add_special_tokens=False) != head + [i]:
+                raise ValueError(f"option {o!r} does not follow the prompt as its own token {i} (the tokenizer "
+                                 f"merges it with the text before, ending {context[-20:]!r}); end the cue where a "
+                                 f"token ends (e.g. '[' before '1' / '0')")
     return ids
 
 
@@ -124,7 +133,9 @@ class LocalChatClient:
         ids = option_tokens(self.model.tokenizer, options)
         if not conversations:
             return torch.empty(0, len(ids))
-        _, encs = prepare(self.model, [self.prompt_text(m) + cue for m in conversations], chat=False)
+        texts = [self.prompt_text(m) + cue for m in conversations]
+        option_tokens(self.model.tokenizer, options, context=texts[0])  # the same prompt layout for every row
+        _, encs = prepare(self.model, texts, chat=False)
         order = length_order(encs)
         out = torch.empty(len(encs), len(ids))
         for a, batch in zip(range(0, len(encs), batch_size), batches(self.model, [encs[i] for i in order], batch_size)):
