@@ -107,28 +107,35 @@ def pick_latents(model: Any, sae: Any, prompts: Any, freq: torch.Tensor, cfg: Ex
     return ok, rule, ex
 
 
-def score_reference(examples: dict, scorer: Any, cfg: ExplainConfig, folder: str) -> dict[str, list[Verdicts]]:
-    """Each latent's reference explanation scored by both scorers on its own held-out examples (resumable)."""
-    out: dict[str, list[Verdicts]] = {"detection": [], "fuzzing": []}
-    for kind in out:
-        for lt, ex in examples.items():
-            path = Path(folder) / f"reference_{kind}_{lt}.json"
-            if path.exists():
-                out[kind].append(Verdicts(**read_json(path)))
-                continue
-            v = score(kind, scorer, reference_explanation(ex), ex, cfg)
-            write_json(path, v.__dict__)
-            out[kind].append(v)
+def score_reference(examples: dict, control_of: dict, scorer: Any, cfg: ExplainConfig, folder: str
+                    ) -> dict[str, dict[str, list[Verdicts]]]:
+    """Each latent's reference explanation (``"reference"``) and the reference of the latent whose explanation
+    scores it in the shuffled control (``"reference_shuffled"``: informative, but about another latent), scored by
+    both scorers on its own held-out examples (resumable)."""
+    out: dict[str, dict[str, list[Verdicts]]] = {}
+    for cond, whose in (("reference", None), ("reference_shuffled", control_of)):
+        out[cond] = {"detection": [], "fuzzing": []}
+        for kind in out[cond]:
+            for lt, ex in examples.items():
+                path = Path(folder) / f"{cond}_{kind}_{lt}.json"
+                if path.exists():
+                    out[cond][kind].append(Verdicts(**read_json(path)))
+                    continue
+                of = lt if whose is None else whose[lt]
+                v = score(kind, scorer, reference_explanation(examples[of]), ex, cfg, explanation_of=of)
+                write_json(path, v.__dict__)
+                out[cond][kind].append(v)
     return out
 
 
-CONDS = (("explanation", "own"), ("shuffled", "shuffled (control)"), ("reference", "reference (top tokens)"))
+CONDS = (("explanation", "own"), ("shuffled", "shuffled (control)"), ("reference", "reference (top tokens)"),
+         ("reference_shuffled", "reference of the control's latent"))
 
 
 def _conditions(res: Any, ref: dict | None, kind: str) -> dict[str, list]:
     out = {c: res.verdicts(kind, c) for c in ("explanation", "shuffled")}
-    if ref:
-        out["reference"] = ref[kind]
+    for cond, by_kind in (ref or {}).items():
+        out[cond] = by_kind[kind]
     return out
 
 
@@ -155,14 +162,15 @@ def _pooled_rows(res: Any, ref: dict | None) -> list[str]:
 
 def _latent_rows(res: Any, ref: dict | None) -> list[str]:
     metric = "auroc" if res.detection[0].mode == "logprob" else "balanced_accuracy"
-    rows = [f"| latent | explanation | reference | detection {metric} own / shuffled / ref | fuzzing {metric} own / "
-            "shuffled / ref |", "| --- | --- | --- | --- | --- |"]
+    conds = " / ".join(c.split(" ")[0] for c in _conditions(res, ref, "detection"))
+    rows = [f"| latent | explanation | reference | detection {metric}: {conds} | fuzzing {metric}: {conds} |",
+            "| --- | --- | --- | --- | --- |"]
     for i, (lt, e) in enumerate(zip(res.latents, res.explanations)):
         cells = []
         for kind in ("detection", "fuzzing"):
             vals = [vs[i].metrics(n_boot=10).get(metric, float("nan")) for vs in _conditions(res, ref, kind).values()]
             cells.append(" / ".join(_f(v) for v in vals))
-        r = ref["detection"][i].explanation if ref else ""
+        r = ref["reference"]["detection"][i].explanation if ref else ""
         rows.append(f"| {lt} | {e.text.replace('|', '/')[:100]} | {r.replace('|', '/')} | {cells[0]} | {cells[1]} |")
     return rows
 
@@ -176,12 +184,12 @@ def _verdicts(res: Any, ref: dict | None) -> list[str]:
             out.append(f"- {kind}: accuracy own {own['rate']:.3f} (n={own['n']}) vs shuffled {ctl['rate']:.3f} "
                        f"(n={ctl['n']}); text verdicts, no margin.")
             continue
-        for cond in [c for c in ("explanation", "reference") if c in conds]:
-            d, (lo, hi) = auroc_difference(conds[cond], conds["shuffled"])
-            above = lo > 0
-            out.append(f"- {kind}, {dict(CONDS)[cond]} minus shuffled: AUROC difference {_f(d, lo, hi)} (paired "
-                       f"bootstrap over the same examples): "
-                       f"{'above the control' if above else 'NOT above the control (the interval reaches 0 or below)'}.")
+        pairs = [("explanation", "shuffled"), ("reference", "reference_shuffled"), ("reference", "shuffled")]
+        for cond, ctl in [(a, b) for a, b in pairs if a in conds and b in conds]:
+            d, (lo, hi) = auroc_difference(conds[cond], conds[ctl])
+            verdict = "above the control" if lo > 0 else "NOT above the control (the interval reaches 0 or below)"
+            out.append(f"- {kind}, {dict(CONDS)[cond]} minus {dict(CONDS)[ctl]}: AUROC difference {_f(d, lo, hi)} "
+                       f"(paired bootstrap over the same examples): {verdict}.")
     return out
 
 
@@ -243,7 +251,8 @@ def main() -> None:
     scorer = Timed(LocalChatClient(chat_model, steering.generate, max_new_tokens=6))
     folder = args.folder or tempfile.mkdtemp(prefix="explain_run_")
     res = explain_latents(model, sae, latents, prompts, explainer, scorer=scorer, cfg=cfg, folder=folder)
-    ref = None if args.no_reference else score_reference({lt: examples[lt] for lt in latents}, scorer, cfg, folder)
+    ref = None if args.no_reference else score_reference({lt: examples[lt] for lt in latents},
+                                                         dict(zip(res.latents, res.control_of)), scorer, cfg, folder)
     times = {"explain_s": explainer.seconds, "explain_calls": explainer.calls, "score_s": scorer.seconds,
              "score_calls": scorer.calls}
     cmd = "python benchmarks/bench_explain.py " + " ".join(sys.argv[1:])
