@@ -192,3 +192,27 @@ def test_logprob_results_save_load_and_summarise_with_their_mode(tmp_path):
     back = LatentExplanations.load(res.save(tmp_path / "res"))
     assert back.detection[1].margins == own[1].margins and back.detection[1].mode == "logprob"
     assert str(back.summary()) == str(s)
+
+
+def test_options_outside_an_endpoints_top_logprobs_leave_the_example_unanswered():
+    """Bookkeeping on known log-probs (a scripted client, not a model): both options unknown -> unanswered; one
+    unknown -> the other wins with an infinite margin."""
+    from sae.explain.scorers import logprob_verdicts
+
+    class Known:
+        name = "known"
+
+        def __init__(self, rows):
+            self.rows = rows
+
+        def option_logprobs(self, conversations, options, cue):
+            assert tuple(options) == ("1", "0") and cue == "["
+            return torch.tensor(self.rows[:len(conversations)])
+
+    inf = math.inf
+    preds, margins, answers = logprob_verdicts(Known([[-1.0, -2.0], [-inf, -0.5], [-inf, -inf]]), [[]] * 3)
+    assert preds == [1, 0, None] and margins == [1.0, -inf, None] and answers[2].startswith("log p('1') -inf")
+    m = verdict_metrics([1, 0, 1], preds, margins=margins)
+    assert m["answered"].k == 2 and m["auroc"] == 1.0
+    with pytest.raises(ValueError, match="shape"):
+        logprob_verdicts(Known([[-1.0, -2.0, -3.0]]), [[]])
