@@ -96,7 +96,9 @@ class LocalChatClient:
     """A local chat model answering through ``generate`` (pass ``steering.generate``): greedy, ``max_new_tokens``.
 
     The messages are laid out by the model's own chat template (multi-turn few-shot examples kept as turns) and
-    handed to ``generate`` as one raw prompt (``Prompts(chat=False)``), so no decoding loop lives here."""
+    handed to ``generate`` as one raw prompt (``Prompts(chat=False)``), so no decoding loop lives here.
+    :meth:`option_logprobs` (the scorers' constrained verdicts) runs the same prompts through ``interp.forward``
+    (prepare, batches, last-position logits): one forward, no generation."""
 
     def __init__(self, model: Any, generate: Callable[..., Any], max_new_tokens: int = 64, name: str | None = None):
         if not callable(generate):
