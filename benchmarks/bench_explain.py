@@ -4,10 +4,14 @@ smollm2-aligned (the realistic organism, SmolLM2-135M-Instruct + a safety LoRA) 
 the explainer / scorer (through ``steering.generate``). A TopK SAE is trained quickly on its residual stream over
 persona statements (Anthropic model-written evaluations, plain text, no chat template); ``--latents`` latents are
 drawn at random (seeded) among those firing on enough statements, explained from their top contexts and random
-non-activating ones, and scored on held-out contexts. Writes ``benchmarks/RESULTS_explain.md``.
+non-activating ones, and scored on held-out contexts. ``--verdicts logprob`` reads each scorer verdict from the
+scorer's log-probabilities of "1" vs "0" (no generation; margins and AUROC) instead of parsing its answer. Beside
+the own and shuffled explanations, a non-LM reference explanation (the latent's most frequent peak tokens in its
+top contexts, "the tokens 'x', 'y', 'z'") is scored on the same examples (``--no-reference`` to skip). The report
+goes to ``--out`` (and ``report.md`` in the run folder); ``benchmarks/RESULTS_explain.md`` is written by hand from
+it.
 
-    python benchmarks/bench_explain.py                     # ~8 latents, a few minutes of CPU on 2 cores
-    python benchmarks/bench_explain.py --latents 4 --statements 600 --out /tmp/explain.md   # a quicker look
+    python benchmarks/bench_explain.py --explainer smollm2-135m-instruct --verdicts logprob --out /tmp/explain.md
 """
 
 from __future__ import annotations
@@ -31,7 +35,10 @@ import interp  # noqa: E402
 import steering  # noqa: E402
 from interp.capturing import capture  # noqa: E402
 from sae.analysis import encode_tokens  # noqa: E402
-from sae.explain import ExplainConfig, LocalChatClient, explain_latents, latent_examples  # noqa: E402
+from interp.io import read_json, write_json  # noqa: E402
+from sae.explain import ExplainConfig, LocalChatClient, Verdicts, explain_latents, latent_examples, score  # noqa: E402
+from sae.explain.explainer import reference_explanation  # noqa: E402
+from sae.explain.scorers import auroc_difference, pooled  # noqa: E402
 from sae.quality import evaluate  # noqa: E402
 from sae.trainer import train_sae  # noqa: E402
 
@@ -51,6 +58,14 @@ class Timed:
         t = time.perf_counter()
         try:
             return self.inner.complete_many(conversations)
+        finally:
+            self.calls += len(conversations)
+            self.seconds += time.perf_counter() - t
+
+    def option_logprobs(self, conversations: Any, options: Any = ("1", "0"), cue: str = "") -> torch.Tensor:
+        t = time.perf_counter()
+        try:
+            return self.inner.option_logprobs(conversations, options, cue)
         finally:
             self.calls += len(conversations)
             self.seconds += time.perf_counter() - t
@@ -80,88 +95,125 @@ def fit_sae(model: Any, prompts: Any, site: str, args: argparse.Namespace) -> tu
 
 
 def pick_latents(model: Any, sae: Any, prompts: Any, freq: torch.Tensor, cfg: ExplainConfig, n: int, seed: int
-                 ) -> tuple[list[int], str]:
-    """``n`` latents drawn at random among those firing on 0.2%..5% of tokens that have enough contexts."""
+                 ) -> tuple[list[int], str, dict]:
+    """``n`` latents drawn at random among those firing on 0.2%..5% of tokens that have enough contexts (and the
+    contexts of all drawn: each latent's split is seeded by the latent alone, as ``explain_latents`` makes it)."""
     band = ((freq >= 0.002) & (freq <= 0.05)).nonzero()[:, 0].tolist()
     pool = random.Random(seed).sample(band, min(len(band), 6 * n))
     ex = latent_examples(model, sae, pool, prompts, cfg)
     ok = [lt for lt in pool if len(ex[lt].test) == cfg.n_test and len(ex[lt].test_random) == cfg.n_test_random][:n]
     rule = (f"drawn at random (seed {seed}) among the {len(band)} latents firing on 0.2%-5% of tokens, keeping "
             f"those with {cfg.n_explain} + {cfg.n_test} activating statements")
-    return ok, rule
+    return ok, rule, ex
 
 
-def _pooled_rows(res: Any) -> list[str]:
-    s = res.summary()
-    rows = ["| scorer | explanations | accuracy [95% Wilson] | balanced accuracy [95% bootstrap] | F1 [95% bootstrap] "
-            "| answered |", "| --- | --- | --- | --- | --- | --- |"]
+def score_reference(examples: dict, control_of: dict, scorer: Any, cfg: ExplainConfig, folder: str
+                    ) -> dict[str, dict[str, list[Verdicts]]]:
+    """Each latent's reference explanation (``"reference"``) and the reference of the latent whose explanation
+    scores it in the shuffled control (``"reference_shuffled"``: informative, but about another latent), scored by
+    both scorers on its own held-out examples (resumable)."""
+    out: dict[str, dict[str, list[Verdicts]]] = {}
+    for cond, whose in (("reference", None), ("reference_shuffled", control_of)):
+        out[cond] = {"detection": [], "fuzzing": []}
+        for kind in out[cond]:
+            for lt, ex in examples.items():
+                path = Path(folder) / f"{cond}_{kind}_{lt}.json"
+                if path.exists():
+                    out[cond][kind].append(Verdicts(**read_json(path)))
+                    continue
+                of = lt if whose is None else whose[lt]
+                v = score(kind, scorer, reference_explanation(examples[of]), ex, cfg, explanation_of=of)
+                write_json(path, v.__dict__)
+                out[cond][kind].append(v)
+    return out
+
+
+CONDS = (("explanation", "own"), ("shuffled", "shuffled (control)"), ("reference", "reference (top tokens)"),
+         ("reference_shuffled", "reference of the control's latent"))
+
+
+def _conditions(res: Any, ref: dict | None, kind: str) -> dict[str, list]:
+    out = {c: res.verdicts(kind, c) for c in ("explanation", "shuffled")}
+    for cond, by_kind in (ref or {}).items():
+        out[cond] = by_kind[kind]
+    return out
+
+
+def _f(x: float, lo: float | None = None, hi: float | None = None) -> str:
+    if x != x:
+        return "n/a"
+    return f"{x:.3f}" if lo is None else f"{x:.3f} [{lo:.3f}, {hi:.3f}]"
+
+
+def _pooled_rows(res: Any, ref: dict | None) -> list[str]:
+    rows = ["| scorer | explanations | accuracy [95% Wilson] | balanced accuracy [95% bootstrap] | AUROC of the margin "
+            "[95% bootstrap] | answered | said 1 |", "| --- | --- | --- | --- | --- | --- | --- |"]
     for kind in ("detection", "fuzzing"):
-        for cond, label in (("explanation", "own"), ("shuffled", "shuffled (control)")):
-            m = s[f"{kind}/{cond}"]
-            a = m["accuracy"]
-            bl, bh = m["balanced_accuracy_ci95"]
-            fl, fh = m["f1_ci95"]
-            rows.append(f"| {kind} | {label} | {a['rate']:.3f} ({a['k']}/{a['n']}) [{a['low']:.3f}, {a['high']:.3f}] "
-                        f"| {m['balanced_accuracy']:.3f} [{bl:.3f}, {bh:.3f}] | {m['f1']:.3f} [{fl:.3f}, {fh:.3f}] "
-                        f"| {m['answered']:.2f} |")
+        for cond, vs in _conditions(res, ref, kind).items():
+            m = pooled(vs)
+            a = m["accuracy"].columns()
+            said1 = sum(q == 1 for v in vs for q in v.preds) / max(1, sum(q is not None for v in vs for q in v.preds))
+            auc = _f(m["auroc"], *m["auroc_ci95"]) if "auroc" in m else "n/a (text verdicts)"
+            rows.append(f"| {kind} | {dict(CONDS)[cond]} | {a['rate']:.3f} ({a['k']}/{a['n']}) [{a['low']:.3f}, "
+                        f"{a['high']:.3f}] | {_f(m['balanced_accuracy'], *m['balanced_accuracy_ci95'])} | {auc} | "
+                        f"{m['answered'].rate:.2f} | {said1:.2f} |")
     return rows
 
 
-def _latent_rows(res: Any) -> list[str]:
-    f = res.to_frame()
-    rows = ["| latent | explanation | detection bal. acc. own / shuffled | fuzzing bal. acc. own / shuffled |",
-            "| --- | --- | --- | --- |"]
-    def cell(lt: int, kind: str) -> str:
-        v = [f[(f.latent == lt) & (f.scorer == kind) & (f.condition == c)].balanced_accuracy.iloc[0]
-             for c in ("explanation", "shuffled")]
-        return " / ".join("n/a" if x != x else f"{x:.2f}" for x in v)
-
-    for lt, e in zip(res.latents, res.explanations):
-        text = e.text.replace("|", "\\|")[:110]
-        rows.append(f"| {lt} | {text} | {cell(lt, 'detection')} | {cell(lt, 'fuzzing')} |")
+def _latent_rows(res: Any, ref: dict | None) -> list[str]:
+    metric = "auroc" if res.detection[0].mode == "logprob" else "balanced_accuracy"
+    conds = " / ".join(c.split(" ")[0] for c in _conditions(res, ref, "detection"))
+    rows = [f"| latent | explanation | reference | detection {metric}: {conds} | fuzzing {metric}: {conds} |",
+            "| --- | --- | --- | --- | --- |"]
+    for i, (lt, e) in enumerate(zip(res.latents, res.explanations)):
+        cells = []
+        for kind in ("detection", "fuzzing"):
+            vals = [vs[i].metrics(n_boot=10).get(metric, float("nan")) for vs in _conditions(res, ref, kind).values()]
+            cells.append(" / ".join(_f(v) for v in vals))
+        r = ref["reference"]["detection"][i].explanation if ref else ""
+        rows.append(f"| {lt} | {e.text.replace('|', '/')[:100]} | {r.replace('|', '/')} | {cells[0]} | {cells[1]} |")
     return rows
 
 
-def report(res: Any, args: argparse.Namespace, info: dict, rule: str, times: dict, cmd: str) -> str:
-    s = res.summary()
-    verdict = []
+def _verdicts(res: Any, ref: dict | None) -> list[str]:
+    out = []
     for kind in ("detection", "fuzzing"):
-        own, ctl = s[f"{kind}/explanation"]["accuracy"], s[f"{kind}/shuffled"]["accuracy"]
-        if not own["n"] or not ctl["n"]:
-            verdict.append(f"- {kind}: no answered examples ({own['n']} with own, {ctl['n']} with shuffled "
-                           f"explanations): no score and no comparison with the control.")
+        conds = _conditions(res, ref, kind)
+        if conds["explanation"][0].mode != "logprob":
+            own, ctl = (pooled(conds[c])["accuracy"].columns() for c in ("explanation", "shuffled"))
+            out.append(f"- {kind}: accuracy own {own['rate']:.3f} (n={own['n']}) vs shuffled {ctl['rate']:.3f} "
+                       f"(n={ctl['n']}); text verdicts, no margin.")
             continue
-        sep = own["low"] > ctl["high"]
-        verdict.append(f"- {kind}: accuracy {own['rate']:.3f} with the latents' own explanations vs {ctl['rate']:.3f} "
-                       f"with shuffled ones; the Wilson intervals {'do not overlap' if sep else 'overlap'}: "
-                       f"{'the explanations carry information the control lacks' if sep else 'no measurable effect at this size'}.")
+        pairs = [("explanation", "shuffled"), ("reference", "reference_shuffled"), ("reference", "shuffled")]
+        for cond, ctl in [(a, b) for a, b in pairs if a in conds and b in conds]:
+            d, (lo, hi) = auroc_difference(conds[cond], conds[ctl])
+            verdict = "above the control" if lo > 0 else "NOT above the control (the interval reaches 0 or below)"
+            out.append(f"- {kind}, {dict(CONDS)[cond]} minus {dict(CONDS)[ctl]}: AUROC difference {_f(d, lo, hi)} "
+                       f"(paired bootstrap over the same examples): {verdict}.")
+    return out
+
+
+def report(res: Any, args: argparse.Namespace, info: dict, rule: str, times: dict, cmd: str,
+           ref: dict | None = None) -> str:
+    c = res.config
     return "\n".join([
         "# Explanations of SAE latents: detection and fuzzing vs shuffled explanations", "",
         f"Command: `{cmd}`", "", f"Machine: {machine()}", "",
-        "- Model under study: `smollm2-aligned` (SmolLM2-135M-Instruct + safety LoRA); explainer and scorer: "
-        f"`{args.explainer}`, greedy, through `steering.generate` (`sae.explain.LocalChatClient`, scorer prompts "
-        "batched).",
+        f"- Model under study: `smollm2-aligned` (SmolLM2-135M-Instruct + safety LoRA); explainer and scorer: "
+        f"`{args.explainer}` (`{res.scorer}`), explanations greedy through `steering.generate`; scorer verdicts: "
+        f"**{c['verdicts']}**" + (" (log p('1') vs log p('0') after the cue '[', one forward per prompt, no "
+                                  "generation)" if c["verdicts"] == "logprob" else " (the answer's text parsed)") + ".",
         f"- SAE: TopK, d_sae {args.d_sae}, k {args.k}, trained on `{res.site}` over {info['tokens']} tokens of "
         f"{args.statements} persona statements (plain text) for {args.train_tokens} tokens: FVU {info['fvu']}, "
         f"L0 {info['l0']}, dead {info['dead']} ({info['seconds']} s capture + training).",
         f"- Latents ({len(res.latents)}): {rule}.",
-        f"- Shown: explainer {res.config['n_explain']} top + {res.config['n_explain_random']} non-activating contexts; "
-        f"each scorer {res.config['n_test']} held-out activating + {res.config['n_test_random']} non-activating, "
-        f"{res.config['n_shown']} per prompt; window {tuple(res.config['window'])} tokens around the peak; "
-        f"few-shot worked example: {'yes' if res.config['few_shot'] else 'no'}.",
+        f"- Shown: explainer {c['n_explain']} top + {c['n_explain_random']} non-activating contexts; each scorer "
+        f"{c['n_test']} held-out activating + {c['n_test_random']} non-activating, {c['n_shown']} per prompt; window "
+        f"{tuple(c['window'])} around the peak; few-shot worked example: {'yes' if c['few_shot'] else 'no'}.",
         f"- Time: explaining {times['explain_s']:.0f} s ({times['explain_calls']} calls); scoring "
-        f"{times['score_s']:.0f} s ({times['score_calls']} calls, both conditions): "
-        f"**{times['latents_per_min']:.2f} latents/min scored** (detection + fuzzing, own + shuffled).", "",
-        "## Pooled over latents", "", *_pooled_rows(res), "", *verdict, "",
-        "## Per latent", "", *_latent_rows(res), "",
-        "## Reading", "",
-        "- A 135M model is a weak explainer and a weak scorer: read the answered column (answers that were not a "
-        "list of 0/1 of the right length count as unanswered, not wrong) and the control before any score. The "
-        "control is the same scorer on the same examples in the same order with another latent's explanation, so "
-        "any bias of the scorer (always answering 1, position habits) shows in both rows alike.",
-        "- Accuracy and the per-class rates use Wilson intervals (`interp.evals.rates`); balanced accuracy and F1 "
-        "are not binomial proportions, so their intervals are percentile bootstraps over examples, resampled "
-        "within each class (`interp.evals.bootstrap`).",
+        f"{times['score_s']:.0f} s ({times['score_calls']} scorer prompts, all conditions).", "",
+        "## Pooled over latents", "", *_pooled_rows(res, ref), "", *_verdicts(res, ref), "",
+        "## Per latent", "", *_latent_rows(res, ref), "",
         "- Notes from the run: " + ("; ".join(res.notes) if res.notes else "none."), ""])
 
 
@@ -173,33 +225,41 @@ def main() -> None:
     ap.add_argument("--d-sae", type=int, default=1024)
     ap.add_argument("--k", type=int, default=16)
     ap.add_argument("--train-tokens", type=int, default=300_000)
+    ap.add_argument("--n-test", type=int, default=5, help="held-out activating (and as many non-activating) per latent")
     ap.add_argument("--explain-tokens", type=int, default=40, help="the explainer's answer length")
     ap.add_argument("--explainer", default="smollm2-aligned",
                     help="the chat model that explains and scores (e.g. smollm2-135m-instruct: no safety LoRA)")
+    ap.add_argument("--verdicts", choices=("text", "logprob"), default="text",
+                    help="scorer verdicts from the answer's text, or from log p('1') vs log p('0') (no generation)")
+    ap.add_argument("--no-reference", action="store_true", help="skip the top-token reference explanation")
     ap.add_argument("--folder", default=None, help="run folder (resumable); default a fresh temporary one")
-    ap.add_argument("--out", default=str(Path(__file__).with_name("RESULTS_explain.md")))
+    ap.add_argument("--out", default=None, help="also write the report here")
     args = ap.parse_args()
     torch.manual_seed(0)
+    torch.set_num_threads(int(__import__("os").environ.get("OMP_NUM_THREADS", "1")))
     model = interp.load_model("smollm2-aligned")
     prompts = interp.Prompts(statements(args.statements, 0), chat=False)
     site = f"blocks.{args.layer}.hook_resid_post"
     sae, freq, info = fit_sae(model, prompts, site, args)
     # zero-shot, one example per scorer prompt: a 135M model copies a worked example verbatim (measured: every
     # explanation came back as the example's own) and cannot keep a list of five answers in order
-    cfg = ExplainConfig(n_explain=10, n_explain_random=5, n_test=5, n_test_random=5, n_shown=1, window=(12, 4),
-                        few_shot=False)
-    latents, rule = pick_latents(model, sae, prompts, freq, cfg, args.latents, seed=0)
+    cfg = ExplainConfig(n_explain=10, n_explain_random=5, n_test=args.n_test, n_test_random=args.n_test, n_shown=1,
+                        window=(12, 4), few_shot=False, verdicts=args.verdicts)
+    latents, rule, examples = pick_latents(model, sae, prompts, freq, cfg, args.latents, seed=0)
     chat_model = model if args.explainer == "smollm2-aligned" else interp.load_model(args.explainer)
     explainer = Timed(LocalChatClient(chat_model, steering.generate, max_new_tokens=args.explain_tokens))
     scorer = Timed(LocalChatClient(chat_model, steering.generate, max_new_tokens=6))
     folder = args.folder or tempfile.mkdtemp(prefix="explain_run_")
     res = explain_latents(model, sae, latents, prompts, explainer, scorer=scorer, cfg=cfg, folder=folder)
+    ref = None if args.no_reference else score_reference({lt: examples[lt] for lt in latents},
+                                                         dict(zip(res.latents, res.control_of)), scorer, cfg, folder)
     times = {"explain_s": explainer.seconds, "explain_calls": explainer.calls, "score_s": scorer.seconds,
-             "score_calls": scorer.calls,
-             "latents_per_min": len(latents) / max(scorer.seconds / 60, 1e-9) if scorer.calls else float("nan")}
+             "score_calls": scorer.calls}
     cmd = "python benchmarks/bench_explain.py " + " ".join(sys.argv[1:])
-    text = report(res, args, info, rule, times, cmd.strip())
-    write_text(args.out, text)
+    text = report(res, args, info, rule, times, cmd.strip(), ref)
+    write_text(Path(folder) / "report.md", text)
+    if args.out:
+        write_text(args.out, text)
     res.save(Path(folder) / "result", overwrite=True)
     print(text)
     print(f"run folder: {folder}")

@@ -1,16 +1,19 @@
 """The OpenAI-compatible HTTP chat client against servers started on loopback in the test: one that answers
-``/v1/chat/completions`` by calling our local client on a real tiny model, and ones that fail with HTTP 500, refuse
-the connection, demand a key, or sleep past the timeout."""
+``/v1/chat/completions`` by calling our local client on a real tiny model (and ``/v1/completions`` with the
+model's top log-probs, read straight off its forward), and ones that fail with HTTP 500, refuse the connection,
+demand a key, sleep past the timeout, or answer completions without log-probs."""
 
 from __future__ import annotations
 
 import json
+import math
 import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+import torch
 
 from sae.explain import ChatClientError, HTTPChatClient, LocalChatClient
 
@@ -25,10 +28,29 @@ def local():
     return LocalChatClient(tiny_model("llama", max_position_embeddings=2048), steering.generate, max_new_tokens=10)
 
 
+def completion(local, req: dict, logprobs: bool) -> dict:
+    """A legacy completions answer of one token for ``req["prompt"]`` (already chat-formatted): the model's
+    greedy next token and, with ``logprobs``, its ``req["logprobs"]`` likeliest tokens, computed here with one plain
+    HF forward of the tokenised prompt (as a server would, not through our forward stack)."""
+    import torch
+
+    tok, hf = local.model.tokenizer, local.model.hf
+    with torch.no_grad():
+        lp = hf(input_ids=torch.tensor([tok.encode(req["prompt"], add_special_tokens=False)])).logits[0, -1]
+    lp = lp.float().log_softmax(-1)
+    top = lp.topk(int(req.get("logprobs") or 1))
+    pieces = [tok.decode([int(i)]) for i in top.indices]
+    choice = {"index": 0, "text": pieces[0], "finish_reason": "length", "logprobs": None}
+    if logprobs:
+        choice["logprobs"] = {"tokens": pieces[:1], "token_logprobs": [float(top.values[0])],
+                              "top_logprobs": [{p: float(v) for p, v in zip(pieces[::-1], top.values.tolist()[::-1])}]}
+    return {"object": "text_completion", "model": req["model"], "choices": [choice]}
+
+
 class Server:
     """A ``ThreadingHTTPServer`` on 127.0.0.1 (a free port) whose behaviour is ``mode``: ``ok`` (answers with
-    ``local``), ``500``, ``slow`` (sleeps ``delay`` seconds first) or ``key`` (401 unless the bearer key is ``k``).
-    Counts the requests it got."""
+    ``local``), ``500``, ``slow`` (sleeps ``delay`` seconds first), ``key`` (401 unless the bearer key is ``k``)
+    or ``nologprobs`` (completions without log-probs). Counts the requests it got."""
 
     def __init__(self, mode: str, local=None, delay: float = 0.0):
         self.mode, self.local, self.delay, self.requests = mode, local, delay, []
@@ -49,6 +71,8 @@ class Server:
             def do_POST(self):
                 req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 outer.requests.append((self.path, req, self.headers.get("Authorization")))
+                if self.path == "/v1/completions" and outer.mode in ("ok", "nologprobs"):
+                    return self._send(200, completion(outer.local, req, outer.mode == "ok"))
                 if self.path != "/v1/chat/completions":
                     return self._send(404, {"error": f"no route {self.path}"})
                 if outer.mode == "500":
@@ -158,3 +182,59 @@ def test_a_run_scores_through_the_http_endpoint(local, tmp_path):
         res = explain_latents(model, sae, latents, prompts, local, scorer=http, cfg=cfg, folder=tmp_path / "run")
     assert res.scorer.startswith("http:tiny-llama@") and res.explainer == "local:tiny-llama"
     assert len(srv.requests) == 2 * 2 * 2  # latents x scorers x conditions, one prompt of 4 each
+
+
+def test_option_logprobs_over_http_equal_the_local_client(local):
+    from sae.explain.prompts import scorer_messages
+
+    convs = [scorer_messages(k, "weather words", [t], few_shot=False)
+             for k, t in (("detection", "the rain fell"), ("fuzzing", "a <<dry>> day"), ("detection", "1 0"))]
+    tok = local.model.tokenizer
+    want = local.option_logprobs(convs, ("1", "0"), cue="[")
+    with Server("ok", local) as srv:
+        vocab = local.model.hf.config.vocab_size  # every token: both options are among the top log-probs
+        http = HTTPChatClient(srv.url, model="tiny-llama", retries=0, tokenizer=tok, top_logprobs=vocab)
+        got = http.option_logprobs(convs, ("1", "0"), cue="[")
+        narrow = HTTPChatClient(srv.url, model="tiny-llama", retries=0, tokenizer=tok, top_logprobs=1)
+        first = narrow.option_logprobs(convs[:1], ("1", "0"), cue="[")
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    path, req, _ = srv.requests[0]
+    assert path == "/v1/completions" and req["max_tokens"] == 1 and req["temperature"] == 0.0
+    assert req["prompt"] == local.prompt_text(convs[0]) + "[" and req["logprobs"] == vocab
+    # with one top log-prob, an option outside it is -inf (probability 0, as delphi counts it), one inside exact
+    out = torch.isinf(first[0])
+    assert int(out.sum()) >= 1 and torch.allclose(first[0][~out], want[0][~out], atol=1e-5)
+
+
+def test_logprob_scores_over_http_match_the_local_ones(local):
+    from sae.contexts import Context
+    from sae.explain import ExplainConfig, LatentExamples, score
+
+    def ctx(words, acts, p):
+        return Context(prompt=p, position=2, tokens=words, acts=acts, peak=2, max_act=max(acts))
+
+    ex = LatentExamples(3, [], [], [ctx(["the", " heavy", " rain"], [0.0, 0.0, 1.0 + i], i) for i in range(2)],
+                        [ctx(["a", " dry", " day"], [0.0, 0.0, 0.0], 9 + i) for i in range(2)], 2)
+    cfg = ExplainConfig(n_shown=1, verdicts="logprob")
+    with Server("ok", local) as srv:
+        http = HTTPChatClient(srv.url, model="tiny-llama", retries=0, tokenizer=local.model.tokenizer,
+                              top_logprobs=local.model.hf.config.vocab_size)
+        over = score("fuzzing", http, "weather", ex, cfg)
+    here = score("fuzzing", local, "weather", ex, cfg)
+    assert over.mode == here.mode == "logprob" and over.texts == here.texts and over.preds == here.preds
+    assert over.margins == pytest.approx(here.margins, abs=1e-4)
+
+
+def test_option_logprobs_over_http_refuse_with_the_fix(local):
+    tok = local.model.tokenizer
+    with pytest.raises(ValueError, match="tokenizer=<its HF tokenizer>"):
+        HTTPChatClient("http://127.0.0.1:1/v1", model="m").option_logprobs([MESSAGES])
+    with pytest.raises(ValueError, match="exactly one token"):
+        HTTPChatClient("http://127.0.0.1:1/v1", model="m", tokenizer=tok).option_logprobs([MESSAGES], ("[1]", "0"))
+    with Server("nologprobs", local) as srv:  # completions served, log-probs not
+        with pytest.raises(ChatClientError, match=r"/v1/completions answered 200 but not as expected.*log-probs"):
+            HTTPChatClient(srv.url, model="m", retries=0, tokenizer=tok).option_logprobs([MESSAGES])
+    with Server("key") as srv:  # no completions route at all: 404, not retried
+        with pytest.raises(ChatClientError, match=r"HTTP 404.*completions API with log-probs.*verdicts='text'"):
+            HTTPChatClient(srv.url, model="m", api_key="k", retries=2, tokenizer=tok).option_logprobs([MESSAGES])
+    assert len(srv.requests) == 1

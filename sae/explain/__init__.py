@@ -5,6 +5,11 @@ top-activating and random non-activating contexts, then scores it by detection a
 scorer given a shuffled explanation (another latent's) as the control; the result (:class:`LatentExplanations`)
 has ``.summary()``, ``.to_frame()``, ``.plot()`` and saves / loads. Clients: :class:`LocalChatClient` (a local HF
 chat model through ``steering.generate``, passed in) and :class:`HTTPChatClient` (an OpenAI-compatible endpoint).
+
+Scorer verdicts (``ExplainConfig.verdicts``): ``"text"`` (default; delphi's: the answer's list of 0/1 is parsed,
+any chat client) or ``"logprob"`` (constrained: the scorer model's log p("1") vs log p("0") after the answer cue,
+read by the client's ``option_logprobs``; every example answered, margins and AUROC recorded). Small models write
+off-format answers, so their scores need ``"logprob"``; text stays the default because any endpoint can serve it.
 """
 
 from sae.explain.client import ChatClient, ChatClientError, HTTPChatClient, LocalChatClient

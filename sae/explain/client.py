@@ -1,4 +1,6 @@
-"""Chat clients the explainer and the scorers talk to: one protocol, ``complete(messages) -> str``.
+"""Chat clients the explainer and the scorers talk to: one protocol, ``complete(messages) -> str``; a client that
+can also read its model's next-token log-probabilities has ``option_logprobs(conversations, options, cue)`` (the
+scorers' constrained verdicts, ``ExplainConfig(verdicts="logprob")``).
 
 :class:`LocalChatClient` runs any local chat model through the project's own generation (``steering.generate``,
 passed in: ``sae`` sits below ``steering`` and never imports it); :class:`HTTPChatClient` calls an
@@ -10,6 +12,7 @@ name the URL and the fix). Messages are OpenAI-style dicts ``{"role": "system" |
 from __future__ import annotations
 
 import json
+import math
 import socket
 import time
 import urllib.error
@@ -17,6 +20,8 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
+
+import torch
 
 Messages = Sequence[dict[str, str]]
 
@@ -48,11 +53,52 @@ def check_messages(messages: Messages) -> list[dict[str, str]]:
     return out
 
 
+def chat_prompt(tokenizer: Any, messages: Messages) -> str:
+    """The raw prompt a chat model reads: its tokenizer's chat template over ``messages`` with the assistant turn
+    opened (``System: ... / User: ... / Assistant:`` lines for a tokenizer without a template)."""
+    msgs = check_messages(messages)
+    if getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    return "".join(f"{m['role'].capitalize()}: {m['content']}\n" for m in msgs) + "Assistant:"
+
+
+def option_tokens(tokenizer: Any, options: Sequence[str], context: str | None = None) -> list[int]:
+    """The token id of each option: each must be one token of ``tokenizer`` (not its unknown token) and no two
+    may share one; with ``context`` (a prompt and its cue), ``context + option`` must tokenize as ``context``'s
+    tokens and then that one token (a tokenizer that merges the option with the text before it, or spells it
+    differently inside text, would make its log-prob the wrong token's). Else a ``ValueError`` naming the fix."""
+    if isinstance(options, str) or len(options) < 2:
+        raise ValueError(f"options must be two or more answer strings, e.g. ('1', '0'), got {options!r}")
+    ids = []
+    for o in options:
+        got = tokenizer.encode(o, add_special_tokens=False) if isinstance(o, str) else None
+        if got is None or len(got) != 1:
+            raise ValueError(f"option {o!r} is {'not a string' if got is None else f'{len(got)} tokens {got}'} for "
+                             f"this tokenizer; each option must be exactly one token (e.g. '1' / '0' after a "
+                             f"'[' cue): pick single-token answers")
+        if got[0] is not None and got[0] == getattr(tokenizer, "unk_token_id", None):
+            raise ValueError(f"option {o!r} is the tokenizer's unknown token; pick answers the vocabulary holds")
+        ids.append(int(got[0]))
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"options {list(options)!r} map to the same token(s) {ids}; pick answers that are "
+                         f"distinct tokens")
+    if context is not None:
+        head = tokenizer.encode(context, add_special_tokens=False)
+        for o, i in zip(options, ids):
+            if tokenizer.encode(context + o, add_special_tokens=False) != head + [i]:
+                raise ValueError(f"option {o!r} does not follow the prompt as its own token {i} (the tokenizer "
+                                 f"merges it with the text before, ending {context[-20:]!r}); end the cue where a "
+                                 f"token ends (e.g. '[' before '1' / '0')")
+    return ids
+
+
 class LocalChatClient:
     """A local chat model answering through ``generate`` (pass ``steering.generate``): greedy, ``max_new_tokens``.
 
     The messages are laid out by the model's own chat template (multi-turn few-shot examples kept as turns) and
-    handed to ``generate`` as one raw prompt (``Prompts(chat=False)``), so no decoding loop lives here."""
+    handed to ``generate`` as one raw prompt (``Prompts(chat=False)``), so no decoding loop lives here.
+    :meth:`option_logprobs` (the scorers' constrained verdicts) runs the same prompts through ``interp.forward``
+    (prepare, batches, last-position logits): one forward, no generation."""
 
     def __init__(self, model: Any, generate: Callable[..., Any], max_new_tokens: int = 64, name: str | None = None):
         if not callable(generate):
@@ -63,11 +109,7 @@ class LocalChatClient:
 
     def prompt_text(self, messages: Messages) -> str:
         """The raw prompt the model reads: its chat template over ``messages`` with the assistant turn opened."""
-        msgs = check_messages(messages)
-        tok = self.model.tokenizer
-        if getattr(tok, "chat_template", None):
-            return tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
-        return "".join(f"{m['role'].capitalize()}: {m['content']}\n" for m in msgs) + "Assistant:"
+        return chat_prompt(self.model.tokenizer, messages)
 
     def complete(self, messages: Messages) -> str:
         return self.complete_many([messages])[0]
@@ -82,6 +124,27 @@ class LocalChatClient:
                             runtime=Runtime(batch_size=batch_size, progress=False))
         return list(out.texts)
 
+    def option_logprobs(self, conversations: Sequence[Messages], options: Sequence[str] = ("1", "0"),
+                        cue: str = "", batch_size: int = 8) -> torch.Tensor:
+        """``[n, len(options)]`` float32: the model's log-probability (log-softmax over the whole vocabulary) of
+        each option as the next token after each conversation's prompt (:meth:`prompt_text`) followed by ``cue``
+        (the start of the answer, e.g. ``"["``). Each option must be one token (:func:`option_tokens`). One
+        forward per left-padded batch of ``batch_size`` (prompts batched longest first), no generation."""
+        from interp.forward import batches, last_logits, length_order, prepare
+
+        ids = option_tokens(self.model.tokenizer, options)
+        if not conversations:
+            return torch.empty(0, len(ids))
+        texts = [self.prompt_text(m) + cue for m in conversations]
+        option_tokens(self.model.tokenizer, options, context=texts[0])  # the same prompt layout for every row
+        _, encs = prepare(self.model, texts, chat=False)
+        order = length_order(encs)
+        out = torch.empty(len(encs), len(ids))
+        for a, batch in zip(range(0, len(encs), batch_size), batches(self.model, [encs[i] for i in order], batch_size)):
+            lp = last_logits(self.model, batch).log_softmax(-1)[:, ids].cpu()
+            out[order[a:a + lp.shape[0]]] = lp
+        return out
+
 
 @dataclass
 class HTTPChatClient:
@@ -89,7 +152,11 @@ class HTTPChatClient:
 
     ``api_key`` (optional) goes in an ``Authorization: Bearer`` header. A refused connection, a timeout, a 429 or
     a 5xx is retried ``retries`` times with exponential backoff (``backoff * 2**attempt`` seconds); another 4xx
-    is not. The final failure is a :class:`ChatClientError` naming the URL and what to fix."""
+    is not. The final failure is a :class:`ChatClientError` naming the URL and what to fix.
+
+    :meth:`option_logprobs` (constrained verdicts) uses the completions API, ``POST {base_url}/completions`` with
+    ``logprobs=top_logprobs``, on the prompt laid out here by ``tokenizer``'s chat template (the served model's
+    tokenizer: the chat API cannot end a prompt with an answer cue)."""
 
     base_url: str
     model: str
@@ -99,13 +166,15 @@ class HTTPChatClient:
     backoff: float = 1.0
     max_tokens: int = 256
     temperature: float = 0.0
+    tokenizer: Any = None
+    top_logprobs: int = 20
 
     def __post_init__(self) -> None:
         if not self.base_url.startswith(("http://", "https://")):
             raise ValueError(f"base_url must start with http:// or https://, got {self.base_url!r} "
                              f"(e.g. 'http://127.0.0.1:8000/v1')")
-        if self.timeout <= 0 or self.retries < 0 or self.backoff < 0:
-            raise ValueError("timeout must be > 0, retries and backoff >= 0")
+        if self.timeout <= 0 or self.retries < 0 or self.backoff < 0 or self.top_logprobs < 1:
+            raise ValueError("timeout must be > 0, retries and backoff >= 0, top_logprobs >= 1")
         self.base_url = self.base_url.rstrip("/")
 
     @property
@@ -116,53 +185,76 @@ class HTTPChatClient:
     def url(self) -> str:
         return f"{self.base_url}/chat/completions"
 
-    def _request(self, messages: list[dict[str, str]]) -> urllib.request.Request:
-        body = json.dumps({"model": self.model, "messages": messages, "max_tokens": self.max_tokens,
-                           "temperature": self.temperature}).encode()
+    def _request(self, url: str, body: dict[str, Any]) -> urllib.request.Request:
         headers = {"Content-Type": "application/json"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
-        return urllib.request.Request(self.url, data=body, headers=headers, method="POST")
+        return urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers, method="POST")
 
-    def _once(self, messages: list[dict[str, str]]) -> str:
-        with urllib.request.urlopen(self._request(messages), timeout=self.timeout) as r:
-            raw = r.read()
-        try:
-            return json.loads(raw)["choices"][0]["message"]["content"] or ""
-        except (ValueError, KeyError, IndexError, TypeError) as e:
-            raise ChatClientError(f"{self.url} answered 200 but not with an OpenAI chat completion "
-                                  f"(choices[0].message.content): {raw[:200]!r}; point base_url at an "
-                                  f"OpenAI-compatible server (the path ends in /v1)") from e
-
-    def _failure(self, e: BaseException) -> tuple[bool, str]:
-        """``(retry?, message)`` for one failed attempt."""
+    def _failure(self, e: BaseException, url: str, hint: str = "") -> tuple[bool, str]:
+        """``(retry?, message)`` for one failed attempt on ``url`` (``hint``: the fix for a 400 / 404 there)."""
         if isinstance(e, urllib.error.HTTPError):
             detail = e.read()[:200].decode(errors="replace") if e.fp else ""
-            fix = ("check api_key" if e.code in (401, 403) else "check base_url and model" if e.code in (404, 400)
-                   else "the server failed; check its log, or retry later")
-            return e.code == 429 or e.code >= 500, f"{self.url} answered HTTP {e.code} {e.reason}: {detail!r}; {fix}"
+            fix = ("check api_key" if e.code in (401, 403) else (hint or "check base_url and model")
+                   if e.code in (404, 400) else "the server failed; check its log, or retry later")
+            return e.code == 429 or e.code >= 500, f"{url} answered HTTP {e.code} {e.reason}: {detail!r}; {fix}"
         if isinstance(e, (TimeoutError, socket.timeout)) or isinstance(getattr(e, "reason", None), TimeoutError):
-            return True, (f"{self.url} did not answer within timeout={self.timeout}s; raise timeout= (a local model "
+            return True, (f"{url} did not answer within timeout={self.timeout}s; raise timeout= (a local model "
                           f"on CPU can need minutes) or check the server is not stuck")
         if isinstance(e, (urllib.error.URLError, ConnectionError)):
             reason = getattr(e, "reason", e)
-            return True, (f"could not connect to {self.url} ({reason}); start the server or fix base_url "
+            return True, (f"could not connect to {url} ({reason}); start the server or fix base_url "
                           f"(e.g. 'http://127.0.0.1:8000/v1')")
-        return False, f"{self.url}: {type(e).__name__}: {e}"
+        return False, f"{url}: {type(e).__name__}: {e}"
 
-    def complete(self, messages: Messages) -> str:
-        msgs = check_messages(messages)
+    def _post(self, url: str, body: dict[str, Any], read: Callable[[Any], Any], hint: str = "") -> Any:
+        """``read(the JSON answer)`` of ``POST url``, retried as the class says; ``read`` raises ``KeyError`` /
+        ``IndexError`` / ``TypeError`` on an answer of the wrong shape, which is not retried."""
         for attempt in range(self.retries + 1):
             try:
-                return self._once(msgs)
-            except ChatClientError:
-                raise
+                with urllib.request.urlopen(self._request(url, body), timeout=self.timeout) as r:
+                    raw = r.read()
             except Exception as e:  # noqa: BLE001 - classified just below, unknown ones re-raised with the URL
-                retry, msg = self._failure(e)
+                retry, msg = self._failure(e, url, hint)
                 if not retry or attempt == self.retries:
                     raise ChatClientError(f"{msg} (after {attempt + 1} attempt(s))") from e
                 time.sleep(self.backoff * 2 ** attempt)
+                continue
+            try:
+                return read(json.loads(raw))
+            except (ValueError, KeyError, IndexError, TypeError, AttributeError) as e:
+                raise ChatClientError(f"{url} answered 200 but not as expected ({e}): {raw[:200]!r}; "
+                                      f"{hint or 'point base_url at an OpenAI-compatible server (the path ends in /v1)'}"
+                                      ) from e
         raise AssertionError("unreachable")
 
+    def complete(self, messages: Messages) -> str:
+        body = {"model": self.model, "messages": check_messages(messages), "max_tokens": self.max_tokens,
+                "temperature": self.temperature}
+        return self._post(self.url, body, lambda a: a["choices"][0]["message"]["content"] or "")
 
-__all__ = ["ChatClient", "ChatClientError", "HTTPChatClient", "LocalChatClient", "Messages", "check_messages"]
+    def option_logprobs(self, conversations: Sequence[Messages], options: Sequence[str] = ("1", "0"),
+                        cue: str = "") -> torch.Tensor:
+        """``[n, len(options)]``: each option's log-probability as the next token after each conversation's prompt
+        (``tokenizer``'s chat template, assistant turn opened) and ``cue``, read from the server's
+        ``top_logprobs`` most likely tokens (matched to an option by its exact text); an option outside them gets
+        ``-inf`` (delphi counts it as probability 0). One request per conversation."""
+        if self.tokenizer is None:
+            raise ValueError("option log-probs over HTTP need the served model's chat template: pass "
+                             "HTTPChatClient(..., tokenizer=<its HF tokenizer>), or score with "
+                             "ExplainConfig(verdicts='text')")
+        option_tokens(self.tokenizer, options)  # the same single-token check as the local client
+        url = f"{self.base_url}/completions"
+        hint = (f"the server must serve the completions API with log-probs (vLLM does, up to its --max-logprobs; "
+                f"lower top_logprobs={self.top_logprobs} if refused), or score with ExplainConfig(verdicts='text')")
+        rows = []
+        for m in conversations:
+            body = {"model": self.model, "prompt": chat_prompt(self.tokenizer, m) + cue, "max_tokens": 1,
+                    "temperature": 0.0, "logprobs": self.top_logprobs}
+            top = self._post(url, body, lambda a: dict(a["choices"][0]["logprobs"]["top_logprobs"][0]), hint)
+            rows.append([float(top.get(o, -math.inf)) for o in options])
+        return torch.tensor(rows, dtype=torch.float32).reshape(len(rows), len(options))
+
+
+__all__ = ["ChatClient", "ChatClientError", "HTTPChatClient", "LocalChatClient", "Messages", "chat_prompt",
+           "check_messages", "option_tokens"]

@@ -13,6 +13,8 @@ import torch
 
 from sae.contexts import Context, token_strings
 
+VERDICT_MODES = ("text", "logprob")
+
 
 @dataclass(frozen=True)
 class ExplainConfig:
@@ -23,7 +25,14 @@ class ExplainConfig:
     contexts go to each scorer, ``n_shown`` per prompt. ``window = (tokens before, tokens after)`` the peak.
     ``threshold``: the explainer marks tokens above ``threshold * `` the context's peak (delphi: 0.3); the fuzzing
     scorer marks every active token. ``few_shot``: each prompt carries one worked example as a prior user /
-    assistant turn (delphi's habit; a small model may copy it, so it can be turned off)."""
+    assistant turn (delphi's habit; a small model may copy it, so it can be turned off).
+
+    ``verdicts``: how a scorer's answer becomes verdicts. ``"text"`` (the default, delphi's): the client writes
+    its answer and the first list of 0/1 in it is read (an off-format answer leaves its examples unanswered); any
+    chat client does this. ``"logprob"``: no text is generated; the client's log-probabilities of ``"1"`` and
+    ``"0"`` as the next token after the prompt and the answer cue ``"["`` are read, the verdict is the likelier
+    one and the margin ``log p(1) - log p(0)`` is kept (AUROC); every example is answered. It needs a client
+    with ``option_logprobs`` and one example per prompt (``n_shown=1``)."""
 
     n_explain: int = 10
     n_explain_random: int = 5
@@ -35,8 +44,14 @@ class ExplainConfig:
     few_shot: bool = True
     seed: int = 0
     batch_size: int = 8
+    verdicts: str = "text"
 
     def __post_init__(self) -> None:
+        if self.verdicts not in VERDICT_MODES:
+            raise ValueError(f"ExplainConfig.verdicts must be one of {VERDICT_MODES}, got {self.verdicts!r}")
+        if self.verdicts == "logprob" and self.n_shown != 1:
+            raise ValueError(f"ExplainConfig(verdicts='logprob') reads one verdict per prompt; set n_shown=1 (got "
+                             f"{self.n_shown})")
         for name in ("n_explain", "n_test", "n_test_random", "n_shown"):
             if getattr(self, name) < 1:
                 raise ValueError(f"ExplainConfig.{name} must be >= 1, got {getattr(self, name)}")

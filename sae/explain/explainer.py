@@ -31,4 +31,18 @@ def explain(client: ChatClient, ex: LatentExamples, cfg: ExplainConfig | None = 
     return Explanation(ex.latent, text, found, answer, getattr(client, "name", type(client).__name__))
 
 
-__all__ = ["Explanation", "explain"]
+def reference_explanation(ex: LatentExamples, k: int = 3) -> str:
+    """A non-LM reference explanation: the ``k`` most frequent peak tokens of the explainer's top contexts
+    (``ex.explain``; never the scorers' held-out ones), as ``the tokens 'x', 'y', 'z'`` (ties: the stronger
+    context first). It tells whether a scorer can use an informative explanation at all."""
+    if not ex.explain:
+        raise ValueError(f"latent {ex.latent} has no top contexts to take tokens from")
+    counts: dict[str, int] = {}
+    for c in ex.explain:  # strongest context first: dict order breaks ties
+        t = c.tokens[c.peak].strip() or repr(c.tokens[c.peak])
+        counts[t] = counts.get(t, 0) + 1
+    top = sorted(counts, key=lambda t: -counts[t])[:k]
+    return "the tokens " + ", ".join(f"'{t}'" for t in top)
+
+
+__all__ = ["Explanation", "explain", "reference_explanation"]

@@ -16,6 +16,8 @@ from sae.contexts import Context
 
 OPEN, CLOSE = "<<", ">>"
 EXPLANATION_TAG = "[EXPLANATION]:"
+VERDICT_OPTIONS = ("1", "0")  # the constrained verdicts' answers, read after the cue that opens the answer's list
+ANSWER_CUE = "["
 
 EXPLAINER_SYSTEM = (
     "You study one feature of a language model's internals. You are shown text examples where the feature is "
@@ -153,5 +155,5 @@ def parse_verdicts(answer: str, n: int) -> list[int] | None:
     return [int(x) for x in got]
 
 
-__all__ = ["CLOSE", "EXPLANATION_TAG", "OPEN", "explainer_marks", "explainer_messages", "mark", "parse_explanation",
+__all__ = ["ANSWER_CUE", "CLOSE", "EXPLANATION_TAG", "VERDICT_OPTIONS", "OPEN", "explainer_marks", "explainer_messages", "mark", "parse_explanation",
            "parse_verdicts", "plain", "scorer_messages"]

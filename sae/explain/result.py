@@ -3,6 +3,8 @@ the same scorers' verdicts with a shuffled explanation (another latent's) as the
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -14,6 +16,12 @@ if TYPE_CHECKING:
     import pandas as pd
 
 CONDITIONS = ("explanation", "shuffled")
+
+
+def verdict_mode(verdicts: Sequence[Verdicts]) -> str:
+    """The verdict mode of a list of verdicts (``"mixed"`` if they differ, e.g. a folder resumed with another)."""
+    modes = {v.mode for v in verdicts}
+    return modes.pop() if len(modes) == 1 else "mixed" if modes else ""
 
 
 @dataclass
@@ -53,7 +61,8 @@ class LatentExplanations(Result):
 
     def summary(self) -> dict[str, Any]:
         """Pooled over latents, per scorer and condition: accuracy (Wilson 95%), balanced accuracy and F1
-        (bootstrap 95%), the answered fraction; and each latent's explanation."""
+        (bootstrap 95%), the answered fraction, the verdict mode and (log-prob verdicts) the margin's AUROC
+        (bootstrap 95%); and each latent's explanation."""
         out: dict[str, Any] = {"explainer": self.explainer, "scorer": self.scorer, "model_id": self.model_id,
                                "site": self.site, "n_latents": len(self.latents),
                                "explanations": {str(e.latent): e.text for e in self.explanations}}
@@ -63,7 +72,10 @@ class LatentExplanations(Result):
                 out[f"{kind}/{cond}"] = {"accuracy": m["accuracy"].columns(), "answered": m["answered"].rate,
                                          "balanced_accuracy": m["balanced_accuracy"],
                                          "balanced_accuracy_ci95": m["balanced_accuracy_ci95"],
-                                         "f1": m["f1"], "f1_ci95": m["f1_ci95"]}
+                                         "f1": m["f1"], "f1_ci95": m["f1_ci95"],
+                                         "mode": verdict_mode(self.verdicts(kind, cond)),
+                                         "auroc": m.get("auroc", math.nan),
+                                         "auroc_ci95": m.get("auroc_ci95", [math.nan, math.nan])}
         if self.notes:
             out["notes"] = list(self.notes)
         return out
@@ -71,7 +83,8 @@ class LatentExplanations(Result):
     def to_frame(self) -> pd.DataFrame:
         """One row per latent, scorer and condition: ``latent``, ``scorer``, ``condition``, ``explanation_of``,
         ``explanation``, ``n``, ``answered``, ``accuracy`` with ``low`` / ``high`` (Wilson), ``balanced_accuracy``,
-        ``f1`` (with bootstrap ``*_low`` / ``*_high``), ``recall``, ``specificity``."""
+        ``f1``, ``auroc`` (log-prob verdicts; NaN otherwise), each with bootstrap ``*_low`` / ``*_high``,
+        ``recall``, ``specificity`` and the verdict ``mode``."""
         import pandas as pd
 
         rows = []
@@ -87,7 +100,10 @@ class LatentExplanations(Result):
                                  "balanced_accuracy_low": m["balanced_accuracy_ci95"][0],
                                  "balanced_accuracy_high": m["balanced_accuracy_ci95"][1], "f1": m["f1"],
                                  "f1_low": m["f1_ci95"][0], "f1_high": m["f1_ci95"][1],
-                                 "recall": m["recall"].rate, "specificity": m["specificity"].rate})
+                                 "recall": m["recall"].rate, "specificity": m["specificity"].rate,
+                                 "auroc": m.get("auroc", math.nan),
+                                 "auroc_low": m.get("auroc_ci95", [math.nan] * 2)[0],
+                                 "auroc_high": m.get("auroc_ci95", [math.nan] * 2)[1], "mode": v.mode})
         return pd.DataFrame(rows)
 
     def plot(self, metric: str = "balanced_accuracy", title: str | None = None) -> Any:

@@ -6,9 +6,18 @@ tokens (label 1) and non-activating contexts marked at positions borrowed from a
 the marks' count and place tell nothing); the client says which marks fit the explanation. Each prompt shows
 ``n_shown`` examples; an answer that is not a list of ``n_shown`` 0/1 leaves those examples unanswered.
 
+Verdicts come from the client's text (``ExplainConfig(verdicts="text")``, delphi's default) or, constrained, from
+its log-probabilities of ``"1"`` vs ``"0"`` as the next token after the prompt and the answer cue ``"["``
+(``verdicts="logprob"``, one example per prompt): the verdict is the likelier answer, and the margin
+``log p("1") - log p("0")`` is kept. delphi's log-prob option reads the same quantity, as the normalised
+probability ``p(1) / (p(0) + p(1)) = sigmoid(margin)``, from the tokens it generated; here nothing is generated,
+so every example has a verdict.
+
 Metrics over the answered examples: accuracy, recall (activating said 1), specificity (non-activating said 0) and
 precision as :class:`interp.evals.rates.Rate` (Wilson 95% intervals); balanced accuracy and F1 are not binomial
-proportions, so their 95% intervals are percentile bootstraps over examples, resampled within each class.
+proportions, so their 95% intervals are percentile bootstraps over examples, resampled within each class; with
+margins, the AUROC of the margin against the labels (threshold-free: a scorer that leans to one answer can still
+rank the activating examples first), bootstrapped the same way.
 """
 
 from __future__ import annotations
@@ -16,16 +25,17 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from interp.evals.bootstrap import percentile_interval, resample_ids
+from interp.evals.metrics import auroc
 from interp.evals.rates import Rate
 from sae.explain.client import ChatClient
 from sae.explain.examples import ExplainConfig, LatentExamples
-from sae.explain.prompts import mark, parse_verdicts, plain, scorer_messages
+from sae.explain.prompts import ANSWER_CUE, VERDICT_OPTIONS, mark, parse_verdicts, plain, scorer_messages
 
 SCORERS = ("detection", "fuzzing")
 
@@ -34,7 +44,9 @@ SCORERS = ("detection", "fuzzing")
 class Verdicts:
     """One scorer's run on one latent: per example shown, its ``label`` (1 = activating / correctly marked), the
     client's ``pred`` (1 / 0, or ``None`` when its answer did not parse) and the ``text`` shown; the raw
-    ``answers`` per prompt; the ``explanation`` scored and whose it was (``explanation_of``)."""
+    ``answers`` per prompt; the ``explanation`` scored and whose it was (``explanation_of``); the verdict
+    ``mode`` (``"text"`` or ``"logprob"``) and, in ``"logprob"`` mode, each example's ``margins``
+    (``log p("1") - log p("0")``)."""
 
     kind: str
     explanation: str
@@ -43,10 +55,12 @@ class Verdicts:
     preds: list[int | None]
     texts: list[str]
     answers: list[str]
+    mode: str = "text"
+    margins: list[float | None] = field(default_factory=list)
 
     def metrics(self, n_boot: int = 1000, seed: int = 0) -> dict[str, Any]:
         """See :func:`verdict_metrics`."""
-        return verdict_metrics(self.labels, self.preds, n_boot=n_boot, seed=seed)
+        return verdict_metrics(self.labels, self.preds, n_boot=n_boot, seed=seed, margins=self.margins or None)
 
 
 def _counts(y: torch.Tensor, p: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -62,12 +76,28 @@ def _balanced_f1(y: torch.Tensor, p: torch.Tensor) -> tuple[torch.Tensor, torch.
     return bal, f1
 
 
-def verdict_metrics(labels: Sequence[int], preds: Sequence[int | None], n_boot: int = 1000, seed: int = 0
-                    ) -> dict[str, Any]:
+def _auroc(labels: Sequence[int], margins: Sequence[float | None], n_boot: int, seed: int
+           ) -> tuple[float, list[float]]:
+    """AUROC of the ``margins`` (``None``: unanswered, left out) with its class-stratified bootstrap 95%
+    interval; NaN when a class is missing."""
+    kept = [(int(y), float(m)) for y, m in zip(labels, margins) if m is not None and not math.isnan(m)]
+    y = torch.tensor([k[0] for k in kept], dtype=torch.long)
+    if not kept or int(y.sum()) in (0, len(kept)):
+        return math.nan, [math.nan, math.nan]
+    s = torch.tensor([k[1] for k in kept], dtype=torch.float64)
+    idx = resample_ids(len(kept), n_boot, seed, groups=y)  # within class: every resample keeps y's layout
+    lo, hi = percentile_interval(auroc(s[idx], y))
+    return float(auroc(s, y)), [round(float(lo), 4), round(float(hi), 4)]
+
+
+def verdict_metrics(labels: Sequence[int], preds: Sequence[int | None], n_boot: int = 1000, seed: int = 0,
+                    margins: Sequence[float | None] | None = None) -> dict[str, Any]:
     """``accuracy``, ``recall``, ``specificity``, ``precision``, ``answered`` (Rates with Wilson intervals),
-    ``balanced_accuracy`` and ``f1`` (values) with bootstrap ``*_ci95``; over the answered examples."""
-    if len(labels) != len(preds):
-        raise ValueError(f"{len(labels)} labels but {len(preds)} predictions")
+    ``balanced_accuracy`` and ``f1`` (values) with bootstrap ``*_ci95``; over the answered examples. With
+    ``margins`` (one per example, larger = more "1"), also ``auroc`` with its bootstrap ``auroc_ci95``."""
+    if len(labels) != len(preds) or (margins is not None and len(margins) != len(labels)):
+        raise ValueError(f"{len(labels)} labels but {len(preds)} predictions"
+                         + ("" if margins is None else f" and {len(margins)} margins"))
     kept = [(int(y), int(q)) for y, q in zip(labels, preds) if q is not None]
     y = torch.tensor([k[0] for k in kept], dtype=torch.long)
     p = torch.tensor([k[1] for k in kept], dtype=torch.long)
@@ -83,6 +113,8 @@ def verdict_metrics(labels: Sequence[int], preds: Sequence[int | None], n_boot: 
             idx = resample_ids(len(kept), n_boot, seed, groups=y)
             b = _balanced_f1(y[idx], p[idx])[0 if name == "balanced_accuracy" else 1]
             out[f"{name}_ci95"] = [round(float(v), 4) for v in percentile_interval(b)]
+    if margins is not None:
+        out["auroc"], out["auroc_ci95"] = _auroc(labels, margins, n_boot, seed)
     return out
 
 
@@ -117,23 +149,69 @@ def score(kind: str, client: ChatClient, explanation: str, ex: LatentExamples, c
     rng.shuffle(items)
     chunks = [items[a:a + cfg.n_shown] for a in range(0, len(items), cfg.n_shown)]
     prompts = [scorer_messages(kind, explanation, [t for _, t in chunk], cfg.few_shot) for chunk in chunks]
+    of = ex.latent if explanation_of is None else int(explanation_of)
+    labels, texts = [y for c in chunks for y, _ in c], [t for c in chunks for _, t in c]
+    if cfg.verdicts == "logprob":
+        preds, margins, answers = logprob_verdicts(client, prompts)
+        return Verdicts(kind, explanation, of, labels, preds, texts, answers, "logprob", margins)
     many = getattr(client, "complete_many", None)  # a batched client answers all prompts in one go
-    replies = many(prompts) if callable(many) else [client.complete(m) for m in prompts]
-    labels, preds, texts, answers = [], [], [], []
-    for chunk, answer in zip(chunks, replies):
+    answers = many(prompts) if callable(many) else [client.complete(m) for m in prompts]
+    preds = []
+    for chunk, answer in zip(chunks, answers):
         got = parse_verdicts(answer, len(chunk))
-        labels += [y for y, _ in chunk]
         preds += got if got is not None else [None] * len(chunk)
-        texts += [t for _, t in chunk]
-        answers.append(answer)
-    return Verdicts(kind, explanation, ex.latent if explanation_of is None else int(explanation_of), labels, preds,
-                    texts, answers)
+    return Verdicts(kind, explanation, of, labels, preds, texts, list(answers))
+
+
+def logprob_verdicts(client: ChatClient, prompts: Sequence[Any]) -> tuple[list[int | None], list[float | None],
+                                                                           list[str]]:
+    """One constrained verdict per prompt: ``(preds, margins, answers)`` from the client's log-probabilities of
+    ``"1"`` and ``"0"`` after the answer cue; ``pred`` is the likelier (``None`` and margin ``None`` when the
+    client knows neither, e.g. both outside an endpoint's top log-probs)."""
+    read = getattr(client, "option_logprobs", None)
+    if not callable(read):
+        raise ValueError(f"ExplainConfig(verdicts='logprob') needs a scorer client with option_logprobs "
+                         f"(LocalChatClient, HTTPChatClient); {getattr(client, 'name', type(client).__name__)} has "
+                         f"none: score with verdicts='text'")
+    lp = read(prompts, options=VERDICT_OPTIONS, cue=ANSWER_CUE)
+    if tuple(lp.shape) != (len(prompts), 2):
+        raise ValueError(f"option_logprobs returned shape {tuple(lp.shape)} for {len(prompts)} prompts x 2 options")
+    preds, margins, answers = [], [], []
+    for one, zero in lp.double().tolist():
+        known = not (math.isinf(one) and math.isinf(zero))
+        preds.append(int(one > zero) if known else None)
+        margins.append(one - zero if known else None)
+        answers.append(f"log p('1') {one:.4f}, log p('0') {zero:.4f}")
+    return preds, margins, answers
 
 
 def pooled(verdicts: Sequence[Verdicts], n_boot: int = 1000, seed: int = 0) -> dict[str, Any]:
     """:func:`verdict_metrics` over every example of several latents' verdicts pooled."""
+    margins = [m for v in verdicts for m in (v.margins or [None] * len(v.labels))]
     return verdict_metrics([y for v in verdicts for y in v.labels], [q for v in verdicts for q in v.preds],
-                           n_boot=n_boot, seed=seed)
+                           n_boot=n_boot, seed=seed,
+                           margins=margins if any(v.margins for v in verdicts) else None)
 
 
-__all__ = ["SCORERS", "Verdicts", "pooled", "score", "verdict_metrics"]
+def auroc_difference(a: Sequence[Verdicts], b: Sequence[Verdicts], n_boot: int = 1000, seed: int = 0
+                     ) -> tuple[float, list[float]]:
+    """AUROC of ``a``'s pooled margins minus ``b``'s, on the same examples (e.g. own vs shuffled explanations,
+    scored on the same contexts in the same order), with a paired bootstrap 95% interval: the examples are
+    resampled once, within each class, and both AUROCs computed on the same resample. Examples without a margin
+    in either are left out of both."""
+    la, lb = [y for v in a for y in v.labels], [y for v in b for y in v.labels]
+    if la != lb or [t for v in a for t in v.texts] != [t for v in b for t in v.texts]:
+        raise ValueError("the two sets of verdicts were scored on different examples; a paired difference needs "
+                         "the same examples in the same order (the shuffled control's)")
+    ma, mb = ([m for v in vs for m in (v.margins or [None] * len(v.labels))] for vs in (a, b))
+    keep = [i for i in range(len(la)) if ma[i] is not None and mb[i] is not None]
+    y = torch.tensor([la[i] for i in keep], dtype=torch.long)
+    if not keep or int(y.sum()) in (0, len(keep)):
+        return math.nan, [math.nan, math.nan]
+    sa, sb = (torch.tensor([m[i] for i in keep], dtype=torch.float64) for m in (ma, mb))
+    idx = resample_ids(len(keep), n_boot, seed, groups=y)
+    lo, hi = percentile_interval(auroc(sa[idx], y) - auroc(sb[idx], y))
+    return float(auroc(sa, y) - auroc(sb, y)), [round(float(lo), 4), round(float(hi), 4)]
+
+
+__all__ = ["SCORERS", "Verdicts", "auroc_difference", "logprob_verdicts", "pooled", "score", "verdict_metrics"]
