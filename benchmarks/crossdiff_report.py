@@ -6,7 +6,10 @@ import torch
 
 from benchmarks._common import machine
 
-HEADING = "### Crosscoder model diffing on smollm2-aligned"
+
+
+def heading(tuned: str) -> str:
+    return f"### Crosscoder model diffing on {tuned}"
 
 
 def _ctx(st, lat: int) -> str:
@@ -32,10 +35,11 @@ def report(args, st, cc, fit: dict, sae_side, r: torch.Tensor, n_tokens: int, n_
     sc = diff.scaling
     nu = {} if sc is None else {lat: (float(a), float(b)) for lat, a, b in
                                 zip(sc.latents, sc.nu_error, sc.nu_reconstruction)}
-    lines = [HEADING, "", f"`python benchmarks/study_crossdiff.py --prompts {args.prompts} --threads {args.threads}"
+    lines = [heading(args.tuned), "", f"`python benchmarks/study_crossdiff.py{args.pair_flags} --prompts {args.prompts} "
+             f"--threads {args.threads}"
              f"{' --also-l1' if l1 else ''}` ({machine()}; {wall:.0f} s in all, {t_cap:.0f} s of it capturing or "
              f"reading the cached stores; the machine shared with other jobs). BatchTopK crosscoder (d_sae {args.d_sae}, k {args.k}) over "
-             f"smollm2-base and smollm2-aligned at `{cc.site}` (lr {args.lr:g}, batch 1024), trained with the SAE trainer from two activation "
+             f"{args.base} and {args.tuned} at `{cc.site}` (lr {args.lr:g}, batch 1024), trained with the SAE trainer from two activation "
              f"stores of the same {n_prompts} prompts of the project's prompt sets (chat template; the refusal "
              f"val / test prompts held out; {n_tokens} tokens, attention sinks left out), {args.epochs} passes: "
              f"FVU {fit['fvu']:.3f}, L0 {fit['l0']:.1f}, dead {fit['dead']:.2f} after {fit['steps']} steps "
@@ -77,7 +81,7 @@ def report(args, st, cc, fit: dict, sae_side, r: torch.Tensor, n_tokens: int, n_
         lines.append("")
     lines += [f"Steered: {len(st.chosen)} latents ({'; '.join(sorted(set(st.meta['chosen_classes'])))}), each "
               f"scaled by its mean activation at the harmful val prompts' last token; their fine-tuned-model "
-              f"decoder vectors subtracted in smollm2-aligned (harmful test prompts) and added to smollm2-base "
+              f"decoder vectors subtracted in {args.tuned} (harmful test prompts) and added to {args.base} "
               f"(harmless test prompts) x1 and x4, against {args.n_random} draws of random latents matched in firing "
               f"frequency (within 20 ranks) and scaled to the same vector norm; greedy 24 tokens, the anchored judge, "
               f"95% Wilson intervals.", "",
@@ -93,15 +97,16 @@ def report(args, st, cc, fit: dict, sae_side, r: torch.Tensor, n_tokens: int, n_
     lines += ["", "One-sided Fisher tests, chosen vs the pooled random draws: " + "; ".join(
         f"{t['condition']}: {t['hypothesis']}, p = {t['p']:.3g} ({t['chosen']} vs {t['random']})"
         for t in st.meta["tests"]) + ".", ""]
-    lines += _vs_sae(cc, diff, sae_top, sae_dec, dec_t, r)
+    lines += _vs_sae(diff, sae_top, sae_dec, dec_t, r)
     return "\n".join(lines) + "\n"
 
 
-def _vs_sae(cc, diff, sae_top, sae_dec, dec_t, r) -> list[str]:
+def _vs_sae(diff, sae_top, sae_dec, dec_t, r) -> list[str]:
     """Each SAE-diff top latent's nearest crosscoder latent (fine-tuned decoder, |cos|) and that latent's class."""
-    lines = ["Beside the SAE diffing study (`benchmarks/study_diffing.py`, RESULTS_finetune.md: a TopK SAE on the "
-             "base at the same site, latents ranked by their increase at the harmful val prompts' last token; its "
-             "SAE retrained here by that study's recipe, 1 thread): each of its 10 most amplified latents, the "
+    lines = ["Beside the SAE diffing study's method (`benchmarks/study_diffing.py`, its SmolLM2 run in "
+             "RESULTS_finetune.md: a TopK SAE on the base at the same site, latents ranked by their increase at the "
+             "harmful val prompts' last token; the SAE trained here by that study's recipe, 1 thread): each of its "
+             "10 most amplified latents, the "
              "crosscoder latent whose fine-tuned-model decoder vector is nearest (|cos|), and that latent's class.", "",
              "| SAE-diff rank | SAE latent | cos with refusal dir | nearest crosscoder latent | |cos| | its r | its class |",
              "|---|---|---|---|---|---|---|"]
@@ -113,21 +118,23 @@ def _vs_sae(cc, diff, sae_top, sae_dec, dec_t, r) -> list[str]:
     return lines + [""]
 
 
-DELTA_HEADING = "### The fine-tune's difference at the site, and how much of it the crosscoders reconstruct"
+def delta_heading(tuned: str) -> str:
+    return f"### The fine-tune's difference at the site, and how much of it the crosscoders reconstruct ({tuned})"
 
 
 @torch.no_grad()
-def delta_section(ccs: dict, xs, command: str) -> str:
+def delta_section(ccs: dict, xs, command: str, names: tuple[str, str]) -> str:
     """How large the fine-tune's change of the activations is against their spread, and what share of that change
     each crosscoder's reconstruction carries (FVU of the difference of its two reconstructions)."""
     a, b = xs
     delta = b - a
     spread = float((a - a.mean(0)).pow(2).sum(-1).mean())
     dvar = float((delta - delta.mean(0)).pow(2).sum(-1).mean())
-    lines = [DELTA_HEADING, "", f"`{command}` ({machine()}). Over the {len(a)} training tokens: "
-             f"E||x_aligned - x_base||^2 is {float(delta.pow(2).sum(-1).mean()) / spread:.4f} of the base's spread "
+    lines = [delta_heading(names[1]), "", f"`{command}` ({machine()}). Over the {len(a)} training tokens: "
+             f"E||x_tuned - x_base||^2 is {float(delta.pow(2).sum(-1).mean()) / spread:.4f} of the base's spread "
              f"E||x_base - mean||^2 (mean norms {float(a.norm(dim=-1).mean()):.1f} / {float(b.norm(dim=-1).mean()):.1f}).",
-             "", "| crosscoder | FVU base | FVU aligned | FVU of the difference (x_aligned - x_base) | norm ratio min / "
+             "", f"| crosscoder | FVU base ({names[0]}) | FVU tuned ({names[1]}) | FVU of the difference (x_tuned - x_base) | "
+             "norm ratio min / "
              "median / max |", "|---|---|---|---|---|"]
     for name, cc in ccs.items():
         err = {"a": 0.0, "b": 0.0, "d": 0.0}

@@ -1,10 +1,17 @@
-"""Crosscoder model diffing on the realistic organism: a BatchTopK crosscoder over smollm2-base's and
-smollm2-aligned's residual stream (``resid_post.19``, the SAE diffing study's site) on the same tokens of the
-project's prompt sets (chat template, val / test prompts held out), latents classed by decoder-norm ratio and checked
-by latent scaling, the fine-tune-only ones read (top contexts) and steered against frequency- and norm-matched random
-latents, side by side with the SAE diffing study's latents (an SAE trained by that study's recipe).
+"""Crosscoder model diffing on a realistic organism and its base: a BatchTopK crosscoder over both models' residual
+stream at one site on the same tokens of the project's prompt sets (chat template, the refusal val / test prompts
+held out), latents classed by decoder-norm ratio and checked by latent scaling, the fine-tune-only ones read (top
+contexts) and steered against frequency- and norm-matched random latents, side by side with the SAE diffing study's
+latents (an SAE trained by that study's recipe on the base at the same site).
 
-    python benchmarks/study_crossdiff.py --prompts 1300 --threads 1
+    python benchmarks/study_crossdiff.py --prompts 1300 --threads 1               # smollm2-base vs smollm2-aligned
+    python benchmarks/study_crossdiff.py --tuned gemma3-aligned --prompts 700 --threads 1   # gemma3-270m vs it
+
+``--tuned`` names a LoRA organism of ``interp.models.ADAPTERS``; its base (``--base``) and the default site
+(``--layer``) come from :data:`PAIRS`: ``resid_post.19`` of SmolLM2's 30 layers (the SAE diffing study's site) and
+``resid_post.11`` of Gemma 3 270M's 18 (the same depth, 2/3 of the stack; a full-attention layer, and the layer of
+gemma3-aligned's English refusal direction in RESULTS_multilingual.md). The refusal prompts are
+``load_refusal_data(tuned)`` (English).
 
 Stores, the crosscoder and the SAE are cached under ``--cache`` (resumable). The section goes to
 ``benchmarks/RESULTS_crosscoder.md`` (a rerun replaces it).
@@ -23,11 +30,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks._common import replace_section  # noqa: E402
-from benchmarks.crossdiff_report import DELTA_HEADING, HEADING, delta_section, report  # noqa: E402
+from benchmarks.crossdiff_report import delta_heading, delta_section, heading, report  # noqa: E402
 from interp.data import load_prompts  # noqa: E402
-from interp.models import cache_dir, load_model  # noqa: E402
+from interp.models import ADAPTERS, cache_dir  # noqa: E402
 from interp.store import ActivationStore  # noqa: E402
-from interp.studies.finetune.crossdiff import CrossDiffConfig, crossdiff_study, training_prompts  # noqa: E402
+from interp.studies.finetune.crossdiff import CrossDiffConfig, crossdiff_study, load_pair, training_prompts  # noqa: E402
 from interp.studies.finetune.diffing import train_base_sae  # noqa: E402  (the SAE diffing study's own recipe)
 from interp.studies.kit.prompt_sets import load_refusal_data  # noqa: E402
 from interp.studies.kit.stages import find_candidates  # noqa: E402
@@ -38,6 +45,8 @@ from sae.model import SAE  # noqa: E402
 from sae.train_config import TrainConfig  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "RESULTS_crosscoder.md"
+# tuned organism -> default site layer (its base is ADAPTERS[tuned][0]); module docstring says why these layers
+PAIRS = {"smollm2-aligned": 19, "gemma3-aligned": 11}
 
 
 def stores(models, prompts, site, folder: Path) -> PairedStore:
@@ -64,7 +73,7 @@ def crosscoder(ps: PairedStore, args, folder: Path, arch: str) -> tuple[Crosscod
     cfg = TrainConfig(arch=arch, d_sae=args.d_sae, k=args.k, total_tokens=args.epochs * n, batch_size=1024,
                       l1_coefficient=args.l1, lr=args.lr, checkpoint_every=25, progress=False, seed=0)
     t = time.time()
-    res = train_crosscoder(ps, cfg, out_dir=out, models=("smollm2-base", "smollm2-aligned"))
+    res = train_crosscoder(ps, cfg, out_dir=out, models=(args.base, args.tuned))
     fit = {k: res.history[k][-1] for k in ("fvu", "l0", "dead")} | {"seconds": time.time() - t, "steps": res.steps,
                                                                    "tokens": n}
     (out / "fit.json").write_text(json.dumps(fit))
@@ -99,9 +108,13 @@ def sae_side(base, tuned, data, site: str, folder: Path) -> tuple[SAE, list[int]
     return sae, diff_latents(sae, *acts, top=10, site=site).ranking.indices.tolist()
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The arguments, with ``base`` and ``layer`` filled from :data:`PAIRS` and ``pair_flags`` (the flags that name a
+    pair other than the default, for the command written to the results)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--layer", type=int, default=19)
+    ap.add_argument("--tuned", default="smollm2-aligned", choices=sorted(PAIRS), help="the fine-tuned organism")
+    ap.add_argument("--base", default=None, help="its base (default: the base its adapter was trained on)")
+    ap.add_argument("--layer", type=int, default=None, help="resid_post layer (default: PAIRS[tuned])")
     ap.add_argument("--prompts", type=int, default=1300)
     ap.add_argument("--d-sae", type=int, default=2048)
     ap.add_argument("--k", type=int, default=32)
@@ -116,13 +129,22 @@ def main() -> None:
     ap.add_argument("--cache", default=None)
     ap.add_argument("--delta-only", action="store_true", help="only the difference section (cached stores and "
                                                                "crosscoders; no steering)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    defaults = {"base": ADAPTERS[args.tuned][0], "layer": PAIRS[args.tuned]}
+    extra = "".join(f" --{k} {getattr(args, k)}" for k in ("base", "layer") if getattr(args, k) not in (None, defaults[k]))
+    args.base, args.layer = args.base or defaults["base"], PAIRS[args.tuned] if args.layer is None else args.layer
+    args.pair_flags = ("" if args.tuned == ap.get_default("tuned") else f" --tuned {args.tuned}") + extra
+    return args
+
+
+def main() -> None:
+    args = parse_args()
     torch.set_num_threads(args.threads)
     t0 = time.time()
     site = f"blocks.{args.layer}.hook_resid_post"
-    base, tuned = load_model("smollm2-base"), load_model("smollm2-aligned")
-    data = load_refusal_data("smollm2-aligned")
-    folder = Path(args.cache) if args.cache else cache_dir() / "crossdiff" / "smollm2-aligned" / f"L{args.layer}"
+    base, tuned = load_pair(args.base, args.tuned)
+    data = load_refusal_data(args.tuned)
+    folder = Path(args.cache) if args.cache else cache_dir() / "crossdiff" / args.tuned / f"L{args.layer}"
     prompts = training_prompts(data, args.prompts, seed=0)
     ps = stores((base, tuned), prompts, site, folder / f"stores_{len(prompts)}")
     x = tokens_cache(ps)
@@ -133,9 +155,9 @@ def main() -> None:
     d = x.shape[1] // 2
     xs = (x[:, :d], x[:, d:])
     ccs = {"BatchTopK": cc, **({"L1": crosscoder(ps, args, folder, "crosscoder_relu")[0]} if args.also_l1 else {})}
-    cmd = f"python benchmarks/study_crossdiff.py --prompts {args.prompts} --threads {args.threads}" + \
+    cmd = f"python benchmarks/study_crossdiff.py{args.pair_flags} --prompts {args.prompts} --threads {args.threads}" + \
         (" --also-l1" if args.also_l1 else "")
-    replace_section(RESULTS, DELTA_HEADING, delta_section(ccs, xs, cmd))
+    replace_section(RESULTS, delta_heading(args.tuned), delta_section(ccs, xs, cmd, (args.base, args.tuned)))
     if args.delta_only:
         return
     st = crossdiff_study((base, tuned), cc, xs, data, config=CrossDiffConfig(n_steer=args.n_steer,
@@ -152,7 +174,7 @@ def main() -> None:
     r = r / r.norm()
     text = report(args, st, cc, fit, (sae, sae_top), r, len(x), len(prompts), time.time() - t0, t_cap, l1)
     print(text)
-    replace_section(RESULTS, HEADING, text)
+    replace_section(RESULTS, heading(args.tuned), text)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ norm; in the base, adding them should raise refusal on held-out harmless prompts
 
 from __future__ import annotations
 
+import copy
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -25,7 +26,7 @@ from interp.data import available_prompt_sets, load_prompts
 from interp.evals.controls import matched_random
 from interp.evals.judge import Judge
 from interp.evals.rates import fisher_greater, rate_cells
-from interp.models import Model
+from interp.models import Model, load_model
 from interp.studies.kit.prompt_sets import RefusalData
 from interp.studies.kit.runs import refusal_rate
 from interp.values import Runtime
@@ -36,6 +37,22 @@ from sae.edits import LatentSteering
 
 if TYPE_CHECKING:
     import pandas as pd
+
+
+def load_pair(base: str | Model, tuned: str | Model) -> tuple[Model, Model]:
+    """The base and its fine-tune (:func:`~interp.models.load_model` names, or loaded models), checked for a
+    crosscoder (:func:`sae.crosscoder.check_models`: width, depth, tokenizer, chat template). A fine-tune that also
+    taught its base the turn format (``gemma3-aligned``: the pretrained Gemma ships no chat template) carries a
+    template the base lacks; the base gets that template (on a copy of its tokenizer), so that the same prompts are
+    the same tokens in both models."""
+    b, t = (load_model(m) if isinstance(m, str) else m for m in (base, tuned))
+    tb, tt = getattr(b.tokenizer, "chat_template", None), getattr(t.tokenizer, "chat_template", None)
+    if tt and not tb:
+        tok = copy.deepcopy(b.tokenizer)
+        tok.chat_template = tt
+        b = Model(hf=b.hf, tokenizer=tok, spec=b.spec, name=b.name)
+    check_models(b, t)
+    return b, t
 
 
 def training_prompts(data: RefusalData, n: int, seed: int = 0) -> list[str]:
@@ -213,4 +230,4 @@ def crossdiff_study(models: tuple[Model, Model], cc: Crosscoder, xs: Sequence[to
                                 "draws": draws, "tests": tests(rows)})
 
 
-__all__ = ["CrossDiffConfig", "CrossDiffStudy", "crossdiff_study", "training_prompts"]
+__all__ = ["CrossDiffConfig", "CrossDiffStudy", "crossdiff_study", "load_pair", "training_prompts"]
