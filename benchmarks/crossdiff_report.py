@@ -122,34 +122,55 @@ def delta_heading(tuned: str) -> str:
     return f"### The fine-tune's difference at the site, and how much of it the crosscoders reconstruct ({tuned})"
 
 
+def massive(x: torch.Tensor, factor: float = 20.0) -> torch.Tensor:
+    """The massive dimensions of ``x [n, d]``: mean |activation| above ``factor`` times the median dimension's (the
+    rule of the multilingual studies, RESULTS_multilingual.md)."""
+    m = x.abs().mean(0)
+    return m > factor * m.median()
+
+
+@torch.no_grad()
+def _errors(cc, a: torch.Tensor, b: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Per-dimension squared reconstruction errors of both models and of the difference, summed over tokens."""
+    err = {k: torch.zeros(a.shape[1]) for k in "abd"}
+    for i in range(0, len(a), 4096):
+        xa, xb = a[i:i + 4096], b[i:i + 4096]
+        rec = cc.decode_models(cc.encode(cc.join(xa, xb)))
+        ra, rb = rec[:, 0].float().cpu(), rec[:, 1].float().cpu()
+        err["a"] += (ra - xa).pow(2).sum(0)
+        err["b"] += (rb - xb).pow(2).sum(0)
+        err["d"] += ((rb - ra) - (xb - xa)).pow(2).sum(0)
+    return err
+
+
 @torch.no_grad()
 def delta_section(ccs: dict, xs, command: str, names: tuple[str, str]) -> str:
     """How large the fine-tune's change of the activations is against their spread, and what share of that change
-    each crosscoder's reconstruction carries (FVU of the difference of its two reconstructions)."""
+    each crosscoder's reconstruction carries (FVU of the difference of its two reconstructions); the FVUs also without
+    the massive dimensions (:func:`massive`), which can hold most of the spread (Gemma)."""
+    from sae.crosscoder_analysis import norm_ratios
+
     a, b = xs
     delta = b - a
-    spread = float((a - a.mean(0)).pow(2).sum(-1).mean())
-    dvar = float((delta - delta.mean(0)).pow(2).sum(-1).mean())
+    var = {k: (x - x.mean(0)).pow(2).sum(0) / len(a) for k, x in (("a", a), ("b", b), ("d", delta))}
+    big = massive(a)
+    spread = float(var["a"].sum())
     lines = [delta_heading(names[1]), "", f"`{command}` ({machine()}). Over the {len(a)} training tokens: "
              f"E||x_tuned - x_base||^2 is {float(delta.pow(2).sum(-1).mean()) / spread:.4f} of the base's spread "
-             f"E||x_base - mean||^2 (mean norms {float(a.norm(dim=-1).mean()):.1f} / {float(b.norm(dim=-1).mean()):.1f}).",
+             f"E||x_base - mean||^2 (mean norms {float(a.norm(dim=-1).mean()):.1f} / {float(b.norm(dim=-1).mean()):.1f}). "
+             f"{int(big.sum())} massive dimensions (mean |x_base| above 20x the median dimension's) hold "
+             f"{float(var['a'][big].sum()) / spread:.3f} of the base's spread and {float(var['d'][big].sum() / var['d'].sum()):.3f} "
+             f"of the difference's; the last column leaves them out.",
              "", f"| crosscoder | FVU base ({names[0]}) | FVU tuned ({names[1]}) | FVU of the difference (x_tuned - x_base) | "
-             "norm ratio min / "
-             "median / max |", "|---|---|---|---|---|"]
+             "norm ratio min / median / max | FVU base / tuned / difference without the massive dimensions |",
+             "|---|---|---|---|---|---|"]
     for name, cc in ccs.items():
-        err = {"a": 0.0, "b": 0.0, "d": 0.0}
-        for i in range(0, len(a), 4096):
-            rec = cc.decode_models(cc.encode(cc.join(a[i:i + 4096], b[i:i + 4096])))
-            ra, rb = rec[:, 0], rec[:, 1]
-            err["a"] += float((ra - a[i:i + 4096]).pow(2).sum())
-            err["b"] += float((rb - b[i:i + 4096]).pow(2).sum())
-            err["d"] += float(((rb - ra) - delta[i:i + 4096]).pow(2).sum())
-        n = len(a)
-        vb = float((b - b.mean(0)).pow(2).sum(-1).mean())
-        from sae.crosscoder_analysis import norm_ratios
-
+        err = _errors(cc, a, b)
+        fvu = {k: float(err[k].sum()) / len(a) / float(var[k].sum()) for k in "abd"}
+        rest = {k: float(err[k][~big].sum()) / len(a) / float(var[k][~big].sum()) for k in "abd"}
         r = norm_ratios(cc)
         r = r[~r.isnan()]
-        lines.append(f"| {name} | {err['a'] / n / spread:.3f} | {err['b'] / n / vb:.3f} | {err['d'] / n / dvar:.3f} | "
-                     f"{float(r.min()):.3f} / {float(r.median()):.3f} / {float(r.max()):.3f} |")
+        lines.append(f"| {name} | {fvu['a']:.3f} | {fvu['b']:.3f} | {fvu['d']:.3f} | "
+                     f"{float(r.min()):.3f} / {float(r.median()):.3f} / {float(r.max()):.3f} | "
+                     f"{rest['a']:.3f} / {rest['b']:.3f} / {rest['d']:.3f} |")
     return "\n".join(lines) + "\n"
