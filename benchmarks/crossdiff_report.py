@@ -131,11 +131,15 @@ def massive(x: torch.Tensor, factor: float = 20.0) -> torch.Tensor:
 
 @torch.no_grad()
 def _errors(cc, a: torch.Tensor, b: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Per-dimension squared reconstruction errors of both models and of the difference, summed over tokens."""
+    """Per-dimension squared reconstruction errors of both models and of the difference, summed over tokens, and
+    which latents fire (``fired``)."""
     err = {k: torch.zeros(a.shape[1]) for k in "abd"}
+    err["fired"] = torch.zeros(cc.d_sae, dtype=torch.bool)
     for i in range(0, len(a), 4096):
         xa, xb = a[i:i + 4096], b[i:i + 4096]
-        rec = cc.decode_models(cc.encode(cc.join(xa, xb)))
+        z = cc.encode(cc.join(xa, xb))
+        err["fired"] |= (z > 0).any(0).cpu()
+        rec = cc.decode_models(z)
         ra, rb = rec[:, 0].float().cpu(), rec[:, 1].float().cpu()
         err["a"] += (ra - xa).pow(2).sum(0)
         err["b"] += (rb - xb).pow(2).sum(0)
@@ -164,13 +168,18 @@ def delta_section(ccs: dict, xs, command: str, names: tuple[str, str]) -> str:
              "", f"| crosscoder | FVU base ({names[0]}) | FVU tuned ({names[1]}) | FVU of the difference (x_tuned - x_base) | "
              "norm ratio min / median / max | FVU base / tuned / difference without the massive dimensions |",
              "|---|---|---|---|---|---|"]
+    quantiles = []
     for name, cc in ccs.items():
         err = _errors(cc, a, b)
         fvu = {k: float(err[k].sum()) / len(a) / float(var[k].sum()) for k in "abd"}
         rest = {k: float(err[k][~big].sum()) / len(a) / float(var[k][~big].sum()) for k in "abd"}
         r = norm_ratios(cc)
+        live = r[~r.isnan() & err["fired"]]
         r = r[~r.isnan()]
         lines.append(f"| {name} | {fvu['a']:.3f} | {fvu['b']:.3f} | {fvu['d']:.3f} | "
                      f"{float(r.min()):.3f} / {float(r.median()):.3f} / {float(r.max()):.3f} | "
                      f"{rest['a']:.3f} / {rest['b']:.3f} / {rest['d']:.3f} |")
-    return "\n".join(lines) + "\n"
+        q = torch.quantile(live, torch.tensor([0.01, 0.05, 0.25, 0.5, 0.75, 0.95, 0.99])).tolist() if len(live) else []
+        quantiles.append(f"{name}: {len(live)} of {cc.d_sae} latents fire on these tokens; their ratios' 1 / 5 / 25 / "
+                         f"50 / 75 / 95 / 99% quantiles " + " / ".join(f"{v:.3f}" for v in q))
+    return "\n".join(lines + ["", "Norm ratios of the latents that fire: " + "; ".join(quantiles) + "."]) + "\n"

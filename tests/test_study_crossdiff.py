@@ -99,7 +99,9 @@ def test_a_base_without_the_tunes_chat_template_gets_it(monkeypatch):
     assert "smollm2" not in text and f"--tuned gemma3-aligned --base {b.name}" in text
     delta = cr.delta_section({"BatchTopK": cc}, xs, "cmd", (b.name, t.name))
     assert delta.startswith(cr.delta_heading(t.name)) and f"FVU tuned ({t.name})" in delta
-    assert "without the massive dimensions" in delta and len(delta.strip().split("\n")[-1].split("|")) == 8
+    row = next(line for line in delta.split("\n") if line.startswith("| BatchTopK |"))
+    assert "without the massive dimensions" in delta and len(row.split("|")) == 8
+    assert "latents fire on these tokens; their ratios' 1 / 5 / 25 / 50 / 75 / 95 / 99% quantiles" in delta
     planted = torch.randn(100, 8)
     planted[:, 3] += 500.0
     assert cr.massive(planted).tolist() == [i == 3 for i in range(8)]
