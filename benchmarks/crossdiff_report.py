@@ -7,7 +7,6 @@ import torch
 from benchmarks._common import machine
 
 
-
 def heading(tuned: str) -> str:
     return f"### Crosscoder model diffing on {tuned}"
 
@@ -25,10 +24,9 @@ def _unit(w: torch.Tensor) -> torch.Tensor:
 
 def report(args, st, cc, fit: dict, sae_side, r: torch.Tensor, n_tokens: int, n_prompts: int, wall: float,
            t_cap: float, l1=None) -> str:
-    sae, sae_top = sae_side
     diff, counts = st.diff, st.diff.counts()
     dec_t = _unit(cc.decoders()[:, 1].detach().float())
-    sae_dec = _unit(sae.W_dec.detach().float())
+    sae_top, sae_dec = ([], None) if sae_side is None else (sae_side[1], _unit(sae_side[0].W_dec.detach().float()))
     cos_r = dec_t @ r.float()
     true = diff.true_tuned_only()
     only = diff.of("tuned-only")
@@ -82,22 +80,23 @@ def report(args, st, cc, fit: dict, sae_side, r: torch.Tensor, n_tokens: int, n_
     lines += [f"Steered: {len(st.chosen)} latents ({'; '.join(sorted(set(st.meta['chosen_classes'])))}), each "
               f"scaled by its mean activation at the harmful val prompts' last token; their fine-tuned-model "
               f"decoder vectors subtracted in {args.tuned} (harmful test prompts) and added to {args.base} "
-              f"(harmless test prompts) x1 and x4, against {args.n_random} draws of random latents matched in firing "
-              f"frequency (within 20 ranks) and scaled to the same vector norm; greedy 24 tokens, the anchored judge, "
-              f"95% Wilson intervals.", "",
+              f"(harmless test prompts) {' and '.join(f'x{v}' for v in args.strengths.split(','))}, against "
+              f"{args.n_random} draws of random latents matched in firing frequency (within 20 ranks) and scaled to "
+              f"the same vector norm; greedy 24 tokens, the anchored judge, 95% Wilson intervals.", "",
               "| latent | chosen as | r | mean act | cos with refusal dir | max cos with the SAE-diff top 10 | top context |",
               "|---|---|---|---|---|---|---|"]
     for lat, why in zip(st.chosen, st.meta["chosen_classes"]):
-        mc = float((sae_dec[sae_top] @ dec_t[lat]).abs().max())
+        mc = "-" if sae_dec is None else f"{float((sae_dec[sae_top] @ dec_t[lat]).abs().max()):.3f}"
         lines.append(f"| {lat} | {why} | {float(diff.ratios[lat]):.2f} | {float(st.mean_act[lat]):.3f} | "
-                     f"{float(cos_r[lat]):.3f} | {mc:.3f} | `{_ctx(st, lat)}` |")
+                     f"{float(cos_r[lat]):.3f} | {mc} | `{_ctx(st, lat)}` |")
     lines += ["", "| condition | prompts | refused | n | rate | 95% CI |", "|---|---|---|---|---|---|"]
     lines += [f"| {x['condition']} | {x['split']} | {x['k']} | {x['n']} | {x['rate']:.2f} | "
               f"{x['ci95'][0]:.2f}-{x['ci95'][1]:.2f} |" for x in st.rates]
     lines += ["", "One-sided Fisher tests, chosen vs the pooled random draws: " + "; ".join(
         f"{t['condition']}: {t['hypothesis']}, p = {t['p']:.3g} ({t['chosen']} vs {t['random']})"
         for t in st.meta["tests"]) + ".", ""]
-    lines += _vs_sae(diff, sae_top, sae_dec, dec_t, r)
+    lines += ["No SAE-diffing comparison in this run (--no-sae).", ""] if sae_dec is None else \
+        _vs_sae(diff, sae_top, sae_dec, dec_t, r)
     return "\n".join(lines) + "\n"
 
 

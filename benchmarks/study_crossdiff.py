@@ -23,6 +23,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -123,6 +124,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--also-l1", action="store_true", help="train an L1 crosscoder too and report its classes")
     ap.add_argument("--n-steer", type=int, default=10)
     ap.add_argument("--n-random", type=int, default=3)
+    ap.add_argument("--strengths", default="1,4", help="the multiples of the chosen latents added to the base")
+    ap.add_argument("--n-test", type=int, default=None, help="judge the first N harmful / harmless test prompts only "
+                                                              "(default: all 64)")
+    ap.add_argument("--no-sae", action="store_true", help="leave out the SAE-diffing comparison (its SAE's training)")
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--save-tokens", default=None, help="save the paired tokens [n, 2d] here (for bench_features.py)")
     ap.add_argument("--threads", type=int, default=1)
@@ -131,7 +136,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                                                "crosscoders; no steering)")
     args = ap.parse_args(argv)
     defaults = {"base": ADAPTERS[args.tuned][0], "layer": PAIRS[args.tuned]}
-    extra = "".join(f" --{k} {getattr(args, k)}" for k in ("base", "layer") if getattr(args, k) not in (None, defaults[k]))
+    shown = ("base", "layer", "n_steer", "n_random", "strengths", "n_test", "no_sae", "d_sae", "k", "epochs", "lr")
+    extra = "".join(f" --{k.replace('_', '-')}" + ("" if v is True else f" {v}") for k in shown
+                    for v in [getattr(args, k)] if v not in (None, defaults.get(k, ap.get_default(k))))
     args.base, args.layer = args.base or defaults["base"], PAIRS[args.tuned] if args.layer is None else args.layer
     args.pair_flags = ("" if args.tuned == ap.get_default("tuned") else f" --tuned {args.tuned}") + extra
     return args
@@ -160,19 +167,24 @@ def main() -> None:
     replace_section(RESULTS, delta_heading(args.tuned), delta_section(ccs, xs, cmd, (args.base, args.tuned)))
     if args.delta_only:
         return
-    st = crossdiff_study((base, tuned), cc, xs, data, config=CrossDiffConfig(n_steer=args.n_steer,
-                                                                            n_random=args.n_random),
-                         runtime=Runtime(seed=0))
+    strengths = tuple(float(v) for v in args.strengths.split(","))
+    if args.n_test is not None:
+        data = replace(data, harmful={**data.harmful, "test": data.harmful["test"].head(args.n_test)},
+                       harmless={**data.harmless, "test": data.harmless["test"].head(args.n_test)})
+    rows_file = folder / f"steer_{len(prompts)}_{args.d_sae}_k{args.k}_e{args.epochs}_lr{args.lr:g}.json"
+    st = crossdiff_study((base, tuned), cc, xs, data, runtime=Runtime(seed=0),
+                         config=CrossDiffConfig(n_steer=args.n_steer, n_random=args.n_random, strengths=strengths,
+                                                rows_file=str(rows_file)))
     l1 = None
     if args.also_l1:
         from sae.crosscoder_analysis import cross_diff
 
         cc1, fit1 = crosscoder(ps, args, folder, "crosscoder_relu")
         l1 = (cross_diff(cc1, xs), fit1)
-    sae, sae_top = sae_side(base, tuned, data, site, folder)
+    sae_pair = None if args.no_sae else sae_side(base, tuned, data, site, folder)
     r = find_candidates(tuned, data, layers=[args.layer + 1]).raw[0, -1]
     r = r / r.norm()
-    text = report(args, st, cc, fit, (sae, sae_top), r, len(x), len(prompts), time.time() - t0, t_cap, l1)
+    text = report(args, st, cc, fit, sae_pair, r, len(x), len(prompts), time.time() - t0, t_cap, l1)
     print(text)
     replace_section(RESULTS, heading(args.tuned), text)
 

@@ -59,10 +59,27 @@ def _check(st) -> None:
     assert st.summary()["chosen"] == st.chosen and len(st.to_frame()) == len(st.rates)
 
 
-def test_crossdiff_study_on_tiny_models():
+def test_crossdiff_study_on_tiny_models(tmp_path):
+    """The study, then a rerun that reads every steering row back from its rows file (the saved ``k`` of one row
+    changed to show it is read, not recomputed) and one whose key differs (other draws), which recomputes."""
+    from interp.io import read_json, write_json
+
     base = tiny_model("llama", seed=0)
-    st, _, _ = _study(base, _tuned_copy(base, "tiny-llama-tuned"))
+    tuned = _tuned_copy(base, "tiny-llama-tuned")
+    st, cc, xs = _study(base, tuned)
     _check(st)
+    rows = tmp_path / "rows.json"
+    cfg = CrossDiffConfig(n_steer=3, n_random=2, strengths=(1.0,), max_new_tokens=3, rows_file=str(rows))
+    first = crossdiff_study((base, tuned), cc, xs, _data(), config=cfg)
+    assert [r["k"] for r in first.rates] == [r["k"] for r in st.rates]
+    saved = read_json(rows)
+    assert set(saved["rows"]) == {r["condition"] for r in st.rates}
+    saved["rows"]["tuned"]["k"] = 999
+    write_json(rows, saved)
+    again = crossdiff_study((base, tuned), cc, xs, _data(), config=cfg)
+    assert again.rates[0]["k"] == 999 and [r["k"] for r in again.rates[1:]] == [r["k"] for r in st.rates[1:]]
+    other = crossdiff_study((base, tuned), cc, xs, _data(), config=cfg, runtime=Runtime(seed=1))
+    assert other.rates[0]["k"] == st.rates[0]["k"] and read_json(rows)["key"]["draws"] == other.meta["draws"]
 
 
 def test_a_base_without_the_tunes_chat_template_gets_it(monkeypatch):
