@@ -147,7 +147,7 @@ def _errors(cc, a: torch.Tensor, b: torch.Tensor) -> dict[str, torch.Tensor]:
 
 
 @torch.no_grad()
-def delta_section(ccs: dict, xs, command: str, names: tuple[str, str]) -> str:
+def delta_section(ccs: dict, xs, command: str, names: tuple[str, str], variant: str = "") -> str:
     """How large the fine-tune's change of the activations is against their spread, and what share of that change
     each crosscoder's reconstruction carries (FVU of the difference of its two reconstructions); the FVUs also without
     the massive dimensions (:func:`massive`), which can hold most of the spread (Gemma)."""
@@ -158,7 +158,7 @@ def delta_section(ccs: dict, xs, command: str, names: tuple[str, str]) -> str:
     var = {k: (x - x.mean(0)).pow(2).sum(0) / len(a) for k, x in (("a", a), ("b", b), ("d", delta))}
     big = massive(a)
     spread = float(var["a"].sum())
-    lines = [delta_heading(names[1]), "", f"`{command}` ({machine()}). Over the {len(a)} training tokens: "
+    lines = [delta_heading(names[1] + variant), "", f"`{command}` ({machine()}). Over the {len(a)} training tokens: "
              f"E||x_tuned - x_base||^2 is {float(delta.pow(2).sum(-1).mean()) / spread:.4f} of the base's spread "
              f"E||x_base - mean||^2 (mean norms {float(a.norm(dim=-1).mean()):.1f} / {float(b.norm(dim=-1).mean()):.1f}). "
              f"{int(big.sum())} massive dimensions (mean |x_base| above 20x the median dimension's) hold "

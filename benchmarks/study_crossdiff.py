@@ -31,7 +31,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks._common import replace_section  # noqa: E402
-from benchmarks.crossdiff_report import delta_heading, delta_section, heading, report  # noqa: E402
+from benchmarks.crossdiff_report import delta_heading, delta_section, heading, massive, report  # noqa: E402
 from interp.data import load_prompts  # noqa: E402
 from interp.models import ADAPTERS, cache_dir  # noqa: E402
 from interp.store import ActivationStore  # noqa: E402
@@ -65,14 +65,18 @@ def tokens(ps: PairedStore) -> torch.Tensor:
     return torch.cat(out)
 
 
-def crosscoder(ps: PairedStore, args, folder: Path, arch: str) -> tuple[Crosscoder, dict]:
+def crosscoder(ps, args, folder: Path, arch: str) -> tuple[Crosscoder, dict]:
+    """The crosscoder of ``arch`` trained on the paired store ``ps`` (or a pair of token tensors: ``--drop-massive``),
+    cached under ``folder``."""
     out = folder / f"cc_{arch}_{args.d_sae}_k{args.k}_e{args.epochs}_lr{args.lr:g}" / f"l1_{args.l1:g}" \
         if arch == "crosscoder_relu" else folder / f"cc_{arch}_{args.d_sae}_k{args.k}_e{args.epochs}_lr{args.lr:g}"
+    out = out.with_name(out.name + "_nomassive") if args.drop_massive else out
     if (out / "sae" / "meta.json").exists() and (out / "fit.json").exists():
         return Crosscoder.load(out / "sae"), json.loads((out / "fit.json").read_text())
-    n = len(tokens_cache(ps))
+    n = len(ps[0]) if isinstance(ps, tuple) else len(tokens_cache(ps))
     cfg = TrainConfig(arch=arch, d_sae=args.d_sae, k=args.k, total_tokens=args.epochs * n, batch_size=1024,
-                      l1_coefficient=args.l1, lr=args.lr, checkpoint_every=25, progress=False, seed=0)
+                      l1_coefficient=args.l1, lr=args.lr, checkpoint_every=25, progress=False, seed=0,
+                      **({"site": f"blocks.{args.layer}.hook_resid_post"} if isinstance(ps, tuple) else {}))
     t = time.time()
     res = train_crosscoder(ps, cfg, out_dir=out, models=(args.base, args.tuned))
     fit = {k: res.history[k][-1] for k in ("fvu", "l0", "dead")} | {"seconds": time.time() - t, "steps": res.steps,
@@ -127,6 +131,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--strengths", default="1,4", help="the multiples of the chosen latents added to the base")
     ap.add_argument("--n-test", type=int, default=None, help="judge the first N harmful / harmless test prompts only "
                                                               "(default: all 64)")
+    ap.add_argument("--drop-massive", action="store_true", help="zero the massive residual dimensions (mean |x| "
+                    "above 20x the median dimension's) before training; only with --delta-only")
     ap.add_argument("--no-sae", action="store_true", help="leave out the SAE-diffing comparison (its SAE's training)")
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--save-tokens", default=None, help="save the paired tokens [n, 2d] here (for bench_features.py)")
@@ -135,8 +141,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--delta-only", action="store_true", help="only the difference section (cached stores and "
                                                                "crosscoders; no steering)")
     args = ap.parse_args(argv)
+    if args.drop_massive and not args.delta_only:
+        ap.error("--drop-massive trains a crosscoder on edited tokens, which the steering does not see: add --delta-only")
     defaults = {"base": ADAPTERS[args.tuned][0], "layer": PAIRS[args.tuned]}
-    shown = ("base", "layer", "n_steer", "n_random", "strengths", "n_test", "no_sae", "d_sae", "k", "epochs", "lr")
+    shown = ("base", "layer", "n_steer", "n_random", "strengths", "n_test", "no_sae", "drop_massive", "delta_only", "d_sae", "k",
+             "epochs", "lr")
     extra = "".join(f" --{k.replace('_', '-')}" + ("" if v is True else f" {v}") for k in shown
                     for v in [getattr(args, k)] if v not in (None, defaults.get(k, ap.get_default(k))))
     args.base, args.layer = args.base or defaults["base"], PAIRS[args.tuned] if args.layer is None else args.layer
@@ -158,13 +167,21 @@ def main() -> None:
     if args.save_tokens:
         torch.save(x, args.save_tokens)
     t_cap = time.time() - t0
-    cc, fit = crosscoder(ps, args, folder, "crosscoder_batchtopk")
     d = x.shape[1] // 2
     xs = (x[:, :d], x[:, d:])
-    ccs = {"BatchTopK": cc, **({"L1": crosscoder(ps, args, folder, "crosscoder_relu")[0]} if args.also_l1 else {})}
+    if args.drop_massive:  # the massive dimensions zeroed in both models' tokens (the difference section only)
+        big = massive(xs[0])
+        xs = tuple(v.clone() for v in xs)
+        for v in xs:
+            v[:, big] = 0
+    train_on = xs if args.drop_massive else ps
+    cc, fit = crosscoder(train_on, args, folder, "crosscoder_batchtopk")
+    ccs = {"BatchTopK": cc, **({"L1": crosscoder(train_on, args, folder, "crosscoder_relu")[0]} if args.also_l1 else {})}
     cmd = f"python benchmarks/study_crossdiff.py{args.pair_flags} --prompts {args.prompts} --threads {args.threads}" + \
         (" --also-l1" if args.also_l1 else "")
-    replace_section(RESULTS, delta_heading(args.tuned), delta_section(ccs, xs, cmd, (args.base, args.tuned)))
+    variant = ", massive dimensions zeroed" if args.drop_massive else ""
+    replace_section(RESULTS, delta_heading(args.tuned + variant),
+                    delta_section(ccs, xs, cmd, (args.base, args.tuned), variant))
     if args.delta_only:
         return
     strengths = tuple(float(v) for v in args.strengths.split(","))

@@ -107,6 +107,9 @@ def test_a_base_without_the_tunes_chat_template_gets_it(monkeypatch):
     smol, gemma = sc.parse_args([]), sc.parse_args(["--tuned", "gemma3-aligned", "--prompts", "700"])
     assert (smol.base, smol.layer, smol.pair_flags) == ("smollm2-base", 19, "")
     assert (gemma.base, gemma.layer, gemma.pair_flags) == ("gemma3-270m", 11, " --tuned gemma3-aligned")
+    assert sc.parse_args(["--drop-massive", "--delta-only"]).pair_flags == " --drop-massive --delta-only"
+    with pytest.raises(SystemExit):  # a crosscoder on edited tokens cannot steer the models
+        sc.parse_args(["--drop-massive"])
     args = sc.parse_args(["--tuned", "gemma3-aligned", "--base", b.name, "--n-random", "2"])
     args.tuned = t.name
     sae = SAE(SAEConfig(b.d_model, 32, arch="topk", k=4, site="blocks.1.hook_resid_post"), seed=0)
@@ -116,6 +119,7 @@ def test_a_base_without_the_tunes_chat_template_gets_it(monkeypatch):
     assert "smollm2" not in text and f"--tuned gemma3-aligned --base {b.name}" in text
     delta = cr.delta_section({"BatchTopK": cc}, xs, "cmd", (b.name, t.name))
     assert delta.startswith(cr.delta_heading(t.name)) and f"FVU tuned ({t.name})" in delta
+    assert cr.delta_section({"BatchTopK": cc}, xs, "cmd", (b.name, t.name), ", v").startswith(cr.delta_heading(t.name + ", v"))
     row = next(line for line in delta.split("\n") if line.startswith("| BatchTopK |"))
     assert "without the massive dimensions" in delta and len(row.split("|")) == 8
     assert "latents fire on these tokens; their ratios' 1 / 5 / 25 / 50 / 75 / 95 / 99% quantiles" in delta
