@@ -79,7 +79,8 @@ def report(args, st, cc, fit: dict, sae_side, r: torch.Tensor, n_tokens: int, n_
         lines.append("")
     lines += [f"Steered: {len(st.chosen)} latents ({'; '.join(sorted(set(st.meta['chosen_classes'])))}), each "
               f"scaled by its mean activation at the harmful val prompts' last token; their fine-tuned-model "
-              f"decoder vectors subtracted in {args.tuned} (harmful test prompts) and added to {args.base} "
+              f"decoder vectors subtracted in {args.tuned} (harmful test prompts) "
+              f"{' and '.join(f'x{v}' for v in args.subtract.split(','))} and added to {args.base} "
               f"(harmless test prompts) {' and '.join(f'x{v}' for v in args.strengths.split(','))}, against "
               f"{args.n_random} draws of random latents matched in firing frequency (within 20 ranks) and scaled to "
               f"the same vector norm; greedy 24 tokens, the anchored judge, 95% Wilson intervals.", "",

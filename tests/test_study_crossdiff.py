@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -78,6 +79,14 @@ def test_crossdiff_study_on_tiny_models(tmp_path):
     write_json(rows, saved)
     again = crossdiff_study((base, tuned), cc, xs, _data(), config=cfg)
     assert again.rates[0]["k"] == 999 and [r["k"] for r in again.rates[1:]] == [r["k"] for r in st.rates[1:]]
+    more = crossdiff_study((base, tuned), cc, xs, _data(), config=replace(cfg, subtract=(1.0, 0.5)))
+    conds = [r["condition"] for r in more.rates]
+    assert more.rates[0]["k"] == 999 and len(conds) == len(st.rates) + 3
+    assert conds[4:7] == ["tuned, chosen latents subtracted x0.5"] + [
+        f"tuned, random latents subtracted x0.5 (draw {i})" for i in range(2)]
+    assert [t["condition"] for t in more.meta["tests"]][:2] == ["tuned, chosen latents subtracted",
+                                                                "tuned, chosen latents subtracted x0.5"]
+    assert all(t["random"].endswith("/8") for t in more.meta["tests"])
     other = crossdiff_study((base, tuned), cc, xs, _data(), config=cfg, runtime=Runtime(seed=1))
     assert other.rates[0]["k"] == st.rates[0]["k"] and read_json(rows)["key"]["draws"] == other.meta["draws"]
 

@@ -80,12 +80,14 @@ class CrossDiffConfig:
     """The study's knobs: the ``n_steer`` latents steered (the fine-tune-only latents that pass latent scaling, most
     active at the harmful val prompts' last token first; fewer exist: the highest norm ratios among those that fire
     there fill up, and ``meta['chosen_classes']`` says which), ``n_random`` matched random draws (firing frequency
-    within ``freq_window`` ranks), the ``strengths`` of the added vectors, ``max_new_tokens`` judged, ``classes``; ``rows_file``: a JSON file that keeps each
+    within ``freq_window`` ranks), the ``strengths`` of the added vectors and the multiples
+    ``subtract`` of the subtracted ones, ``max_new_tokens`` judged, ``classes``; ``rows_file``: a JSON file that keeps each
     steering condition's row as it finishes, so that a stopped run resumes (:func:`steer_rates`)."""
 
     n_steer: int = 10
     n_random: int = 3
     strengths: tuple[float, ...] = (1.0, 4.0)
+    subtract: tuple[float, ...] = (1.0,)
     max_new_tokens: int = 24
     freq_window: int = 20
     n_contexts: int = 3
@@ -96,6 +98,7 @@ class CrossDiffConfig:
         if self.n_steer < 1 or self.n_random < 0 or self.max_new_tokens < 1 or self.freq_window < 1:
             raise ValueError("n_steer, max_new_tokens and freq_window must be >= 1 and n_random >= 0")
         object.__setattr__(self, "strengths", tuple(float(s) for s in self.strengths))
+        object.__setattr__(self, "subtract", tuple(float(s) for s in self.subtract))
 
 
 @dataclass
@@ -167,19 +170,23 @@ def _matched(view: Any, rand: list[int], norm: float, sign: float) -> LatentStee
 
 
 def _conditions(models: tuple[Model, Model], view: Any, chosen: list[int], w: list[float], draws: list[list[int]],
-                data: RefusalData, strengths: tuple[float, ...]) -> list[tuple[dict[str, Any], Model, list[str], list]]:
+                data: RefusalData, c: CrossDiffConfig) -> list[tuple[dict[str, Any], Model, list[str], list]]:
     """Every steering condition: (its row's labels, the model, the prompts, the edits)."""
     base, tuned = models
     harm, safe = data.harmful["test"].instructions, data.harmless["test"].instructions
     norm = float(LatentSteering(view, chosen, w).vector().norm())
     out: list[tuple[dict[str, Any], Model, list[str], list]] = [
-        ({"condition": "tuned", "split": "harmful"}, tuned, harm, []),
-        ({"condition": "tuned, chosen latents subtracted", "split": "harmful", "latents": chosen}, tuned, harm,
-         [LatentSteering(view, chosen, [-x for x in w], sinks="exclude")])]
-    out += [({"condition": f"tuned, random latents subtracted (draw {i})", "split": "harmful", "latents": r}, tuned,
-             harm, [_matched(view, r, norm, -1.0)]) for i, r in enumerate(draws)]
+        ({"condition": "tuned", "split": "harmful"}, tuned, harm, [])]
+    for m in c.subtract:
+        tag = "" if m == 1.0 else f" x{m:g}"
+        out.append(({"condition": f"tuned, chosen latents subtracted{tag}", "split": "harmful",
+                     "latents": chosen}, tuned, harm, [LatentSteering(view, chosen, [-m * x for x in w],
+                                                                      sinks="exclude")]))
+        out += [({"condition": f"tuned, random latents subtracted{tag} (draw {i})", "split": "harmful",
+                  "latents": r}, tuned, harm, [_matched(view, r, m * norm, -1.0)])
+                for i, r in enumerate(draws)]
     out.append(({"condition": "base", "split": "harmless"}, base, safe, []))
-    for s in strengths:
+    for s in c.strengths:
         out.append(({"condition": f"base, chosen latents added x{s:g}", "split": "harmless", "strength": s,
                      "latents": chosen}, base, safe, [LatentSteering(view, chosen, [s * x for x in w], sinks="exclude")]))
         out += [({"condition": f"base, random latents added x{s:g} (draw {i})", "split": "harmless", "strength": s,
@@ -202,7 +209,7 @@ def steer_rates(models: tuple[Model, Model], cc: Crosscoder, chosen: list[int], 
         saved = read_json(path)
         done = saved["rows"] if saved.get("key") == key else {}
     rows = []
-    for labels, model, prompts, edits in _conditions(models, cc.view(1), chosen, w, draws, data, c.strengths):
+    for labels, model, prompts, edits in _conditions(models, cc.view(1), chosen, w, draws, data, c):
         if labels["condition"] not in done:
             done[labels["condition"]] = {**labels, **refusal_rate(model, prompts, judge, c.max_new_tokens, edits)}
             if path is not None:
