@@ -97,24 +97,39 @@ def report(args, st, cc, fit: dict, sae_side, r: torch.Tensor, n_tokens: int, n_
         f"{t['condition']}: {t['hypothesis']}, p = {t['p']:.3g} ({t['chosen']} vs {t['random']})"
         for t in st.meta["tests"]) + ".", ""]
     lines += ["No SAE-diffing comparison in this run (--no-sae).", ""] if sae_dec is None else \
-        _vs_sae(diff, sae_top, sae_dec, dec_t, r)
+        _vs_sae(diff, (sae_side, cc), sae_dec, dec_t, r)
     return "\n".join(lines) + "\n"
 
 
-def _vs_sae(diff, sae_top, sae_dec, dec_t, r) -> list[str]:
-    """Each SAE-diff top latent's nearest crosscoder latent (fine-tuned decoder, |cos|) and that latent's class."""
+def init_decoders(cc, sae) -> tuple[torch.Tensor, torch.Tensor]:
+    """The unit decoder rows both dictionaries started from (their seed-0 initialisations; the crosscoder's
+    fine-tuned-model block): the SAE's latent ``i`` and the crosscoder's ``i // 2`` start in the same direction."""
+    from sae.crosscoder import Crosscoder
+
+    c0 = Crosscoder.build(cc.cfg.d_in // 2, cc.d_sae, cc.cfg.arch, cc.cfg.k, ("base", "chat"), site=cc.site, seed=0)
+    s0 = type(sae)(sae.cfg, seed=0)
+    return _unit(c0.decoders()[:, 1].detach().float()), _unit(s0.W_dec.detach().float())
+
+
+def _vs_sae(diff, sae_side, sae_dec, dec_t, r) -> list[str]:
+    """Each SAE-diff top latent's nearest crosscoder latent (fine-tuned decoder, |cos|), that latent's class, and the
+    same pair's |cos| at initialisation (a shared seed makes some pairs start aligned)."""
+    (sae, sae_top), cc = sae_side
+    cc0, sae0 = init_decoders(cc, sae)
     lines = ["Beside the SAE diffing study's method (`benchmarks/study_diffing.py`, its SmolLM2 run in "
              "RESULTS_finetune.md: a TopK SAE on the base at the same site, latents ranked by their increase at the "
              "harmful val prompts' last token; the SAE trained here by that study's recipe, 1 thread): each of its "
-             "10 most amplified latents, the "
-             "crosscoder latent whose fine-tuned-model decoder vector is nearest (|cos|), and that latent's class.", "",
-             "| SAE-diff rank | SAE latent | cos with refusal dir | nearest crosscoder latent | |cos| | its r | its class |",
-             "|---|---|---|---|---|---|---|"]
+             "10 most amplified latents, the crosscoder latent whose fine-tuned-model decoder vector is nearest "
+             "(|cos|), that latent's class, and the two decoders' |cos| before training (both dictionaries start from "
+             "seed 0, and the SAE's latent i starts in the crosscoder's latent i // 2's direction: a pair near 1 there "
+             "is the shared initialisation, not a shared feature).", "",
+             "| SAE-diff rank | SAE latent | cos with refusal dir | nearest crosscoder latent | |cos| | its r | its class "
+             "| |cos| at init |", "|---|---|---|---|---|---|---|---|"]
     cos = (sae_dec[sae_top] @ dec_t.T).abs()
     for rank, (lat, row) in enumerate(zip(sae_top, cos)):
         j = int(row.argmax())
         lines.append(f"| {rank} | {lat} | {float(sae_dec[lat] @ r.float()):.3f} | {j} | {float(row[j]):.3f} | "
-                     f"{float(diff.ratios[j]):.2f} | {diff.classes[j]} |")
+                     f"{float(diff.ratios[j]):.2f} | {diff.classes[j]} | {float((sae0[lat] @ cc0[j]).abs()):.3f} |")
     return lines + [""]
 
 
