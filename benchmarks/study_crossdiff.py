@@ -71,9 +71,11 @@ def crosscoder(ps, args, folder: Path, arch: str) -> tuple[Crosscoder, dict]:
     out = folder / f"cc_{arch}_{args.d_sae}_k{args.k}_e{args.epochs}_lr{args.lr:g}" / f"l1_{args.l1:g}" \
         if arch == "crosscoder_relu" else folder / f"cc_{arch}_{args.d_sae}_k{args.k}_e{args.epochs}_lr{args.lr:g}"
     out = out.with_name(out.name + "_nomassive") if args.drop_massive else out
+    n = len(ps[0]) if isinstance(ps, tuple) else len(tokens_cache(ps))
+    if (out / "fit.json").exists() and json.loads((out / "fit.json").read_text())["tokens"] != n:
+        out = out.with_name(out.name + f"_n{n}")  # another run's size cached under the plain name
     if (out / "sae" / "meta.json").exists() and (out / "fit.json").exists():
         return Crosscoder.load(out / "sae"), json.loads((out / "fit.json").read_text())
-    n = len(ps[0]) if isinstance(ps, tuple) else len(tokens_cache(ps))
     cfg = TrainConfig(arch=arch, d_sae=args.d_sae, k=args.k, total_tokens=args.epochs * n, batch_size=1024,
                       l1_coefficient=args.l1, lr=args.lr, checkpoint_every=25, progress=False, seed=0,
                       **({"site": f"blocks.{args.layer}.hook_resid_post"} if isinstance(ps, tuple) else {}))
