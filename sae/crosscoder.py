@@ -216,7 +216,7 @@ def paired(a: Any, b: Any, site: str | None = None) -> Any:
 
 
 def check_models(a: Any, b: Any) -> None:
-    """Refuse two models a crosscoder cannot pair: another width, depth or tokenizer."""
+    """Refuse two models a crosscoder cannot pair: another width, depth, tokenizer or chat template."""
     if int(a.d_model) != int(b.d_model) or int(a.n_layers) != int(b.n_layers):
         raise ValueError(f"{a.name!r} (width {a.d_model}, {a.n_layers} layers) and {b.name!r} (width {b.d_model}, "
                          f"{b.n_layers} layers) differ in shape; a crosscoder pairs a model with its fine-tune")
@@ -224,6 +224,10 @@ def check_models(a: Any, b: Any) -> None:
     if ta is not None and tb is not None and ta.get_vocab() != tb.get_vocab():
         raise ValueError(f"{a.name!r} and {b.name!r} have different tokenizers; a crosscoder reads the same tokens "
                          f"through both models, so they must share one")
+    if ta is not None and tb is not None and getattr(ta, "chat_template", None) != getattr(tb, "chat_template", None):
+        raise ValueError(f"{a.name!r} and {b.name!r} have different chat templates, so the same prompts would be "
+                         f"different tokens; give both the fine-tune's template (load the pair with "
+                         f"interp.studies.finetune.crossdiff.load_pair, or set tokenizer.chat_template)")
 
 
 def capture_paired(models: Sequence[Any], prompts: Any, site: str, out: str | os.PathLike | None = None,

@@ -247,6 +247,11 @@ def test_bad_input_is_refused_with_the_fix(tmp_path, two_models):
     other_tok.tokenizer.add_tokens(["<a token the base lacks>"])
     with pytest.raises(ValueError, match="different tokenizers"):
         check_models(base, other_tok)
+    other_template = copy.copy(tuned)
+    other_template.tokenizer = copy.deepcopy(tuned.tokenizer)
+    other_template.tokenizer.chat_template = None
+    with pytest.raises(ValueError, match="different chat templates.*load_pair"):
+        check_models(base, other_template)
     with pytest.raises(ValueError, match="same tokens through both"):
         paired(torch.zeros(10, D), torch.zeros(11, D))
     rt = Runtime(batch_size=8, progress=False)

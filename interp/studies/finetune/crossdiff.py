@@ -12,9 +12,11 @@ norm; in the base, adding them should raise refusal on held-out harmless prompts
 
 from __future__ import annotations
 
+import copy
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -25,7 +27,8 @@ from interp.data import available_prompt_sets, load_prompts
 from interp.evals.controls import matched_random
 from interp.evals.judge import Judge
 from interp.evals.rates import fisher_greater, rate_cells
-from interp.models import Model
+from interp.io import read_json, write_json
+from interp.models import Model, load_model
 from interp.studies.kit.prompt_sets import RefusalData
 from interp.studies.kit.runs import refusal_rate
 from interp.values import Runtime
@@ -36,6 +39,22 @@ from sae.edits import LatentSteering
 
 if TYPE_CHECKING:
     import pandas as pd
+
+
+def load_pair(base: str | Model, tuned: str | Model) -> tuple[Model, Model]:
+    """The base and its fine-tune (:func:`~interp.models.load_model` names, or loaded models), checked for a
+    crosscoder (:func:`sae.crosscoder.check_models`: width, depth, tokenizer, chat template). A fine-tune that also
+    taught its base the turn format (``gemma3-aligned``: the pretrained Gemma ships no chat template) carries a
+    template the base lacks; the base gets that template (on a copy of its tokenizer), so that the same prompts are
+    the same tokens in both models."""
+    b, t = (load_model(m) if isinstance(m, str) else m for m in (base, tuned))
+    tb, tt = getattr(b.tokenizer, "chat_template", None), getattr(t.tokenizer, "chat_template", None)
+    if tt and not tb:
+        tok = copy.deepcopy(b.tokenizer)
+        tok.chat_template = tt
+        b = Model(hf=b.hf, tokenizer=tok, spec=b.spec, name=b.name)
+    check_models(b, t)
+    return b, t
 
 
 def training_prompts(data: RefusalData, n: int, seed: int = 0) -> list[str]:
@@ -61,20 +80,25 @@ class CrossDiffConfig:
     """The study's knobs: the ``n_steer`` latents steered (the fine-tune-only latents that pass latent scaling, most
     active at the harmful val prompts' last token first; fewer exist: the highest norm ratios among those that fire
     there fill up, and ``meta['chosen_classes']`` says which), ``n_random`` matched random draws (firing frequency
-    within ``freq_window`` ranks), the ``strengths`` of the added vectors, ``max_new_tokens`` judged, ``classes``."""
+    within ``freq_window`` ranks), the ``strengths`` of the added vectors and the multiples
+    ``subtract`` of the subtracted ones, ``max_new_tokens`` judged, ``classes``; ``rows_file``: a JSON file that keeps each
+    steering condition's row as it finishes, so that a stopped run resumes (:func:`steer_rates`)."""
 
     n_steer: int = 10
     n_random: int = 3
     strengths: tuple[float, ...] = (1.0, 4.0)
+    subtract: tuple[float, ...] = (1.0,)
     max_new_tokens: int = 24
     freq_window: int = 20
     n_contexts: int = 3
     classes: Classes = field(default_factory=Classes)
+    rows_file: str | None = None
 
     def __post_init__(self) -> None:
         if self.n_steer < 1 or self.n_random < 0 or self.max_new_tokens < 1 or self.freq_window < 1:
             raise ValueError("n_steer, max_new_tokens and freq_window must be >= 1 and n_random >= 0")
         object.__setattr__(self, "strengths", tuple(float(s) for s in self.strengths))
+        object.__setattr__(self, "subtract", tuple(float(s) for s in self.subtract))
 
 
 @dataclass
@@ -145,31 +169,52 @@ def _matched(view: Any, rand: list[int], norm: float, sign: float) -> LatentStee
     return LatentSteering(view, rand, scale, sinks="exclude")
 
 
+def _conditions(models: tuple[Model, Model], view: Any, chosen: list[int], w: list[float], draws: list[list[int]],
+                data: RefusalData, c: CrossDiffConfig) -> list[tuple[dict[str, Any], Model, list[str], list]]:
+    """Every steering condition: (its row's labels, the model, the prompts, the edits)."""
+    base, tuned = models
+    harm, safe = data.harmful["test"].instructions, data.harmless["test"].instructions
+    norm = float(LatentSteering(view, chosen, w).vector().norm())
+    out: list[tuple[dict[str, Any], Model, list[str], list]] = [
+        ({"condition": "tuned", "split": "harmful"}, tuned, harm, [])]
+    for m in c.subtract:
+        tag = "" if m == 1.0 else f" x{m:g}"
+        out.append(({"condition": f"tuned, chosen latents subtracted{tag}", "split": "harmful",
+                     "latents": chosen}, tuned, harm, [LatentSteering(view, chosen, [-m * x for x in w],
+                                                                      sinks="exclude")]))
+        out += [({"condition": f"tuned, random latents subtracted{tag} (draw {i})", "split": "harmful",
+                  "latents": r}, tuned, harm, [_matched(view, r, m * norm, -1.0)])
+                for i, r in enumerate(draws)]
+    out.append(({"condition": "base", "split": "harmless"}, base, safe, []))
+    for s in c.strengths:
+        out.append(({"condition": f"base, chosen latents added x{s:g}", "split": "harmless", "strength": s,
+                     "latents": chosen}, base, safe, [LatentSteering(view, chosen, [s * x for x in w], sinks="exclude")]))
+        out += [({"condition": f"base, random latents added x{s:g} (draw {i})", "split": "harmless", "strength": s,
+                  "latents": r}, base, safe, [_matched(view, r, s * norm, 1.0)]) for i, r in enumerate(draws)]
+    return out
+
+
 def steer_rates(models: tuple[Model, Model], cc: Crosscoder, chosen: list[int], weights: torch.Tensor,
                 draws: list[list[int]], data: RefusalData, c: CrossDiffConfig, judge: Judge | None) -> list[dict]:
     """Refusal under each condition: the tuned model on harmful test prompts minus the chosen (or random) latents'
-    tuned-model vectors, the base on harmless test prompts plus them at each strength."""
-    base, tuned = models
-    view = cc.view(1)
-    harm, safe = data.harmful["test"].instructions, data.harmless["test"].instructions
+    tuned-model vectors, the base on harmless test prompts plus them at each strength. With ``c.rows_file`` each
+    condition's row is saved there as it finishes and read back by a rerun with the same latents, draws, prompts
+    and generation length (a stopped run loses one condition at most)."""
     w = weights.tolist()
-    norm = float(LatentSteering(view, chosen, w).vector().norm())
-
-    def rate(model: Model, prompts: list[str], edits: list) -> Any:
-        return refusal_rate(model, prompts, judge, c.max_new_tokens, edits)
-
-    rows = [{"condition": "tuned", "split": "harmful", **rate(tuned, harm, [])},
-            {"condition": "tuned, chosen latents subtracted", "split": "harmful", "latents": chosen,
-             **rate(tuned, harm, [LatentSteering(view, chosen, [-x for x in w], sinks="exclude")])}]
-    rows += [{"condition": f"tuned, random latents subtracted (draw {i})", "split": "harmful", "latents": r,
-              **rate(tuned, harm, [_matched(view, r, norm, -1.0)])} for i, r in enumerate(draws)]
-    rows.append({"condition": "base", "split": "harmless", **rate(base, safe, [])})
-    for s in c.strengths:
-        rows.append({"condition": f"base, chosen latents added x{s:g}", "split": "harmless", "strength": s,
-                     "latents": chosen,
-                     **rate(base, safe, [LatentSteering(view, chosen, [s * x for x in w], sinks="exclude")])})
-        rows += [{"condition": f"base, random latents added x{s:g} (draw {i})", "split": "harmless", "strength": s,
-                  "latents": r, **rate(base, safe, [_matched(view, r, s * norm, 1.0)])} for i, r in enumerate(draws)]
+    key = {"chosen": chosen, "weights": [round(x, 5) for x in w], "draws": draws, "test": data.digest("test"),
+           "max_new_tokens": c.max_new_tokens, "judge": type(judge).__name__}
+    done: dict[str, dict[str, Any]] = {}
+    path = Path(c.rows_file) if c.rows_file else None
+    if path is not None and path.exists():
+        saved = read_json(path)
+        done = saved["rows"] if saved.get("key") == key else {}
+    rows = []
+    for labels, model, prompts, edits in _conditions(models, cc.view(1), chosen, w, draws, data, c):
+        if labels["condition"] not in done:
+            done[labels["condition"]] = {**labels, **refusal_rate(model, prompts, judge, c.max_new_tokens, edits)}
+            if path is not None:
+                write_json(path, {"key": key, "rows": done})
+        rows.append(done[labels["condition"]])
     return rows
 
 
@@ -213,4 +258,4 @@ def crossdiff_study(models: tuple[Model, Model], cc: Crosscoder, xs: Sequence[to
                                 "draws": draws, "tests": tests(rows)})
 
 
-__all__ = ["CrossDiffConfig", "CrossDiffStudy", "crossdiff_study", "training_prompts"]
+__all__ = ["CrossDiffConfig", "CrossDiffStudy", "crossdiff_study", "load_pair", "training_prompts"]
