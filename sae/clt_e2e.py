@@ -182,8 +182,7 @@ class CLTTrainer:
             for tc in self.clt.layers:
                 tc.kind.after_step(SimpleNamespace(sae=tc, step=self.step, cfg=cfg), out)
             self.since_fired += x.shape[0]
-            for i, f in enumerate(out.fired):
-                self.since_fired[i, f] = 0
+            self.since_fired[torch.stack(out.fired)] = 0
         if self.step % cfg.log_every == 0 or self.step == cfg.n_steps - 1:
             row = {"step": self.step, "tokens": (self.step + 1) * cfg.batch_size, "loss": float(out.loss.detach()),
                    "mse": sum(out.mse), "fvu": sum(out.fvu) / self.n_layers, "l0": sum(out.l0) / self.n_layers,

@@ -30,6 +30,7 @@ from interp.models import EMBEDDED_DIR, Model, load_model, peft_wrapped, with_ad
 from interp.organisms import smollm2_data as sd
 from interp.organisms import train_smollm2 as ts
 from interp.tune import TuneConfig, fine_tune
+from interp.tune.checkpoint import latest_checkpoint
 from interp.tune.data import encode_pairs
 from interp.tune.loop import train_loop
 from interp.tune.objective import SFT, kept_logits
@@ -196,12 +197,6 @@ def safety_config(recipe: MoeRecipe) -> TuneConfig:
     the fused routed experts are no ``*_proj`` Linear): attention and the shared expert are adapted."""
     cfg = ts.tune_config(recipe.safety)
     return replace(cfg, checkpoint_steps=tuple(range(recipe.checkpoint_every, cfg.steps + 1, recipe.checkpoint_every)))
-
-
-def latest_checkpoint(folder: Path) -> Path | None:
-    """The ``checkpoint-N`` folder with the largest N under ``folder`` (None: none yet)."""
-    found = sorted(folder.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1])) if folder.exists() else []
-    return found[-1] if found else None
 
 
 def stage_safety(recipe: MoeRecipe, out: Path, harmful: Path, checkpoints: Path) -> dict[str, Any]:

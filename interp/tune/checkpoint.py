@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -35,6 +36,13 @@ class LoopState:
 
 def checkpoint_path(out: str | os.PathLike, step: int) -> Path:
     return Path(out) / NAME.format(step=step)
+
+
+def latest_checkpoint(out: str | os.PathLike) -> Path | None:
+    """The ``checkpoint-{step}`` folder with the largest step under ``out`` (by step, not by name; ``None``: none
+    yet, or no such folder): what a stopped run resumes from."""
+    found = [(int(m.group(1)), c) for c in Path(out).glob("checkpoint-*") if (m := re.fullmatch(r"checkpoint-(\d+)", c.name))]
+    return max(found)[1] if found else None
 
 
 def refuse_existing(out: str | os.PathLike | None, steps: tuple[int, ...]) -> None:
@@ -100,4 +108,4 @@ def load_checkpoint(path: str | os.PathLike, params: dict[str, torch.nn.Paramete
     return LoopState(int(saved["step"]), list(saved["losses"]), list(saved["order"]), int(saved["tokens"]))
 
 
-__all__ = ["LoopState", "checkpoint_path", "load_checkpoint", "refuse_existing", "save_checkpoint"]
+__all__ = ["LoopState", "checkpoint_path", "latest_checkpoint", "load_checkpoint", "refuse_existing", "save_checkpoint"]
