@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache, GenerationConfig, PreTrainedModel
 
-from interp.forward import cache_kwarg, kv_cache
+from interp.forward import cache_kwarg, dense_unembed, kv_cache
 from interp.models import Model
 from interp.nnsight_backend import NNsightModel
 from interp.sites import parse_site
@@ -98,7 +98,7 @@ def _prefill(model: Model, ids: torch.Tensor, attn: torch.Tensor, pos: torch.Ten
     below ``layer`` are stood in for by the plain pass's ``resid`` there and their keys and values ``kv``."""
     name = cache_kwarg(model)
     layer, resid, kv = resume if resume is not None else (0, None, None)
-    with resume_from(model, layer, resid) as skipped:
+    with resume_from(model, layer, resid) as skipped, dense_unembed(model):
         logits = model.hf(input_ids=ids[:, start:], attention_mask=attn, position_ids=pos[:, start:],
                           use_cache=True, logits_to_keep=1, **{name: cache}).logits[:, -1].float()
     if skipped:  # the skipped blocks wrote nothing: theirs are the plain pass's

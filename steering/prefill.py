@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from interp.forward import KV, batches, cache_kwarg, kv_cache, plain_states, untouched_prefix
+from interp.forward import KV, batches, cache_kwarg, dense_unembed, kv_cache, plain_states, untouched_prefix
 from interp.models import Model
 from steering.applying import _flat
 from steering.decode import greedy_rows, lowest_edited_layer
@@ -140,7 +140,8 @@ def _run_batches(model: Model, encs: list, batch_size: int, kw: dict[str, Any], 
                            at) if drop else None
         if rows is None:
             extra = {} if prefix is None else {cache_kwarg(model): kv_cache(prefix, start)}
-            with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []), torch.no_grad():
+            with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []), torch.no_grad(), \
+                    dense_unembed(model):
                 torch.manual_seed(seed + i)
                 out = model.hf.generate(**inputs, **kw, **extra)
             if firsts is not None:

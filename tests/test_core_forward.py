@@ -130,3 +130,26 @@ def test_prefix_reuse_equals_the_full_forward(tiny_models):
         torch.testing.assert_close(last_logits(m, b, prefix=prefix, start=start), full, atol=1e-5, rtol=0)
     with pytest.raises(ValueError, match="rows"):
         last_logits(m, b, repeat=2, prefix=prefix, start=2)
+
+
+def test_dense_unembed_feeds_the_head_a_contiguous_input_and_the_same_logits(tiny_models):
+    """Under ``logits_to_keep`` HF unembeds a strided view of the hidden states; inside our passes the head reads a
+    contiguous copy (one matrix product, not one per row), the logits equal HF's own to float rounding, and the
+    hook is gone afterwards, also when the pass raises."""
+    from interp.forward import dense_unembed, forward
+    from interp.weights import unembed_module
+
+    m = tiny_models("llama")
+    b = batch_of(m, ["the man said hello there", "what is the good word", "help me"])
+    seen: list[bool] = []
+    with module_hooks([(unembed_module(m), "post", lambda mod, args, out: seen.append(args[0].is_contiguous()))]):
+        with torch.inference_mode():
+            raw = m.hf(**b.model_inputs, use_cache=False, logits_to_keep=2).logits.float()
+        ours = forward(m, b, logits=2)
+    assert seen == [False, True]   # HF's own pass hands the head a strided view; ours a contiguous one
+    torch.testing.assert_close(ours, raw, atol=1e-5, rtol=1e-5)
+    n0 = count_hooks(m.hf)
+    with pytest.raises(RuntimeError, match="boom"), dense_unembed(m):
+        assert count_hooks(m.hf) == n0 + 1
+        raise RuntimeError("boom")
+    assert count_hooks(m.hf) == n0
