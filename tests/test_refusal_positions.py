@@ -21,6 +21,7 @@ from interp.studies.refusal import RefusalConfig, SelectionConfig, run_refusal
 from interp.studies.refusal.estimate import ablation_moment, harmless_terms, writer_sites
 from interp.studies.refusal.evaluation import harmless_kl_ce
 from interp.testing.tiny import tiny_model
+from steering.prefill import prompt_prefixes
 
 PROMPTS = ["the man said", "what is the good word now, tell me", "help", "write a long story about water",
            "how do you make a house"]
@@ -48,7 +49,13 @@ def test_row_edits_with_a_token_mask_equal_hooks_at_the_post_instruction_tokens(
         # the same intervention through steering (prompt_logits declares each batch's post-instruction mask)
         torch.testing.assert_close(post[c], prompt_logits(m, encs, ablation(dirs[c], "post_instruction")),
                                    atol=1e-5, rtol=0)
+        # and with the plain pass's keys and values of the columns before the post-instruction tokens reused
+        torch.testing.assert_close(post[c], prompt_logits(m, encs, ablation(dirs[c], "post_instruction"), batch_size=2,
+                                                          prefixes=prompt_prefixes(m, encs, 2)), atol=1e-5, rtol=0)
         assert (post[c] - every[c]).abs().max() > 1e-3      # the instruction tokens are left alone
+    assert all(start > 0 for _, start in prompt_prefixes(m, encs, 2))   # the reuse above was real
+    with pytest.raises(ValueError, match="prefixes holds 2 batches but the prompts make 1"):
+        prompt_logits(m, encs, batch_size=3, prefixes=prompt_prefixes(m, encs, 2))
     with pytest.raises(ValueError, match="ablate_positions must be one of"):
         score_rows(m, encs, dirs, "ablate", positions="instruction")
     with pytest.raises(ValueError, match="ablate_mask must be Bool"):

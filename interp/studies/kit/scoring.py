@@ -58,16 +58,25 @@ def refusal_tokens(first_ids_refused: Sequence[int], first_ids_helpful: Sequence
     return out
 
 
-def prompt_logits(model: Model, encs: Sequence[Encoded], *interventions: Any, batch_size: int = 64
-                  ) -> Float[torch.Tensor, "n vocab"]:
-    """Next-token logits at each prompt's last token, with ``interventions`` attached (none: plain), on CPU."""
+def prompt_logits(model: Model, encs: Sequence[Encoded], *interventions: Any, batch_size: int = 64,
+                  prefixes: Sequence[tuple[Any, int]] | None = None) -> Float[torch.Tensor, "n vocab"]:
+    """Next-token logits at each prompt's last token, with ``interventions`` attached (none: plain), on CPU.
+    ``prefixes``: per batch of ``batch_size``, the plain keys and values of its first columns and how many
+    (:func:`steering.prefill.prompt_prefixes`, e.g. a generation session's): only the later columns are computed,
+    for interventions that leave the earlier ones as they are (the caller checks, e.g. with
+    :func:`steering.prefill.leaves_prompt_prefix`)."""
+    bs = batches(model, encs, batch_size)
+    if prefixes is not None and len(prefixes) != len(bs):
+        raise ValueError(f"prefixes holds {len(prefixes)} batches but the prompts make {len(bs)} of {batch_size}")
+    reuse = [{"prefix": kv, "start": start} if kv is not None and start > 0 else {}
+             for kv, start in (prefixes if prefixes is not None else [(None, 0)] * len(bs))]
     if not interventions:
-        return torch.cat([last_logits(model, b).cpu() for b in batches(model, encs, batch_size)])
+        return torch.cat([last_logits(model, b, **r).cpu() for b, r in zip(bs, reuse)])
     out = []
     with steering.apply(model, *interventions) as handle:
-        for b in batches(model, encs, batch_size):
-            handle.set_batch(b)  # so an edit at positions="post_instruction" knows this batch's tokens
-            out.append(last_logits(model, b).cpu())
+        for b, r in zip(bs, reuse):
+            handle.set_batch(b, cached=r.get("start", 0))  # an edit at positions="post_instruction" knows the tokens
+            out.append(last_logits(model, b, **r).cpu())
     return torch.cat(out)
 
 

@@ -173,6 +173,14 @@ class TestPrompts:
                                                                            first_logits=True)
         return self._sessions[which, batch_size]
 
+    def last_logits(self, which: str, ivs: Sequence[Any], batch_size: int) -> torch.Tensor:
+        """Next-token logits ``[n, vocab]`` (CPU) of the test prompts of ``which`` under ``ivs``; under edits that leave
+        the columns before the post-instruction tokens as they are, those columns' keys and values come from the
+        session's plain prompt pass (run once per session, shared with its generations; exact)."""
+        reuse = leaves_prompt_prefix(self.model, ivs)
+        return prompt_logits(self.model, self.encodings(which), *ivs, batch_size=batch_size,
+                             prefixes=self.session(which, batch_size).prefixes() if reuse else None)
+
     def judged(self, which: str, ivs: Sequence[Any], max_new_tokens: int, batch_size: int, judge: Judge | None = None,
                model: Model | None = None) -> tuple[list[str], list[bool], torch.Tensor]:
         """Greedy generations of ``which`` under ``ivs`` (on ``model``, default this run's), the judge's verdicts,
@@ -250,7 +258,7 @@ def evaluate(model: Model, data: RefusalData | TestPrompts, cand: Candidates, se
     gens, refused, logits = ({k: d[k] for k in conditions} for d in (gens, refused, logits))
     scores = {k: refusal_score(lg, tokens.tokens).mean().item() for k, lg in logits.items()}
     hook = (logits["harmful/ablation"] if every_token else
-            prompt_logits(model, test.encodings("harmful"), ablation(r, "all"), batch_size=batch_size))
+            test.last_logits("harmful", (ablation(r, "all"),), batch_size))
     diff = (hook - logits[baked_name]).abs().max()
     equiv = {"max_abs_logit_diff": float(diff), "rel_logit_diff": float(diff / hook.abs().max()),
              "exact_architecture": bool(baked.exact), "notes": baked.notes if every_token else [*baked.notes, NOT_BAKEABLE],

@@ -21,7 +21,7 @@ from interp.evals.logits import refusal_score
 from interp.evals.rates import Rate, rate
 from interp.models import Model
 from interp.studies.kit.config import RefusalConfig
-from interp.studies.kit.scoring import ablation, prompt_logits
+from interp.studies.kit.scoring import ablation
 from interp.studies.kit.stages import RefusalTokens
 from interp.studies.kit.writer_sites import embedding_note, moe_layers, writer_groups
 from interp.studies.refusal.evaluation import STAGE_MOVED, Evaluation, TestPrompts
@@ -99,10 +99,9 @@ def identity_checks(model: Model, test: TestPrompts, r: Float[torch.Tensor, " d"
     """Max |logit diff| on the harmful test prompts: attention + MLP + embedding groups together vs all writers
     (DirectionalAblation), and routed + shared experts (+ dense MLP layers) vs the MLP group."""
     groups, _ = writer_groups(model, positions)
-    encs = test.encodings("harmful")
 
     def logits(names: list[str], extra: tuple = ()) -> torch.Tensor:
-        return prompt_logits(model, encs, *[iv for g in names for iv in groups[g][1](r)], *extra, batch_size=batch_size)
+        return test.last_logits("harmful", (*[iv for g in names for iv in groups[g][1](r)], *extra), batch_size)
 
     out = {"attention + MLP + embedding vs all writers": float(
         (logits(["attention", "MLP", "embedding"]) - logits(["all writers"])).abs().max())}
