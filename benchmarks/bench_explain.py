@@ -1,7 +1,7 @@
 """Explanations of SAE latents scored by detection and fuzzing, each against a shuffled-explanation control.
 
-smollm2-aligned (the realistic organism, SmolLM2-135M-Instruct + a safety LoRA) is both the model under study and
-the explainer / scorer (through ``steering.generate``). A TopK SAE is trained quickly on its residual stream over
+smollm2-aligned (the realistic organism, SmolLM2-135M-Instruct + a safety LoRA) is the model under study and, by
+default, the explainer and scorer (through ``steering.generate``; ``--explainer`` / ``--scorer`` name others). A TopK SAE is trained quickly on its residual stream over
 persona statements (Anthropic model-written evaluations, plain text, no chat template); ``--latents`` latents are
 drawn at random (seeded) among those firing on enough statements, explained from their top contexts and random
 non-activating ones, and scored on held-out contexts. ``--verdicts logprob`` reads each scorer verdict from the
@@ -12,6 +12,7 @@ goes to ``--out`` (and ``report.md`` in the run folder); ``benchmarks/RESULTS_ex
 it.
 
     python benchmarks/bench_explain.py --explainer smollm2-135m-instruct --verdicts logprob --out /tmp/explain.md
+    python benchmarks/bench_explain.py --explainer qwen2.5-coder-1.5b-instruct --verdicts logprob  # explains and scores
 """
 
 from __future__ import annotations
@@ -199,8 +200,8 @@ def report(res: Any, args: argparse.Namespace, info: dict, rule: str, times: dic
     return "\n".join([
         "# Explanations of SAE latents: detection and fuzzing vs shuffled explanations", "",
         f"Command: `{cmd}`", "", f"Machine: {machine()}", "",
-        f"- Model under study: `smollm2-aligned` (SmolLM2-135M-Instruct + safety LoRA); explainer and scorer: "
-        f"`{args.explainer}` (`{res.scorer}`), explanations greedy through `steering.generate`; scorer verdicts: "
+        f"- Model under study: `smollm2-aligned` (SmolLM2-135M-Instruct + safety LoRA); explainer `{args.explainer}`, "
+        f"scorer `{args.scorer}` (`{res.scorer}`), {args.chat_dtype or 'float32'}; explanations greedy through `steering.generate`; scorer verdicts: "
         f"**{c['verdicts']}**" + (" (log p('1') vs log p('0') after the cue '[', one forward per prompt, no "
                                   "generation)" if c["verdicts"] == "logprob" else " (the answer's text parsed)") + ".",
         f"- SAE: TopK, d_sae {args.d_sae}, k {args.k}, trained on `{res.site}` over {info['tokens']} tokens of "
@@ -228,7 +229,12 @@ def main() -> None:
     ap.add_argument("--n-test", type=int, default=5, help="held-out activating (and as many non-activating) per latent")
     ap.add_argument("--explain-tokens", type=int, default=40, help="the explainer's answer length")
     ap.add_argument("--explainer", default="smollm2-aligned",
-                    help="the chat model that explains and scores (e.g. smollm2-135m-instruct: no safety LoRA)")
+                    help="the chat model that explains (e.g. smollm2-135m-instruct: no safety LoRA; "
+                         "qwen2.5-coder-1.5b-instruct; or a .gguf path)")
+    ap.add_argument("--scorer", default=None, help="the chat model that scores (default: the explainer)")
+    ap.add_argument("--chat-dtype", default=None, choices=("float32", "bfloat16"),
+                    help="dtype of the explainer / scorer when loaded apart from the model under study "
+                         "(default float32)")
     ap.add_argument("--verdicts", choices=("text", "logprob"), default="text",
                     help="scorer verdicts from the answer's text, or from log p('1') vs log p('0') (no generation)")
     ap.add_argument("--no-reference", action="store_true", help="skip the top-token reference explanation")
@@ -246,9 +252,11 @@ def main() -> None:
     cfg = ExplainConfig(n_explain=10, n_explain_random=5, n_test=args.n_test, n_test_random=args.n_test, n_shown=1,
                         window=(12, 4), few_shot=False, verdicts=args.verdicts)
     latents, rule, examples = pick_latents(model, sae, prompts, freq, cfg, args.latents, seed=0)
-    chat_model = model if args.explainer == "smollm2-aligned" else interp.load_model(args.explainer)
-    explainer = Timed(LocalChatClient(chat_model, steering.generate, max_new_tokens=args.explain_tokens))
-    scorer = Timed(LocalChatClient(chat_model, steering.generate, max_new_tokens=6))
+    args.scorer = args.scorer or args.explainer
+    chat = {n: model if n == "smollm2-aligned" else interp.load_model(n, dtype=args.chat_dtype)
+            for n in dict.fromkeys((args.explainer, args.scorer))}
+    explainer = Timed(LocalChatClient(chat[args.explainer], steering.generate, max_new_tokens=args.explain_tokens))
+    scorer = Timed(LocalChatClient(chat[args.scorer], steering.generate, max_new_tokens=6))
     folder = args.folder or tempfile.mkdtemp(prefix="explain_run_")
     res = explain_latents(model, sae, latents, prompts, explainer, scorer=scorer, cfg=cfg, folder=folder)
     ref = None if args.no_reference else score_reference({lt: examples[lt] for lt in latents},

