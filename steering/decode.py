@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 from transformers import DynamicCache, GenerationConfig, PreTrainedModel
+from transformers.cache_utils import DynamicLayer
 
 from interp.forward import cache_kwarg, dense_unembed, kv_cache
 from interp.models import Model
@@ -35,7 +36,55 @@ _PROCESSORS = ("repetition_penalty", "encoder_repetition_penalty", "no_repeat_ng
                "sequence_bias", "exponential_decay_length_penalty", "renormalize_logits", "guidance_scale",
                "watermarking_config", "constraints", "low_memory", "penalty_alpha", "num_beams", "dola_layers")
 _KWARGS = {"max_new_tokens", "do_sample", "pad_token_id", "output_logits", "return_dict_in_generate"}
-_LAYERS = ("DynamicLayer", "DynamicSlidingWindowLayer")
+_LAYERS = ("DynamicLayer", "DynamicSlidingWindowLayer", "ReservedLayer")
+
+
+class ReservedLayer(DynamicLayer):
+    """A full-attention :class:`DynamicLayer` whose keys and values are views of buffers with room for ``room`` more
+    columns: a decoding step writes its column in place instead of concatenating (copying) the whole cache. The
+    same keys and values as ``DynamicLayer``'s, so the same logits; anything that replaces ``keys`` / ``values``
+    directly (crop, reorder) is adopted at the next update."""
+
+    def __init__(self, room: int):
+        super().__init__()
+        self.room = room
+        self._kv: tuple[torch.Tensor, torch.Tensor] | None = None   # the buffers, [B, heads, capacity, head_dim]
+        self._view: torch.Tensor | None = None                        # the ``keys`` this layer last handed out
+
+    @classmethod
+    def adopt(cls, layer: DynamicLayer, room: int) -> ReservedLayer:
+        """``layer``'s keys and values (no copy until the first update) with room for ``room`` more columns."""
+        new = cls(room)
+        if layer.is_initialized:
+            new.lazy_initialization(layer.keys, layer.values)
+            new.keys, new.values = layer.keys, layer.values
+        return new
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        n, t = self.get_seq_length(), key_states.shape[-2]
+        if self._kv is None or self.keys is not self._view or n + t > self._kv[0].shape[-2]:
+            self._kv = tuple(torch.empty(*new.shape[:-2], n + t + self.room, new.shape[-1], dtype=new.dtype,  # type: ignore[assignment]
+                                         device=new.device) for new in (key_states, value_states))
+            if n:
+                self._kv[0][:, :, :n].copy_(self.keys)
+                self._kv[1][:, :, :n].copy_(self.values)
+        self._kv[0][:, :, n:n + t].copy_(key_states)
+        self._kv[1][:, :, n:n + t].copy_(value_states)
+        self.keys, self.values = self._kv[0][:, :, :n + t], self._kv[1][:, :, :n + t]
+        self._view = self.keys
+        return self.keys, self.values
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        if self._kv is not None and self.keys is self._view:
+            n = self.get_seq_length()
+            self._kv = (self._kv[0][indices], self._kv[1][indices])
+            self.keys, self.values = self._kv[0][:, :, :n], self._kv[1][:, :, :n]
+            self._view = self.keys
+        else:
+            super().batch_select_indices(indices)
 
 
 def row_wise(interventions: tuple) -> bool:
@@ -63,13 +112,15 @@ def can_drop_rows(model: Model, kw: dict[str, Any], interventions: tuple) -> boo
     return row_wise(interventions)
 
 
-def _fresh_cache(model: Model, prefix: Any, start: int) -> Any:
+def _fresh_cache(model: Model, prefix: Any, start: int, room: int = 0) -> Any:
     """The cache the prompt pass extends: the prefix's first ``start`` columns, or an empty one laid out as the
-    model's config says; ``None`` when its layers cannot drop rows."""
+    model's config says; ``None`` when its layers cannot drop rows. Its full-attention layers are
+    :class:`ReservedLayer` with ``room`` columns to spare for the decoding steps."""
     cache = kv_cache(prefix, start) if prefix is not None else DynamicCache(config=model.hf.config)
     layers = getattr(cache, "layers", None)
     if layers is None or any(type(la).__name__ not in _LAYERS for la in layers):
         return None
+    cache.layers = [ReservedLayer.adopt(la, room) if type(la) is DynamicLayer else la for la in layers]
     return cache
 
 
@@ -130,7 +181,7 @@ def greedy_rows(model: Model, inputs: dict[str, torch.Tensor], max_new_tokens: i
     The prompt pass's last-token logits go to ``firsts``. ``None`` (nothing run) when the cache cannot drop rows."""
     if prefix is not None and resume is not None:
         raise ValueError("resume from the prompt's first columns (prefix=, start=) or from a layer (resume=), not both")
-    cache = _fresh_cache(model, prefix, start)
+    cache = _fresh_cache(model, prefix, start, max_new_tokens)
     if cache is None:
         return None
     ids, attn, pos = inputs["input_ids"], inputs["attention_mask"], inputs["position_ids"]

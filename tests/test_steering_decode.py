@@ -209,3 +209,33 @@ def test_the_resume_layer_is_the_highest_kept_at_or_below_the_lowest_edit(monkey
     assert lowest_edited_layer(m, (Hook(),)) is None
     with pytest.raises(ValueError, match="prompt_states"):
         resume_layer(m, (steering.AddVector(r, layers=3),), resumes, encs, 2)  # other batches
+
+
+def test_reserved_layer_holds_what_a_dynamic_layer_holds():
+    """The decoding cache layer that writes each step in place: after prompt and step updates, dropped rows, a
+    crop (a direct replacement of its keys) and growth past its room, its keys and values equal HF's
+    ``DynamicLayer`` fed the same updates, and each update returns them."""
+    from transformers.cache_utils import DynamicLayer
+
+    from steering.decode import ReservedLayer
+
+    g = torch.Generator().manual_seed(0)
+    ours, ref = ReservedLayer(room=2), DynamicLayer()
+
+    def step(t: int) -> None:
+        k, v = (torch.randn(ours.keys.shape[0] if ours.is_initialized else 5, 2, t, 4, generator=g) for _ in range(2))
+        got, want = ours.update(k, v), ref.update(k, v)
+        for a, b in zip(got, want):
+            assert torch.equal(a, b)
+
+    step(3)                                   # the prompt
+    step(1)
+    ours.batch_select_indices(torch.tensor([0, 2, 4]))
+    ref.batch_select_indices(torch.tensor([0, 2, 4]))
+    step(1)
+    step(1)                                   # past the room it was given: grows
+    ours.crop(-2)
+    ref.crop(-2)
+    step(1)
+    assert torch.equal(ours.keys, ref.keys) and torch.equal(ours.values, ref.values)
+    assert ours.get_seq_length() == ref.get_seq_length() == 5
