@@ -297,15 +297,20 @@ def with_adapter(base: Model, folder: str | Path, merge: bool = True, name: str 
         raise ImportError("loading a LoRA adapter needs peft: `pip install --no-deps peft`") from e
     template = folder / "chat_template.jinja"
     if template.exists():  # the adapter's own turn format (a fine-tune that taught a pretrained model to answer)
-        tok = copy.deepcopy(base.tokenizer)
-        tok.chat_template = template.read_text(encoding="utf-8")
-        base = Model(hf=base.hf, tokenizer=tok, spec=base.spec, name=base.name)
+        base = with_chat_template(base, template.read_text(encoding="utf-8"))
     wrapped = PeftModel.from_pretrained(base.hf, str(folder))
     name = name or f"{base.name}+{folder.name}"
     if merge:
         hf = wrapped.merge_and_unload()
         return Model(hf=hf.eval(), tokenizer=base.tokenizer, spec=spec_for(hf), name=name)
     return peft_wrapped(base, wrapped.eval(), name)
+
+
+def with_chat_template(model: Model, template: str) -> Model:
+    """``model`` (the same weights) with a copy of its tokenizer that formats chats with ``template``."""
+    tok = copy.deepcopy(model.tokenizer)
+    tok.chat_template = template
+    return Model(hf=model.hf, tokenizer=tok, spec=model.spec, name=model.name)
 
 
 def peft_wrapped(base: Model, wrapped: nn.Module, name: str) -> Model:

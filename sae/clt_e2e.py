@@ -36,7 +36,7 @@ from sae.kinds import get_kind
 from sae.losses import _aux_k
 from sae.stream import TokenStream
 from sae.train_config import TrainConfig
-from sae.trainer import _adam
+from sae.trainer import _adam, _step_at
 from sae.transcoder_train import ENCODER_INIT
 
 HISTORY = ("step", "tokens", "loss", "mse", "fvu", "l0", "dead", "lr")
@@ -174,10 +174,7 @@ class CLTTrainer:
             for tc, w in zip(self.clt.layers, self.clt.W_later):
                 torch.nn.utils.clip_grad_norm_([*tc.parameters(), w], cfg.grad_clip)
         lr = cfg.lr_at(self.step, self.lr)
-        for group in self.opt.param_groups:
-            group["lr"] = lr
-        self.opt.step()
-        self.opt.zero_grad(set_to_none=True)
+        _step_at(self.opt, lr)
         with torch.no_grad():
             for tc in self.clt.layers:
                 tc.kind.after_step(SimpleNamespace(sae=tc, step=self.step, cfg=cfg), out)

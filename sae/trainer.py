@@ -45,6 +45,14 @@ def _adam(params: list[torch.nn.Parameter], lr: float, betas: tuple[float, float
         return torch.optim.Adam(params, lr=lr, betas=betas)
 
 
+def _step_at(opt: torch.optim.Optimizer, lr: float) -> None:
+    """One optimiser step at learning rate ``lr`` (the schedule's value for this step), gradients then cleared."""
+    for group in opt.param_groups:
+        group["lr"] = lr
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
 class Trainer:
     """Holds the optimisation state; :func:`train_sae` is the usual entry point."""
 
@@ -151,10 +159,7 @@ class Trainer:
         if cfg.grad_clip is not None:
             torch.nn.utils.clip_grad_norm_(sae.parameters(), cfg.grad_clip)
         lr = cfg.lr_at(self.step, self.lr)
-        for group in self.opt.param_groups:
-            group["lr"] = lr
-        self.opt.step()
-        self.opt.zero_grad(set_to_none=True)
+        _step_at(self.opt, lr)
         with torch.no_grad():
             sae.W_dec.div_(sae.W_dec.norm(dim=1, keepdim=True).clamp_min(1e-12))
             sae.kind.after_step(self, out)  # the kind's own hook: thresholds, clamps

@@ -12,7 +12,6 @@ norm; in the base, adding them should raise refusal on held-out harmless prompts
 
 from __future__ import annotations
 
-import copy
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -28,7 +27,7 @@ from interp.evals.controls import matched_random
 from interp.evals.judge import Judge
 from interp.evals.rates import fisher_greater, rate_cells
 from interp.io import read_json, write_json
-from interp.models import Model, load_model
+from interp.models import Model, load_model, with_chat_template
 from interp.studies.kit.prompt_sets import RefusalData
 from interp.studies.kit.runs import refusal_rate
 from interp.values import Runtime
@@ -50,9 +49,7 @@ def load_pair(base: str | Model, tuned: str | Model) -> tuple[Model, Model]:
     b, t = (load_model(m) if isinstance(m, str) else m for m in (base, tuned))
     tb, tt = getattr(b.tokenizer, "chat_template", None), getattr(t.tokenizer, "chat_template", None)
     if tt and not tb:
-        tok = copy.deepcopy(b.tokenizer)
-        tok.chat_template = tt
-        b = Model(hf=b.hf, tokenizer=tok, spec=b.spec, name=b.name)
+        b = with_chat_template(b, tt)
     check_models(b, t)
     return b, t
 
