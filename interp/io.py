@@ -23,6 +23,20 @@ def content_hash(obj: Any, length: int | None = 16) -> str:
     return digest if length is None else digest[:length]
 
 
+_FILE_DIGESTS: dict[tuple, str] = {}
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """The sha256 (64 hex digits) of a file's bytes, remembered in this process while the file's path, inode, size
+    and modification time stay the same (92 MB in about 0.07 s the first time)."""
+    st = os.stat(path)
+    key = (str(Path(path).resolve()), st.st_ino, st.st_size, st.st_mtime_ns)
+    if key not in _FILE_DIGESTS:
+        with open(path, "rb") as f:
+            _FILE_DIGESTS[key] = hashlib.file_digest(f, "sha256").hexdigest()
+    return _FILE_DIGESTS[key]
+
+
 class OwnedFolder:
     """A folder in which this program owns only the entries it names exactly (``names``, or full-match regexes
     ``patterns``) and the temp folders of writing them atomically (``.NAME.<random>.tmp``, :func:`atomic_write`);

