@@ -35,9 +35,10 @@ from _common import machine, write_text  # noqa: E402
 import interp  # noqa: E402
 import steering  # noqa: E402
 from interp.capturing import capture  # noqa: E402
-from sae.analysis import encode_tokens  # noqa: E402
 from interp.io import read_json, write_json  # noqa: E402
+from sae.analysis import encode_tokens  # noqa: E402
 from sae.explain import ExplainConfig, LocalChatClient, Verdicts, explain_latents, latent_examples, score  # noqa: E402
+from sae.explain.examples import TEST_FROM  # noqa: E402
 from sae.explain.explainer import reference_explanation  # noqa: E402
 from sae.explain.scorers import auroc_difference, pooled  # noqa: E402
 from sae.quality import evaluate  # noqa: E402
@@ -82,6 +83,27 @@ def statements(n: int, seed: int) -> list[str]:
     return random.Random(seed).sample(rows, min(n, len(rows)))
 
 
+def instructions() -> list[str]:
+    """Every committed prompt set's instructions, each once: harmless, harmful and borderline requests on many
+    topics, and the multilingual set's languages (the sets whose rows have an ``instruction``)."""
+    from interp.data import available_prompt_sets, load_prompts
+
+    return list(dict.fromkeys(r["instruction"] for name in available_prompt_sets() for r in load_prompts(name)
+                              if "instruction" in r))
+
+
+def corpus(args: argparse.Namespace) -> tuple[list[str], str]:
+    """The texts the SAE is trained and its latents read on, and their description for the report."""
+    rows = statements(args.statements, 0)
+    what = f"{len(rows)} persona statements"
+    if args.corpus == "mixed":
+        extra = instructions()
+        rows = rows + extra
+        what += f" and the {len(extra)} instructions of the committed prompt sets"
+        random.Random(1).shuffle(rows)
+    return rows, what + " (plain text)"
+
+
 def fit_sae(model: Any, prompts: Any, site: str, args: argparse.Namespace) -> tuple[Any, torch.Tensor, dict]:
     t = time.perf_counter()
     acts = capture(model, prompts, sites=[site], positions="all", runtime=interp.Runtime(batch_size=32, progress=False))
@@ -104,7 +126,7 @@ def pick_latents(model: Any, sae: Any, prompts: Any, freq: torch.Tensor, cfg: Ex
     ex = latent_examples(model, sae, pool, prompts, cfg)
     ok = [lt for lt in pool if len(ex[lt].test) == cfg.n_test and len(ex[lt].test_random) == cfg.n_test_random][:n]
     rule = (f"drawn at random (seed {seed}) among the {len(band)} latents firing on 0.2%-5% of tokens, keeping "
-            f"those with {cfg.n_explain} + {cfg.n_test} activating statements")
+            f"those with {cfg.n_explain} + {cfg.n_test} activating texts")
     return ok, rule, ex
 
 
@@ -205,11 +227,12 @@ def report(res: Any, args: argparse.Namespace, info: dict, rule: str, times: dic
         f"**{c['verdicts']}**" + (" (log p('1') vs log p('0') after the cue '[', one forward per prompt, no "
                                   "generation)" if c["verdicts"] == "logprob" else " (the answer's text parsed)") + ".",
         f"- SAE: TopK, d_sae {args.d_sae}, k {args.k}, trained on `{res.site}` over {info['tokens']} tokens of "
-        f"{args.statements} persona statements (plain text) for {args.train_tokens} tokens: FVU {info['fvu']}, "
+        f"{info['corpus']} for {args.train_tokens} tokens: FVU {info['fvu']}, "
         f"L0 {info['l0']}, dead {info['dead']} ({info['seconds']} s capture + training).",
         f"- Latents ({len(res.latents)}): {rule}.",
         f"- Shown: explainer {c['n_explain']} top + {c['n_explain_random']} non-activating contexts; each scorer "
-        f"{c['n_test']} held-out activating + {c['n_test_random']} non-activating, {c['n_shown']} per prompt; window "
+        f"{c['n_test']} held-out activating ({c.get('test_from', 'random')}) + {c['n_test_random']} non-activating, "
+        f"{c['n_shown']} per prompt; window "
         f"{tuple(c['window'])} around the peak; few-shot worked example: {'yes' if c['few_shot'] else 'no'}.",
         f"- Time: explaining {times['explain_s']:.0f} s ({times['explain_calls']} calls); scoring "
         f"{times['score_s']:.0f} s ({times['score_calls']} scorer prompts, all conditions).", "",
@@ -222,6 +245,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--latents", type=int, default=8)
     ap.add_argument("--statements", type=int, default=1000)
+    ap.add_argument("--corpus", choices=("persona", "mixed"), default="persona",
+                    help="persona statements only, or with every committed prompt set's instructions")
+    ap.add_argument("--test-from", choices=TEST_FROM, default="random",
+                    help="the scorers' activating contexts: random, one per activation quantile, or the next strongest")
     ap.add_argument("--layer", type=int, default=9)
     ap.add_argument("--d-sae", type=int, default=1024)
     ap.add_argument("--k", type=int, default=16)
@@ -244,13 +271,15 @@ def main() -> None:
     torch.manual_seed(0)
     torch.set_num_threads(int(__import__("os").environ.get("OMP_NUM_THREADS", "1")))
     model = interp.load_model("smollm2-aligned")
-    prompts = interp.Prompts(statements(args.statements, 0), chat=False)
+    rows, what = corpus(args)
+    prompts = interp.Prompts(rows, chat=False)
     site = f"blocks.{args.layer}.hook_resid_post"
     sae, freq, info = fit_sae(model, prompts, site, args)
+    info["corpus"] = what
     # zero-shot, one example per scorer prompt: a 135M model copies a worked example verbatim (measured: every
     # explanation came back as the example's own) and cannot keep a list of five answers in order
     cfg = ExplainConfig(n_explain=10, n_explain_random=5, n_test=args.n_test, n_test_random=args.n_test, n_shown=1,
-                        window=(12, 4), few_shot=False, verdicts=args.verdicts)
+                        window=(12, 4), few_shot=False, verdicts=args.verdicts, test_from=args.test_from)
     latents, rule, examples = pick_latents(model, sae, prompts, freq, cfg, args.latents, seed=0)
     args.scorer = args.scorer or args.explainer
     chat = {n: model if n == "smollm2-aligned" else interp.load_model(n, dtype=args.chat_dtype)

@@ -188,6 +188,37 @@ def test_local_client_batches_as_it_answers_one_by_one():
     assert client.prompt_text(convs[0]).startswith("<|bos|><|user|> hello")
 
 
+def test_held_out_contexts_random_quantiles_or_top():
+    """The scorers' activating contexts under each ``test_from``, on activations whose ranking is known: prompt
+    i < 30 peaks at 40 - i, so the rank of an activating context is its prompt."""
+    import random as _random
+
+    from sae.explain.examples import _split_latent
+
+    per = []
+    for i in range(40):
+        acts = torch.zeros(20, 1)
+        if i < 30:
+            acts[5 + i % 10, 0] = 40.0 - i
+        per.append({"ids": torch.arange(20), "acts": acts})
+    picks = {}
+    for mode in ("random", "quantiles", "top"):
+        cfg = ExplainConfig(n_explain=4, n_explain_random=2, n_test=3, n_test_random=3, test_from=mode)
+        ex = _split_latent(7, 0, per, cfg, None, _random.Random("0:7"))
+        assert [c.prompt for c in ex.explain] == [0, 1, 2, 3] and ex.n_active_prompts == 30
+        picks[mode] = [c.prompt for c in ex.test]
+        assert [c.max_act for c in ex.test] == sorted((c.max_act for c in ex.test), reverse=True)
+        assert all(max(c.acts) == 0 for c in ex.explain_random + ex.test_random)
+    assert picks["top"] == [4, 5, 6]
+    # 26 held-out activating contexts (ranks 4..29) cut into 3 bins of equal count: 4..11, 12..20, 21..29
+    lo = [4, 12, 21]
+    hi = [11, 20, 29]
+    assert all(a <= p <= b for p, a, b in zip(picks["quantiles"], lo, hi)), picks["quantiles"]
+    assert all(4 <= p <= 29 for p in picks["random"]) and len(set(picks["random"])) == 3
+    with pytest.raises(ValueError, match="test_from must be one of"):
+        ExplainConfig(test_from="bottom")
+
+
 @pytest.fixture(scope="module")
 def organism_run():
     import interp

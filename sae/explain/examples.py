@@ -14,6 +14,7 @@ import torch
 from sae.contexts import Context, token_strings
 
 VERDICT_MODES = ("text", "logprob")
+TEST_FROM = ("random", "quantiles", "top")
 
 
 @dataclass(frozen=True)
@@ -32,7 +33,13 @@ class ExplainConfig:
     chat client does this. ``"logprob"``: no text is generated; the client's log-probabilities of ``"1"`` and
     ``"0"`` as the next token after the prompt and the answer cue ``"["`` are read, the verdict is the likelier
     one and the margin ``log p(1) - log p(0)`` is kept (AUROC); every example is answered. It needs a client
-    with ``option_logprobs`` and one example per prompt (``n_shown=1``)."""
+    with ``option_logprobs`` and one example per prompt (``n_shown=1``).
+
+    ``test_from``: which of the activating contexts below the explaining set the scorers get. ``"random"`` (the
+    default): drawn uniformly, so they follow the population, mostly weak activations. ``"quantiles"`` (delphi's
+    test sampling): those contexts ranked by peak activation and cut into ``n_test`` bins of equal count, one
+    drawn from each, so every activation level is represented once. ``"top"``: the ``n_test`` strongest after the
+    explaining set (what an explanation of the top contexts describes best)."""
 
     n_explain: int = 10
     n_explain_random: int = 5
@@ -45,10 +52,13 @@ class ExplainConfig:
     seed: int = 0
     batch_size: int = 8
     verdicts: str = "text"
+    test_from: str = "random"
 
     def __post_init__(self) -> None:
         if self.verdicts not in VERDICT_MODES:
             raise ValueError(f"ExplainConfig.verdicts must be one of {VERDICT_MODES}, got {self.verdicts!r}")
+        if self.test_from not in TEST_FROM:
+            raise ValueError(f"ExplainConfig.test_from must be one of {TEST_FROM}, got {self.test_from!r}")
         if self.verdicts == "logprob" and self.n_shown != 1:
             raise ValueError(f"ExplainConfig(verdicts='logprob') reads one verdict per prompt; set n_shown=1 (got "
                              f"{self.n_shown})")
@@ -105,13 +115,24 @@ def _quiet_positions(acts: torch.Tensor, cfg: ExplainConfig) -> list[int]:
     return [p for p in range(T) if on[min(T, p + after + 1)] == on[max(0, p - before)]]
 
 
+def _held_out(rest: list[Context], cfg: ExplainConfig, rng: random.Random) -> list[Context]:
+    """The scorers' activating contexts from ``rest`` (ranked strongest first) as ``cfg.test_from`` says, in the
+    same order."""
+    n = min(cfg.n_test, len(rest))
+    if cfg.test_from == "top":
+        return rest[:n]
+    if cfg.test_from == "quantiles":
+        return [rng.choice(rest[len(rest) * q // n:len(rest) * (q + 1) // n]) for q in range(n)]
+    return sorted(rng.sample(rest, n), key=lambda c: -c.max_act)
+
+
 def _split_latent(latent: int, col: int, per: Sequence[dict[str, Any]], cfg: ExplainConfig, tok: Any,
                   rng: random.Random) -> LatentExamples:
     peaks = sorted(((float(p["acts"][:, col].max()), i, int(p["acts"][:, col].argmax())) for i, p in enumerate(per)
                     if p["acts"].numel() and float(p["acts"][:, col].max()) > 0), key=lambda t: (-t[0], t[1]))
     active = [_window(per[i]["ids"], per[i]["acts"][:, col], i, pos, cfg, tok) for _, i, pos in peaks]
     explain, rest = active[:cfg.n_explain], active[cfg.n_explain:]
-    test = sorted(rng.sample(rest, min(cfg.n_test, len(rest))), key=lambda c: -c.max_act)
+    test = _held_out(rest, cfg, rng)
     quiet = []
     for i in rng.sample(range(len(per)), len(per)):  # one random zero window per prompt, prompts in random order
         spots = _quiet_positions(per[i]["acts"][:, col], cfg)
@@ -147,4 +168,4 @@ def latent_examples(model: Any, sae: Any, latents: Sequence[int], inputs: Any, c
     return out
 
 
-__all__ = ["ExplainConfig", "LatentExamples", "latent_examples", "pieces"]
+__all__ = ["TEST_FROM", "ExplainConfig", "LatentExamples", "latent_examples", "pieces"]
