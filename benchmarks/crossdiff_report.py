@@ -80,10 +80,15 @@ def report(args, st, cc, fit: dict, sae_side, r: torch.Tensor, n_tokens: int, n_
     lines += [f"Steered: {len(st.chosen)} latents ({'; '.join(sorted(set(st.meta['chosen_classes'])))}), each "
               f"scaled by its mean activation at the harmful val prompts' last token; their fine-tuned-model "
               f"decoder vectors subtracted in {args.tuned} (harmful test prompts) "
-              f"{' and '.join(f'x{v}' for v in args.subtract.split(','))} and added to {args.base} "
-              f"(harmless test prompts) {' and '.join(f'x{v}' for v in args.strengths.split(','))}, against "
-              f"{args.n_random} draws of random latents matched in firing frequency (within 20 ranks) and scaled to "
-              f"the same vector norm; greedy 24 tokens, the anchored judge, 95% Wilson intervals.", "",
+              f"{' and '.join(f'x{v}' for v in args.subtract.split(',') if v) or 'at no strength'} and added to "
+              f"{args.base} (harmless test prompts) {' and '.join(f'x{v}' for v in args.strengths.split(','))}, "
+              f"against {args.n_random} draws of random latents matched in firing frequency (within 20 ranks) and "
+              f"scaled to the same vector norm" + (
+                  "; and ablated in the tune token by token (`CrossDiffConfig.ablate`: each latent's own "
+                  "activation times its tuned decoder vector removed where it fires, read through the crosscoder's "
+                  "tuned-model view with every model's input taken as the tuned activation, the reconstruction "
+                  "error kept; the random draws ablated alike, no norm matching)" if args.ablate else "") +
+              "; greedy 24 tokens, the anchored judge, 95% Wilson intervals.", "",
               "| latent | chosen as | r | mean act | cos with refusal dir | max cos with the SAE-diff top 10 | top context |",
               "|---|---|---|---|---|---|---|"]
     for lat, why in zip(st.chosen, st.meta["chosen_classes"]):

@@ -131,7 +131,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--n-steer", type=int, default=10)
     ap.add_argument("--n-random", type=int, default=3)
     ap.add_argument("--strengths", default="1,4", help="the multiples of the chosen latents added to the base")
-    ap.add_argument("--subtract", default="1", help="the multiples of the chosen latents subtracted from the tune")
+    ap.add_argument("--subtract", default="1", help="the multiples of the chosen latents subtracted from the tune "
+                                                     "(an empty string: none)")
+    ap.add_argument("--ablate", action="store_true", help="also ablate the chosen and random latents in the tune, "
+                                                          "token by token (CrossDiffConfig.ablate)")
     ap.add_argument("--n-test", type=int, default=None, help="judge the first N harmful / harmless test prompts only "
                                                               "(default: all 64)")
     ap.add_argument("--drop-massive", action="store_true", help="zero the massive residual dimensions (mean |x| "
@@ -147,7 +150,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.drop_massive and not args.delta_only:
         ap.error("--drop-massive trains a crosscoder on edited tokens, which the steering does not see: add --delta-only")
     defaults = {"base": ADAPTERS[args.tuned][0], "layer": PAIRS[args.tuned]}
-    shown = ("base", "layer", "n_steer", "n_random", "strengths", "subtract", "n_test", "no_sae", "drop_massive", "delta_only", "d_sae", "k",
+    shown = ("base", "layer", "n_steer", "n_random", "strengths", "subtract", "n_test", "no_sae", "drop_massive", "delta_only", "ablate", "d_sae", "k",
              "epochs", "lr")
     extra = "".join(f" --{k.replace('_', '-')}" + ("" if v is True else f" {v}") for k in shown
                     for v in [getattr(args, k)] if v not in (None, defaults.get(k, ap.get_default(k))))
@@ -194,8 +197,8 @@ def main() -> None:
     rows_file = folder / f"steer_{len(prompts)}_{args.d_sae}_k{args.k}_e{args.epochs}_lr{args.lr:g}.json"
     st = crossdiff_study((base, tuned), cc, xs, data, runtime=Runtime(seed=0),
                          config=CrossDiffConfig(n_steer=args.n_steer, n_random=args.n_random, strengths=strengths,
-                                                subtract=tuple(float(v) for v in args.subtract.split(",")),
-                                                rows_file=str(rows_file)))
+                                                subtract=tuple(float(v) for v in args.subtract.split(",") if v),
+                                                rows_file=str(rows_file), ablate=args.ablate))
     l1 = None
     if args.also_l1:
         from sae.crosscoder_analysis import cross_diff

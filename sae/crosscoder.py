@@ -93,23 +93,43 @@ class Crosscoder(SAE):
         if before is not None:
             self.threshold.copy_(before)
 
-    def view(self, model: int | str) -> SAE:
+    def view(self, model: int | str, inputs: str = "alone") -> SAE:
         """A plain SAE of width ``d`` for one model (by index or name): its decoder block ``d_j^m`` and ``b_dec``
-        block, for steering with :class:`sae.edits.LatentSteering` at the crosscoder's site. Its encoder is the
-        crosscoder's restricted to that model (the other models' inputs taken at their ``b_dec``): a ReLU
-        approximation; use the crosscoder itself to read latents."""
+        block, for steering (:class:`sae.edits.LatentSteering`) and ablating (:class:`sae.edits.LatentAblation`)
+        at the crosscoder's site with that model alone.
+
+        Its encoder approximates the crosscoder's, which reads every model. ``inputs="alone"``: the other models'
+        inputs taken at their ``b_dec`` (their evidence left out); ``inputs="same"``: every model fed this model's
+        activation, exact when the models agree at the token (the premise of diffing a fine-tune). A BatchTopK
+        crosscoder's inference rule carries over: the view is a JumpReLU whose latent ``j`` fires when
+        ``relu(pre_j) * sum_m ||d_j^m||`` passes the crosscoder's threshold (a ReLU before a threshold exists)."""
         m = self.models.index(model) if isinstance(model, str) else int(model)
         if not 0 <= m < self.n_models:
             raise ValueError(f"model {model!r} is not one of this crosscoder's {self.models}")
+        if inputs not in ("alone", "same"):
+            raise ValueError(f"inputs must be 'alone' or 'same', got {inputs!r}")
         d, blk = self.d_model, slice(m * self.d_model, (m + 1) * self.d_model)
-        cfg = SAEConfig(d_in=d, d_sae=self.d_sae, arch="relu", site=self.site, model_id=self.models[m],
-                        meta={**self.cfg.meta, "crosscoder_view": self.models[m]})
+        jump = self.threshold is not None
+        cfg = SAEConfig(d_in=d, d_sae=self.d_sae, arch="jumprelu" if jump else "relu", site=self.site,
+                        model_id=self.models[m], apply_b_dec_to_input=self.cfg.apply_b_dec_to_input,
+                        meta={**self.cfg.meta, "crosscoder_view": self.models[m], "view_inputs": inputs})
         out = SAE(cfg, seed=None).to(self.device, self.dtype)
         with torch.no_grad():
             out.W_dec.copy_(self.W_dec[:, blk])
-            out.W_enc.copy_(self.W_enc[blk])
-            out.b_enc.copy_(self.b_enc)
             out.b_dec.copy_(self.b_dec[blk])
+            if inputs == "alone":
+                out.W_enc.copy_(self.W_enc[blk])
+                out.b_enc.copy_(self.b_enc)
+            else:  # sum_k (x - s_k) W_k + b = (x - s_m) sum_k W_k + b + sum_k (s_m - s_k) W_k  (s: the input shift)
+                W = self.W_enc.unflatten(0, (self.n_models, d))
+                shift = self.b_dec.unflatten(0, (self.n_models, d)) if self.cfg.apply_b_dec_to_input else \
+                    torch.zeros(self.n_models, d, dtype=self.dtype, device=self.device)
+                out.W_enc.copy_(W.sum(0))
+                out.b_enc.copy_(self.b_enc + torch.einsum("kd,kdj->j", shift[m] - shift, W))
+            if jump:
+                w = model_norms(self).sum(-1)
+                out.threshold.copy_(torch.where(w > 0, self.threshold / w.clamp_min(1e-30),
+                                                torch.full_like(w, float("inf"))))
         return out
 
     def save(self, path: str | os.PathLike, overwrite: bool = False) -> Path:

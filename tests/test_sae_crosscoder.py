@@ -235,6 +235,31 @@ def test_steering_with_a_crosscoder_latent_adds_its_tuned_decoder_vector(two_mod
         cc.view(2)
 
 
+def test_a_views_encoder_is_the_crosscoders_with_the_other_inputs_filled_in():
+    """``view(m, "same")`` encodes x as the crosscoder encodes (x, x); ``view(m, "alone")`` as it encodes the other
+    model at its ``b_dec``; a BatchTopK crosscoder's threshold on the weighted score carries over (JumpReLU)."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 16, generator=g)
+    for arch in ("crosscoder_batchtopk", "crosscoder_relu"):
+        cc = Crosscoder.build(16, 24, arch=arch, k=4 if arch == "crosscoder_batchtopk" else None)
+        with torch.no_grad():
+            for p in (cc.W_enc, cc.b_enc, cc.b_dec):
+                p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+            cc.W_dec.mul_(torch.rand(24, 1, generator=g) * 2)  # latents with different decoder norms
+            if cc.threshold is not None:
+                cc.threshold.fill_(1.5)
+        b0, b1 = cc.b_dec[:16].expand_as(x), cc.b_dec[16:].expand_as(x)
+        for m, other in ((0, b1), (1, b0)):
+            same = cc.view(m, inputs="same").encode(x)
+            torch.testing.assert_close(same, cc.encode(cc.join(x, x)), atol=1e-5, rtol=0)
+            pair = (x, other) if m == 0 else (other, x)
+            torch.testing.assert_close(cc.view(m).encode(x), cc.encode(cc.join(*pair)), atol=1e-5, rtol=0)
+            assert 0 < (same > 0).float().mean() < 0.9  # the threshold cuts some latents, not all
+        torch.testing.assert_close(cc.view(1).W_dec, cc.decoders()[:, 1])
+    with pytest.raises(ValueError, match="inputs must be"):
+        cc.view(0, inputs="both")
+
+
 # --- bad input ------------------------------------------------------------------------------------------------
 def test_bad_input_is_refused_with_the_fix(tmp_path, two_models):
     from interp.values import Runtime

@@ -87,6 +87,20 @@ def test_crossdiff_study_on_tiny_models(tmp_path):
     assert [t["condition"] for t in more.meta["tests"]][:2] == ["tuned, chosen latents subtracted",
                                                                 "tuned, chosen latents subtracted x0.5"]
     assert all(t["random"].endswith("/8") for t in more.meta["tests"])
+    # ablation: the chosen and the random latents taken out token by token through the "same"-inputs view
+    abl = crossdiff_study((base, tuned), cc, xs, _data(), config=replace(cfg, ablate=True))
+    conds = [r["condition"] for r in abl.rates]
+    assert abl.rates[0]["k"] == 999 and conds[2 + 2:2 + 2 + 3] == ["tuned, chosen latents ablated"] + [
+        f"tuned, random latents ablated (draw {i})" for i in range(2)]
+    assert "tuned, chosen latents ablated" in [t["condition"] for t in abl.meta["tests"]]
+    from interp.studies.finetune.crossdiff import _conditions
+    from sae.edits import LatentAblation
+
+    edits = {lab["condition"]: e for lab, _, _, e in _conditions((base, tuned), cc.view(1), st.chosen, [1.0] * 3,
+                                                                st.meta["draws"], _data(), replace(cfg, ablate=True),
+                                                                cc.view(1, inputs="same"))}
+    (ab,) = edits["tuned, chosen latents ablated"]
+    assert isinstance(ab, LatentAblation) and ab.latents == st.chosen and ab.sae.cfg.meta["view_inputs"] == "same"
     other = crossdiff_study((base, tuned), cc, xs, _data(), config=cfg, runtime=Runtime(seed=1))
     assert other.rates[0]["k"] == st.rates[0]["k"] and read_json(rows)["key"]["draws"] == other.meta["draws"]
 

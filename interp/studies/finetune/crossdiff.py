@@ -34,7 +34,7 @@ from interp.values import Runtime
 from sae.contexts import Context
 from sae.crosscoder import Crosscoder, check_models
 from sae.crosscoder_analysis import Classes, CrossDiff, cross_contexts, cross_diff
-from sae.edits import LatentSteering
+from sae.edits import LatentAblation, LatentSteering
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -79,7 +79,14 @@ class CrossDiffConfig:
     there fill up, and ``meta['chosen_classes']`` says which), ``n_random`` matched random draws (firing frequency
     within ``freq_window`` ranks), the ``strengths`` of the added vectors and the multiples
     ``subtract`` of the subtracted ones, ``max_new_tokens`` judged, ``classes``; ``rows_file``: a JSON file that keeps each
-    steering condition's row as it finishes, so that a stopped run resumes (:func:`steer_rates`)."""
+    steering condition's row as it finishes, so that a stopped run resumes (:func:`steer_rates`).
+
+    ``ablate``: also remove the latents from the tuned model token by token (:class:`sae.edits.LatentAblation`
+    through the crosscoder's tuned-model view, every model's input taken as the tuned activation, the
+    reconstruction error kept), the chosen and each random draw alike. Unlike the subtracted vectors, an ablation
+    takes out only what the latent writes where it fires, so it cannot push the residual stream off its scale (a
+    constant vector at the chosen latents' mean activation can: Gemma 3's massive dimension); the random control is
+    the same edit on frequency-matched latents."""
 
     n_steer: int = 10
     n_random: int = 3
@@ -90,6 +97,7 @@ class CrossDiffConfig:
     n_contexts: int = 3
     classes: Classes = field(default_factory=Classes)
     rows_file: str | None = None
+    ablate: bool = False
 
     def __post_init__(self) -> None:
         if self.n_steer < 1 or self.n_random < 0 or self.max_new_tokens < 1 or self.freq_window < 1:
@@ -167,8 +175,10 @@ def _matched(view: Any, rand: list[int], norm: float, sign: float) -> LatentStee
 
 
 def _conditions(models: tuple[Model, Model], view: Any, chosen: list[int], w: list[float], draws: list[list[int]],
-                data: RefusalData, c: CrossDiffConfig) -> list[tuple[dict[str, Any], Model, list[str], list]]:
-    """Every steering condition: (its row's labels, the model, the prompts, the edits)."""
+                data: RefusalData, c: CrossDiffConfig, view_same: Any = None
+                ) -> list[tuple[dict[str, Any], Model, list[str], list]]:
+    """Every steering condition: (its row's labels, the model, the prompts, the edits). ``view`` / ``view_same``:
+    the crosscoder's tuned-model views (``inputs="alone"`` / ``"same"``)."""
     base, tuned = models
     harm, safe = data.harmful["test"].instructions, data.harmless["test"].instructions
     norm = float(LatentSteering(view, chosen, w).vector().norm())
@@ -182,6 +192,11 @@ def _conditions(models: tuple[Model, Model], view: Any, chosen: list[int], w: li
         out += [({"condition": f"tuned, random latents subtracted{tag} (draw {i})", "split": "harmful",
                   "latents": r}, tuned, harm, [_matched(view, r, m * norm, -1.0)])
                 for i, r in enumerate(draws)]
+    if c.ablate:
+        out.append(({"condition": "tuned, chosen latents ablated", "split": "harmful", "latents": chosen}, tuned, harm,
+                    [LatentAblation(view_same, chosen, sinks="exclude")]))
+        out += [({"condition": f"tuned, random latents ablated (draw {i})", "split": "harmful", "latents": r}, tuned,
+                 harm, [LatentAblation(view_same, r, sinks="exclude")]) for i, r in enumerate(draws)]
     out.append(({"condition": "base", "split": "harmless"}, base, safe, []))
     for s in c.strengths:
         out.append(({"condition": f"base, chosen latents added x{s:g}", "split": "harmless", "strength": s,
@@ -206,7 +221,8 @@ def steer_rates(models: tuple[Model, Model], cc: Crosscoder, chosen: list[int], 
         saved = read_json(path)
         done = saved["rows"] if saved.get("key") == key else {}
     rows = []
-    for labels, model, prompts, edits in _conditions(models, cc.view(1), chosen, w, draws, data, c):
+    for labels, model, prompts, edits in _conditions(models, cc.view(1), chosen, w, draws, data, c,
+                                                     cc.view(1, inputs="same")):
         if labels["condition"] not in done:
             done[labels["condition"]] = {**labels, **refusal_rate(model, prompts, judge, c.max_new_tokens, edits)}
             if path is not None:
