@@ -87,7 +87,9 @@ def report(args, st, cc, fit: dict, sae_side, r: torch.Tensor, n_tokens: int, n_
                   "; and ablated in the tune token by token (`CrossDiffConfig.ablate`: each latent's own "
                   "activation times its tuned decoder vector removed where it fires, read through the crosscoder's "
                   "tuned-model view with every model's input taken as the tuned activation, the reconstruction "
-                  "error kept; the random draws ablated alike, no norm matching)" if args.ablate else "") +
+                  "error kept; against the same random draws ablated alike, and against `sae.edits.MatchedRemoval` "
+                  "with each draw: at every token exactly as much removed as the chosen ablation removes there, along "
+                  "the draw's decoder vectors weighted by the chosen latents' activations)" if args.ablate else "") +
               "; greedy 24 tokens, the anchored judge, 95% Wilson intervals.", "",
               "| latent | chosen as | r | mean act | cos with refusal dir | max cos with the SAE-diff top 10 | top context |",
               "|---|---|---|---|---|---|---|"]
@@ -95,11 +97,13 @@ def report(args, st, cc, fit: dict, sae_side, r: torch.Tensor, n_tokens: int, n_
         mc = "-" if sae_dec is None else f"{float((sae_dec[sae_top] @ dec_t[lat]).abs().max()):.3f}"
         lines.append(f"| {lat} | {why} | {float(diff.ratios[lat]):.2f} | {float(st.mean_act[lat]):.3f} | "
                      f"{float(cos_r[lat]):.3f} | {mc} | `{_ctx(st, lat)}` |")
-    lines += ["", "| condition | prompts | refused | n | rate | 95% CI |", "|---|---|---|---|---|---|"]
+    lines += ["", "| condition | prompts | refused | n | rate | 95% CI | broken answers | not English |",
+              "|---|---|---|---|---|---|---|---|"]
     lines += [f"| {x['condition']} | {x['split']} | {x['k']} | {x['n']} | {x['rate']:.2f} | "
-              f"{x['ci95'][0]:.2f}-{x['ci95'][1]:.2f} |" for x in st.rates]
+              f"{x['ci95'][0]:.2f}-{x['ci95'][1]:.2f} | {x['degenerate']} | {x['non_english']} |" for x in st.rates]
     lines += ["", "One-sided Fisher tests, chosen vs the pooled random draws: " + "; ".join(
-        f"{t['condition']}: {t['hypothesis']}, p = {t['p']:.3g} ({t['chosen']} vs {t['random']})"
+        f"{t['condition']} vs {t.get('control', 'random')} latents: {t['hypothesis']}, p = {t['p']:.3g} "
+        f"({t['chosen']} vs {t['random']})"
         for t in st.meta["tests"]) + ".", ""]
     lines += ["No SAE-diffing comparison in this run (--no-sae).", ""] if sae_dec is None else \
         _vs_sae(diff, (sae_side, cc), sae_dec, dec_t, r)

@@ -269,6 +269,40 @@ class LatentAblation:
         return {site: lambda x, ctx: _edit(x, f(x), ctx, self.positions, self.sinks == "exclude")}
 
 
+class MatchedRemoval:
+    """The random control of :class:`LatentAblation` (value 0): at each token, take out exactly as much as ablating
+    ``latents`` would (the norm of ``z_latents @ W_dec[latents]``), at the same tokens, but along ``others``'
+    decoder vectors weighted by the same activations (``z_latents @ W_dec[others]``, rescaled to that norm).
+
+    Same positions, same size, other directions: a difference from the ablation is about the directions, not about
+    how much was removed where. ``others``: one latent per latent in ``latents`` (e.g. a matched random draw)."""
+
+    @moved_keywords(SINK_MOVED)
+    def __init__(self, sae: SAE, latents: Sequence[int], others: Sequence[int], site: str | None = None,
+                 positions: Sequence[int] | slice | None = None, sinks: str = "keep"):
+        self.sae, self.site, self.positions, self.sinks = sae, site, positions, check_sinks(sinks)
+        self.latents, self.others = [int(i) for i in latents], [int(i) for i in others]
+        _check_latents(sae, self.latents)
+        _check_latents(sae, self.others)
+        if len(self.others) != len(self.latents):
+            raise ValueError(f"{len(self.others)} other latents for {len(self.latents)} latents: give one each")
+
+    def hook_fns(self, model: Any) -> dict[str, HookFn]:
+        site = check_site(self.sae, model, self.site)
+        sae = self.sae
+        idx = torch.tensor(self.latents, dtype=torch.long, device=sae.device)
+        oth = torch.tensor(self.others, dtype=torch.long, device=sae.device)
+
+        def edit(x: torch.Tensor) -> torch.Tensor:
+            z = sae.encode(x.to(sae.device))[..., idx]
+            cut, alt = z @ sae.W_dec[idx], z @ sae.W_dec[oth]
+            alt = alt * (cut.norm(dim=-1, keepdim=True) / alt.norm(dim=-1, keepdim=True).clamp_min(1e-12))
+            return x - alt.to(x.device, x.dtype)
+
+        f = _flat(edit)
+        return {site: lambda x, ctx: _edit(x, f(x), ctx, self.positions, self.sinks == "exclude")}
+
+
 def _check_latents(sae: SAE, latents: list[int]) -> None:
     if not latents:
         raise ValueError("no latents given")

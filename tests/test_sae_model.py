@@ -143,6 +143,36 @@ def test_latent_ablation_keeps_the_error_term(tiny_models):
     assert torch.allclose(z_after[..., lat][on & mask], torch.full_like(z_after[..., lat][on & mask], 5.0), atol=0.5)
 
 
+def test_matched_removal_takes_out_as_much_as_the_ablation_along_other_decoders(tiny_models):
+    from sae.edits import MatchedRemoval
+
+    model = tiny_models("llama")
+    sae = SAE(SAEConfig(model.d_model, 96, arch="relu", site=SITE), seed=4)
+    with torch.no_grad():
+        sae.b_enc.fill_(-0.05)
+    seen = {}
+    with hooks(model, {SITE: lambda x, ctx: seen.setdefault("x", x.detach().clone())}):
+        _logits(model)
+    x = seen["x"]
+    z = sae.encode(x).detach()
+    lats, others = [3, 7], [11, 40]
+    got = {}
+    with hooks(model, MatchedRemoval(sae, lats, others).hook_fns(model)), \
+         hooks(model, {SITE: lambda x, ctx: got.setdefault("x", x.detach().clone())}):
+        _logits(model)
+    removed = x - got["x"]
+    cut = (z[..., lats] @ sae.W_dec[lats]).detach()
+    alt = (z[..., lats] @ sae.W_dec[others]).detach()
+    torch.testing.assert_close(removed.norm(dim=-1), cut.norm(dim=-1), atol=1e-5, rtol=1e-5)  # as much, token by token
+    on = cut.norm(dim=-1) > 0
+    assert on.any() and not on.all()
+    cos = torch.nn.functional.cosine_similarity(removed[on], alt[on], dim=-1)
+    torch.testing.assert_close(cos, torch.ones_like(cos), atol=1e-5, rtol=0)  # along the other latents' decoders
+    assert float(removed[~on].abs().max()) == 0.0  # nothing where the latents are silent
+    with pytest.raises(ValueError, match="one each"):
+        MatchedRemoval(sae, lats, [1])
+
+
 def test_top_contexts_and_html(tiny_models):
     model = tiny_models("llama")
     sae = SAE(SAEConfig(model.d_model, 64, arch="relu", site=SITE), seed=5)

@@ -56,6 +56,7 @@ def _check(st) -> None:
     assert conds[:2] == ["tuned", "tuned, chosen latents subtracted"] and "base, chosen latents added x1" in conds
     assert len(conds) == 2 + 2 + 1 + 1 + 2
     assert all(0 <= r["rate"] <= 1 and r["ci95"][0] <= r["rate"] <= r["ci95"][1] for r in st.rates)
+    assert all(0 <= r["degenerate"] <= r["n"] and 0 <= r["non_english"] <= r["n"] for r in st.rates)
     assert [t["hypothesis"] for t in st.meta["tests"]] == ["random refuse more", "chosen refuse more"]
     assert st.summary()["chosen"] == st.chosen and len(st.to_frame()) == len(st.rates)
 
@@ -76,6 +77,8 @@ def test_crossdiff_study_on_tiny_models(tmp_path):
     saved = read_json(rows)
     assert set(saved["rows"]) == {r["condition"] for r in st.rates}
     saved["rows"]["tuned"]["k"] = 999
+    saved["rows"]["base"]["k"] = 999
+    del saved["rows"]["base"]["degenerate"]  # a row saved before the answer checks existed is recomputed
     write_json(rows, saved)
     again = crossdiff_study((base, tuned), cc, xs, _data(), config=cfg)
     assert again.rates[0]["k"] == 999 and [r["k"] for r in again.rates[1:]] == [r["k"] for r in st.rates[1:]]
@@ -90,9 +93,17 @@ def test_crossdiff_study_on_tiny_models(tmp_path):
     # ablation: the chosen and the random latents taken out token by token through the "same"-inputs view
     abl = crossdiff_study((base, tuned), cc, xs, _data(), config=replace(cfg, ablate=True))
     conds = [r["condition"] for r in abl.rates]
-    assert abl.rates[0]["k"] == 999 and conds[2 + 2:2 + 2 + 3] == ["tuned, chosen latents ablated"] + [
-        f"tuned, random latents ablated (draw {i})" for i in range(2)]
-    assert "tuned, chosen latents ablated" in [t["condition"] for t in abl.meta["tests"]]
+    assert abl.rates[0]["k"] == 999 and conds[2 + 2:2 + 2 + 5] == ["tuned, chosen latents ablated"] + [
+        f"tuned, random latents ablated (draw {i})" for i in range(2)] + [
+        f"tuned, norm-matched random latents ablated (draw {i})" for i in range(2)]
+    assert [(t["condition"], t["control"]) for t in abl.meta["tests"]][1:3] == [
+        ("tuned, chosen latents ablated", "random"), ("tuned, chosen latents ablated", "norm-matched random")]
+    # a saved row whose latents differ from this run's draw is recomputed, not reused
+    saved = read_json(rows)
+    saved["rows"]["tuned, random latents ablated (draw 0)"].update(k=999, latents=[0, 1, 2])
+    write_json(rows, saved)
+    redo = crossdiff_study((base, tuned), cc, xs, _data(), config=replace(cfg, ablate=True))
+    assert [r["k"] for r in redo.rates] == [r["k"] for r in abl.rates]
     from interp.studies.finetune.crossdiff import _conditions
     from sae.edits import LatentAblation
 

@@ -25,6 +25,7 @@ from interp.capturing import capture
 from interp.data import available_prompt_sets, load_prompts
 from interp.evals.controls import matched_random
 from interp.evals.judge import Judge
+from interp.evals.judge_languages import detect_language, is_degenerate
 from interp.evals.rates import fisher_greater, rate_cells
 from interp.io import read_json, write_json
 from interp.models import Model, load_model, with_chat_template
@@ -34,7 +35,7 @@ from interp.values import Runtime
 from sae.contexts import Context
 from sae.crosscoder import Crosscoder, check_models
 from sae.crosscoder_analysis import Classes, CrossDiff, cross_contexts, cross_diff
-from sae.edits import LatentAblation, LatentSteering
+from sae.edits import LatentAblation, LatentSteering, MatchedRemoval
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -85,8 +86,10 @@ class CrossDiffConfig:
     through the crosscoder's tuned-model view, every model's input taken as the tuned activation, the
     reconstruction error kept), the chosen and each random draw alike. Unlike the subtracted vectors, an ablation
     takes out only what the latent writes where it fires, so it cannot push the residual stream off its scale (a
-    constant vector at the chosen latents' mean activation can: Gemma 3's massive dimension); the random control is
-    the same edit on frequency-matched latents."""
+    constant vector at the chosen latents' mean activation can: Gemma 3's massive dimension). Two random controls
+    per draw: the draw's latents ablated alike (they fire elsewhere, so they remove other amounts at other tokens),
+    and :class:`sae.edits.MatchedRemoval`, which removes at every token exactly as much as the chosen ablation, along
+    the draw's decoder vectors: only the second separates "these directions" from "that much removed there"."""
 
     n_steer: int = 10
     n_random: int = 3
@@ -161,6 +164,9 @@ def choose(diff: CrossDiff, mean_act: torch.Tensor, n: int) -> tuple[list[int], 
     return chosen, kinds
 
 
+NORM_MATCHED = "norm-matched random"
+
+
 def _random_draws(chosen: list[int], freq: torch.Tensor, n_draws: int, window: int, seed: int) -> list[list[int]]:
     order = freq.argsort().tolist()
     pos = {lat: i for i, lat in enumerate(order)}
@@ -195,8 +201,10 @@ def _conditions(models: tuple[Model, Model], view: Any, chosen: list[int], w: li
     if c.ablate:
         out.append(({"condition": "tuned, chosen latents ablated", "split": "harmful", "latents": chosen}, tuned, harm,
                     [LatentAblation(view_same, chosen, sinks="exclude")]))
-        out += [({"condition": f"tuned, random latents ablated (draw {i})", "split": "harmful", "latents": r}, tuned,
-                 harm, [LatentAblation(view_same, r, sinks="exclude")]) for i, r in enumerate(draws)]
+        out += [({"condition": f"tuned, random latents ablated (draw {i})", "split": "harmful", "latents": r},
+                 tuned, harm, [LatentAblation(view_same, r, sinks="exclude")]) for i, r in enumerate(draws)]
+        out += [({"condition": f"tuned, {NORM_MATCHED} latents ablated (draw {i})", "split": "harmful", "latents": r},
+                 tuned, harm, [MatchedRemoval(view_same, chosen, r, sinks="exclude")]) for i, r in enumerate(draws)]
     out.append(({"condition": "base", "split": "harmless"}, base, safe, []))
     for s in c.strengths:
         out.append(({"condition": f"base, chosen latents added x{s:g}", "split": "harmless", "strength": s,
@@ -206,12 +214,22 @@ def _conditions(models: tuple[Model, Model], view: Any, chosen: list[int], w: li
     return out
 
 
+def answer_checks(texts: Sequence[str]) -> dict[str, int]:
+    """How many answers are broken (:func:`interp.evals.judge_languages.is_degenerate`) and how many are not in
+    English (the judged prompts are English): a refusal rate alone cannot tell an edit that makes the model comply
+    from one that makes it babble."""
+    return {"degenerate": sum(is_degenerate(t) for t in texts),
+            "non_english": sum(detect_language(t) != "en" for t in texts)}
+
+
 def steer_rates(models: tuple[Model, Model], cc: Crosscoder, chosen: list[int], weights: torch.Tensor,
                 draws: list[list[int]], data: RefusalData, c: CrossDiffConfig, judge: Judge | None) -> list[dict]:
     """Refusal under each condition: the tuned model on harmful test prompts minus the chosen (or random) latents'
     tuned-model vectors, the base on harmless test prompts plus them at each strength. With ``c.rows_file`` each
     condition's row is saved there as it finishes and read back by a rerun with the same latents, draws, prompts
-    and generation length (a stopped run loses one condition at most)."""
+    and generation length (a stopped run loses one condition at most; a saved row whose latents differ, or that
+    lacks the answer checks, is recomputed). Each row also counts its broken and non-English answers
+    (:func:`answer_checks`)."""
     w = weights.tolist()
     key = {"chosen": chosen, "weights": [round(x, 5) for x in w], "draws": draws, "test": data.digest("test"),
            "max_new_tokens": c.max_new_tokens, "judge": type(judge).__name__}
@@ -223,8 +241,10 @@ def steer_rates(models: tuple[Model, Model], cc: Crosscoder, chosen: list[int], 
     rows = []
     for labels, model, prompts, edits in _conditions(models, cc.view(1), chosen, w, draws, data, c,
                                                      cc.view(1, inputs="same")):
-        if labels["condition"] not in done:
-            done[labels["condition"]] = {**labels, **refusal_rate(model, prompts, judge, c.max_new_tokens, edits)}
+        saved_row = done.get(labels["condition"])
+        if saved_row is None or saved_row.get("latents") != labels.get("latents") or "degenerate" not in saved_row:
+            r = refusal_rate(model, prompts, judge, c.max_new_tokens, edits)
+            done[labels["condition"]] = {**labels, **r, **answer_checks(r.texts)}
             if path is not None:
                 write_json(path, {"key": key, "rows": done})
         rows.append(done[labels["condition"]])
@@ -236,14 +256,15 @@ def tests(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for split, lower in (("harmful", True), ("harmless", False)):
         chosen_rows = [r for r in rows if r["split"] == split and "chosen" in r["condition"]]
-        for ch in chosen_rows:
-            tag = ch["condition"].replace("chosen", "random") + " (draw"
+        for ch, control in ((ch, control) for ch in chosen_rows for control in ("random", NORM_MATCHED)):
+            tag = ch["condition"].replace("chosen", control) + " (draw"
             rand = [r for r in rows if r["condition"].startswith(tag)]
             if not rand:
                 continue
             k_r, n_r = sum(r["k"] for r in rand), sum(r["n"] for r in rand)
             a, b = ((k_r, n_r), (ch["k"], ch["n"])) if lower else ((ch["k"], ch["n"]), (k_r, n_r))
-            out.append({"condition": ch["condition"], "chosen": f"{ch['k']}/{ch['n']}", "random": f"{k_r}/{n_r}",
+            out.append({"condition": ch["condition"], "control": control, "chosen": f"{ch['k']}/{ch['n']}",
+                        "random": f"{k_r}/{n_r}",
                         "p": fisher_greater(a[0], a[1], b[0], b[1]),
                         "hypothesis": "random refuse more" if lower else "chosen refuse more"})
     return out
