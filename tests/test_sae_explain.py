@@ -188,6 +188,25 @@ def test_local_client_batches_as_it_answers_one_by_one():
     assert client.prompt_text(convs[0]).startswith("<|bos|><|user|> hello")
 
 
+def test_pieces_give_a_split_character_to_the_token_that_completes_it():
+    """A byte-level BPE (trained here on a few words, so CJK characters span several tokens): the pieces join to
+    the decoded text and carry no replacement characters."""
+    from tokenizers import ByteLevelBPETokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    from sae.explain.examples import pieces
+
+    bt = ByteLevelBPETokenizer()
+    bt.train_from_iterator(["hello world café", "le café est bon", "如何 制作"], vocab_size=270, min_frequency=1,
+                           show_progress=False)
+    tok = PreTrainedTokenizerFast(tokenizer_object=bt._tokenizer)
+    ids = tok("如何制作 café", add_special_tokens=False)["input_ids"]
+    p = pieces(tok, ids)
+    assert len(ids) > 5 and len(p) == len(ids)
+    assert "".join(p) == tok.decode(ids) == "如何制作 café" and "\ufffd" not in "".join(p)
+    assert p == ["", "", "如", "", "何", "", "", "制", "", "作", " café"]  # each character on its last byte's token
+
+
 def test_held_out_contexts_random_quantiles_or_top():
     """The scorers' activating contexts under each ``test_from``, on activations whose ranking is known: prompt
     i < 30 peaks at 40 - i, so the rank of an activating context is its prompt."""

@@ -88,12 +88,16 @@ class LatentExamples:
 
 def pieces(tok: Any, ids: Sequence[int]) -> list[str]:
     """Each token's text such that the pieces join to the decoded window (the spaces a word-level tokenizer puts
-    between tokens kept); a token whose text is not a suffix extension falls back to decoding it alone."""
+    between tokens kept); a token whose text is not a suffix extension falls back to decoding it alone. A character
+    that a byte-level tokenizer splits over several tokens (CJK, accents, emoji) is the piece of the token that
+    completes it (the tokens before get ``""``), not a run of ``"\ufffd"``."""
     if tok is None:
         return token_strings(tok, ids)
     out, prev = [], ""
     for k in range(len(ids)):
         text = tok.decode([int(i) for i in ids[:k + 1]])
+        if k < len(ids) - 1:
+            text = text.rstrip("\ufffd")  # an unfinished character waits for the token that completes it
         out.append(text[len(prev):] if text.startswith(prev) else tok.decode([int(ids[k])]))
         prev = text
     return out
