@@ -49,6 +49,9 @@ def _examples(n_active: int = 4, n_quiet: int = 4) -> LatentExamples:
 def test_mark_wraps_runs_of_active_tokens_once():
     assert mark(["a", " b", " c", " d"], [False, True, True, False]) == "a<< b c>> d"
     assert mark(["a", " b", "\n"], [True, False, True]) == "<<a>> b<<\\n>>"
+    # the first bytes of a split character (empty pieces) pass their mark to the token that completes it
+    assert mark(["x", "", "如", " y"], [False, True, False, False]) == "x<<如>> y"
+    assert mark(["", "如", "", "何"], [False, True, False, False]) == "<<如>>何"
     with pytest.raises(ValueError, match="marks"):
         mark(["a"], [True, False])
 

@@ -69,11 +69,16 @@ def _clean(token: str) -> str:
 
 def mark(tokens: Sequence[str], marked: Sequence[bool]) -> str:
     """The text of ``tokens`` with each run of marked tokens between ``<<`` and ``>>`` (newlines shown as ``\\n``,
-    so one context stays one line)."""
+    so one context stays one line). An empty token (the first bytes of a character that a later token completes,
+    :func:`sae.explain.examples.pieces`) passes its mark on to the next token."""
     if len(tokens) != len(marked):
         raise ValueError(f"{len(tokens)} tokens but {len(marked)} marks")
+    marked = [bool(m) for m in marked]
+    for i in range(len(tokens) - 1):
+        if tokens[i] == "" and marked[i]:
+            marked[i + 1] = True
     out, inside = [], False
-    for t, m in zip(tokens, marked):
+    for t, m in ((t, m) for t, m in zip(tokens, marked) if t != ""):
         if m and not inside:
             out.append(OPEN)
         elif inside and not m:
