@@ -6,7 +6,6 @@ demand a key, sleep past the timeout, or answer completions without log-probs.""
 from __future__ import annotations
 
 import json
-import math
 import socket
 import threading
 import time
