@@ -13,6 +13,8 @@ it.
 
     python benchmarks/bench_explain.py --explainer smollm2-135m-instruct --verdicts logprob --out /tmp/explain.md
     python benchmarks/bench_explain.py --explainer qwen2.5-coder-1.5b-instruct --verdicts logprob  # explains and scores
+    python benchmarks/bench_explain.py --explainer qwen2.5-coder-1.5b-instruct --verdicts logprob --corpus mixed \
+        --test-from quantiles --latents 12 --d-sae 1024 --train-tokens 400000 --n-test 10 --explain-tokens 80
 """
 
 from __future__ import annotations
