@@ -37,6 +37,7 @@ from _common import machine, write_text  # noqa: E402
 import interp  # noqa: E402
 import steering  # noqa: E402
 from interp.capturing import capture  # noqa: E402
+from interp.data import prompt_texts  # noqa: E402
 from interp.io import read_json, write_json  # noqa: E402
 from sae.analysis import encode_tokens  # noqa: E402
 from sae.explain import ExplainConfig, LocalChatClient, Verdicts, explain_latents, latent_examples, score  # noqa: E402
@@ -85,21 +86,12 @@ def statements(n: int, seed: int) -> list[str]:
     return random.Random(seed).sample(rows, min(n, len(rows)))
 
 
-def instructions() -> list[str]:
-    """Every committed prompt set's instructions, each once: harmless, harmful and borderline requests on many
-    topics, and the multilingual set's languages (the sets whose rows have an ``instruction``)."""
-    from interp.data import available_prompt_sets, load_prompts
-
-    return list(dict.fromkeys(r["instruction"] for name in available_prompt_sets() for r in load_prompts(name)
-                              if "instruction" in r))
-
-
 def corpus(args: argparse.Namespace) -> tuple[list[str], str]:
     """The texts the SAE is trained and its latents read on, and their description for the report."""
     rows = statements(args.statements, 0)
     what = f"{len(rows)} persona statements"
     if args.corpus == "mixed":
-        extra = instructions()
+        extra = prompt_texts(("instruction",))  # harmless, harmful, borderline and multilingual requests
         rows = rows + extra
         what += f" and the {len(extra)} instructions of the committed prompt sets"
         random.Random(1).shuffle(rows)

@@ -252,6 +252,13 @@ class LatentAblation:
         self.only_active = only_active
         _check_latents(sae, self.latents)
 
+    def _delta(self, z: torch.Tensor) -> torch.Tensor:
+        """What the edit adds at each token, from the chosen latents' activations ``z [..., len(latents)]``."""
+        target = torch.full_like(z, self.value)
+        if self.only_active and self.value != 0.0:  # clamping: only where the latent is on
+            target = torch.where(z > 0, target, z)
+        return (target - z) @ self.sae.W_dec[self.latents]
+
     def hook_fns(self, model: Any) -> dict[str, HookFn]:
         site = check_site(self.sae, model, self.site)
         sae = self.sae
@@ -259,17 +266,13 @@ class LatentAblation:
 
         def edit(x: torch.Tensor) -> torch.Tensor:
             z = sae.encode(x.to(sae.device))[..., idx]          # the block may sit on another device (device_map)
-            target = torch.full_like(z, self.value)
-            if self.only_active and self.value != 0.0:  # clamping: only where the latent is on
-                target = torch.where(z > 0, target, z)
-            delta = (target - z) @ sae.W_dec[idx]
-            return x + delta.to(x.device, x.dtype)
+            return x + self._delta(z).to(x.device, x.dtype)
 
         f = _flat(edit)
         return {site: lambda x, ctx: _edit(x, f(x), ctx, self.positions, self.sinks == "exclude")}
 
 
-class MatchedRemoval:
+class MatchedRemoval(LatentAblation):
     """The random control of :class:`LatentAblation` (value 0): at each token, take out exactly as much as ablating
     ``latents`` would (the norm of ``z_latents @ W_dec[latents]``), at the same tokens, but along ``others``'
     decoder vectors weighted by the same activations (``z_latents @ W_dec[others]``, rescaled to that norm).
@@ -280,27 +283,15 @@ class MatchedRemoval:
     @moved_keywords(SINK_MOVED)
     def __init__(self, sae: SAE, latents: Sequence[int], others: Sequence[int], site: str | None = None,
                  positions: Sequence[int] | slice | None = None, sinks: str = "keep"):
-        self.sae, self.site, self.positions, self.sinks = sae, site, positions, check_sinks(sinks)
-        self.latents, self.others = [int(i) for i in latents], [int(i) for i in others]
-        _check_latents(sae, self.latents)
+        super().__init__(sae, [int(i) for i in latents], site=site, positions=positions, sinks=sinks)
+        self.others = [int(i) for i in others]
         _check_latents(sae, self.others)
         if len(self.others) != len(self.latents):
             raise ValueError(f"{len(self.others)} other latents for {len(self.latents)} latents: give one each")
 
-    def hook_fns(self, model: Any) -> dict[str, HookFn]:
-        site = check_site(self.sae, model, self.site)
-        sae = self.sae
-        idx = torch.tensor(self.latents, dtype=torch.long, device=sae.device)
-        oth = torch.tensor(self.others, dtype=torch.long, device=sae.device)
-
-        def edit(x: torch.Tensor) -> torch.Tensor:
-            z = sae.encode(x.to(sae.device))[..., idx]
-            cut, alt = z @ sae.W_dec[idx], z @ sae.W_dec[oth]
-            alt = alt * (cut.norm(dim=-1, keepdim=True) / alt.norm(dim=-1, keepdim=True).clamp_min(1e-12))
-            return x - alt.to(x.device, x.dtype)
-
-        f = _flat(edit)
-        return {site: lambda x, ctx: _edit(x, f(x), ctx, self.positions, self.sinks == "exclude")}
+    def _delta(self, z: torch.Tensor) -> torch.Tensor:
+        cut, alt = z @ self.sae.W_dec[self.latents], z @ self.sae.W_dec[self.others]
+        return -alt * (cut.norm(dim=-1, keepdim=True) / alt.norm(dim=-1, keepdim=True).clamp_min(1e-12))
 
 
 def _check_latents(sae: SAE, latents: list[int]) -> None:

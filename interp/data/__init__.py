@@ -23,4 +23,16 @@ def load_prompts(name: str) -> list[dict]:
     return [json.loads(line) for line in res.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
-__all__ = ["load_prompts", "available_prompt_sets"]
+def prompt_texts(keys: tuple[str, ...] = ("instruction", "request", "question")) -> list[str]:
+    """Every committed prompt set's texts, each once, in set and row order: a row's first non-empty field among
+    ``keys`` (rows with none are left out)."""
+    texts: dict[str, None] = {}
+    for name in available_prompt_sets():
+        for row in load_prompts(name):
+            text = next((row[k] for k in keys if row.get(k)), "")
+            if text:
+                texts.setdefault(text, None)
+    return list(texts)
+
+
+__all__ = ["load_prompts", "available_prompt_sets", "prompt_texts"]

@@ -22,7 +22,7 @@ import torch
 
 from interp.bundle import Result
 from interp.capturing import capture
-from interp.data import available_prompt_sets, load_prompts
+from interp.data import prompt_texts
 from interp.evals.controls import matched_random
 from interp.evals.judge import Judge
 from interp.evals.judge_languages import detect_language, is_degenerate
@@ -60,13 +60,7 @@ def training_prompts(data: RefusalData, n: int, seed: int = 0) -> list[str]:
     deduplicated, none of the refusal data's val or test prompts (the steering is judged on those), in a seeded
     order."""
     held = {p for part in (data.harmful, data.harmless) for s in ("val", "test") for p in part[s].instructions}
-    seen: dict[str, None] = {}
-    for name in available_prompt_sets():
-        for row in load_prompts(name):
-            text = row.get("instruction") or row.get("request") or row.get("question") or ""
-            if text and text not in held:
-                seen.setdefault(text, None)
-    out = sorted(seen)
+    out = sorted(t for t in prompt_texts() if t not in held)
     random.Random(seed).shuffle(out)
     if n > len(out):
         raise ValueError(f"asked for {n} training prompts; the prompt sets hold {len(out)} outside the val/test splits")
@@ -239,8 +233,8 @@ def steer_rates(models: tuple[Model, Model], cc: Crosscoder, chosen: list[int], 
         saved = read_json(path)
         done = saved["rows"] if saved.get("key") == key else {}
     rows = []
-    for labels, model, prompts, edits in _conditions(models, cc.view(1), chosen, w, draws, data, c,
-                                                     cc.view(1, inputs="same")):
+    same = cc.view(1, inputs="same") if c.ablate else None
+    for labels, model, prompts, edits in _conditions(models, cc.view(1), chosen, w, draws, data, c, same):
         saved_row = done.get(labels["condition"])
         if saved_row is None or saved_row.get("latents") != labels.get("latents") or "degenerate" not in saved_row:
             r = refusal_rate(model, prompts, judge, c.max_new_tokens, edits)
