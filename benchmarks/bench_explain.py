@@ -7,7 +7,9 @@ drawn at random (seeded) among those firing on enough statements, explained from
 non-activating ones, and scored on held-out contexts. ``--verdicts logprob`` reads each scorer verdict from the
 scorer's log-probabilities of "1" vs "0" (no generation; margins and AUROC) instead of parsing its answer. Beside
 the own and shuffled explanations, a non-LM reference explanation (the latent's most frequent peak tokens in its
-top contexts, "the tokens 'x', 'y', 'z'") is scored on the same examples (``--no-reference`` to skip). The report
+top contexts, "the tokens 'x', 'y', 'z'") is scored on the same examples (``--no-reference`` to skip), and so is
+the lexical baseline (those tokens matched in the examples, no model: what the reference could reach read
+literally, and whether the held-out examples carry the top contexts' tokens at all). The report
 goes to ``--out`` (and ``report.md`` in the run folder); ``benchmarks/RESULTS_explain.md`` is written by hand from
 it.
 
@@ -42,8 +44,8 @@ from interp.io import read_json, write_json  # noqa: E402
 from sae.analysis import encode_tokens  # noqa: E402
 from sae.explain import ExplainConfig, LocalChatClient, Verdicts, explain_latents, latent_examples, score  # noqa: E402
 from sae.explain.examples import TEST_FROM  # noqa: E402
-from sae.explain.explainer import reference_explanation  # noqa: E402
-from sae.explain.scorers import auroc_difference, pooled  # noqa: E402
+from sae.explain.explainer import reference_explanation, reference_tokens  # noqa: E402
+from sae.explain.scorers import auroc_difference, lexical_score, pooled  # noqa: E402
 from sae.quality import evaluate  # noqa: E402
 from sae.trainer import train_sae  # noqa: E402
 
@@ -142,11 +144,17 @@ def score_reference(examples: dict, control_of: dict, scorer: Any, cfg: ExplainC
                 v = score(kind, scorer, reference_explanation(examples[of]), ex, cfg, explanation_of=of)
                 write_json(path, v.__dict__)
                 out[cond][kind].append(v)
+    for cond, whose in (("lexical", None), ("lexical_shuffled", control_of)):  # no model: computed, not stored
+        out[cond] = {kind: [lexical_score(kind, reference_tokens(examples[of]), ex, cfg, explanation_of=of)
+                            for lt, ex in examples.items() for of in [lt if whose is None else whose[lt]]]
+                     for kind in ("detection", "fuzzing")}
     return out
 
 
 CONDS = (("explanation", "own"), ("shuffled", "shuffled (control)"), ("reference", "reference (top tokens)"),
-         ("reference_shuffled", "reference of the control's latent"))
+         ("reference_shuffled", "reference of the control's latent"),
+         ("lexical", "lexical: the reference's tokens matched, no model"),
+         ("lexical_shuffled", "lexical: the control's latent's tokens matched"))
 
 
 def _conditions(res: Any, ref: dict | None, kind: str) -> dict[str, list]:
@@ -201,7 +209,8 @@ def _verdicts(res: Any, ref: dict | None) -> list[str]:
             out.append(f"- {kind}: accuracy own {own['rate']:.3f} (n={own['n']}) vs shuffled {ctl['rate']:.3f} "
                        f"(n={ctl['n']}); text verdicts, no margin.")
             continue
-        pairs = [("explanation", "shuffled"), ("reference", "reference_shuffled"), ("reference", "shuffled")]
+        pairs = [("explanation", "shuffled"), ("reference", "reference_shuffled"), ("reference", "shuffled"),
+                 ("lexical", "lexical_shuffled")]
         for cond, ctl in [(a, b) for a, b in pairs if a in conds and b in conds]:
             d, (lo, hi) = auroc_difference(conds[cond], conds[ctl])
             verdict = "above the control" if lo > 0 else "NOT above the control (the interval reaches 0 or below)"

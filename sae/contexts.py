@@ -35,12 +35,55 @@ def token_strings(tokenizer: Any, ids: Sequence[int]) -> list[str]:
     return [tokenizer.decode([int(i)]) for i in ids]
 
 
+def pieces(tok: Any, ids: Sequence[int]) -> list[str]:
+    """Each token's text such that the pieces join to the decoded window (the spaces a word-level tokenizer puts
+    between tokens kept); a token whose text is not a suffix extension falls back to decoding it alone. A character
+    that a byte-level tokenizer splits over several tokens (CJK, accents, emoji) is the piece of the token that
+    completes it (the tokens before get ``""``), not a run of ``"\ufffd"``."""
+    if tok is None:
+        return token_strings(tok, ids)
+    out, prev = [], ""
+    for k in range(len(ids)):
+        text = tok.decode([int(i) for i in ids[:k + 1]])
+        if k < len(ids) - 1:
+            text = text.rstrip("\ufffd")  # an unfinished character waits for the token that completes it
+        out.append(text[len(prev):] if text.startswith(prev) else tok.decode([int(ids[k])]))
+        prev = text
+    return out
+
+
+def whole_characters(tok: Any, ids: Sequence[int], lo: int, hi: int, limit: int = 4) -> tuple[int, int]:
+    """``(lo, hi)`` widened by at most ``limit`` tokens each way so that ``ids[lo:hi]`` does not cut a character
+    that a byte-level tokenizer split over several tokens (a cut one decodes to ``"\ufffd"`` at the edge)."""
+    if tok is None:
+        return lo, hi
+    ids = [int(i) for i in ids]
+    for _ in range(limit):
+        if hi < len(ids) and tok.decode(ids[lo:hi]).endswith("\ufffd"):
+            hi += 1
+    for _ in range(limit):
+        if lo > 0 and tok.decode(ids[lo:hi]).startswith("\ufffd"):
+            lo -= 1
+    return lo, hi
+
+
+def window_context(tok: Any, ids: torch.Tensor, acts: torch.Tensor, prompt: int, pos: int,
+                   window: tuple[int, int]) -> Context:
+    """The :class:`Context` of prompt ``prompt`` (token ``ids [T]``, one latent's ``acts [T]``) around token
+    ``pos``: ``window = (tokens before, tokens after)``, widened to whole characters (:func:`whole_characters`),
+    each token's text from :func:`pieces`."""
+    before, after = window
+    lo, hi = whole_characters(tok, ids.tolist(), max(0, pos - before), min(len(ids), pos + after + 1))
+    a = acts[lo:hi]
+    return Context(prompt=prompt, position=pos, tokens=pieces(tok, ids[lo:hi].tolist()), acts=a.tolist(),
+                   peak=pos - lo, max_act=float(a.max()) if a.numel() else 0.0)
+
+
 @moved_keywords(MOVED)
 def top_contexts(model: Any, sae: SAE, latent: int, inputs: Prompts | Sequence[str] | torch.Tensor, top: int = 10,
                  window: tuple[int, int] = (12, 4), batch_size: int = 8, site: str | None = None) -> list[Context]:
     """The ``top`` prompts (:func:`sae.runner.sae_encodings`) where ``latent`` fires hardest (one context per
     prompt, at its peak token, with ``window = (tokens before, tokens after)``)."""
-    before, after = window
     from sae.analysis import latent_acts_on_prompts
 
     if not 0 <= latent < sae.d_sae:
@@ -53,10 +96,7 @@ def top_contexts(model: Any, sae: SAE, latent: int, inputs: Prompts | Sequence[s
     for val, i, pos in peaks[:top]:
         if val <= 0:
             break
-        ids, acts = per[i]["ids"], per[i]["acts"][:, 0]
-        lo, hi = max(0, pos - before), min(len(ids), pos + after + 1)
-        out.append(Context(prompt=i, position=pos, tokens=token_strings(model.tokenizer, ids[lo:hi].tolist()),
-                           acts=acts[lo:hi].tolist(), peak=pos - lo, max_act=val))
+        out.append(window_context(model.tokenizer, per[i]["ids"], per[i]["acts"][:, 0], i, pos, window))
     return out
 
 

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from interp.bundle import Result
-from sae.contexts import Context, token_strings
+from sae.contexts import Context, window_context
 from sae.crosscoder import Crosscoder, check_models
 
 if TYPE_CHECKING:
@@ -174,7 +174,6 @@ def cross_contexts(models: Sequence[Any], cc: Crosscoder, latents: Sequence[int]
         for i in range(xa.shape[0]):
             m = b.attention_mask[i].bool()
             per.append((b.input_ids[i].cpu()[m], z[i][m]))
-    before, after = window
     out: dict[int, list[Context]] = {}
     for col, lat in enumerate(idx.tolist()):
         peaks = sorted(((float(a[:, col].max()), p, int(a[:, col].argmax())) for p, (_, a) in enumerate(per)
@@ -183,11 +182,7 @@ def cross_contexts(models: Sequence[Any], cc: Crosscoder, latents: Sequence[int]
         for val, p, pos in peaks:
             if val <= 0:
                 break
-            ids, acts = per[p][0], per[p][1][:, col]
-            lo, hi = max(0, pos - before), min(len(ids), pos + after + 1)
-            out[lat].append(Context(prompt=p, position=pos, tokens=token_strings(models[0].tokenizer,
-                                                                                  ids[lo:hi].tolist()),
-                                    acts=acts[lo:hi].tolist(), peak=pos - lo, max_act=val))
+            out[lat].append(window_context(models[0].tokenizer, per[p][0], per[p][1][:, col], p, pos, window))
     return out
 
 

@@ -210,6 +210,32 @@ def test_pieces_give_a_split_character_to_the_token_that_completes_it():
     assert p == ["", "", "如", "", "何", "", "", "制", "", "作", " café"]  # each character on its last byte's token
 
 
+def test_windows_are_widened_to_whole_characters():
+    """A window whose edge falls inside a character split over several tokens grows to take all of it, so no
+    context starts or ends with a replacement character; the peak still indexes the same token."""
+    from tokenizers import ByteLevelBPETokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    from sae.contexts import pieces, whole_characters, window_context
+
+    bt = ByteLevelBPETokenizer()
+    bt.train_from_iterator(["hello world", "le café est bon"], vocab_size=262, min_frequency=1, show_progress=False)
+    tok = PreTrainedTokenizerFast(tokenizer_object=bt._tokenizer)
+    ids = torch.tensor(tok("ab如何制作cd", add_special_tokens=False)["input_ids"])
+    T = len(ids)
+    assert T >= 14                                                 # each CJK character is 3 byte tokens
+    cut_lo, cut_hi = 3, 7                                          # both edges inside a character
+    assert tok.decode(ids[cut_lo:cut_hi].tolist()).startswith("\ufffd")
+    lo, hi = whole_characters(tok, ids.tolist(), cut_lo, cut_hi)
+    assert lo <= cut_lo and hi >= cut_hi and "\ufffd" not in tok.decode(ids[lo:hi].tolist())
+    acts = torch.zeros(T)
+    acts[5] = 2.0
+    c = window_context(tok, ids, acts, 0, 5, (5 - cut_lo, cut_hi - 6))
+    assert "\ufffd" not in "".join(c.tokens) and c.tokens == pieces(tok, ids[lo:hi].tolist())
+    assert c.acts[c.peak] == 2.0 and c.position == 5 and c.peak == 5 - lo
+    assert whole_characters(None, ids.tolist(), cut_lo, cut_hi) == (cut_lo, cut_hi)
+
+
 def test_held_out_contexts_random_quantiles_or_top():
     """The scorers' activating contexts under each ``test_from``, on activations whose ranking is known: prompt
     i < 30 peaks at 40 - i, so the rank of an activating context is its prompt."""
@@ -357,11 +383,18 @@ def test_a_folder_of_another_sae_or_config_is_refused(organism_run, tmp_path):
     other = copy.deepcopy(r["sae"])
     with torch.no_grad():
         other.W_enc.mul_(1.01)
-    with pytest.raises(ValueError, match=r"another run \(its sae differ.*another folder"):
+    with pytest.raises(ValueError, match=r"another run \(its examples, sae differ.*another folder"):
         explain_latents(r["model"], other, r["latents"], r["prompts"], r["client"], cfg=r["cfg"], folder=tmp_path / "run")
-    with pytest.raises(ValueError, match="config differ"):
+    with pytest.raises(ValueError, match="its config, examples differ"):
         explain_latents(*args, r["client"], cfg=ExplainConfig(n_explain=3, n_test=3, n_test_random=3, n_shown=3),
                         folder=tmp_path / "run")
+    # a folder whose contexts were drawn or rendered otherwise (older code, same SAE and config) is refused too
+    from interp.io import read_json, write_json
+
+    held = read_json(tmp_path / "run" / "manifest.json")
+    write_json(tmp_path / "run" / "manifest.json", {**held, "examples": "0" * 16})
+    with pytest.raises(ValueError, match=r"its examples differ"):
+        explain_latents(*args, r["client"], cfg=r["cfg"], folder=tmp_path / "run")
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("my file")
     with pytest.raises(ValueError, match="not an explanation run folder"):

@@ -11,7 +11,8 @@ import torch
 
 from sae.contexts import Context
 from sae.explain import ExplainConfig, LatentExamples, LocalChatClient, score, verdict_metrics
-from sae.explain.explainer import reference_explanation
+from sae.explain.explainer import reference_explanation, reference_tokens
+from sae.explain.scorers import lexical_score
 from sae.explain.prompts import scorer_messages
 
 
@@ -172,6 +173,46 @@ def test_reference_explanation_names_the_top_contexts_peak_tokens():
     ex.explain = []
     with pytest.raises(ValueError, match="no top contexts"):
         reference_explanation(ex)
+
+
+def test_reference_counts_a_split_character_peak_as_the_token_that_completes_it():
+    """A peak on the first bytes of a character (an empty piece) names the token a reader sees marked, never
+    ``''``; a whitespace token is named by its repr."""
+    ex = _examples()
+    ex.explain = [_ctx(["x", "", "如", " y"], [0.0, 3.0, 1.0, 0.0], 60), _ctx(["", "如"], [2.0, 0.5], 61),
+                  _ctx(["a", "\n"], [0.0, 1.0], 62)]
+    assert reference_tokens(ex) == ["如", "\n"]
+    assert reference_explanation(ex) == "the tokens '如', '\\n'"
+
+
+def test_lexical_baseline_counts_the_words_on_the_scorers_examples():
+    """The no-model baseline sees the examples ``score`` shows, in the same order, and counts the named tokens
+    (detection) or the share of marked tokens that are named (fuzzing), by hand here."""
+    ex, cfg = _examples(3), ExplainConfig(n_shown=1, verdicts="logprob")
+    for kind in ("detection", "fuzzing"):
+        v = lexical_score(kind, ["Rain "], ex, cfg)
+        shown = score(kind, _Scripted(), "words about the weather", ex, ExplainConfig(n_shown=1))
+        assert v.mode == "lexical" and v.texts == shown.texts and v.labels == shown.labels
+        for y, m, text in zip(v.labels, v.margins, v.texts):
+            if kind == "detection":
+                assert m == text.count(" rain")                  # ' rain' stripped, case-folded: one per context
+            else:
+                assert m == (1.0 if "<< rain>>" in text else 0.0)   # the only activating token is the marked one
+            assert (m > 0) == (y == 1)                           # here the word separates the classes exactly
+        assert v.metrics(n_boot=20)["auroc"] == 1.0
+        off = lexical_score(kind, ["salt"], ex, cfg, explanation_of=3)
+        assert off.explanation_of == 3 and set(off.margins) == {0.0}
+    with pytest.raises(ValueError, match="at least one word"):
+        lexical_score("detection", [], ex, cfg)
+
+
+class _Scripted:
+    """A chat client that always answers ``[1]`` (only the examples shown matter here)."""
+
+    name = "scripted"
+
+    def complete(self, messages):
+        return "[1]"
 
 
 def test_paired_auroc_difference_resamples_both_conditions_together():

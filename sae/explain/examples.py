@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from sae.contexts import Context, token_strings
+from sae.contexts import Context, pieces, window_context
 
 VERDICT_MODES = ("text", "logprob")
 TEST_FROM = ("random", "quantiles", "top")
@@ -86,31 +86,6 @@ class LatentExamples:
     notes: list[str] = field(default_factory=list)
 
 
-def pieces(tok: Any, ids: Sequence[int]) -> list[str]:
-    """Each token's text such that the pieces join to the decoded window (the spaces a word-level tokenizer puts
-    between tokens kept); a token whose text is not a suffix extension falls back to decoding it alone. A character
-    that a byte-level tokenizer splits over several tokens (CJK, accents, emoji) is the piece of the token that
-    completes it (the tokens before get ``""``), not a run of ``"\ufffd"``."""
-    if tok is None:
-        return token_strings(tok, ids)
-    out, prev = [], ""
-    for k in range(len(ids)):
-        text = tok.decode([int(i) for i in ids[:k + 1]])
-        if k < len(ids) - 1:
-            text = text.rstrip("\ufffd")  # an unfinished character waits for the token that completes it
-        out.append(text[len(prev):] if text.startswith(prev) else tok.decode([int(ids[k])]))
-        prev = text
-    return out
-
-
-def _window(ids: torch.Tensor, acts: torch.Tensor, prompt: int, pos: int, cfg: ExplainConfig, tok: Any) -> Context:
-    before, after = cfg.window
-    lo, hi = max(0, pos - before), min(len(ids), pos + after + 1)
-    a = acts[lo:hi]
-    return Context(prompt=prompt, position=pos, tokens=pieces(tok, ids[lo:hi].tolist()), acts=a.tolist(),
-                   peak=pos - lo, max_act=float(a.max()) if a.numel() else 0.0)
-
-
 def _quiet_positions(acts: torch.Tensor, cfg: ExplainConfig) -> list[int]:
     """Positions whose whole window has the latent at zero (``acts [T]``)."""
     before, after = cfg.window
@@ -134,14 +109,16 @@ def _split_latent(latent: int, col: int, per: Sequence[dict[str, Any]], cfg: Exp
                   rng: random.Random) -> LatentExamples:
     peaks = sorted(((float(p["acts"][:, col].max()), i, int(p["acts"][:, col].argmax())) for i, p in enumerate(per)
                     if p["acts"].numel() and float(p["acts"][:, col].max()) > 0), key=lambda t: (-t[0], t[1]))
-    active = [_window(per[i]["ids"], per[i]["acts"][:, col], i, pos, cfg, tok) for _, i, pos in peaks]
+    active = [window_context(tok, per[i]["ids"], per[i]["acts"][:, col], i, pos, cfg.window) for _, i, pos in peaks]
     explain, rest = active[:cfg.n_explain], active[cfg.n_explain:]
     test = _held_out(rest, cfg, rng)
     quiet = []
     for i in rng.sample(range(len(per)), len(per)):  # one random zero window per prompt, prompts in random order
         spots = _quiet_positions(per[i]["acts"][:, col], cfg)
         if spots:
-            quiet.append(_window(per[i]["ids"], per[i]["acts"][:, col], i, rng.choice(spots), cfg, tok))
+            c = window_context(tok, per[i]["ids"], per[i]["acts"][:, col], i, rng.choice(spots), cfg.window)
+            if max(c.acts, default=0.0) <= 0:  # widened to whole characters, it may reach an active token
+                quiet.append(c)
     k = cfg.n_explain_random
     notes = []
     if len(test) < cfg.n_test:

@@ -31,18 +31,29 @@ def explain(client: ChatClient, ex: LatentExamples, cfg: ExplainConfig | None = 
     return Explanation(ex.latent, text, found, answer, getattr(client, "name", type(client).__name__))
 
 
-def reference_explanation(ex: LatentExamples, k: int = 3) -> str:
-    """A non-LM reference explanation: the ``k`` most frequent peak tokens of the explainer's top contexts
-    (``ex.explain``; never the scorers' held-out ones), as ``the tokens 'x', 'y', 'z'`` (ties: the stronger
-    context first). It tells whether a scorer can use an informative explanation at all."""
+def _key(piece: str) -> str:
+    """A token's text as a reference names it: stripped, unless it is only whitespace."""
+    return piece.strip() or piece
+
+
+def reference_tokens(ex: LatentExamples, k: int = 3) -> list[str]:
+    """The ``k`` most frequent peak tokens of the explainer's top contexts (``ex.explain``; never the scorers'
+    held-out ones), stripped (ties: the stronger context first). A peak on the first bytes of a split character
+    (an empty piece) counts as the token that completes it, the one a reader sees marked."""
     if not ex.explain:
         raise ValueError(f"latent {ex.latent} has no top contexts to take tokens from")
     counts: dict[str, int] = {}
     for c in ex.explain:  # strongest context first: dict order breaks ties
-        t = c.tokens[c.peak].strip() or repr(c.tokens[c.peak])
+        at = next((i for i in range(c.peak, len(c.tokens)) if c.tokens[i] != ""), c.peak)
+        t = _key(c.tokens[at])
         counts[t] = counts.get(t, 0) + 1
-    top = sorted(counts, key=lambda t: -counts[t])[:k]
-    return "the tokens " + ", ".join(f"'{t}'" for t in top)
+    return sorted(counts, key=lambda t: -counts[t])[:k]
 
 
-__all__ = ["Explanation", "explain", "reference_explanation"]
+def reference_explanation(ex: LatentExamples, k: int = 3) -> str:
+    """A non-LM reference explanation, :func:`reference_tokens` as ``the tokens 'x', 'y', 'z'`` (whitespace
+    tokens by their ``repr``). It tells whether a scorer can use an informative explanation at all."""
+    return "the tokens " + ", ".join(f"'{t}'" if t.strip() else repr(t) for t in reference_tokens(ex, k))
+
+
+__all__ = ["Explanation", "explain", "reference_explanation", "reference_tokens"]

@@ -67,16 +67,23 @@ def _clean(token: str) -> str:
     return token.replace("\r", "\\r").replace("\n", "\\n")
 
 
-def mark(tokens: Sequence[str], marked: Sequence[bool]) -> str:
-    """The text of ``tokens`` with each run of marked tokens between ``<<`` and ``>>`` (newlines shown as ``\\n``,
-    so one context stays one line). An empty token (the first bytes of a character that a later token completes,
-    :func:`sae.explain.examples.pieces`) passes its mark on to the next token."""
+def carried_marks(tokens: Sequence[str], marked: Sequence[bool]) -> list[bool]:
+    """``marked`` with the mark of each empty token (the first bytes of a character that a later token completes,
+    :func:`sae.contexts.pieces`) passed on to the next token: the tokens a reader sees marked."""
     if len(tokens) != len(marked):
         raise ValueError(f"{len(tokens)} tokens but {len(marked)} marks")
     marked = [bool(m) for m in marked]
     for i in range(len(tokens) - 1):
         if tokens[i] == "" and marked[i]:
             marked[i + 1] = True
+    return marked
+
+
+def mark(tokens: Sequence[str], marked: Sequence[bool]) -> str:
+    """The text of ``tokens`` with each run of marked tokens between ``<<`` and ``>>`` (newlines shown as ``\\n``,
+    so one context stays one line). An empty token (the first bytes of a character that a later token completes,
+    :func:`sae.contexts.pieces`) passes its mark on to the next token (:func:`carried_marks`)."""
+    marked = carried_marks(tokens, marked)
     out, inside = [], False
     for t, m in ((t, m) for t, m in zip(tokens, marked) if t != ""):
         if m and not inside:
@@ -160,5 +167,5 @@ def parse_verdicts(answer: str, n: int) -> list[int] | None:
     return [int(x) for x in got]
 
 
-__all__ = ["ANSWER_CUE", "CLOSE", "EXPLANATION_TAG", "VERDICT_OPTIONS", "OPEN", "explainer_marks", "explainer_messages", "mark", "parse_explanation",
+__all__ = ["ANSWER_CUE", "CLOSE", "carried_marks", "EXPLANATION_TAG", "VERDICT_OPTIONS", "OPEN", "explainer_marks", "explainer_messages", "mark", "parse_explanation",
            "parse_verdicts", "plain", "scorer_messages"]

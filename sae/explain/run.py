@@ -56,13 +56,19 @@ def _inputs_hash(inputs: Any) -> str:
     return content_hash({"texts": list(texts), **{k: v for k, v in extra.items() if v is not None}})
 
 
-def identity(model: Any, sae: Any, latents: Sequence[int], inputs: Any, cfg: ExplainConfig) -> dict[str, Any]:
-    """What a run folder's contents depend on, part by part (a refused resume names the part that differs)."""
+def identity(model: Any, sae: Any, latents: Sequence[int], inputs: Any, cfg: ExplainConfig,
+             examples: dict[int, LatentExamples] | None = None) -> dict[str, Any]:
+    """What a run folder's contents depend on, part by part (a refused resume names the part that differs).
+    ``examples``: the contexts shown, hashed too, so a folder written when contexts were drawn or rendered
+    otherwise (another version of this code) is refused rather than mixed with new verdicts."""
     from interp.fingerprint import weights_hash
 
-    return {"model_id": getattr(model, "name", ""), "model_weights": weights_hash(model), "sae": sae_hash(sae),
-            "site": str(getattr(sae, "site", "") or ""), "latents": [int(x) for x in latents],
-            "inputs": _inputs_hash(inputs), "config": asdict(cfg)}
+    out = {"model_id": getattr(model, "name", ""), "model_weights": weights_hash(model), "sae": sae_hash(sae),
+           "site": str(getattr(sae, "site", "") or ""), "latents": [int(x) for x in latents],
+           "inputs": _inputs_hash(inputs), "config": asdict(cfg)}
+    if examples is not None:
+        out["examples"] = content_hash({str(lt): asdict(ex) for lt, ex in sorted(examples.items())})
+    return out
 
 
 def open_folder(folder: str | Path, ident: dict[str, Any]) -> Path:
@@ -126,8 +132,8 @@ def explain_latents(model: Any, sae: Any, latents: Sequence[int], inputs: Any, e
     latents = [int(x) for x in latents]
     control_of = shuffled_assignment(latents, cfg.seed)
     scorer = scorer or explainer
-    path = None if folder is None else open_folder(folder, identity(model, sae, latents, inputs, cfg))
     examples = latent_examples(model, sae, latents, inputs, cfg)
+    path = None if folder is None else open_folder(folder, identity(model, sae, latents, inputs, cfg, examples))
     expl = [_cached(None if path is None else path / f"explanation_{lt}.json", Explanation, explain, explainer,
                     examples[lt], cfg) for lt in latents]
     texts = {e.latent: e.text for e in expl}

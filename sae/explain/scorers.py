@@ -35,7 +35,8 @@ from interp.evals.metrics import auroc
 from interp.evals.rates import Rate
 from sae.explain.client import ChatClient
 from sae.explain.examples import ExplainConfig, LatentExamples
-from sae.explain.prompts import ANSWER_CUE, VERDICT_OPTIONS, mark, parse_verdicts, plain, scorer_messages
+from sae.explain.prompts import (ANSWER_CUE, VERDICT_OPTIONS, carried_marks, mark, parse_verdicts, plain,
+                                 scorer_messages)
 
 SCORERS = ("detection", "fuzzing")
 
@@ -45,8 +46,9 @@ class Verdicts:
     """One scorer's run on one latent: per example shown, its ``label`` (1 = activating / correctly marked), the
     client's ``pred`` (1 / 0, or ``None`` when its answer did not parse) and the ``text`` shown; the raw
     ``answers`` per prompt; the ``explanation`` scored and whose it was (``explanation_of``); the verdict
-    ``mode`` (``"text"`` or ``"logprob"``) and, in ``"logprob"`` mode, each example's ``margins``
-    (``log p("1") - log p("0")``)."""
+    ``mode`` (``"text"``, ``"logprob"``, or ``"lexical"`` for the no-model baseline :func:`lexical_score`) and,
+    in ``"logprob"`` and ``"lexical"`` mode, each example's ``margins`` (``log p("1") - log p("0")``; lexical: the
+    match count or fraction)."""
 
     kind: str
     explanation: str
@@ -118,39 +120,51 @@ def verdict_metrics(labels: Sequence[int], preds: Sequence[int | None], n_boot: 
     return out
 
 
-def _fuzz_items(ex: LatentExamples, rng: random.Random) -> list[tuple[int, str]]:
-    """Fuzzing's examples: activating contexts marked where active (1); non-activating ones marked at the
-    active positions of a random activating context, clipped to their length (0)."""
+def _fuzz_items(ex: LatentExamples, rng: random.Random) -> list[tuple[int, str, list[str]]]:
+    """Fuzzing's examples ``(label, marked text, the marked tokens)``: activating contexts marked where active
+    (1); non-activating ones marked at the active positions of a random activating context, clipped to their
+    length (0)."""
     spots = [[i for i, a in enumerate(c.acts) if a > 0] for c in ex.test]
-    items = [(1, mark(c.tokens, [a > 0 for a in c.acts])) for c in ex.test]
+    marks = [[a > 0 for a in c.acts] for c in ex.test]
     for c in ex.test_random:
         borrowed = [i for i in rng.choice(spots) if i < len(c.tokens)] if spots else []
         if not borrowed:
             borrowed = [rng.randrange(len(c.tokens))]
-        items.append((0, mark(c.tokens, [i in borrowed for i in range(len(c.tokens))])))
-    return items
+        marks.append([i in borrowed for i in range(len(c.tokens))])
+    out = []
+    for y, c, m in zip([1] * len(ex.test) + [0] * len(ex.test_random), [*ex.test, *ex.test_random], marks):
+        seen = carried_marks(c.tokens, m)
+        out.append((y, mark(c.tokens, m), [t for t, on in zip(c.tokens, seen) if on and t != ""]))
+    return out
 
 
-def _detect_items(ex: LatentExamples) -> list[tuple[int, str]]:
-    return [(1, plain(c)) for c in ex.test] + [(0, plain(c)) for c in ex.test_random]
+def _detect_items(ex: LatentExamples) -> list[tuple[int, str, list[str]]]:
+    """Detection's examples ``(label, plain text, its tokens)``."""
+    return [(1, plain(c), list(c.tokens)) for c in ex.test] + [(0, plain(c), list(c.tokens)) for c in ex.test_random]
+
+
+def _chunks(kind: str, ex: LatentExamples, cfg: ExplainConfig) -> list[list[tuple[int, str, list[str]]]]:
+    """Scorer ``kind``'s examples in the order shown, ``cfg.n_shown`` per prompt; the same for every explanation
+    of the latent (the control sees the same examples in the same order)."""
+    if kind not in SCORERS:
+        raise ValueError(f"scorer must be one of {SCORERS}, got {kind!r}")
+    if not ex.test or not ex.test_random:
+        raise ValueError(f"latent {ex.latent} has {len(ex.test)} held-out activating and {len(ex.test_random)} "
+                         f"non-activating contexts; both are needed: pass more prompts or lower ExplainConfig.n_explain")
+    rng = random.Random(f"{cfg.seed}:{kind}:{ex.latent}")
+    items = _fuzz_items(ex, rng) if kind == "fuzzing" else _detect_items(ex)
+    rng.shuffle(items)
+    return [items[a:a + cfg.n_shown] for a in range(0, len(items), cfg.n_shown)]
 
 
 def score(kind: str, client: ChatClient, explanation: str, ex: LatentExamples, cfg: ExplainConfig,
           explanation_of: int | None = None) -> Verdicts:
     """Run scorer ``kind`` (``"detection"`` or ``"fuzzing"``) on one latent's held-out contexts with
     ``explanation`` (its own, or another latent's for the shuffled control: ``explanation_of``)."""
-    if kind not in SCORERS:
-        raise ValueError(f"scorer must be one of {SCORERS}, got {kind!r}")
-    if not ex.test or not ex.test_random:
-        raise ValueError(f"latent {ex.latent} has {len(ex.test)} held-out activating and {len(ex.test_random)} "
-                         f"non-activating contexts; both are needed: pass more prompts or lower ExplainConfig.n_explain")
-    rng = random.Random(f"{cfg.seed}:{kind}:{ex.latent}")  # the same examples and order for the control
-    items = _fuzz_items(ex, rng) if kind == "fuzzing" else _detect_items(ex)
-    rng.shuffle(items)
-    chunks = [items[a:a + cfg.n_shown] for a in range(0, len(items), cfg.n_shown)]
-    prompts = [scorer_messages(kind, explanation, [t for _, t in chunk], cfg.few_shot) for chunk in chunks]
+    chunks = _chunks(kind, ex, cfg)
+    prompts = [scorer_messages(kind, explanation, [t for _, t, _ in chunk], cfg.few_shot) for chunk in chunks]
     of = ex.latent if explanation_of is None else int(explanation_of)
-    labels, texts = [y for c in chunks for y, _ in c], [t for c in chunks for _, t in c]
+    labels, texts = [y for c in chunks for y, _, _ in c], [t for c in chunks for _, t, _ in c]
     if cfg.verdicts == "logprob":
         preds, margins, answers = logprob_verdicts(client, prompts)
         return Verdicts(kind, explanation, of, labels, preds, texts, answers, "logprob", margins)
@@ -161,6 +175,26 @@ def score(kind: str, client: ChatClient, explanation: str, ex: LatentExamples, c
         got = parse_verdicts(answer, len(chunk))
         preds += got if got is not None else [None] * len(chunk)
     return Verdicts(kind, explanation, of, labels, preds, texts, list(answers))
+
+
+def lexical_score(kind: str, words: Sequence[str], ex: LatentExamples, cfg: ExplainConfig,
+                  explanation_of: int | None = None) -> Verdicts:
+    """The lexical (bag-of-words) baseline of scorer ``kind``: no model, the same examples in the same order as
+    :func:`score`. The margin is, in detection, the number of the example's tokens that are one of ``words``
+    (a token's text stripped, compared case-insensitively; e.g. :func:`sae.explain.explainer.reference_tokens`)
+    and, in fuzzing, the fraction of its marked tokens that are; the verdict is 1 when the margin is above 0.
+    Its AUROC is what an explanation that only names those tokens could reach on these examples, read literally:
+    the ceiling for a scorer given the top-token reference, and a check that the held-out examples carry them."""
+    vocab = {(w.strip() or w).casefold() for w in words}
+    if not vocab:
+        raise ValueError("lexical_score needs at least one word")
+    chunks = _chunks(kind, ex, cfg)
+    flat = [item for c in chunks for item in c]
+    hits = [[(t.strip() or t).casefold() in vocab for t in toks] for _, _, toks in flat]
+    margins = [float(sum(h)) if kind == "detection" else (sum(h) / len(h) if h else 0.0) for h in hits]
+    of = ex.latent if explanation_of is None else int(explanation_of)
+    return Verdicts(kind, "lexical: " + ", ".join(repr(w) for w in words), of, [y for y, _, _ in flat],
+                    [int(m > 0) for m in margins], [t for _, t, _ in flat], [], "lexical", margins)
 
 
 def logprob_verdicts(client: ChatClient, prompts: Sequence[Any]) -> tuple[list[int | None], list[float | None],
@@ -214,4 +248,5 @@ def auroc_difference(a: Sequence[Verdicts], b: Sequence[Verdicts], n_boot: int =
     return float(auroc(sa, y) - auroc(sb, y)), [round(float(lo), 4), round(float(hi), 4)]
 
 
-__all__ = ["SCORERS", "Verdicts", "auroc_difference", "logprob_verdicts", "pooled", "score", "verdict_metrics"]
+__all__ = ["SCORERS", "Verdicts", "auroc_difference", "lexical_score", "logprob_verdicts", "pooled", "score",
+           "verdict_metrics"]
