@@ -12,8 +12,8 @@ import torch
 from sae.contexts import Context
 from sae.explain import ExplainConfig, LatentExamples, LocalChatClient, score, verdict_metrics
 from sae.explain.explainer import reference_explanation, reference_tokens
-from sae.explain.scorers import lexical_score
 from sae.explain.prompts import scorer_messages
+from sae.explain.scorers import lexical_score
 
 
 @pytest.fixture(scope="module")

@@ -35,8 +35,15 @@ from interp.evals.metrics import auroc
 from interp.evals.rates import Rate
 from sae.explain.client import ChatClient
 from sae.explain.examples import ExplainConfig, LatentExamples
-from sae.explain.prompts import (ANSWER_CUE, VERDICT_OPTIONS, carried_marks, mark, parse_verdicts, plain,
-                                 scorer_messages)
+from sae.explain.prompts import (
+    ANSWER_CUE,
+    VERDICT_OPTIONS,
+    carried_marks,
+    mark,
+    parse_verdicts,
+    plain,
+    scorer_messages,
+)
 
 SCORERS = ("detection", "fuzzing")
 
