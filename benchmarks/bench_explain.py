@@ -236,7 +236,8 @@ def report(res: Any, args: argparse.Namespace, info: dict, rule: str, times: dic
         f"- Shown: explainer {c['n_explain']} top + {c['n_explain_random']} non-activating contexts; each scorer "
         f"{c['n_test']} held-out activating ({c.get('test_from', 'random')}) + {c['n_test_random']} non-activating, "
         f"{c['n_shown']} per prompt; window "
-        f"{tuple(c['window'])} around the peak; few-shot worked example: {'yes' if c['few_shot'] else 'no'}.",
+        f"{tuple(c['window'])} around the peak; few-shot worked example: {'yes' if c['few_shot'] else 'no'}; "
+        f"marked tokens' activations shown to the explainer: {'yes' if c.get('show_activations') else 'no'}.",
         f"- Time: explaining {times['explain_s']:.0f} s ({times['explain_calls']} calls); scoring "
         f"{times['score_s']:.0f} s ({times['score_calls']} scorer prompts, all conditions).", "",
         "## Pooled over latents", "", *_pooled_rows(res, ref), "", *_verdicts(res, ref), "",
@@ -267,6 +268,8 @@ def main() -> None:
                          "(default float32)")
     ap.add_argument("--verdicts", choices=("text", "logprob"), default="text",
                     help="scorer verdicts from the answer's text, or from log p('1') vs log p('0') (no generation)")
+    ap.add_argument("--show-activations", action="store_true",
+                    help="the explainer also sees each example's marked tokens with their activation (0-9)")
     ap.add_argument("--no-reference", action="store_true", help="skip the top-token reference explanation")
     ap.add_argument("--folder", default=None, help="run folder (resumable); default a fresh temporary one")
     ap.add_argument("--out", default=None, help="also write the report here")
@@ -282,7 +285,8 @@ def main() -> None:
     # zero-shot, one example per scorer prompt: a 135M model copies a worked example verbatim (measured: every
     # explanation came back as the example's own) and cannot keep a list of five answers in order
     cfg = ExplainConfig(n_explain=10, n_explain_random=5, n_test=args.n_test, n_test_random=args.n_test, n_shown=1,
-                        window=(12, 4), few_shot=False, verdicts=args.verdicts, test_from=args.test_from)
+                        window=(12, 4), few_shot=False, verdicts=args.verdicts, test_from=args.test_from,
+                        show_activations=args.show_activations)
     latents, rule, examples = pick_latents(model, sae, prompts, freq, cfg, args.latents, seed=0)
     args.scorer = args.scorer or args.explainer
     chat = {n: model if n == "smollm2-aligned" else interp.load_model(n, dtype=args.chat_dtype)

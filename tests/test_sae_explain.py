@@ -72,6 +72,19 @@ def test_explainer_prompt_marks_tokens_by_activation_and_counts_examples():
         explainer_messages([], quiet)
 
 
+def test_explainer_can_list_the_marked_tokens_with_their_activation():
+    """delphi's option: under each active example, its marked tokens on a 0-9 scale of the largest activation
+    shown (3.0 here); the first bytes of a split character give their mark and activation to the character."""
+    active = [_ctx(["x", " y", " z"], [0.1, 3.0, 1.0]), _ctx(["p", "", "如", " q"], [0.0, 2.0, 0.5, 0.0])]
+    msgs = explainer_messages(active, [], threshold=0.3, few_shot=True, show_activations=True)
+    user = msgs[-1]["content"]
+    assert "Example 1: x<< y z>>\nMarked tokens: 'y' (9), 'z' (3)\n" in user
+    assert "Example 2: p<<如>> q\nMarked tokens: '如' (6)\n" in user
+    assert "0 (weak) to 9" in msgs[0]["content"] and "Marked tokens: 'ly' (9)" in msgs[1]["content"]
+    plain_msgs = explainer_messages(active, [], threshold=0.3)
+    assert "Marked tokens" not in plain_msgs[-1]["content"] + plain_msgs[0]["content"] + plain_msgs[1]["content"]
+
+
 def test_scorer_prompts_number_from_zero_and_mark_only_for_fuzzing():
     texts = ["the rain", "a dry day", "more rain"]
     det = scorer_messages("detection", "weather words", texts)[-1]["content"]

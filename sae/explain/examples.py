@@ -39,7 +39,10 @@ class ExplainConfig:
     default): drawn uniformly, so they follow the population, mostly weak activations. ``"quantiles"`` (delphi's
     test sampling): those contexts ranked by peak activation and cut into ``n_test`` bins of equal count, one
     drawn from each, so every activation level is represented once. ``"top"``: the ``n_test`` strongest after the
-    explaining set (what an explanation of the top contexts describes best)."""
+    explaining set (what an explanation of the top contexts describes best).
+
+    ``show_activations``: under each of the explainer's activating examples, its marked tokens with their
+    activation on a 0-9 scale of the largest shown (delphi's explainer option; off by default)."""
 
     n_explain: int = 10
     n_explain_random: int = 5
@@ -53,6 +56,7 @@ class ExplainConfig:
     batch_size: int = 8
     verdicts: str = "text"
     test_from: str = "random"
+    show_activations: bool = False
 
     def __post_init__(self) -> None:
         if self.verdicts not in VERDICT_MODES:

@@ -26,7 +26,8 @@ def explain(client: ChatClient, ex: LatentExamples, cfg: ExplainConfig | None = 
     """Ask ``client`` for a one-line explanation of ``ex.latent`` from ``ex.explain`` (marked above
     ``cfg.threshold`` of each context's peak) and ``ex.explain_random`` (unmarked)."""
     cfg = cfg or ExplainConfig()
-    answer = client.complete(explainer_messages(ex.explain, ex.explain_random, cfg.threshold, cfg.few_shot))
+    answer = client.complete(explainer_messages(ex.explain, ex.explain_random, cfg.threshold, cfg.few_shot,
+                                                cfg.show_activations))
     text, found = parse_explanation(answer)
     return Explanation(ex.latent, text, found, answer, getattr(client, "name", type(client).__name__))
 

@@ -35,6 +35,19 @@ EXPLAINER_SHOT = (
     "Example 1: the cat sat on the mat\n",
     f"{EXPLANATION_TAG} the suffix \"ly\" that ends an adverb of manner")
 
+ACTIVATIONS_NOTE = (
+    "\nUnder each active example, a line lists its marked tokens with how strongly the feature fires on each, "
+    "from 0 (weak) to 9 (strongest).")
+EXPLAINER_SHOT_ACTIVATIONS = (
+    "Examples where the feature is active:\n"
+    f"Example 1: she walked slow{OPEN}ly{CLOSE} to the door\n"
+    "Marked tokens: 'ly' (9)\n"
+    f"Example 2: he answered quick{OPEN}ly{CLOSE} and left\n"
+    "Marked tokens: 'ly' (7)\n"
+    "Examples where the feature is not active:\n"
+    "Example 1: the cat sat on the mat\n",
+    EXPLAINER_SHOT[1])
+
 DETECTION_SYSTEM = (
     "You are a careful linguist. You are given an explanation of a feature of text, such as \"words about the "
     "weather\" or \"a verb right after a pronoun\", then several numbered text examples. Decide, for each example "
@@ -115,17 +128,41 @@ def _chat(system: str, shot: tuple[str, str] | None, user: str) -> list[dict[str
     return [{"role": "system", "content": system}, *turns, {"role": "user", "content": user}]
 
 
+def activation_line(c: Context, marked: Sequence[bool], scale: float) -> str:
+    """``Marked tokens: 'x' (9), 'y' (4)``: a context's marked tokens (empty pieces' marks carried to the token
+    that completes them) with the activation on a 0-9 scale of ``scale`` (the largest activation shown for the
+    latent), as delphi's explainer can show them."""
+    seen = carried_marks(c.tokens, marked)
+    acts = list(c.acts)
+    for i in range(len(acts) - 1):  # the first bytes of a character pass their activation on with their mark
+        if c.tokens[i] == "" and marked[i]:
+            acts[i + 1] = max(acts[i + 1], acts[i])
+    items = [f"'{_clean(t).strip() or _clean(t)}' ({min(9, round(9 * a / scale)) if scale > 0 else 0})"
+             for t, a, on in zip(c.tokens, acts, seen) if on and t != ""]
+    return "Marked tokens: " + ", ".join(items)
+
+
 def explainer_messages(active: Sequence[Context], quiet: Sequence[Context], threshold: float = 0.3,
-                       few_shot: bool = True) -> list[dict[str, str]]:
+                       few_shot: bool = True, show_activations: bool = False) -> list[dict[str, str]]:
     """The explainer's messages: the activating contexts marked (:func:`explainer_marks`), then the
-    non-activating ones unmarked, numbered from 1 (after one worked example when ``few_shot``)."""
+    non-activating ones unmarked, numbered from 1 (after one worked example when ``few_shot``).
+    ``show_activations``: under each activating example, its marked tokens with their activation on a 0-9 scale
+    (:func:`activation_line`)."""
     if not active:
         raise ValueError("no activating contexts to explain: the latent never fired on these prompts")
-    user = "Examples where the feature is active:\n" + _numbered(
-        [mark(c.tokens, explainer_marks(c, threshold)) for c in active], 1)
+    lines = []
+    scale = max((max(c.acts, default=0.0) for c in active), default=0.0)
+    for i, c in enumerate(active, 1):
+        m = explainer_marks(c, threshold)
+        lines.append(f"Example {i}: {mark(c.tokens, m)}\n")
+        if show_activations:
+            lines.append(activation_line(c, m, scale) + "\n")
+    user = "Examples where the feature is active:\n" + "".join(lines)
     if quiet:
         user += "Examples where the feature is not active:\n" + _numbered([plain(c) for c in quiet], 1)
-    return _chat(EXPLAINER_SYSTEM, EXPLAINER_SHOT if few_shot else None, user)
+    system = EXPLAINER_SYSTEM + (ACTIVATIONS_NOTE if show_activations else "")
+    shot = (EXPLAINER_SHOT_ACTIVATIONS if show_activations else EXPLAINER_SHOT) if few_shot else None
+    return _chat(system, shot, user)
 
 
 def scorer_messages(kind: str, explanation: str, texts: Sequence[str], few_shot: bool = True
@@ -167,5 +204,5 @@ def parse_verdicts(answer: str, n: int) -> list[int] | None:
     return [int(x) for x in got]
 
 
-__all__ = ["ANSWER_CUE", "CLOSE", "carried_marks", "EXPLANATION_TAG", "VERDICT_OPTIONS", "OPEN", "explainer_marks", "explainer_messages", "mark", "parse_explanation",
+__all__ = ["ANSWER_CUE", "CLOSE", "activation_line", "carried_marks", "EXPLANATION_TAG", "VERDICT_OPTIONS", "OPEN", "explainer_marks", "explainer_messages", "mark", "parse_explanation",
            "parse_verdicts", "plain", "scorer_messages"]
