@@ -245,6 +245,47 @@ def report(res: Any, args: argparse.Namespace, info: dict, rule: str, times: dic
         "- Notes from the run: " + ("; ".join(res.notes) if res.notes else "none."), ""])
 
 
+def make_config(args: argparse.Namespace, test_from: str) -> ExplainConfig:
+    # zero-shot, one example per scorer prompt: a 135M model copies a worked example verbatim (measured: every
+    # explanation came back as the example's own) and cannot keep a list of five answers in order
+    return ExplainConfig(n_explain=10, n_explain_random=5, n_test=args.n_test, n_test_random=args.n_test, n_shown=1,
+                         window=(12, 4), few_shot=False, verdicts=args.verdicts, test_from=test_from,
+                         show_activations=args.show_activations)
+
+
+def lexical_report(model: Any, sae: Any, prompts: Any, freq: torch.Tensor, args: argparse.Namespace, info: dict,
+                   cmd: str) -> str:
+    """``--lexical-only``: no explainer, no scorer. For each way of drawing the scorers' activating contexts, the
+    lexical baseline (each latent's top-token reference matched in its held-out examples) against the same with
+    the shuffled control's latent's tokens: how much the examples carry what the top contexts show."""
+    from sae.explain import shuffled_assignment
+
+    rows = ["| held-out activating contexts | scorer | activating with a reference token | non-activating with one | "
+            "lexical AUROC [95% bootstrap] | with the control latent's tokens | difference [95% paired bootstrap] |",
+            "| --- | --- | --- | --- | --- | --- | --- |"]
+    rule = ""
+    for tf in TEST_FROM:
+        cfg = make_config(args, tf)
+        latents, rule, examples = pick_latents(model, sae, prompts, freq, cfg, args.latents, seed=0)
+        control_of = shuffled_assignment(latents, cfg.seed)
+        for kind in ("detection", "fuzzing"):
+            own = [lexical_score(kind, reference_tokens(examples[lt]), examples[lt], cfg) for lt in latents]
+            ctl = [lexical_score(kind, reference_tokens(examples[control_of[lt]]), examples[lt], cfg,
+                                 explanation_of=control_of[lt]) for lt in latents]
+            hit = {y: [m > 0 for v in own for m, lab in zip(v.margins, v.labels) if lab == y] for y in (1, 0)}
+            a, c = pooled(own), pooled(ctl)
+            d, (lo, hi) = auroc_difference(own, ctl)
+            rows.append(f"| {tf} | {kind} | {sum(hit[1])}/{len(hit[1])} | {sum(hit[0])}/{len(hit[0])} | "
+                        f"{_f(a['auroc'], *a['auroc_ci95'])} | {_f(c['auroc'], *c['auroc_ci95'])} | {_f(d, lo, hi)} |")
+    return "\n".join([
+        "# The lexical baseline by test sampling (no explainer, no scorer)", "", f"Command: `{cmd}`", "",
+        f"Machine: {machine()}", "",
+        f"- SAE: TopK, d_sae {args.d_sae}, k {args.k}, on `{sae.site}` over {info['tokens']} tokens of {info['corpus']}: "
+        f"FVU {info['fvu']}, L0 {info['l0']}, dead {info['dead']}.",
+        f"- Latents ({args.latents}): {rule}; {args.n_test} held-out activating and {args.n_test} non-activating "
+        f"contexts per latent and scorer.", "", *rows, ""])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--latents", type=int, default=8)
@@ -271,6 +312,8 @@ def main() -> None:
     ap.add_argument("--show-activations", action="store_true",
                     help="the explainer also sees each example's marked tokens with their activation (0-9)")
     ap.add_argument("--no-reference", action="store_true", help="skip the top-token reference explanation")
+    ap.add_argument("--lexical-only", action="store_true",
+                    help="no explainer or scorer: the lexical baseline under each --test-from, then stop")
     ap.add_argument("--folder", default=None, help="run folder (resumable); default a fresh temporary one")
     ap.add_argument("--out", default=None, help="also write the report here")
     args = ap.parse_args()
@@ -282,11 +325,14 @@ def main() -> None:
     site = f"blocks.{args.layer}.hook_resid_post"
     sae, freq, info = fit_sae(model, prompts, site, args)
     info["corpus"] = what
-    # zero-shot, one example per scorer prompt: a 135M model copies a worked example verbatim (measured: every
-    # explanation came back as the example's own) and cannot keep a list of five answers in order
-    cfg = ExplainConfig(n_explain=10, n_explain_random=5, n_test=args.n_test, n_test_random=args.n_test, n_shown=1,
-                        window=(12, 4), few_shot=False, verdicts=args.verdicts, test_from=args.test_from,
-                        show_activations=args.show_activations)
+    cmd = ("python benchmarks/bench_explain.py " + " ".join(sys.argv[1:])).strip()
+    if args.lexical_only:
+        text = lexical_report(model, sae, prompts, freq, args, info, cmd)
+        if args.out:
+            write_text(args.out, text)
+        print(text)
+        return
+    cfg = make_config(args, args.test_from)
     latents, rule, examples = pick_latents(model, sae, prompts, freq, cfg, args.latents, seed=0)
     args.scorer = args.scorer or args.explainer
     chat = {n: model if n == "smollm2-aligned" else interp.load_model(n, dtype=args.chat_dtype)
@@ -299,8 +345,7 @@ def main() -> None:
                                                          dict(zip(res.latents, res.control_of)), scorer, cfg, folder)
     times = {"explain_s": explainer.seconds, "explain_calls": explainer.calls, "score_s": scorer.seconds,
              "score_calls": scorer.calls}
-    cmd = "python benchmarks/bench_explain.py " + " ".join(sys.argv[1:])
-    text = report(res, args, info, rule, times, cmd.strip(), ref)
+    text = report(res, args, info, rule, times, cmd, ref)
     write_text(Path(folder) / "report.md", text)
     if args.out:
         write_text(args.out, text)
