@@ -59,11 +59,13 @@ def whole_characters(tok: Any, ids: Sequence[int], lo: int, hi: int, limit: int 
         return lo, hi
     ids = [int(i) for i in ids]
     for _ in range(limit):
-        if hi < len(ids) and tok.decode(ids[lo:hi]).endswith("\ufffd"):
-            hi += 1
+        if not (hi < len(ids) and tok.decode(ids[lo:hi]).endswith("\ufffd")):
+            break
+        hi += 1
     for _ in range(limit):
-        if lo > 0 and tok.decode(ids[lo:hi]).startswith("\ufffd"):
-            lo -= 1
+        if not (lo > 0 and tok.decode(ids[lo:hi]).startswith("\ufffd")):
+            break
+        lo -= 1
     return lo, hi
 
 
