@@ -45,7 +45,7 @@ from sae.analysis import encode_tokens  # noqa: E402
 from sae.explain import ExplainConfig, LocalChatClient, Verdicts, explain_latents, latent_examples, score  # noqa: E402
 from sae.explain.examples import TEST_FROM  # noqa: E402
 from sae.explain.explainer import reference_explanation, reference_tokens  # noqa: E402
-from sae.explain.scorers import auroc_difference, lexical_score, pooled  # noqa: E402
+from sae.explain.scorers import scorer_chunks, auroc_difference, lexical_score, pooled  # noqa: E402
 from sae.quality import evaluate  # noqa: E402
 from sae.trainer import train_sae  # noqa: E402
 
@@ -137,10 +137,15 @@ def score_reference(examples: dict, control_of: dict, scorer: Any, cfg: ExplainC
         for kind in out[cond]:
             for lt, ex in examples.items():
                 path = Path(folder) / f"{cond}_{kind}_{lt}.json"
-                if path.exists():
-                    out[cond][kind].append(Verdicts(**read_json(path)))
-                    continue
                 of = lt if whose is None else whose[lt]
+                if path.exists():
+                    v = Verdicts(**read_json(path))
+                    shown = [t for chunk in scorer_chunks(kind, ex, cfg) for _, t, _ in chunk]
+                    if v.explanation_of != of or v.texts != shown:
+                        raise SystemExit(f"{path} holds verdicts on other examples or another latent's reference "
+                                         f"(of {v.explanation_of}, want {of}); delete it to score it again")
+                    out[cond][kind].append(v)
+                    continue
                 v = score(kind, scorer, reference_explanation(examples[of]), ex, cfg, explanation_of=of)
                 write_json(path, v.__dict__)
                 out[cond][kind].append(v)

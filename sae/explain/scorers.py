@@ -150,7 +150,7 @@ def _detect_items(ex: LatentExamples) -> list[tuple[int, str, list[str]]]:
     return [(1, plain(c), list(c.tokens)) for c in ex.test] + [(0, plain(c), list(c.tokens)) for c in ex.test_random]
 
 
-def _chunks(kind: str, ex: LatentExamples, cfg: ExplainConfig) -> list[list[tuple[int, str, list[str]]]]:
+def scorer_chunks(kind: str, ex: LatentExamples, cfg: ExplainConfig) -> list[list[tuple[int, str, list[str]]]]:
     """Scorer ``kind``'s examples in the order shown, ``cfg.n_shown`` per prompt; the same for every explanation
     of the latent (the control sees the same examples in the same order)."""
     if kind not in SCORERS:
@@ -168,7 +168,7 @@ def score(kind: str, client: ChatClient, explanation: str, ex: LatentExamples, c
           explanation_of: int | None = None) -> Verdicts:
     """Run scorer ``kind`` (``"detection"`` or ``"fuzzing"``) on one latent's held-out contexts with
     ``explanation`` (its own, or another latent's for the shuffled control: ``explanation_of``)."""
-    chunks = _chunks(kind, ex, cfg)
+    chunks = scorer_chunks(kind, ex, cfg)
     prompts = [scorer_messages(kind, explanation, [t for _, t, _ in chunk], cfg.few_shot) for chunk in chunks]
     of = ex.latent if explanation_of is None else int(explanation_of)
     labels, texts = [y for c in chunks for y, _, _ in c], [t for c in chunks for _, t, _ in c]
@@ -195,7 +195,7 @@ def lexical_score(kind: str, words: Sequence[str], ex: LatentExamples, cfg: Expl
     vocab = {(w.strip() or w).casefold() for w in words}
     if not vocab:
         raise ValueError("lexical_score needs at least one word")
-    chunks = _chunks(kind, ex, cfg)
+    chunks = scorer_chunks(kind, ex, cfg)
     flat = [item for c in chunks for item in c]
     hits = [[(t.strip() or t).casefold() in vocab for t in toks] for _, _, toks in flat]
     margins = [float(sum(h)) if kind == "detection" else (sum(h) / len(h) if h else 0.0) for h in hits]
@@ -255,5 +255,5 @@ def auroc_difference(a: Sequence[Verdicts], b: Sequence[Verdicts], n_boot: int =
     return float(auroc(sa, y) - auroc(sb, y)), [round(float(lo), 4), round(float(hi), 4)]
 
 
-__all__ = ["SCORERS", "Verdicts", "auroc_difference", "lexical_score", "logprob_verdicts", "pooled", "score",
+__all__ = ["SCORERS", "Verdicts", "auroc_difference", "lexical_score", "logprob_verdicts", "pooled", "score", "scorer_chunks",
            "verdict_metrics"]
