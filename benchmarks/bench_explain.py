@@ -45,7 +45,7 @@ from sae.analysis import encode_tokens  # noqa: E402
 from sae.explain import ExplainConfig, LocalChatClient, Verdicts, explain_latents, latent_examples, score  # noqa: E402
 from sae.explain.examples import TEST_FROM  # noqa: E402
 from sae.explain.explainer import reference_explanation, reference_tokens  # noqa: E402
-from sae.explain.scorers import scorer_chunks, auroc_difference, lexical_score, pooled  # noqa: E402
+from sae.explain.scorers import auroc_difference, lexical_score, pooled, scorer_chunks  # noqa: E402
 from sae.quality import evaluate  # noqa: E402
 from sae.trainer import train_sae  # noqa: E402
 
