@@ -210,7 +210,7 @@ def test_pieces_give_a_split_character_to_the_token_that_completes_it():
     from tokenizers import ByteLevelBPETokenizer
     from transformers import PreTrainedTokenizerFast
 
-    from sae.explain.examples import pieces
+    from sae.contexts import pieces
 
     bt = ByteLevelBPETokenizer()
     bt.train_from_iterator(["hello world café", "le café est bon", "如何 制作"], vocab_size=270, min_frequency=1,

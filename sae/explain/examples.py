@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from sae.contexts import Context, pieces, window_context
+from sae.contexts import Context, window_context
 
 VERDICT_MODES = ("text", "logprob")
 TEST_FROM = ("random", "quantiles", "top")
@@ -153,4 +153,4 @@ def latent_examples(model: Any, sae: Any, latents: Sequence[int], inputs: Any, c
     return out
 
 
-__all__ = ["TEST_FROM", "ExplainConfig", "LatentExamples", "latent_examples", "pieces"]
+__all__ = ["TEST_FROM", "ExplainConfig", "LatentExamples", "latent_examples"]

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from sae.explain.client import ChatClient
 from sae.explain.examples import ExplainConfig, LatentExamples
-from sae.explain.prompts import explainer_messages, parse_explanation
+from sae.explain.prompts import explainer_messages, parse_explanation, token_key
 
 
 @dataclass
@@ -32,11 +32,6 @@ def explain(client: ChatClient, ex: LatentExamples, cfg: ExplainConfig | None = 
     return Explanation(ex.latent, text, found, answer, getattr(client, "name", type(client).__name__))
 
 
-def _key(piece: str) -> str:
-    """A token's text as a reference names it: stripped, unless it is only whitespace."""
-    return piece.strip() or piece
-
-
 def reference_tokens(ex: LatentExamples, k: int = 3) -> list[str]:
     """The ``k`` most frequent peak tokens of the explainer's top contexts (``ex.explain``; never the scorers'
     held-out ones), stripped (ties: the stronger context first). A peak on the first bytes of a split character
@@ -46,7 +41,7 @@ def reference_tokens(ex: LatentExamples, k: int = 3) -> list[str]:
     counts: dict[str, int] = {}
     for c in ex.explain:  # strongest context first: dict order breaks ties
         at = next((i for i in range(c.peak, len(c.tokens)) if c.tokens[i] != ""), c.peak)
-        t = _key(c.tokens[at])
+        t = token_key(c.tokens[at])
         counts[t] = counts.get(t, 0) + 1
     return sorted(counts, key=lambda t: -counts[t])[:k]
 

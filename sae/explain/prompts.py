@@ -80,6 +80,12 @@ def _clean(token: str) -> str:
     return token.replace("\r", "\\r").replace("\n", "\\n")
 
 
+def token_key(piece: str) -> str:
+    """A token's text as explanations name it and the lexical baseline matches it: stripped, unless it is only
+    whitespace."""
+    return piece.strip() or piece
+
+
 def carried_marks(tokens: Sequence[str], marked: Sequence[bool]) -> list[bool]:
     """``marked`` with the mark of each empty token (the first bytes of a character that a later token completes,
     :func:`sae.contexts.pieces`) passed on to the next token: the tokens a reader sees marked."""
@@ -137,7 +143,7 @@ def activation_line(c: Context, marked: Sequence[bool], scale: float) -> str:
     for i in range(len(acts) - 1):  # the first bytes of a character pass their activation on with their mark
         if c.tokens[i] == "" and marked[i]:
             acts[i + 1] = max(acts[i + 1], acts[i])
-    items = [f"'{_clean(t).strip() or _clean(t)}' ({min(9, round(9 * a / scale)) if scale > 0 else 0})"
+    items = [f"'{token_key(_clean(t))}' ({min(9, round(9 * a / scale)) if scale > 0 else 0})"
              for t, a, on in zip(c.tokens, acts, seen) if on and t != ""]
     return "Marked tokens: " + ", ".join(items)
 
@@ -204,5 +210,5 @@ def parse_verdicts(answer: str, n: int) -> list[int] | None:
     return [int(x) for x in got]
 
 
-__all__ = ["ANSWER_CUE", "CLOSE", "activation_line", "carried_marks", "EXPLANATION_TAG", "VERDICT_OPTIONS", "OPEN", "explainer_marks", "explainer_messages", "mark", "parse_explanation",
+__all__ = ["ANSWER_CUE", "CLOSE", "activation_line", "carried_marks", "token_key", "EXPLANATION_TAG", "VERDICT_OPTIONS", "OPEN", "explainer_marks", "explainer_messages", "mark", "parse_explanation",
            "parse_verdicts", "plain", "scorer_messages"]

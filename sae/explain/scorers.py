@@ -43,6 +43,7 @@ from sae.explain.prompts import (
     parse_verdicts,
     plain,
     scorer_messages,
+    token_key,
 )
 
 SCORERS = ("detection", "fuzzing")
@@ -192,12 +193,12 @@ def lexical_score(kind: str, words: Sequence[str], ex: LatentExamples, cfg: Expl
     and, in fuzzing, the fraction of its marked tokens that are; the verdict is 1 when the margin is above 0.
     Its AUROC is what an explanation that only names those tokens could reach on these examples, read literally:
     the ceiling for a scorer given the top-token reference, and a check that the held-out examples carry them."""
-    vocab = {(w.strip() or w).casefold() for w in words}
+    vocab = {token_key(w).casefold() for w in words}
     if not vocab:
         raise ValueError("lexical_score needs at least one word")
     chunks = scorer_chunks(kind, ex, cfg)
     flat = [item for c in chunks for item in c]
-    hits = [[(t.strip() or t).casefold() in vocab for t in toks] for _, _, toks in flat]
+    hits = [[token_key(t).casefold() in vocab for t in toks] for _, _, toks in flat]
     margins = [float(sum(h)) if kind == "detection" else (sum(h) / len(h) if h else 0.0) for h in hits]
     of = ex.latent if explanation_of is None else int(explanation_of)
     return Verdicts(kind, "lexical: " + ", ".join(repr(w) for w in words), of, [y for y, _, _ in flat],
